@@ -1,0 +1,37 @@
+# Two entry points on a fresh machine: `make demo` and `make test`.
+# Both build ./.venv (Python >= 3.11, no system MPI needed: MPI comes from the mpich wheel).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+MPIEXEC := $(VENV)/bin/mpiexec
+STAMP := $(VENV)/.ensio-installed
+DEMO_DIR ?= demo
+
+.PHONY: venv demo test test-serial test-mpi lint clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	@test -x $(MPIEXEC) || (echo "error: $(MPIEXEC) missing: the mpich wheel did not install" >&2; exit 1)
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m ensio.cli.main demo --dir $(DEMO_DIR)
+
+test: $(STAMP) test-serial test-mpi
+
+test-serial: $(STAMP)
+	$(PY) -m pytest -q tests --ignore=tests/mpi
+
+test-mpi: $(STAMP)
+	$(MPIEXEC) -n 2 $(PY) tests/mpi/run.py -q
+	$(MPIEXEC) -n 4 $(PY) tests/mpi/run.py -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+
+clean:
+	rm -rf $(VENV) $(DEMO_DIR) build src/*.egg-info

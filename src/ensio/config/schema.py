@@ -1,0 +1,104 @@
+"""Typed, frozen configuration of an ensio run.
+
+Every key a user can write in YAML is a field here; the loader in
+:mod:`ensio.config.load` rejects anything else, naming the key. Later features
+add their own section dataclasses and a field on :class:`Config`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the offending key."""
+
+
+@dataclass(frozen=True)
+class VariableSpec:
+    """One state variable of the member files.
+
+    Attributes
+    ----------
+    name : str
+        Variable name in every member file.
+    mask : str or None
+        Name of a variable (in the first member file, same dims as ``name`` or
+        its trailing horizontal dims) whose non-zero entries select the grid
+        points that enter the state vector, e.g. a land mask for soil moisture.
+    """
+
+    name: str
+    mask: str | None = None
+
+
+@dataclass(frozen=True)
+class Coordinates:
+    """Names of the coordinate variables used to place state rows on the globe."""
+
+    lon: str = "lon"
+    lat: str = "lat"
+    level: str | None = None
+
+
+@dataclass(frozen=True)
+class EnsembleSection:
+    """``ensemble:`` — where the member files are and what they hold."""
+
+    members: str
+    size: int
+    variables: tuple[VariableSpec, ...]
+    coordinates: Coordinates = field(default_factory=Coordinates)
+
+    def __post_init__(self) -> None:
+        if self.size < 1:
+            raise ConfigError(f"ensemble.size: must be at least 1, got {self.size}")
+        if not self.variables:
+            raise ConfigError("ensemble.variables: at least one state variable is required")
+        names = [v.name for v in self.variables]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ConfigError(f"ensemble.variables: {sorted(dup)[0]!r} listed twice")
+        if "{member" not in self.members:
+            raise ConfigError(
+                f"ensemble.members: pattern {self.members!r} has no {{member}} placeholder"
+            )
+
+    def member_path(self, member: int, base: Path) -> Path:
+        """Path of ``member`` (1-based), relative patterns resolved against ``base``."""
+        p = Path(self.members.format(member=member))
+        return p if p.is_absolute() else base / p
+
+    def member_paths(self, base: Path) -> list[Path]:
+        return [self.member_path(m, base) for m in range(1, self.size + 1)]
+
+
+@dataclass(frozen=True)
+class IOSection:
+    """``io:`` — the parallel ensemble I/O.
+
+    ``tasks`` is N_io; ``None`` means ``min(N_mpi, N_e)``, resolved at run time
+    because N_mpi is only known then.
+    """
+
+    tasks: int | None = None
+    journal: bool = True
+    fsync: bool = False
+    in_place: bool = True
+
+    def __post_init__(self) -> None:
+        if self.tasks is not None and self.tasks < 1:
+            raise ConfigError(f"io.tasks: must be at least 1, got {self.tasks}")
+
+
+@dataclass(frozen=True)
+class Config:
+    """A whole run; ``base_dir`` is the directory relative paths are resolved against."""
+
+    ensemble: EnsembleSection
+    io: IOSection = field(default_factory=IOSection)
+    base_dir: Path = field(default=Path("."), compare=False)
+
+    def member_paths(self) -> list[Path]:
+        return self.ensemble.member_paths(self.base_dir)
