@@ -19,7 +19,8 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m ensio.cli.main demo --dir $(DEMO_DIR)
+	$(VENV)/bin/ensio synth $(DEMO_DIR)/synth --nx 720 --ny 360 --members 20 --seed 1
+	$(MPIEXEC) -n 2 $(VENV)/bin/ensio bench io $(DEMO_DIR)/synth/ensio.yaml --repeat 3 --json $(DEMO_DIR)/bench-io.json
 
 test: $(STAMP) test-serial test-mpi
 

@@ -1,0 +1,13 @@
+"""State layout: model variables ⇄ state-vector rows, row distribution over ranks."""
+
+from ..parallel.distribution import block_distribution
+from .state import Segment, StateLayout, VariableLayout, VarMeta, build_layout
+
+__all__ = [
+    "Segment",
+    "StateLayout",
+    "VarMeta",
+    "VariableLayout",
+    "block_distribution",
+    "build_layout",
+]

@@ -1,0 +1,119 @@
+"""``ensio bench …``: benchmark drivers (a sub-command group).
+
+``bench`` is a group so later drivers (``bench analysis``, ``bench pool``)
+register beside ``io`` by adding one entry to :data:`COMMANDS`. Run under
+``mpiexec -n N_mpi``; only rank 0 prints and writes the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["COMMANDS", "add_parser", "main", "run", "run_io"]
+
+
+def _add_io(sub: Any) -> None:
+    p = sub.add_parser(
+        "io", help="parallel ensemble read/write vs. raw limit and naive scheme",
+        description="Read all members into the distributed ensemble matrix and write them "
+                    "back in place (identity), REPEAT times, next to two baselines on the same "
+                    "byte ranges: the raw limit (one process, plain pread/pwrite) and a naive "
+                    "scheme (rank 0 reads with netCDF4 and scatters). Run under mpiexec.",
+    )
+    p.add_argument("config", metavar="CONFIG", help="ensio YAML config (e.g. from ensio synth)")
+    p.add_argument("--repeat", type=int, default=3, metavar="N",
+                   help="repeats; the best time of each measurement is reported (default 3)")
+    p.add_argument("--json", type=Path, default=None, metavar="FILE",
+                   help="write the result as JSON (rank 0)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, e.g. --set io.journal=false (repeatable)")
+    p.set_defaults(bench_run=run_io)
+
+
+#: Sub-commands of ``ensio bench``: name → function adding its parser.
+COMMANDS: dict[str, Callable[[Any], None]] = {"io": _add_io}
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register the ``bench`` group on the ``ensio`` sub-command parser."""
+    p = subparsers.add_parser("bench", help="benchmarks (run under mpiexec)",
+                              description="Benchmark drivers; each writes a table and JSON.")
+    configure(p)
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    """Add the ``bench`` sub-commands to ``p``."""
+    sub = p.add_subparsers(dest="bench_command", metavar="BENCHMARK", required=True)
+    for add in COMMANDS.values():
+        add(sub)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Dispatch to the selected benchmark."""
+    return int(args.bench_run(args))
+
+
+def run_io(args: argparse.Namespace) -> int:
+    """``ensio bench io``: measure, print the table (rank 0), write the JSON (rank 0)."""
+    from mpi4py import MPI
+    from rich.console import Console
+
+    from ensio.bench.io import bench_io, result_table
+    from ensio.config import load_config
+
+    comm = MPI.COMM_WORLD
+    config = load_config(args.config, args.overrides)
+    console = Console(stderr=True)
+    show = comm.rank == 0 and console.is_terminal
+    with console.status("ensio bench io", spinner="dots") if show else _nothing() as status:
+        def on_step(label: str) -> None:
+            if status is not None:
+                status.update(f"ensio bench io: {label}")
+
+        res = bench_io(config, comm, repeat=args.repeat, on_step=on_step)
+    if comm.rank == 0:
+        res["config"] = str(Path(args.config).resolve())
+        res["overrides"] = list(args.overrides)
+        Console().print(result_table(res))
+        if res["verified"] is False:
+            console.print("[bold red]warning:[/] ensio's matrix differs from the netCDF4 "
+                          "reference read (naive scheme)")
+        if args.json is not None:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(res, indent=2) + "\n")
+    return 0
+
+
+class _nothing:
+    """A context manager yielding ``None`` (no status display off a terminal)."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Stand-alone entry (``python -m ensio.cli.bench io …``), same as ``ensio bench``."""
+    from ensio.config import ConfigError
+    from ensio.errors import EnsioError
+
+    p = argparse.ArgumentParser(prog="ensio bench")
+    configure(p)
+    args = p.parse_args(argv)
+    try:
+        return run(args)
+    except (ConfigError, EnsioError) as exc:
+        print(f"ensio bench: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

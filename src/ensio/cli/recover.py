@@ -1,0 +1,76 @@
+"""``ensio recover DIR``: finish or undo an interrupted in-place analysis write.
+
+After a crash the member files in DIR may hold a mix of forecast and analysis
+bytes; the undo journal next to them (see :mod:`ensio.io.journal`) knows which.
+This command makes DIR consistent again and says in one line what it did, so
+an operator (or a job script) can run it unconditionally before a restart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ..io.journal import JOURNAL_DIRNAME, JournalError, recover
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register the ``recover`` sub-command."""
+    p = subparsers.add_parser(
+        "recover",
+        help="roll back (or finish) an interrupted in-place analysis write",
+        description=(
+            f"Look for an undo journal ({JOURNAL_DIRNAME}) in DIR, the directory of the "
+            "member files. If the write had completed, remove the journal; otherwise "
+            "restore every member file to its prior content. Safe to run at any time."
+        ),
+    )
+    p.add_argument("dir", type=Path, metavar="DIR", help="directory of the member files")
+    p.add_argument(
+        "--no-fsync",
+        action="store_true",
+        help="skip fsync of restored files (faster; not safe against power loss)",
+    )
+    p.set_defaults(func=run)
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    raise AssertionError  # pragma: no cover
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def run(args: argparse.Namespace) -> int:
+    """Recover ``args.dir``; print one line; 0 on success, 1 on failure."""
+    root: Path = args.dir
+    if root.is_file():  # a member file given instead of its directory
+        root = root.parent
+    if not root.is_dir():
+        print(f"ensio recover: no such directory: {root}", file=sys.stderr)
+        return 1
+    try:
+        report = recover(root, fsync=not args.no_fsync)
+    except (JournalError, OSError) as exc:
+        print(f"ensio recover: {exc}", file=sys.stderr)
+        return 1
+    if report.state == "clean":
+        print("clean: no journal")
+    elif report.state == "committed":
+        print("committed: analysis was complete; journal removed")
+    else:
+        print(
+            f"recovered: rolled back {_plural(report.ranges, 'range')} "
+            f"({_size(report.bytes)}) in {_plural(report.files, 'file')}"
+        )
+    for path in report.missing:
+        print(f"ensio recover: warning: {path} no longer exists; not restored", file=sys.stderr)
+    return 1 if report.missing else 0

@@ -1,0 +1,522 @@
+"""Parallel ensemble file I/O: N_e member files ⇄ the row-distributed ensemble matrix.
+
+The algorithm (DESIGN.md, "Parallel ensemble read"): the N_mpi ranks form N_io
+contiguous groups; the first rank of each group is its I/O task and owns the
+group's contiguous row range. For member m = 1..N_e an I/O task reads *its*
+byte ranges of the state variables of file m (independent ``pread``s, no
+coordination with other readers) and scatters them to its group, while a
+reader thread already reads file m+1 into the second buffer (double
+buffering). Writing is the mirror: gather, then a writer thread journals the
+prior bytes and ``pwrite``s the analysis in place while the next gather runs.
+
+Why a thread and not non-blocking collectives: MPICH (as shipped in the mpich
+wheel) progresses a non-blocking scatter only inside MPI calls, so a rank busy
+in ``pread`` stalls its own scatter. ``os.preadv``, numpy casts and mpi4py's
+blocking calls all release the GIL, so a reader thread gives real overlap.
+
+Variables that are chunked or compressed (no raw byte range) are read through
+the netCDF library by each I/O task; on write they are gathered whole to one
+owner rank per file, which rewrites a copy of the file and renames it into
+place (one writer per file, atomic, journaled as a whole-file backup).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from mpi4py import MPI
+
+from ..config.schema import Config
+from ..layout.state import Segment, StateLayout
+from ..parallel.agree import ErrorNote, note_error, raise_if_any, root_call
+from ..parallel.comms import IOGroups, io_groups
+from ..parallel.distribution import block_distribution
+from . import journal
+from .members import FileMeta, resolve_io_tasks, root_layout, scan_members
+from .open import open_member
+from .raw import raw_read, raw_write
+
+__all__ = ["EnsembleBlock", "IOStats", "read_ensemble", "write_ensemble"]
+
+
+@dataclass
+class IOStats:
+    """Where the time of one read or write went.
+
+    Seconds are the maximum over ranks (the critical path); ``state_bytes`` is
+    the on-disk size of the state variables moved, all members together.
+    """
+
+    total_seconds: float = 0.0
+    read_seconds: float = 0.0
+    write_seconds: float = 0.0
+    comm_seconds: float = 0.0
+    wait_seconds: float = 0.0
+    journal_seconds: float = 0.0
+    state_bytes: int = 0
+
+    def reduce(self, comm: MPI.Comm) -> IOStats:
+        vals = np.array(
+            [
+                self.total_seconds,
+                self.read_seconds,
+                self.write_seconds,
+                self.comm_seconds,
+                self.wait_seconds,
+                self.journal_seconds,
+            ]
+        )
+        out = np.empty_like(vals)
+        comm.Allreduce(vals, out, op=MPI.MAX)
+        return IOStats(*out.tolist(), state_bytes=self.state_bytes)
+
+
+@dataclass
+class EnsembleBlock:
+    """This rank's rows of the ensemble matrix.
+
+    Attributes
+    ----------
+    layout : StateLayout
+    start, count : int
+        Rows ``[start, start + count)`` of the state vector.
+    data : numpy.ndarray, shape (N_e, count), float64
+        Member-major: one member's segment is contiguous.
+    stats : IOStats
+    """
+
+    layout: StateLayout
+    start: int
+    count: int
+    data: np.ndarray
+    stats: IOStats = field(default_factory=IOStats)
+
+    @property
+    def n_members(self) -> int:
+        return int(self.data.shape[0])
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Everything a rank needs to run the pipeline, derived once per call."""
+
+    layout: StateLayout
+    paths: list[Path]
+    metas: list[FileMeta]
+    groups: IOGroups
+    start: int
+    count: int
+    group_lo: int
+    group_hi: int
+    counts: np.ndarray
+    displs: np.ndarray
+    segments: list[Segment]
+    fsync: bool
+
+    @property
+    def n_members(self) -> int:
+        return len(self.paths)
+
+    def raw(self, m: int, seg: Segment) -> bool:
+        return self.metas[m][self.layout.variables[seg.var].name].raw_offset is not None
+
+
+def _plan(config: Config, comm: MPI.Comm) -> _Plan:
+    paths = config.member_paths()
+    n_io = root_call(comm, lambda: resolve_io_tasks(config, comm.size))
+    _recover_stale(paths[0], comm)
+    layout = root_layout(config, comm)
+    metas = scan_members(paths, layout, comm)
+    groups = io_groups(comm, n_io)
+    start, count = block_distribution(layout.n_rows, comm.size, comm.rank)
+    g0, gn = block_distribution(comm.size, n_io, groups.group)
+    bounds = [block_distribution(layout.n_rows, comm.size, r) for r in range(g0, g0 + gn)]
+    counts = np.array([c for _, c in bounds], dtype=np.int64)
+    displs = np.array([s - bounds[0][0] for s, _ in bounds], dtype=np.int64)
+    lo, hi = bounds[0][0], bounds[-1][0] + bounds[-1][1]
+    return _Plan(
+        layout,
+        paths,
+        metas,
+        groups,
+        start,
+        count,
+        lo,
+        hi,
+        counts,
+        displs,
+        layout.segments(lo, hi),
+        config.io.fsync,
+    )
+
+
+def _recover_stale(first_member: Path, comm: MPI.Comm) -> None:
+    """Roll back (or finish) an interrupted write before touching the files again."""
+    root = journal.journal_root(first_member)
+    root_call(comm, lambda: journal.recover(root))
+
+
+class _Timer:
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    @contextmanager
+    def __call__(self) -> Iterator[None]:
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds += time.perf_counter() - t
+
+
+# --------------------------------------------------------------------------- read
+
+
+def _read_member(plan: _Plan, m: int, out: np.ndarray) -> None:
+    """Read this I/O task's rows of member ``m`` into ``out`` (float64, group rows)."""
+    path = plan.paths[m]
+    fd = os.open(path, os.O_RDONLY)
+    store = None
+    try:
+        for seg in plan.segments:
+            name = plan.layout.variables[seg.var].name
+            info = plan.metas[m][name]
+            if info.raw_offset is not None:
+                arr = raw_read(fd, info, seg.elem_lo, seg.elem_hi, path=path)
+            else:
+                store = store or open_member(path)
+                arr = store.read_elements(name, seg.elem_lo, seg.elem_hi)
+            dst = out[seg.row_lo - plan.group_lo : seg.row_hi - plan.group_lo]
+            dst[...] = arr if seg.select is None else arr[seg.select]
+    finally:
+        os.close(fd)
+        if store is not None:
+            store.close()
+
+
+def read_ensemble(config: Config, comm: MPI.Comm) -> EnsembleBlock:
+    """Collective: read all members into the row-distributed ensemble matrix.
+
+    Parameters
+    ----------
+    config : Config
+    comm : MPI.Comm
+        The filter communicator (``MPI.COMM_SELF`` for a serial run).
+
+    Returns
+    -------
+    EnsembleBlock
+        This rank's rows, ``data`` of shape (N_e, count).
+    """
+    t_start = time.perf_counter()
+    plan = _plan(config, comm)
+    data = np.empty((plan.n_members, plan.count), dtype=np.float64)
+    t_read, t_comm, t_wait = _Timer(), _Timer(), _Timer()
+    note: ErrorNote = None
+    gcomm = plan.groups.group_comm
+    try:
+        if not plan.groups.is_io:
+            for m in range(plan.n_members):
+                with t_comm():
+                    gcomm.Scatterv(None, data[m], root=0)
+        elif gcomm.size == 1:
+            for m in range(plan.n_members):
+                with t_read():
+                    note = note or _guard(lambda m=m: _read_member(plan, m, data[m]))
+        else:
+            note = _read_pipelined(plan, data, t_read, t_comm, t_wait)
+    finally:
+        plan.groups.free()
+    raise_if_any(comm, note)
+    stats = IOStats(
+        total_seconds=time.perf_counter() - t_start,
+        read_seconds=t_read.seconds,
+        comm_seconds=t_comm.seconds,
+        wait_seconds=t_wait.seconds,
+        state_bytes=_state_bytes(plan),
+    ).reduce(comm)
+    return EnsembleBlock(plan.layout, plan.start, plan.count, data, stats)
+
+
+def _read_pipelined(
+    plan: _Plan, data: np.ndarray, t_read: _Timer, t_comm: _Timer, t_wait: _Timer
+) -> ErrorNote:
+    """I/O task of a group > 1: reader thread fills buffers, main thread scatters."""
+    n = plan.group_hi - plan.group_lo
+    free: queue.Queue[np.ndarray] = queue.Queue()
+    for _ in range(2):
+        free.put(np.empty(n, dtype=np.float64))
+    filled: queue.Queue[tuple[np.ndarray, ErrorNote]] = queue.Queue()
+    stop = threading.Event()
+
+    def reader() -> None:
+        for m in range(plan.n_members):
+            buf = free.get()
+            err: ErrorNote = None
+            if not stop.is_set():
+                with t_read():
+                    err = _guard(lambda m=m, buf=buf: _read_member(plan, m, buf))
+            if err is not None:
+                buf[...] = 0.0
+                stop.set()
+            filled.put((buf, err))
+
+    th = threading.Thread(target=reader, name="ensio-reader", daemon=True)
+    th.start()
+    note: ErrorNote = None
+    gcomm = plan.groups.group_comm
+    spec = [plan.counts, plan.displs, MPI.DOUBLE]
+    for m in range(plan.n_members):
+        with t_wait():
+            buf, err = filled.get()
+        note = note or err
+        with t_comm():
+            gcomm.Scatterv([buf, *spec], data[m], root=0)
+        free.put(buf)
+    th.join()
+    return note
+
+
+# -------------------------------------------------------------------------- write
+
+
+def _write_member(plan: _Plan, m: int, src: np.ndarray, undo: journal.UndoLog | None) -> float:
+    """Write this I/O task's raw-path rows of member ``m`` in place; returns journal seconds."""
+    path = plan.paths[m]
+    t_journal = 0.0
+    fd = os.open(path, os.O_RDWR)
+    try:
+        for seg in plan.segments:
+            if not plan.raw(m, seg):
+                continue
+            info = plan.metas[m][plan.layout.variables[seg.var].name]
+            rows = src[seg.row_lo - plan.group_lo : seg.row_hi - plan.group_lo]
+            prior = None
+            if undo is not None or seg.select is not None:
+                t = time.perf_counter()
+                prior = raw_read(fd, info, seg.elem_lo, seg.elem_hi, path=path)
+                if undo is not None:
+                    undo.save(path, info.raw_offset + seg.elem_lo * info.dtype.itemsize, prior)
+                t_journal += time.perf_counter() - t
+            if seg.select is None:
+                new = rows.astype(info.dtype)
+            else:
+                new = prior.copy()
+                new[seg.select] = rows
+            journal._fault_point("data-write")
+            raw_write(fd, info, seg.elem_lo, new, path=path)
+        if plan.fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    return t_journal
+
+
+def write_ensemble(config: Config, comm: MPI.Comm, block: EnsembleBlock) -> IOStats:
+    """Collective: write the analysis rows back into the member files, in place.
+
+    Only the bytes of the state variables change. With ``io.journal`` the
+    prior bytes are journaled first, so a crash at any instant is undone by
+    :func:`ensio.io.journal.recover` (run automatically by the next read or
+    write, or by ``ensio recover``). If any rank fails, every file is rolled
+    back before the error is raised.
+    """
+    t_start = time.perf_counter()
+    plan = _plan(config, comm)
+    if block.data.shape != (plan.n_members, plan.count) or block.start != plan.start:
+        plan.groups.free()
+        raise ValueError(
+            f"ensemble block rows [{block.start}, {block.start + block.count}) × "
+            f"{block.data.shape[0]} members do not match this rank's "
+            f"[{plan.start}, {plan.start + plan.count}) × {plan.n_members}"
+        )
+    data = np.ascontiguousarray(block.data, dtype=np.float64)
+    root = journal.journal_root(plan.paths[0])
+    fsync = config.io.fsync
+    undo = journal.UndoLog.create(root, comm.rank, fsync=fsync) if config.io.journal else None
+    t_write, t_comm, t_wait, t_journal = _Timer(), _Timer(), _Timer(), _Timer()
+    note: ErrorNote = None
+    gcomm = plan.groups.group_comm
+    try:
+        if not plan.groups.is_io:
+            for m in range(plan.n_members):
+                with t_comm():
+                    gcomm.Gatherv(data[m], None, root=0)
+        elif gcomm.size == 1:
+            for m in range(plan.n_members):
+                with t_write():
+                    note = note or _guard(
+                        lambda m=m: _add(t_journal, _write_member(plan, m, data[m], undo))
+                    )
+        else:
+            note = _write_pipelined(plan, data, undo, t_write, t_comm, t_wait, t_journal)
+        note = note or _write_library(plan, data, comm, undo, fsync, t_write, t_comm)
+    finally:
+        plan.groups.free()
+        if undo is not None:
+            undo.close()
+    notes = comm.allgather(note)
+    if any(n is not None for n in notes):
+        if config.io.journal:
+            root_call(comm, lambda: journal.abort(root, fsync=fsync))
+        raise_if_any(comm, next(n for n in notes if n is not None))
+    if config.io.journal:
+        comm.Barrier()  # every rank's bytes are written before the journal is committed
+        root_call(comm, lambda: journal.commit(root, fsync=fsync))
+    return IOStats(
+        total_seconds=time.perf_counter() - t_start,
+        write_seconds=t_write.seconds - t_journal.seconds,
+        comm_seconds=t_comm.seconds,
+        wait_seconds=t_wait.seconds,
+        journal_seconds=t_journal.seconds,
+        state_bytes=_state_bytes(plan),
+    ).reduce(comm)
+
+
+def _write_pipelined(
+    plan: _Plan,
+    data: np.ndarray,
+    undo: journal.UndoLog | None,
+    t_write: _Timer,
+    t_comm: _Timer,
+    t_wait: _Timer,
+    t_journal: _Timer,
+) -> ErrorNote:
+    """I/O task of a group > 1: main thread gathers, writer thread writes."""
+    n = plan.group_hi - plan.group_lo
+    free: queue.Queue[np.ndarray] = queue.Queue()
+    for _ in range(2):
+        free.put(np.empty(n, dtype=np.float64))
+    filled: queue.Queue[tuple[int, np.ndarray] | None] = queue.Queue()
+    errors: list[ErrorNote] = []
+
+    def writer() -> None:
+        while (item := filled.get()) is not None:
+            m, buf = item
+            if not errors:
+                with t_write():
+                    err = _guard(lambda m=m, buf=buf: _add(t_journal, _write_member(plan, m, buf, undo)))
+                if err is not None:
+                    errors.append(err)
+            free.put(buf)
+
+    th = threading.Thread(target=writer, name="ensio-writer", daemon=True)
+    th.start()
+    gcomm = plan.groups.group_comm
+    spec = [plan.counts, plan.displs, MPI.DOUBLE]
+    for m in range(plan.n_members):
+        with t_wait():
+            buf = free.get()
+        with t_comm():
+            gcomm.Gatherv(data[m], [buf, *spec], root=0)
+        filled.put((m, buf))
+    filled.put(None)
+    th.join()
+    return errors[0] if errors else None
+
+
+def _write_library(
+    plan: _Plan,
+    data: np.ndarray,
+    comm: MPI.Comm,
+    undo: journal.UndoLog | None,
+    fsync: bool,
+    t_write: _Timer,
+    t_comm: _Timer,
+) -> ErrorNote:
+    """Library-path variables: gather each whole to one owner per file, rewrite a copy, rename.
+
+    Collective over ``comm``; every rank walks the same (member, variable)
+    list, derived from metadata all ranks share, so the gathers match.
+    """
+    comm.Barrier()  # raw in-place writes are finished before files are copied
+    layout = plan.layout
+    bounds = [block_distribution(layout.n_rows, comm.size, r) for r in range(comm.size)]
+    note: ErrorNote = None
+    for m in range(plan.n_members):
+        lib = [v for v in layout.variables if plan.metas[m][v.name].raw_offset is None]
+        if not lib:
+            continue
+        owner = m % comm.size
+        gathered: dict[str, np.ndarray] = {}
+        for v in lib:
+            counts = np.array(
+                [max(0, min(s + c, v.offset + v.size) - max(s, v.offset)) for s, c in bounds]
+            )
+            displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
+            a = max(plan.start, v.offset)
+            b = min(plan.start + plan.count, v.offset + v.size)
+            mine = data[m, a - plan.start : b - plan.start] if b > a else data[m, :0]
+            full = np.empty(v.size) if comm.rank == owner else None
+            with t_comm():
+                comm.Gatherv(
+                    np.ascontiguousarray(mine),
+                    [full, counts, displs, MPI.DOUBLE] if full is not None else None,
+                    root=owner,
+                )
+            if full is not None:
+                gathered[v.name] = full
+        if comm.rank == owner and note is None:
+            with t_write():
+                note = _guard(lambda m=m, g=gathered: _rewrite_copy(plan, m, g, undo, fsync))
+    return note
+
+
+def _rewrite_copy(
+    plan: _Plan, m: int, values: dict[str, np.ndarray], undo: journal.UndoLog | None, fsync: bool
+) -> None:
+    """Write library-path variables into a copy of member ``m`` and rename it into place."""
+    path = plan.paths[m]
+    if undo is not None:
+        undo.save_file(path)
+    tmp = path.with_name(f".{path.name}.ensio-tmp")
+    shutil.copyfile(path, tmp)
+    try:
+        with open_member(tmp, writable=True) as store:
+            for name, full in values.items():
+                v = plan.layout.variable(name)
+                if v.active is None:
+                    store.write_elements(name, 0, full)
+                else:
+                    cur = store.read_elements(name, 0, v.n_elements)
+                    cur[v.active] = full
+                    store.write_elements(name, 0, cur)
+        if fsync:
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        journal._fault_point("library-replace")
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+# ------------------------------------------------------------------------ helpers
+
+
+def _guard(fn: Callable[[], object]) -> ErrorNote:
+    try:
+        fn()
+    except Exception as exc:
+        return note_error(exc)
+    return None
+
+
+def _add(timer: _Timer, seconds: float) -> None:
+    timer.seconds += seconds
+
+
+def _state_bytes(plan: _Plan) -> int:
+    return sum(v.size * v.dtype.itemsize for v in plan.layout.variables) * plan.n_members

@@ -1,0 +1,525 @@
+"""Undo journal that makes in-place analysis writes all-or-nothing.
+
+The parallel writer (:mod:`ensio.io.ensemble`) overwrites state bytes *in place*
+in N_e member files from N_io tasks at once; a crash half-way would leave a
+silent mix of forecast and analysis. So before a task overwrites a byte range it
+appends the *prior* bytes to its own undo log (one log per task: tasks never
+coordinate), and only after every task has finished one rank marks the journal
+``COMMITTED`` and deletes it. :func:`recover` turns any crash into exactly one
+of two outcomes: all files entirely prior (no marker) or entirely new (marker).
+
+Layout of ``<root>/.ensio-journal/``: ``task-<t>.undo`` = ``_LOG_MAGIC`` then
+append-only records ``header(kind, path length, offset, length) | path | data |
+crc32`` (the CRC covers all before it, so a record torn by a kill is detected
+and ignored -- :meth:`UndoLog.save` returns, and the data write starts, only
+once the record is complete); ``task-<t>.<n>.bak`` = whole-file backups (hard
+links when possible) named by ``EBAK`` records; ``COMMITTED`` = the commit
+point (its existence is all that counts). The directory is deleted by first
+renaming it to a unique trash name, so it disappears atomically: a half-deleted
+journal can never be mistaken for an incomplete one.
+
+Fault injection for the kill tests: every step whose interruption must be
+survivable calls :func:`_fault_point`. ``ENSIO_FAULT_KILL_AT=k`` SIGKILLs the
+process at the k-th point; ``ENSIO_FAULT_COUNT=<file>`` appends one JSON line
+``{"rank", "count", "labels"}`` to the file at exit; ``ENSIO_FAULT_RANK=r``
+restricts both to MPI rank r (``PMI_RANK``/``OMPI_COMM_WORLD_RANK``). Unset,
+``_fault_point`` is an empty function chosen at import.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import errno
+import json
+import os
+import shutil
+import signal
+import struct
+import uuid
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, NamedTuple
+
+import numpy as np
+
+from ..errors import EnsioError
+
+__all__ = ["COMMITTED_NAME", "JOURNAL_DIRNAME", "JournalError", "RecoveryReport", "UndoLog",
+           "abort", "commit", "journal_root", "recover"]
+
+JOURNAL_DIRNAME = ".ensio-journal"
+COMMITTED_NAME = "COMMITTED"
+_TRASH_PREFIX = JOURNAL_DIRNAME + ".trash-"
+_LOG_MAGIC = b"ENSIOUL1"
+_REC_RANGE, _REC_FILE = b"ERNG", b"EBAK"
+_HEAD = struct.Struct("<4sIQQ")  # kind, path length, offset, data length
+_CRC = struct.Struct("<I")
+_MAX_PATH, _MAX_NAME, _CHUNK = 1 << 16, 4096, 1 << 24
+_LINK_FALLBACK = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP}
+
+
+class JournalError(EnsioError):
+    """The journal cannot be used as asked (stale journal, unknown log format)."""
+
+
+# --------------------------------------------------------------------------- faults
+def _env_rank() -> int:
+    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 0
+
+
+_FAULT_KILL_AT = int(os.environ.get("ENSIO_FAULT_KILL_AT") or 0)
+_FAULT_COUNT_FILE = os.environ.get("ENSIO_FAULT_COUNT") or None
+_FAULT_ACTIVE = bool(_FAULT_KILL_AT or _FAULT_COUNT_FILE) and (
+    os.environ.get("ENSIO_FAULT_RANK", "") in ("", str(_env_rank())))
+_fault_labels: list[str] = []
+
+
+def _fault_noop(label: str) -> None:
+    """Production fault point: does nothing."""
+
+
+def _fault_hit(label: str) -> None:
+    """Test fault point: remember its label, die at the chosen one."""
+    _fault_labels.append(label)
+    if len(_fault_labels) == _FAULT_KILL_AT:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _fault_report() -> None:
+    line = json.dumps({"rank": _env_rank(), "count": len(_fault_labels),
+                       "labels": _fault_labels}) + "\n"
+    with open(_FAULT_COUNT_FILE, "a") as f:  # one small O_APPEND write per process
+        f.write(line)
+
+
+#: Call at every survivable step (``ensemble.py`` calls it after its own pwrites).
+_fault_point = _fault_hit if _FAULT_ACTIVE else _fault_noop
+if _FAULT_ACTIVE and _FAULT_COUNT_FILE:
+    atexit.register(_fault_report)
+
+
+# --------------------------------------------------------------------------- helpers
+def _fsync(path: Path | str, flags: int = 0) -> None:
+    """fsync by name; ``flags=os.O_DIRECTORY`` makes renames/creations in a dir durable."""
+    fd = os.open(path, os.O_RDONLY | flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, parts: Sequence[bytes | memoryview]) -> None:
+    """One ``writev``; finish piecewise only after a short write (>2 GiB, signals)."""
+    done = os.writev(fd, parts)
+    for part in map(memoryview, parts):
+        if done >= part.nbytes:
+            done -= part.nbytes
+            continue
+        part, done = part[done:], 0
+        while part:
+            part = part[os.write(fd, part):]
+
+
+def _byte_view(prior: bytes | memoryview | np.ndarray) -> memoryview:
+    """Flat unsigned-byte view of ``prior``, without a copy when it is contiguous."""
+    if isinstance(prior, np.ndarray):
+        return memoryview(np.ascontiguousarray(prior).reshape(-1).view(np.uint8))
+    view = memoryview(prior)
+    if not view.c_contiguous:
+        view = memoryview(view.tobytes())
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+def journal_root(first_member: Path) -> Path:
+    """Directory holding the journal: the absolute parent of the first member.
+
+    One well-known place per ensemble, which ``ensio recover DIR`` finds again.
+    """
+    return Path(os.path.abspath(first_member)).parent
+
+
+# --------------------------------------------------------------------------- writing
+class UndoLog:
+    """Append-only undo log of one I/O task for one ensemble write.
+
+    Use :meth:`create`; call :meth:`save` (or :meth:`save_file`) *before* each
+    overwrite and :meth:`close` after the task's last data write.
+    """
+
+    def __init__(self, jdir: Path, task: int, fd: int, fsync: bool) -> None:
+        self.dir, self.task, self._fd, self._fsync = jdir, task, fd, fsync
+        self._paths: dict[object, bytes] = {}
+        self._targets: set[str] = set()
+        self._dirs: set[str] = set()
+        self._nbak = 0
+
+    @classmethod
+    def create(cls, root: Path, task: int, *, fsync: bool) -> UndoLog:
+        """Create ``root/.ensio-journal/task-<task>.undo`` (and the directory).
+
+        Raises :class:`JournalError` if this task's log or a ``COMMITTED`` marker
+        already exists: that is an earlier, unrecovered write, and mixing two
+        writes in one journal would make recovery ambiguous. So one rank must
+        run :func:`recover` before the tasks create their logs.
+        """
+        root = Path(os.path.abspath(root))
+        jdir = root / JOURNAL_DIRNAME
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(jdir)
+            _fault_point("journal-mkdir")
+        if fsync:  # every task: its records must not outlive a lost directory entry
+            _fsync(root, os.O_DIRECTORY)
+        hint = f"run `ensio recover {root}`"
+        if (jdir / COMMITTED_NAME).exists():
+            raise JournalError(f"stale committed journal in {jdir}: {hint}")
+        log = jdir / f"task-{task}.undo"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC
+        try:
+            fd = os.open(log, flags, 0o644)
+        except FileExistsError:
+            raise JournalError(f"{log} exists: an earlier write was interrupted; {hint}") from None
+        _write_all(fd, [_LOG_MAGIC])
+        _fault_point("log-create")
+        if fsync:
+            os.fsync(fd)
+            _fsync(jdir, os.O_DIRECTORY)
+        return cls(jdir, task, fd, fsync)
+
+    def _encode(self, path: Path | str) -> bytes:
+        enc = self._paths.get(path)
+        if enc is None:
+            absolute = os.path.abspath(path)
+            self._targets.add(absolute)
+            enc = self._paths[path] = os.fsencode(absolute)
+        return enc
+
+    def _append(self, kind: bytes, path: bytes, offset: int, data: memoryview) -> None:
+        head = _HEAD.pack(kind, len(path), offset, data.nbytes) + path
+        crc = _CRC.pack(zlib.crc32(data, zlib.crc32(head)))
+        if _FAULT_ACTIVE:  # split the record so that kills can tear it
+            _write_all(self._fd, [head])
+            _fault_point("record-head")
+            _write_all(self._fd, [data])
+            _fault_point("record-data")
+            _write_all(self._fd, [crc])
+        else:
+            _write_all(self._fd, [head, data, crc])
+        _fault_point("record-written")
+        if self._fsync:
+            os.fdatasync(self._fd)
+            _fault_point("record-fsync")
+
+    def save(self, path: Path, offset: int, prior: bytes | memoryview | np.ndarray) -> None:
+        """Record ``prior``, the bytes now at ``[offset, offset+len)`` of ``path``.
+
+        Call it before pwriting there: once it returns the record is complete
+        (and durable with ``fsync=True``), so recovery can undo the write.
+        """
+        if offset < 0:
+            raise ValueError(f"negative offset {offset} for {path}")
+        data = _byte_view(prior)
+        if data.nbytes:
+            self._append(_REC_RANGE, self._encode(path), offset, data)
+
+    def save_file(self, path: Path) -> None:
+        """Back up all of ``path`` before it is replaced by a rewritten copy.
+
+        The backup is a hard link (free) when the journal is on the same file
+        system, else a copy. The caller must then write a *new* file and
+        ``os.replace`` it over ``path``, and never modify ``path`` in place
+        afterwards (that would modify the hard-linked backup too).
+        """
+        enc = self._encode(path)
+        src = os.fsdecode(enc)
+        self._nbak += 1
+        name = f"task-{self.task}.{self._nbak}.bak"
+        dst = self.dir / name
+        try:
+            os.link(src, dst)
+            _fault_point("backup-link")
+        except OSError as exc:
+            if exc.errno not in _LINK_FALLBACK:
+                raise
+            tmp = dst.with_name(name + ".tmp")  # a torn copy must never look like a backup
+            shutil.copyfile(src, tmp)
+            if self._fsync:
+                _fsync(tmp)
+            _fault_point("backup-copy")
+            os.replace(tmp, dst)
+        if self._fsync:
+            _fsync(self.dir, os.O_DIRECTORY)
+        self._dirs.add(os.path.dirname(src))
+        self._append(_REC_FILE, enc, 0, memoryview(name.encode()))
+
+    def close(self) -> None:
+        """Finish this task's part; with ``fsync``, make its data writes durable.
+
+        The commit marker may only exist once the new bytes are on disk, so each
+        task fsyncs the files it journaled (and the directories of replaced
+        files) here, before the barrier that precedes :func:`commit`.
+        """
+        if self._fd < 0:
+            return
+        try:
+            if self._fsync:
+                for target in sorted(self._targets):
+                    with contextlib.suppress(FileNotFoundError):
+                        _fsync(target)
+                for d in sorted(self._dirs):
+                    _fsync(d, os.O_DIRECTORY)
+                _fault_point("close-fsync")
+        finally:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> UndoLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def commit(root: Path, *, fsync: bool) -> None:
+    """Declare the write complete and delete the journal (one rank, after all tasks).
+
+    Creating ``COMMITTED`` is the single atomic commit point; the directory is
+    then renamed away and removed. No journal: nothing was written, no-op.
+    """
+    root = Path(os.path.abspath(root))
+    jdir = root / JOURNAL_DIRNAME
+    if not jdir.is_dir():
+        return
+    fd = os.open(jdir / COMMITTED_NAME, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        _fault_point("commit-marker")
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    if fsync:
+        _fsync(jdir, os.O_DIRECTORY)
+        _fault_point("commit-fsync")
+    _remove_journal(root, jdir, fsync)
+
+
+# --------------------------------------------------------------------------- recovery
+@dataclass(frozen=True)
+class RecoveryReport:
+    """What :func:`recover` found and did.
+
+    Attributes
+    ----------
+    state : {"clean", "rolled_back", "committed"}
+        No journal / an incomplete write was undone / the write was complete.
+    files : int
+        Files whose prior content was restored (ranges or whole-file backups).
+    ranges : int
+        Undo records (byte ranges) written back.
+    bytes : int
+        Bytes written back (ranges plus sizes of restored whole-file backups).
+    missing : tuple of str
+        Journaled files that no longer exist, so could not be restored.
+    """
+
+    state: Literal["clean", "rolled_back", "committed"]
+    files: int = 0
+    ranges: int = 0
+    bytes: int = 0
+    missing: tuple[str, ...] = ()
+
+
+class _Record(NamedTuple):
+    kind: bytes
+    path: str
+    offset: int
+    length: int
+    data_pos: int  # where the data starts in the log file
+    name: str = ""  # backup file name (EBAK records)
+
+
+def _scan(log: Path) -> list[_Record]:
+    """Valid records of one log, in order; stops at the first torn/corrupt one."""
+    records: list[_Record] = []
+    with open(log, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        magic = f.read(len(_LOG_MAGIC))
+        if len(magic) < len(_LOG_MAGIC):
+            return records  # killed while creating the log: nothing was written yet
+        if magic != _LOG_MAGIC:
+            raise JournalError(f"{log}: not an ensio undo log (or an unknown version)")
+        pos = len(magic)
+        while pos + _HEAD.size <= size:
+            head = f.read(_HEAD.size)
+            kind, plen, offset, length = _HEAD.unpack(head)
+            end = pos + _HEAD.size + plen + length + _CRC.size
+            if (kind not in (_REC_RANGE, _REC_FILE) or plen > _MAX_PATH or end > size
+                    or (kind == _REC_FILE and length > _MAX_NAME)):
+                break
+            path = f.read(plen)
+            crc, name = zlib.crc32(path, zlib.crc32(head)), b""
+            for left in range(length, 0, -_CHUNK):
+                chunk = f.read(min(left, _CHUNK))
+                crc = zlib.crc32(chunk, crc)
+                name = chunk if kind == _REC_FILE else b""
+            if f.read(_CRC.size) != _CRC.pack(crc):
+                break
+            records.append(_Record(kind, os.fsdecode(path), offset, length,
+                                   pos + _HEAD.size + plen, os.fsdecode(name)))
+            pos = end
+    return records
+
+
+def _restore_backup(backup: Path, target: str, fsync: bool) -> bool:
+    """Put ``backup`` back at ``target``; False if ``target`` was never replaced.
+
+    Idempotent: a backup that was already moved back no longer exists.
+    """
+    if os.path.exists(target) and os.path.samefile(backup, target):
+        os.unlink(backup)  # the caller crashed before replacing the file
+        return False
+    try:
+        os.replace(backup, target)
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+        tmp = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.ensio-restore")
+        shutil.copyfile(backup, tmp)
+        if fsync:
+            _fsync(tmp)
+        os.replace(tmp, target)
+        os.unlink(backup)
+    _fault_point("restore-backup")
+    return True
+
+
+def _close_target(fd: int, fsync: bool) -> None:
+    if fd >= 0:
+        try:
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _replay(log: Path, records: list[_Record], fsync: bool,
+            missing: set[str]) -> tuple[set[str], int, int]:
+    """Write back the prior bytes of one log's range records, newest first.
+
+    Newest first makes a range journaled twice end at its oldest bytes. Range
+    records that follow a backup of the same file in this log targeted the
+    rewritten copy, which restoring the backup discarded: skip them. Writing
+    prior bytes is idempotent, so a crash in here is harmless.
+    """
+    backed: set[str] = set()
+    todo: list[_Record] = []
+    for rec in records:
+        if rec.kind == _REC_FILE:
+            backed.add(rec.path)
+        elif rec.path not in backed:
+            todo.append(rec)
+    touched: set[str] = set()
+    nranges = nbytes = 0
+    lfd, path, fd = os.open(log, os.O_RDONLY), "", -1
+    try:
+        for rec in reversed(todo):  # grouped by file: one open target at a time
+            if rec.path != path:
+                _close_target(fd, fsync)
+                path, fd = rec.path, -1
+                try:
+                    fd = os.open(path, os.O_WRONLY)
+                except FileNotFoundError:
+                    missing.add(path)
+            if fd < 0:
+                continue
+            for pos in range(0, rec.length, _CHUNK):
+                chunk = os.pread(lfd, min(rec.length - pos, _CHUNK), rec.data_pos + pos)
+                os.pwrite(fd, chunk, rec.offset + pos)
+            _fault_point("restore-range")
+            touched.add(path)
+            nranges += 1
+            nbytes += rec.length
+    finally:
+        _close_target(fd, fsync)
+        os.close(lfd)
+    return touched, nranges, nbytes
+
+
+def _remove_journal(root: Path, jdir: Path, fsync: bool) -> None:
+    """Atomically retire ``jdir`` (rename), then delete it at leisure."""
+    trash = root / f"{_TRASH_PREFIX}{uuid.uuid4().hex}"
+    os.rename(jdir, trash)
+    _fault_point("journal-rename")
+    if fsync:
+        _fsync(root, os.O_DIRECTORY)
+    shutil.rmtree(trash, ignore_errors=True)
+    _fault_point("journal-remove")
+
+
+def recover(root: Path, *, fsync: bool = True) -> RecoveryReport:
+    """Bring the files under ``root`` to a consistent state after any crash.
+
+    No journal: ``"clean"``. ``COMMITTED`` marker: the analysis is complete
+    everywhere, just delete the journal (``"committed"``). Otherwise restore
+    whole-file backups, write back every undo record, make that durable, and
+    only then delete the journal (``"rolled_back"``) -- so a crash during
+    recovery leaves a journal from which recovery simply runs again.
+    Must not run while any task is still writing.
+    """
+    root = Path(os.path.abspath(root))
+    jdir = root / JOURNAL_DIRNAME
+    if not jdir.is_dir():
+        report = RecoveryReport("clean")
+    elif (jdir / COMMITTED_NAME).exists():
+        _remove_journal(root, jdir, fsync)
+        report = RecoveryReport("committed")
+    else:
+        report = _rollback(root, jdir, fsync)
+    for trash in root.glob(_TRASH_PREFIX + "*"):  # deletions a crash interrupted
+        shutil.rmtree(trash, ignore_errors=True)
+    return report
+
+
+def _rollback(root: Path, jdir: Path, fsync: bool) -> RecoveryReport:
+    # Log order is irrelevant: different tasks journal disjoint byte ranges.
+    scanned = [(log, _scan(log)) for log in sorted(jdir.glob("task-*.undo"))]
+    files: set[str] = set()
+    dirs: set[str] = set()
+    missing: set[str] = set()
+    nbytes = nranges = 0
+    for _, records in scanned:  # backups first: earlier ranges are replayed on them
+        for rec in records:
+            backup = jdir / rec.name
+            if rec.kind != _REC_FILE or not backup.exists():
+                continue  # a missing backup was restored by an interrupted recovery
+            size = backup.stat().st_size
+            if _restore_backup(backup, rec.path, fsync):
+                files.add(rec.path)
+                dirs.add(os.path.dirname(rec.path))
+                nbytes += size
+    for log, records in scanned:
+        touched, n, b = _replay(log, records, fsync, missing)
+        files |= touched
+        nranges += n
+        nbytes += b
+    if fsync:
+        for d in sorted(dirs):
+            _fsync(d, os.O_DIRECTORY)
+    _fault_point("recover-synced")
+    _remove_journal(root, jdir, fsync)
+    return RecoveryReport("rolled_back", len(files), nranges, nbytes,
+                          tuple(sorted(missing - files)))
+
+
+def abort(root: Path, *, fsync: bool = True) -> RecoveryReport:
+    """Roll back now, after a task failed mid-write (same rules as :func:`recover`).
+
+    Call it from one rank once *all* tasks have stopped writing. If the journal
+    was already committed the analysis is complete and is kept.
+    """
+    return recover(root, fsync=fsync)

@@ -1,0 +1,258 @@
+"""The state layout: named model variables ⇄ rows of the flat state vector.
+
+Every layer above the file formats speaks in state-vector rows; this module is
+the one translation between rows and (variable, element) positions. Rows are
+numbered variable by variable in config order; within a variable, in C order
+of its dimensions as stored. A masked variable contributes only its active
+elements (e.g. land points), so rows map to a sorted subset of its elements.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..config.schema import Coordinates, VariableSpec
+from ..errors import InputError
+
+__all__ = ["Segment", "StateLayout", "VariableLayout", "VarMeta", "build_layout"]
+
+
+@dataclass(frozen=True)
+class VarMeta:
+    """What the layout needs to know of a variable in a member file."""
+
+    name: str
+    dims: tuple[str, ...]
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A contiguous run of state rows inside one variable.
+
+    Attributes
+    ----------
+    var : int
+        Index of the variable in ``StateLayout.variables``.
+    row_lo, row_hi : int
+        State-vector rows ``[row_lo, row_hi)``.
+    elem_lo, elem_hi : int
+        Flat element range of the variable that covers those rows.
+    select : numpy.ndarray or None
+        For masked variables, positions (relative to ``elem_lo``) of the
+        rows' elements inside the covering range; ``None`` when every element
+        of the range is a row.
+    """
+
+    var: int
+    row_lo: int
+    row_hi: int
+    elem_lo: int
+    elem_hi: int
+    select: np.ndarray | None = None
+
+    @property
+    def n_rows(self) -> int:
+        return self.row_hi - self.row_lo
+
+    @property
+    def n_elems(self) -> int:
+        return self.elem_hi - self.elem_lo
+
+
+@dataclass(frozen=True, eq=False)
+class VariableLayout:
+    """One state variable: its on-disk shape/dtype and its place in the state vector.
+
+    Attributes
+    ----------
+    offset : int
+        First state row of this variable.
+    size : int
+        Number of state rows (active elements).
+    active : numpy.ndarray or None
+        Sorted flat element indices that are rows (masked variables).
+    """
+
+    name: str
+    dims: tuple[str, ...]
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    offset: int
+    size: int
+    active: np.ndarray | None = None
+
+    @property
+    def n_elements(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def element_range(self, lo: int, hi: int) -> tuple[int, int, np.ndarray | None]:
+        """Covering element range of local rows ``[lo, hi)`` (0-based within the variable)."""
+        if self.active is None:
+            return lo, hi, None
+        idx = self.active[lo:hi]
+        e0, e1 = int(idx[0]), int(idx[-1]) + 1
+        return e0, e1, None if e1 - e0 == hi - lo else idx - e0
+
+    def element_indices(self, lo: int, hi: int) -> np.ndarray:
+        """Flat element index of each local row in ``[lo, hi)``."""
+        if self.active is None:
+            return np.arange(lo, hi, dtype=np.int64)
+        return self.active[lo:hi]
+
+
+@dataclass(frozen=True, eq=False)
+class StateLayout:
+    """The map between model variables and the state vector.
+
+    Attributes
+    ----------
+    variables : tuple of VariableLayout
+    n_rows : int
+        Length N_x of the state vector.
+    coords : dict
+        Coordinate arrays by role (``"lon"``, ``"lat"``, optionally
+        ``"level"``) with the dimension names they span, used to place rows.
+    """
+
+    variables: tuple[VariableLayout, ...]
+    n_rows: int
+    coords: Mapping[str, tuple[tuple[str, ...], np.ndarray]] = field(default_factory=dict)
+
+    def variable(self, name: str) -> VariableLayout:
+        for v in self.variables:
+            if v.name == name:
+                return v
+        raise KeyError(name)
+
+    def segments(self, lo: int, hi: int) -> list[Segment]:
+        """Per-variable segments covering state rows ``[lo, hi)``, in row order."""
+        out: list[Segment] = []
+        for i, v in enumerate(self.variables):
+            a, b = max(lo, v.offset), min(hi, v.offset + v.size)
+            if a >= b:
+                continue
+            e0, e1, sel = v.element_range(a - v.offset, b - v.offset)
+            out.append(Segment(i, a, b, e0, e1, sel))
+        return out
+
+    def coordinates(self, lo: int, hi: int) -> dict[str, np.ndarray]:
+        """Coordinates (degrees; level if configured) of state rows ``[lo, hi)``.
+
+        Each coordinate variable spans a subset of a state variable's
+        dimensions (e.g. ``lon(lon)`` or curvilinear ``lon(y, x)``); its value
+        at a row is found by unravelling the row's element index.
+        """
+        out = {role: np.empty(hi - lo) for role in self.coords}
+        for seg in self.segments(lo, hi):
+            v = self.variables[seg.var]
+            flat = v.element_indices(seg.row_lo - v.offset, seg.row_hi - v.offset)
+            pos = np.unravel_index(flat, v.shape)
+            by_dim = dict(zip(v.dims, pos, strict=True))
+            for role, (cdims, values) in self.coords.items():
+                idx = tuple(by_dim[d] for d in cdims)
+                out[role][seg.row_lo - lo : seg.row_hi - lo] = values[idx]
+        return out
+
+
+ReadVar = Callable[[str], np.ndarray]
+
+
+def build_layout(
+    specs: Sequence[VariableSpec],
+    metas: Mapping[str, VarMeta],
+    read_var: ReadVar,
+    coordinates: Coordinates,
+    source: str,
+) -> StateLayout:
+    """Build the layout from the first member's metadata.
+
+    Parameters
+    ----------
+    specs : sequence of VariableSpec
+        The configured state variables, in order.
+    metas : mapping
+        Metadata of every variable of the member file.
+    read_var : callable
+        Reads a whole (small) variable: masks and coordinates.
+    coordinates : Coordinates
+        Names of the coordinate variables.
+    source : str
+        File name for error messages.
+    """
+    variables: list[VariableLayout] = []
+    offset = 0
+    for spec in specs:
+        meta = metas.get(spec.name)
+        if meta is None:
+            raise InputError(f"{source}: state variable '{spec.name}' not found")
+        if meta.dtype.kind != "f":
+            raise InputError(
+                f"{source}: state variable '{spec.name}' has dtype {meta.dtype.name}; "
+                "state variables must be float32 or float64"
+            )
+        if len(meta.shape) < 1:
+            raise InputError(f"{source}: state variable '{spec.name}' is a scalar")
+        active = None
+        size = int(np.prod(meta.shape, dtype=np.int64))
+        if spec.mask is not None:
+            active = _mask_indices(spec, meta, metas, read_var, source)
+            size = int(active.size)
+        variables.append(
+            VariableLayout(
+                name=spec.name,
+                dims=meta.dims,
+                shape=meta.shape,
+                dtype=np.dtype(meta.dtype).newbyteorder("="),
+                offset=offset,
+                size=size,
+                active=active,
+            )
+        )
+        offset += size
+    coords: dict[str, tuple[tuple[str, ...], np.ndarray]] = {}
+    for role in ("lon", "lat", "level"):
+        name = getattr(coordinates, role)
+        if name is None:
+            continue
+        meta = metas.get(name)
+        if meta is None:
+            if role == "level":
+                raise InputError(f"{source}: coordinate variable '{name}' not found")
+            continue  # lon/lat are optional for I/O; the analysis checks them
+        for v in variables:
+            if not set(meta.dims) <= set(v.dims):
+                raise InputError(
+                    f"{source}: coordinate '{name}' dims {meta.dims} are not dims of "
+                    f"state variable '{v.name}' {v.dims}"
+                )
+        coords[role] = (meta.dims, np.asarray(read_var(name), dtype=np.float64))
+    return StateLayout(variables=tuple(variables), n_rows=offset, coords=coords)
+
+
+def _mask_indices(
+    spec: VariableSpec,
+    meta: VarMeta,
+    metas: Mapping[str, VarMeta],
+    read_var: ReadVar,
+    source: str,
+) -> np.ndarray:
+    mmeta = metas.get(spec.mask or "")
+    if mmeta is None:
+        raise InputError(f"{source}: mask variable '{spec.mask}' not found")
+    k = len(mmeta.dims)
+    if mmeta.dims != meta.dims[len(meta.dims) - k :]:
+        raise InputError(
+            f"{source}: mask '{spec.mask}' dims {mmeta.dims} are not the trailing dims "
+            f"of '{spec.name}' {meta.dims}"
+        )
+    mask = np.asarray(read_var(spec.mask or "")) != 0
+    full = np.broadcast_to(mask, meta.shape)
+    active = np.flatnonzero(full).astype(np.int64)
+    if active.size == 0:
+        raise InputError(f"{source}: mask '{spec.mask}' selects no point of '{spec.name}'")
+    return active

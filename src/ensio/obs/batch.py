@@ -1,0 +1,100 @@
+"""The observation batch: values, errors and where they are."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["ObsBatch"]
+
+
+def _vec(name: str, a: object, dtype: type) -> np.ndarray:
+    v = np.asarray(a, dtype=dtype)
+    if v.ndim != 1:
+        raise ValueError(f"ObsBatch.{name}: expected a 1-D array, got shape {v.shape}")
+    return v
+
+
+@dataclass(frozen=True, eq=False)
+class ObsBatch:
+    """A set of observations (format of DESIGN.md, "Conventions").
+
+    Attributes
+    ----------
+    values : ndarray, shape (m,)
+    errors : ndarray, shape (m,)
+        Error standard deviations σ_o (R is diagonal, ``σ_o²``).
+    lon, lat : ndarray, shape (m,)
+        Location in degrees.
+    index : ndarray of int, shape (m,), or None
+        0-based state-vector row observed directly (H = identity there);
+        negative or ``None``: H is bilinear interpolation on the lon/lat grid.
+    ids : ndarray of int, shape (m,), or None
+        Global observation numbers: they key the EnKF perturbation streams
+        and order the observations, so they must not depend on how the
+        observations were split. ``None`` means ``0 .. m-1``. Give files after
+        the first an offset (the total size of the files before them).
+    """
+
+    values: np.ndarray
+    errors: np.ndarray
+    lon: np.ndarray
+    lat: np.ndarray
+    index: np.ndarray | None = None
+    ids: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        vals = _vec("values", self.values, float)
+        m = vals.size
+        fields = {"values": vals}
+        for name in ("errors", "lon", "lat"):
+            fields[name] = _vec(name, getattr(self, name), float)
+        for name in ("index", "ids"):
+            v = getattr(self, name)
+            fields[name] = None if v is None else _vec(name, v, np.int64)
+        if fields["ids"] is None:
+            fields["ids"] = np.arange(m, dtype=np.int64)
+        for name, v in fields.items():
+            if v is not None and v.size != m:
+                raise ValueError(f"ObsBatch.{name}: {v.size} entries, values has {m}")
+            object.__setattr__(self, name, v)
+
+    def __len__(self) -> int:
+        return int(self.values.size)
+
+    def subset(self, selection: np.ndarray) -> ObsBatch:
+        """Observations selected by a boolean mask or an index array (ids kept)."""
+        sel = np.asarray(selection)
+        return ObsBatch(
+            values=self.values[sel],
+            errors=self.errors[sel],
+            lon=self.lon[sel],
+            lat=self.lat[sel],
+            index=None if self.index is None else self.index[sel],
+            ids=self.ids[sel],
+        )
+
+    @staticmethod
+    def concat(batches: Sequence[ObsBatch]) -> ObsBatch:
+        """Concatenate batches, keeping their ids (give each file its own offset)."""
+        if not batches:
+            return ObsBatch(np.empty(0), np.empty(0), np.empty(0), np.empty(0))
+        has_index = [b.index is not None for b in batches]
+        index = None
+        if any(has_index):
+            index = np.concatenate(
+                [b.index if b.index is not None else np.full(len(b), -1) for b in batches]
+            )
+        ids = np.concatenate([b.ids for b in batches])
+        if np.unique(ids).size != ids.size:
+            raise ValueError("ObsBatch.concat: observation ids repeat; offset the ids per file")
+        return ObsBatch(
+            values=np.concatenate([b.values for b in batches]),
+            errors=np.concatenate([b.errors for b in batches]),
+            lon=np.concatenate([b.lon for b in batches]),
+            lat=np.concatenate([b.lat for b in batches]),
+            index=index,
+            ids=ids,
+        )

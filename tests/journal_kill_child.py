@@ -1,0 +1,51 @@
+"""Child process of test_journal_kill.py: journal and write an "analysis" in place.
+
+Usage: ``python journal_kill_child.py PLAN.json``. Does what the real writer
+does -- per file: save prior bytes, pwrite new bytes (two tasks' logs
+interleaved); the library-path file is backed up and replaced by a rewritten
+copy -- then commits (or aborts). It dies wherever ``ENSIO_FAULT_KILL_AT``
+says (fault points of ensio.io.journal plus its own around the data writes),
+or wherever the parent SIGKILLs it after the "ready" line on stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from ensio.io import journal
+
+
+def main(plan_file: str) -> None:
+    plan = json.loads(Path(plan_file).read_text())
+    root, fsync = Path(plan["root"]), plan["fsync"]
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    logs = [journal.UndoLog.create(root, t, fsync=fsync) for t in range(plan["tasks"])]
+    for f in plan["files"]:
+        path, new = Path(f["path"]), Path(f["new"]).read_bytes()
+        fd = os.open(path, os.O_RDWR)
+        for offset, length, task in f["ranges"]:
+            logs[task].save(path, offset, os.pread(fd, length, offset))
+            os.pwrite(fd, new[offset:offset + length], offset)
+            journal._fault_point("data-pwrite")
+        os.close(fd)
+        if f["library"]:
+            logs[0].save_file(path)
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_bytes(new)
+            journal._fault_point("library-write")
+            os.replace(tmp, path)
+            journal._fault_point("library-replace")
+    for log in logs:
+        log.close()
+    if plan["finish"] == "commit":
+        journal.commit(root, fsync=fsync)
+    else:
+        journal.abort(root, fsync=fsync)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
