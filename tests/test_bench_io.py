@@ -99,7 +99,7 @@ def _stub_layout(config: Config) -> SimpleNamespace:
 def _stub_reader(corrupt: bool = False) -> Any:
     """A serial stand-in for read_ensemble: netCDF4 reads, optional corruption."""
 
-    def read(config: Config, comm: MPI.Comm) -> SimpleNamespace:
+    def read(config: Config, comm: MPI.Comm, out: Any = None) -> SimpleNamespace:
         layout = _stub_layout(config)
         data = np.empty((config.ensemble.size, layout.n_rows))
         for m, path in enumerate(config.member_paths()):

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from ensio.cli import recover as recover_cli
+from ensio.errors import EnsioError
 from ensio.io import journal
 from ensio.io.journal import (
     COMMITTED_NAME,
@@ -264,6 +265,22 @@ def test_backup_copy_fallback_and_cross_device_restore(tmp_path, monkeypatch):
     assert not list(tmp_path.glob(".*ensio-restore"))
 
 
+def test_file_replaced_twice(tmp_path):
+    """Two library-path rewrites of one file: recovery must end at the oldest backup."""
+    path = make_files(tmp_path, np.random.default_rng(4), 1)[0]
+    before = sha(path)
+    with UndoLog.create(tmp_path, 0, fsync=True) as log:
+        journaled_write(log, path, 0, b"raw-before")
+        for version in (b"A", b"B"):
+            log.save_file(path)
+            path.with_name("tmp").write_bytes(version * 5000)
+            os.replace(path.with_name("tmp"), path)
+            journaled_write(log, path, 7, b"raw-after-" + version)
+    report = recover(tmp_path)
+    assert (report.files, report.ranges) == (1, 1)
+    assert sha(path) == before
+
+
 def test_backup_of_never_replaced_file(tmp_path):
     """Crash between save_file and the caller's replace: the hard link is the file."""
     path = make_files(tmp_path, np.random.default_rng(3), 1)[0]
@@ -386,5 +403,16 @@ def test_cli_recover(tmp_path, capsys):
     (tmp_path / JOURNAL_DIRNAME / COMMITTED_NAME).touch()
     assert run_cli(["recover", "--no-fsync", str(tmp_path)]) == 0
     assert capsys.readouterr().out == "committed: analysis was complete; journal removed\n"
-    assert run_cli(["recover", str(tmp_path / "nope")]) != 0
-    assert "nope" in capsys.readouterr().err
+    with pytest.raises(EnsioError, match="nope"):
+        run_cli(["recover", str(tmp_path / "nope")])
+
+
+def test_cli_recover_reports_missing_files(tmp_path, capsys):
+    files = make_files(tmp_path, np.random.default_rng(2), 2)
+    with UndoLog.create(tmp_path, 0, fsync=False) as log:
+        journaled_write(log, files[0], 0, b"q")
+    files[0].unlink()
+    assert run_cli(["recover", str(files[1])]) == 1  # a member file names its directory
+    out, err = capsys.readouterr()
+    assert out == "recovered: rolled back 0 ranges (0 B) in 0 files\n"
+    assert str(files[0]) in err

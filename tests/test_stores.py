@@ -93,6 +93,8 @@ def make_member(path: Path, case: str, rng: np.random.Generator) -> Path:
                 var[:] = rng.standard_normal(shape)
             else:
                 var[:] = rng.integers(0, 1000, shape)
+        label = ds.createVariable("label", "S1", ("lat", "nv"), **_storage(kind, (5, 2)))
+        label[:] = rng.choice(np.array(list(b"abcxyz"), dtype="u1"), (5, 2)).view("S1")
         rec = ds.createVariable("rec", "f8", ("time", "lat", "lon"))
         rec.units = "K"
         rec[0:NRECS] = rng.standard_normal((NRECS, DIMS["lat"], DIMS["lon"]))
@@ -229,6 +231,8 @@ def test_raw_write_visible_and_confined(member: Path, rng: np.random.Generator) 
     with open_member(member) as store:
         infos = [i for i in store.variables().values() if i.raw_offset is not None]
     for info in infos:
+        if info.dtype.kind not in "iuf":
+            continue
         before_vals = nc_vars(member)
         before = member.read_bytes()
         lo, hi = sorted(int(x) for x in rng.integers(0, info.size + 1, 2))
@@ -389,6 +393,28 @@ def test_plain_hdf5_with_user_block(tmp_path: Path, rng: np.random.Generator) ->
         os.close(fd)
 
 
+def test_hdf5_dimension_scales_without_netcdf_attributes(tmp_path: Path) -> None:
+    """Dimensions from ``DIMENSION_LIST`` when ``_Netcdf4Coordinates`` is absent (h5py-made)."""
+    path = tmp_path / "scales.h5"
+    with h5py.File(path, "w") as f:
+        f["y"] = np.arange(3.0)
+        f["x"] = np.arange(3.0)  # same length: only DIMENSION_LIST tells them apart
+        f["y"].make_scale("y")
+        f["x"].make_scale("x")
+        f["field"] = np.ones((3, 3))
+        f["field"].dims[0].attach_scale(f["y"])
+        f["field"].dims[1].attach_scale(f["x"])
+        f["swapped"] = np.ones((3, 3))
+        f["swapped"].dims[0].attach_scale(f["x"])
+        f["swapped"].dims[1].attach_scale(f["y"])
+    with netCDF4.Dataset(path) as ds, open_member(path) as store:
+        table = store.variables()
+        assert list(table) == list(ds.variables)
+        for name, var in ds.variables.items():
+            assert table[name].dims == var.dimensions, name
+        assert table["swapped"].dims == ("x", "y")
+
+
 # --------------------------------------------------------------------------- bad files
 
 
@@ -432,6 +458,20 @@ def test_truncated_classic_header(tmp_path: Path, rng: np.random.Generator, case
         assert str(err.value).startswith(f"{path}: ") and "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("case", ["cdf1", "cdf5"])
+def test_classic_streaming_numrecs(tmp_path: Path, rng: np.random.Generator, case: str) -> None:
+    """numrecs = STREAMING (all bits set): the record count comes from the file size."""
+    path = make_member(tmp_path / "s.nc", case, rng)
+    with netCDF4.Dataset(path) as ds:
+        want = ds["rec"].shape
+    raw = bytearray(path.read_bytes())
+    width = 8 if case == "cdf5" else 4
+    raw[4 : 4 + width] = b"\xff" * width
+    path.write_bytes(bytes(raw))
+    with open_member(path) as store:
+        assert store.variables()["rec"].shape == want == (NRECS, DIMS["lat"], DIMS["lon"])
+
+
 def test_corrupt_classic_tag(tmp_path: Path, rng: np.random.Generator) -> None:
     raw = bytearray(make_member(tmp_path / "ok.nc", "cdf1", rng).read_bytes())
     assert raw[8:12] == b"\x00\x00\x00\x0a"  # NC_DIMENSION after magic + numrecs
@@ -466,3 +506,18 @@ def test_flat_boxes_cover_range_in_order(shape: tuple[int, ...], rng: np.random.
         assert [p.size for p in parts] == [count for _, count in boxes]
         got = np.concatenate(parts) if parts else np.empty(0, int)
         np.testing.assert_array_equal(got, np.arange(size)[lo:hi])
+
+
+def test_quantized_variable_takes_the_library_path(tmp_path: Path) -> None:
+    """The library quantizes on write; a raw write would bypass it."""
+    path = tmp_path / "q.nc"
+    with netCDF4.Dataset(path, "w") as ds:
+        ds.createDimension("x", 50)
+        v = ds.createVariable("q", "f8", ("x",), contiguous=True, significant_digits=3)
+        v[:] = np.random.default_rng().standard_normal(50)
+        p = ds.createVariable("p", "f8", ("x",), contiguous=True)
+        p[:] = 1.0
+    with open_member(path) as store:
+        infos = store.variables()
+    assert infos["q"].raw_offset is None
+    assert infos["p"].raw_offset is not None

@@ -316,10 +316,15 @@ def bench_io(
     stats: dict[str, list[Any]] = {"read": [], "write": []}
     verified: bool | None = None
     state_bytes = n_rows = 0
+    prev = None
     for r in range(1, repeat + 1):
         tag = f"repeat {r}/{repeat}"
         step(f"{tag}: ensio read")
-        t, block = _timed(comm, lambda: reader(config, comm))
+        # Repeats after the first read into the previous matrix, as a cycling
+        # filter does: the first-touch cost of a fresh array is not I/O.
+        t, block = _timed(
+            comm, lambda prev=prev: reader(config, comm, **({} if prev is None else {"out": prev}))
+        )
         samples["ensio_read"].append(t)
         stats["read"].append(block.stats)
         layout, n_rows = block.layout, block.layout.n_rows
@@ -329,7 +334,7 @@ def bench_io(
         t, wstats = _timed(comm, lambda block=block: writer(config, comm, block))
         samples["ensio_write"].append(t)
         stats["write"].append(wstats)
-        del block
+        prev = block
 
         if raw is not None:
             step(f"{tag}: raw read")

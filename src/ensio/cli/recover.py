@@ -12,7 +12,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..io.journal import JOURNAL_DIRNAME, JournalError, recover
+from ..errors import EnsioError
+from ..io.journal import JOURNAL_DIRNAME, recover
 
 __all__ = ["add_parser", "run"]
 
@@ -50,18 +51,20 @@ def _plural(n: int, word: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Recover ``args.dir``; print one line; 0 on success, 1 on failure."""
+    """Recover ``args.dir`` and print one line.
+
+    Returns 0, or 1 if journaled files had vanished (named on stderr). Problems
+    that stop recovery raise :class:`~ensio.errors.EnsioError` (one line, exit 2).
+    """
     root: Path = args.dir
     if root.is_file():  # a member file given instead of its directory
         root = root.parent
     if not root.is_dir():
-        print(f"ensio recover: no such directory: {root}", file=sys.stderr)
-        return 1
+        raise EnsioError(f"recover: no such directory: {root}")
     try:
         report = recover(root, fsync=not args.no_fsync)
-    except (JournalError, OSError) as exc:
-        print(f"ensio recover: {exc}", file=sys.stderr)
-        return 1
+    except OSError as exc:  # JournalError is an EnsioError already
+        raise EnsioError(f"recover {root}: {exc}") from exc
     if report.state == "clean":
         print("clean: no journal")
     elif report.state == "committed":

@@ -1,29 +1,24 @@
 """Undo journal that makes in-place analysis writes all-or-nothing.
 
-The parallel writer (:mod:`ensio.io.ensemble`) overwrites state bytes *in place*
-in N_e member files from N_io tasks at once; a crash half-way would leave a
-silent mix of forecast and analysis. So before a task overwrites a byte range it
-appends the *prior* bytes to its own undo log (one log per task: tasks never
+N_io tasks overwrite state bytes *in place* in N_e member files; a crash half-way
+would leave a silent mix of forecast and analysis. So before a task overwrites a
+byte range it appends the *prior* bytes to its own undo log (tasks never
 coordinate), and only after every task has finished one rank marks the journal
-``COMMITTED`` and deletes it. :func:`recover` turns any crash into exactly one
-of two outcomes: all files entirely prior (no marker) or entirely new (marker).
+``COMMITTED`` and deletes it. :func:`recover` turns any crash into all files
+entirely prior (no marker) or entirely new (marker).
 
-Layout of ``<root>/.ensio-journal/``: ``task-<t>.undo`` = ``_LOG_MAGIC`` then
-append-only records ``header(kind, path length, offset, length) | path | data |
-crc32`` (the CRC covers all before it, so a record torn by a kill is detected
-and ignored -- :meth:`UndoLog.save` returns, and the data write starts, only
-once the record is complete); ``task-<t>.<n>.bak`` = whole-file backups (hard
-links when possible) named by ``EBAK`` records; ``COMMITTED`` = the commit
-point (its existence is all that counts). The directory is deleted by first
-renaming it to a unique trash name, so it disappears atomically: a half-deleted
-journal can never be mistaken for an incomplete one.
+``<root>/.ensio-journal/`` holds ``task-<t>.undo`` (``_LOG_MAGIC``, then records
+``header(kind, path length, offset, length) | path | data | crc32``: a record
+torn by a kill fails its CRC and is ignored -- its data write had not started),
+``task-<t>.<n>.bak`` whole-file backups (hard links when possible) and
+``COMMITTED``. The directory is renamed to a trash name before it is deleted,
+so a half-deleted journal can never be mistaken for an incomplete one.
 
-Fault injection for the kill tests: every step whose interruption must be
-survivable calls :func:`_fault_point`. ``ENSIO_FAULT_KILL_AT=k`` SIGKILLs the
-process at the k-th point; ``ENSIO_FAULT_COUNT=<file>`` appends one JSON line
-``{"rank", "count", "labels"}`` to the file at exit; ``ENSIO_FAULT_RANK=r``
-restricts both to MPI rank r (``PMI_RANK``/``OMPI_COMM_WORLD_RANK``). Unset,
-``_fault_point`` is an empty function chosen at import.
+Kill tests: every survivable step calls :func:`_fault_point`.
+``ENSIO_FAULT_KILL_AT=k`` SIGKILLs the process at the k-th point;
+``ENSIO_FAULT_COUNT=<file>`` appends ``{"rank", "count", "labels"}`` as a JSON
+line at exit; ``ENSIO_FAULT_RANK=r`` limits both to MPI rank r. Unset, the hook
+is an empty function chosen at import.
 """
 
 from __future__ import annotations
@@ -66,17 +61,12 @@ class JournalError(EnsioError):
 
 
 # --------------------------------------------------------------------------- faults
-def _env_rank() -> int:
-    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
-        if os.environ.get(var, "").isdigit():
-            return int(os.environ[var])
-    return 0
-
-
+_RANK = next((int(os.environ[v]) for v in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+              if os.environ.get(v, "").isdigit()), 0)
 _FAULT_KILL_AT = int(os.environ.get("ENSIO_FAULT_KILL_AT") or 0)
 _FAULT_COUNT_FILE = os.environ.get("ENSIO_FAULT_COUNT") or None
 _FAULT_ACTIVE = bool(_FAULT_KILL_AT or _FAULT_COUNT_FILE) and (
-    os.environ.get("ENSIO_FAULT_RANK", "") in ("", str(_env_rank())))
+    os.environ.get("ENSIO_FAULT_RANK", "") in ("", str(_RANK)))
 _fault_labels: list[str] = []
 
 
@@ -92,7 +82,7 @@ def _fault_hit(label: str) -> None:
 
 
 def _fault_report() -> None:
-    line = json.dumps({"rank": _env_rank(), "count": len(_fault_labels),
+    line = json.dumps({"rank": _RANK, "count": len(_fault_labels),
                        "labels": _fault_labels}) + "\n"
     with open(_FAULT_COUNT_FILE, "a") as f:  # one small O_APPEND write per process
         f.write(line)
@@ -105,13 +95,18 @@ if _FAULT_ACTIVE and _FAULT_COUNT_FILE:
 
 
 # --------------------------------------------------------------------------- helpers
+def _close_target(fd: int, fsync: bool) -> None:
+    if fd >= 0:
+        try:
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
 def _fsync(path: Path | str, flags: int = 0) -> None:
     """fsync by name; ``flags=os.O_DIRECTORY`` makes renames/creations in a dir durable."""
-    fd = os.open(path, os.O_RDONLY | flags)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    _close_target(os.open(path, os.O_RDONLY | flags), True)
 
 
 def _write_all(fd: int, parts: Sequence[bytes | memoryview]) -> None:
@@ -137,10 +132,7 @@ def _byte_view(prior: bytes | memoryview | np.ndarray) -> memoryview:
 
 
 def journal_root(first_member: Path) -> Path:
-    """Directory holding the journal: the absolute parent of the first member.
-
-    One well-known place per ensemble, which ``ensio recover DIR`` finds again.
-    """
+    """The first member's absolute parent: one known place ``ensio recover DIR`` finds."""
     return Path(os.path.abspath(first_member)).parent
 
 
@@ -155,9 +147,7 @@ class UndoLog:
     def __init__(self, jdir: Path, task: int, fd: int, fsync: bool) -> None:
         self.dir, self.task, self._fd, self._fsync = jdir, task, fd, fsync
         self._paths: dict[object, bytes] = {}
-        self._targets: set[str] = set()
-        self._dirs: set[str] = set()
-        self._nbak = 0
+        self._targets, self._dirs, self._nbak = set[str](), set[str](), 0
 
     @classmethod
     def create(cls, root: Path, task: int, *, fsync: bool) -> UndoLog:
@@ -295,13 +285,10 @@ def commit(root: Path, *, fsync: bool) -> None:
     jdir = root / JOURNAL_DIRNAME
     if not jdir.is_dir():
         return
-    fd = os.open(jdir / COMMITTED_NAME, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
+    with open(jdir / COMMITTED_NAME, "wb") as marker:
         _fault_point("commit-marker")
         if fsync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
+            os.fsync(marker.fileno())
     if fsync:
         _fsync(jdir, os.O_DIRECTORY)
         _fault_point("commit-fsync")
@@ -348,10 +335,8 @@ def _scan(log: Path) -> list[_Record]:
     records: list[_Record] = []
     with open(log, "rb") as f:
         size = os.fstat(f.fileno()).st_size
-        magic = f.read(len(_LOG_MAGIC))
-        if len(magic) < len(_LOG_MAGIC):
-            return records  # killed while creating the log: nothing was written yet
-        if magic != _LOG_MAGIC:
+        magic = f.read(len(_LOG_MAGIC))  # shorter: killed while creating, no records
+        if magic != _LOG_MAGIC and len(magic) == len(_LOG_MAGIC):
             raise JournalError(f"{log}: not an ensio undo log (or an unknown version)")
         pos = len(magic)
         while pos + _HEAD.size <= size:
@@ -398,15 +383,6 @@ def _restore_backup(backup: Path, target: str, fsync: bool) -> bool:
     return True
 
 
-def _close_target(fd: int, fsync: bool) -> None:
-    if fd >= 0:
-        try:
-            if fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 def _replay(log: Path, records: list[_Record], fsync: bool,
             missing: set[str]) -> tuple[set[str], int, int]:
     """Write back the prior bytes of one log's range records, newest first.
@@ -416,8 +392,7 @@ def _replay(log: Path, records: list[_Record], fsync: bool,
     rewritten copy, which restoring the backup discarded: skip them. Writing
     prior bytes is idempotent, so a crash in here is harmless.
     """
-    backed: set[str] = set()
-    todo: list[_Record] = []
+    backed, todo = set[str](), list[_Record]()
     for rec in records:
         if rec.kind == _REC_FILE:
             backed.add(rec.path)
@@ -464,11 +439,10 @@ def _remove_journal(root: Path, jdir: Path, fsync: bool) -> None:
 def recover(root: Path, *, fsync: bool = True) -> RecoveryReport:
     """Bring the files under ``root`` to a consistent state after any crash.
 
-    No journal: ``"clean"``. ``COMMITTED`` marker: the analysis is complete
-    everywhere, just delete the journal (``"committed"``). Otherwise restore
-    whole-file backups, write back every undo record, make that durable, and
-    only then delete the journal (``"rolled_back"``) -- so a crash during
-    recovery leaves a journal from which recovery simply runs again.
+    No journal: ``"clean"``. ``COMMITTED``: the analysis is complete, delete the
+    journal (``"committed"``). Else restore backups, write back every undo record,
+    make that durable, and only then delete the journal (``"rolled_back"``): a
+    crash during recovery leaves a journal from which it simply runs again.
     Must not run while any task is still writing.
     """
     root = Path(os.path.abspath(root))
@@ -488,12 +462,10 @@ def recover(root: Path, *, fsync: bool = True) -> RecoveryReport:
 def _rollback(root: Path, jdir: Path, fsync: bool) -> RecoveryReport:
     # Log order is irrelevant: different tasks journal disjoint byte ranges.
     scanned = [(log, _scan(log)) for log in sorted(jdir.glob("task-*.undo"))]
-    files: set[str] = set()
-    dirs: set[str] = set()
-    missing: set[str] = set()
+    files, dirs, missing = set[str](), set[str](), set[str]()
     nbytes = nranges = 0
-    for _, records in scanned:  # backups first: earlier ranges are replayed on them
-        for rec in records:
+    for _, records in scanned:  # backups first (newest first: the oldest wins), then
+        for rec in reversed(records):  # the ranges journaled before them are replayed
             backup = jdir / rec.name
             if rec.kind != _REC_FILE or not backup.exists():
                 continue  # a missing backup was restored by an interrupted recovery
@@ -519,7 +491,7 @@ def _rollback(root: Path, jdir: Path, fsync: bool) -> RecoveryReport:
 def abort(root: Path, *, fsync: bool = True) -> RecoveryReport:
     """Roll back now, after a task failed mid-write (same rules as :func:`recover`).
 
-    Call it from one rank once *all* tasks have stopped writing. If the journal
-    was already committed the analysis is complete and is kept.
+    Call it from one rank once *all* tasks have stopped writing (a committed
+    journal means the analysis is complete: it is kept).
     """
     return recover(root, fsync=fsync)

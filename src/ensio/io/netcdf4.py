@@ -241,7 +241,7 @@ def _dim_name(h5name: str) -> str:
 
 
 def _read_attr(oid: h5py.h5o.ObjectID, name: bytes) -> np.ndarray | None:
-    """A fixed-size attribute as an array, or ``None`` (absent, variable-length, unreadable)."""
+    """A fixed-size attribute as a flat array, or ``None`` (variable-length, unreadable)."""
     try:
         attr = h5py.h5a.open(oid, name)
         if attr.dtype.kind == "O":
@@ -250,11 +250,32 @@ def _read_attr(oid: h5py.h5o.ObjectID, name: bytes) -> np.ndarray | None:
         attr.read(buf)
     except (KeyError, OSError, TypeError, ValueError):
         return None
-    return buf
+    return buf.reshape(-1)
 
 
-def _first_int(value: np.ndarray | None) -> int | None:
-    return None if value is None or value.size == 0 else int(value.reshape(-1)[0])
+def _read_ints(oid: h5py.h5o.ObjectID, name: bytes) -> list[int] | None:
+    """An integer attribute (dimension ids), read as int64 without asking for its dtype."""
+    try:
+        attr = h5py.h5a.open(oid, name)
+        buf = np.empty(attr.get_space().get_simple_extent_npoints(), dtype=np.int64)
+        attr.read(buf, mtype=h5py.h5t.NATIVE_INT64)
+    except (KeyError, OSError, TypeError, ValueError):
+        return None
+    return buf.tolist()
+
+
+def _read_label(oid: h5py.h5o.ObjectID, name: bytes) -> bytes:
+    """A scalar fixed-length string attribute (``CLASS``, ``NAME``); ``b""`` if not one."""
+    try:
+        attr = h5py.h5a.open(oid, name)
+        ftype = attr.get_type()
+        if not isinstance(ftype, h5py.h5t.TypeStringID) or ftype.is_variable_str():
+            return b""
+        buf = np.empty(attr.get_space().get_simple_extent_npoints(), dtype=f"S{ftype.get_size()}")
+        attr.read(buf, mtype=ftype)
+    except (KeyError, OSError, TypeError, ValueError):
+        return b""
+    return bytes(buf[0]) if buf.size else b""
 
 
 class _Dataset:
@@ -266,23 +287,22 @@ class _Dataset:
         names: list[bytes] = []
         h5py.h5a.iterate(oid, names.append)
         self.attrs = set(names)
-        self.shape = tuple(int(n) for n in oid.shape)
-        self.unlimited = tuple(
-            m == h5py.h5s.UNLIMITED for m in oid.get_space().get_simple_extent_dims(True)
+        space = oid.get_space()
+        self.shape = tuple(int(n) for n in space.get_simple_extent_dims())
+        self.unlimited = tuple(m == h5py.h5s.UNLIMITED for m in space.get_simple_extent_dims(True))
+        self.dtype = oid.dtype
+        self.is_scale = b"CLASS" in self.attrs and _read_label(oid, b"CLASS") == b"DIMENSION_SCALE"
+        self.is_pure_dim = (
+            self.is_scale
+            and b"NAME" in self.attrs
+            and _read_label(oid, b"NAME").startswith(_PURE_DIMENSION)
         )
-        self.is_scale = False
-        self.is_pure_dim = False
-        if b"CLASS" in self.attrs:
-            cls = _read_attr(oid, b"CLASS")
-            self.is_scale = cls is not None and cls.reshape(-1)[0] == b"DIMENSION_SCALE"
-        if self.is_scale and b"NAME" in self.attrs:
-            label = _read_attr(oid, b"NAME")
-            self.is_pure_dim = label is not None and bytes(label.reshape(-1)[0]).startswith(
-                _PURE_DIMENSION
-            )
 
     def attr(self, name: bytes) -> np.ndarray | None:
         return _read_attr(self.oid, name) if name in self.attrs else None
+
+    def ints(self, name: bytes) -> list[int] | None:
+        return _read_ints(self.oid, name) if name in self.attrs else None
 
 
 class _Group:
@@ -322,17 +342,16 @@ class _Scan:
                     name = _dim_name(key)
                     node.dims.append((name, ds.shape[0], ds.unlimited[0]))
                     self.scales[oid] = name
-                    dimid = _first_int(ds.attr(b"_Netcdf4Dimid"))
-                    if dimid is not None:
-                        self.dimids[dimid] = name
+                    dimid = ds.ints(b"_Netcdf4Dimid")
+                    if dimid is not None and len(dimid) == 1:
+                        self.dimids[dimid[0]] = name
 
     def _dims(self, ds: _Dataset, node: _Group) -> tuple[str, ...]:
         ndim = len(ds.shape)
         if ndim == 0:
             return ()
-        coords = ds.attr(b"_Netcdf4Coordinates")
-        if coords is not None:
-            ids = [int(i) for i in coords.reshape(-1)]
+        ids = ds.ints(b"_Netcdf4Coordinates")
+        if ids is not None:
             if len(ids) == ndim and all(i in self.dimids for i in ids):
                 return tuple(self.dimids[i] for i in ids)
         if b"DIMENSION_LIST" in ds.attrs:
@@ -377,18 +396,31 @@ class _Scan:
                 name=name,
                 dims=self._dims(ds, node),
                 shape=ds.shape,
-                dtype=ds.oid.dtype,
-                raw_offset=_raw_offset(ds.oid),
-                fill_value=None if fill is None or fill.size != 1 else fill.reshape(-1)[0].item(),
+                dtype=ds.dtype,
+                raw_offset=None if _quantized(ds) else _raw_offset(ds.oid, ds.dtype),
+                fill_value=None if fill is None or fill.size != 1 else fill[0].item(),
             )
         for table in below:
             out.update(table)
         return out
 
 
-def _raw_offset(oid: h5py.h5d.DatasetID) -> int | None:
+#: netCDF-4 quantization attributes: the library quantizes on every write, so
+#: such a variable must be written through the library even if contiguous.
+_QUANTIZE_ATTRS = (
+    b"_QuantizeBitGroomNumberOfSignificantDigits",
+    b"_QuantizeGranularBitRoundNumberOfSignificantDigits",
+    b"_QuantizeBitRoundNumberOfSignificantBits",
+)
+
+
+def _quantized(ds: _Dataset) -> bool:
+    return any(ds.attr(a) is not None for a in _QUANTIZE_ATTRS)
+
+
+def _raw_offset(oid: h5py.h5d.DatasetID, dtype: np.dtype) -> int | None:
     """``H5Dget_offset`` if the dataset is one contiguous, unfiltered, allocated range."""
-    if oid.dtype.kind == "O":  # variable-length data: the range holds heap pointers
+    if dtype.kind == "O":  # variable-length data: the range holds heap pointers
         return None
     dcpl = oid.get_create_plist()
     if (

@@ -97,7 +97,6 @@ def _axis_lon(grid: RegularGrid, lon: np.ndarray):
         rel = np.mod(lon - grid.lon[0], 360.0) / step
         i0 = np.minimum(np.floor(rel).astype(np.int64), n - 1)
         t = rel - i0
-        # direction of the grid: rel measured eastward from lon[0]
         return i0, (i0 + 1) % n, t, np.isfinite(lon)
     order = np.argsort(grid.lon)
     gl = grid.lon[order]

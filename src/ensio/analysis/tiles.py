@@ -1,0 +1,151 @@
+"""Tiles of nearby analysis points and their candidate observations.
+
+A tile is a compact group of points. Its candidate observations are those
+within ``tile radius + support radius`` of the tile's centre point: by the
+triangle inequality of the (great-circle, periodic or Euclidean) distance
+this is a superset of the observations within the support radius of any
+point of the tile, so nothing is missed, and the exact per-point weights
+decide the rest. Working with true distances (no boxes in degrees) makes
+tiles that straddle the dateline or contain a pole correct without special
+cases.
+
+Tiles are built by recursive bisection in an embedding of the points in
+Euclidean space where the straight-line (chord) distance is a monotone
+function of the true distance: unit vectors × Earth radius for lon/lat, a
+circle of circumference ``period`` for periodic domains, the coordinates
+themselves otherwise. Candidate queries use a k-d tree in the same
+embedding.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.spatial import cKDTree
+
+from .localization import EARTH_RADIUS_KM, Geometry, distances, unit_vectors
+
+__all__ = ["embed", "chord_radius", "make_tiles", "CandidateFinder"]
+
+
+def embed(geometry: Geometry, coords: np.ndarray) -> np.ndarray:
+    """Embed ``(n, d)`` coordinates in Euclidean space (chord ≤ true distance).
+
+    Returns
+    -------
+    ndarray, shape (n, e)
+    """
+    if geometry.kind == "lonlat":
+        return unit_vectors(coords) * EARTH_RADIUS_KM
+    if geometry.kind == "periodic":
+        p = float(geometry.period)  # type: ignore[arg-type]
+        ang = 2.0 * np.pi * coords[:, 0] / p
+        return np.stack([np.cos(ang), np.sin(ang)], axis=1) * (p / (2.0 * np.pi))
+    return np.asarray(coords, dtype=float)
+
+
+def chord_radius(geometry: Geometry, dist: float) -> float:
+    """Embedding distance equivalent to the true distance ``dist`` (with a margin).
+
+    Returns ``inf`` when every point is within ``dist``.
+    """
+    if not np.isfinite(dist):
+        return np.inf
+    if geometry.kind == "lonlat":
+        half = 0.5 * dist / EARTH_RADIUS_KM
+        if half >= 0.5 * np.pi:
+            return np.inf
+        r = 2.0 * EARTH_RADIUS_KM * np.sin(half)
+    elif geometry.kind == "periodic":
+        p = float(geometry.period)  # type: ignore[arg-type]
+        if dist >= 0.5 * p:
+            return np.inf
+        rho = p / (2.0 * np.pi)
+        r = 2.0 * rho * np.sin(dist / (2.0 * rho))
+    else:
+        r = dist
+    # relative and absolute margins absorb rounding of the embedding
+    return r * (1.0 + 1e-9) + 1e-9 * (1.0 + r)
+
+
+def make_tiles(
+    geometry: Geometry,
+    coords: np.ndarray,
+    max_points: int = 128,
+    max_extent: float = np.inf,
+    min_points: int = 16,
+) -> list[np.ndarray]:
+    """Split points into compact tiles by recursive median bisection.
+
+    A node is split along the embedding axis of largest extent while it has
+    more than ``max_points`` points, or while its extent exceeds
+    ``max_extent`` and it has more than ``min_points`` points. The second rule
+    keeps tiles small compared with the support radius, so the candidate set
+    of a tile is not much larger than that of one of its points.
+
+    Parameters
+    ----------
+    geometry : Geometry
+    coords : ndarray, shape (n, d)
+    max_points, min_points : int
+    max_extent : float
+        In distance units (km for lon/lat).
+
+    Returns
+    -------
+    list of ndarray of int
+        Point indices per tile; every point is in exactly one tile.
+    """
+    n = coords.shape[0]
+    if n == 0:
+        return []
+    e = embed(geometry, coords)
+    tiles: list[np.ndarray] = []
+    stack = [np.arange(n)]
+    while stack:
+        idx = stack.pop()
+        sub = e[idx]
+        ext = sub.max(axis=0) - sub.min(axis=0)
+        axis = int(np.argmax(ext))
+        big = idx.size > max_points or (ext[axis] > max_extent and idx.size > min_points)
+        if not big or ext[axis] == 0.0:
+            tiles.append(np.sort(idx))
+            continue
+        half = idx.size // 2
+        part = np.argpartition(sub[:, axis], half)
+        stack.append(idx[part[half:]])
+        stack.append(idx[part[:half]])
+    return tiles
+
+
+class CandidateFinder:
+    """Observations possibly within ``radius`` of some point of a tile.
+
+    Parameters
+    ----------
+    geometry : Geometry
+    obs_coords : ndarray, shape (m, d)
+    radius : float
+        Support radius.
+    """
+
+    def __init__(self, geometry: Geometry, obs_coords: np.ndarray, radius: float) -> None:
+        self.geometry = geometry
+        self.obs_coords = obs_coords
+        self.radius = radius
+        self.m = obs_coords.shape[0]
+        self._tree = cKDTree(embed(geometry, obs_coords)) if self.m else None
+
+    def __call__(self, point_coords: np.ndarray) -> np.ndarray:
+        """Sorted indices of candidate observations for a tile of points ``(p, d)``."""
+        if self.m == 0 or point_coords.shape[0] == 0:
+            return np.empty(0, dtype=np.int64)
+        if not np.isfinite(self.radius):
+            return np.arange(self.m)
+        e = embed(self.geometry, point_coords)
+        centre = int(np.argmin(((e - e.mean(axis=0)) ** 2).sum(axis=1)))
+        tile_radius = float(distances(self.geometry, point_coords[centre : centre + 1], point_coords).max())
+        r = chord_radius(self.geometry, tile_radius + self.radius)
+        if not np.isfinite(r):
+            return np.arange(self.m)
+        found = self._tree.query_ball_point(e[centre], r)  # type: ignore[union-attr]
+        return np.sort(np.asarray(found, dtype=np.int64))
