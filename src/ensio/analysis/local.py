@@ -34,7 +34,7 @@ from typing import Literal
 
 import numpy as np
 
-from .localization import Localization, as_coords, distances, regulate
+from .localization import Localization, as_coords, prepare, prepared_distances, regulate
 from .tiles import CandidateFinder, make_tiles
 from .transforms import enkf_weights, estkf_projection, sqrt_weights, transform_from_weights
 
@@ -124,9 +124,9 @@ class LocalResult:
     weight_sum: np.ndarray
 
 
-def _taper(loc: Localization, pts: np.ndarray, obs: ObsSpace, cand: np.ndarray, rho: np.ndarray):
-    """R⁻¹ weights ``(p, c)`` of candidates ``cand`` for points ``pts``."""
-    dist = distances(loc.geometry, pts, obs.coords[cand])
+def _taper(loc: Localization, pts, obs: ObsSpace, obs_pre, cand: np.ndarray, rho: np.ndarray):
+    """Localization weights ``(p, c)`` of candidates ``cand`` for prepared points ``pts``."""
+    dist = prepared_distances(loc.geometry, pts, obs_pre[cand])
     taper = loc.weights(dist)
     if loc.regulated:
         inside = taper > 0
@@ -157,8 +157,12 @@ class _Columns:
         self.Yq = (T.T @ obs.Y) if method == "estkf" else obs.Y  # (q, m)
         q = self.Yq.shape[0]
         self.q = q
-        self.iu = np.triu_indices(q)
-        self.npk = self.iu[0].size
+        iu = np.triu_indices(q)  # row-major upper triangle = the order of build()
+        self.npk = iu[0].size
+        packed = np.empty((q, q), dtype=np.int64)
+        packed[iu] = np.arange(self.npk)
+        packed[iu[1], iu[0]] = np.arange(self.npk)
+        self.full_index = packed.ravel()
         if method == "enkf":
             if obs.perturbations is None:
                 raise ValueError("the stochastic filter needs observation perturbations")
@@ -169,20 +173,33 @@ class _Columns:
         self.obs = obs
 
     def build(self, cand: np.ndarray) -> np.ndarray:
-        Yt = self.Yq[:, cand].T  # (c, q)
+        """Zᵀ for candidates ``cand``: shape (npk + nrhs + 3, c), C-contiguous.
+
+        Stored transposed so that every block of products is written as
+        contiguous rows; the GEMM takes it as ``W @ Zt.T`` without a copy.
+        """
+        q, npk, c = self.q, self.npk, cand.size
         obs = self.obs
+        Yc = self.Yq[:, cand]  # (q, c)
+        Zt = np.empty((npk + self.nrhs + 3, c))
+        start = 0
+        for a in range(q):  # row a of the upper triangle: y_a * y_b, b >= a
+            np.multiply(Yc[a:], Yc[a], out=Zt[start : start + q - a])
+            start += q - a
+        rhs = Zt[npk : npk + self.nrhs]
         if self.method == "enkf":
-            rhs = (Yt[:, :, None] * self.D[:, cand].T[:, None, :]).reshape(cand.size, -1)
+            Dc = self.D[:, cand]  # (k, c)
+            np.multiply(Yc[:, None, :], Dc[None, :, :], out=rhs.reshape(q, q, c))
         else:
-            rhs = Yt * obs.d[cand, None]
-        diag = np.stack([obs.d[cand] ** 2, obs.var[cand], obs.errors[cand] ** 2], axis=1)
-        return np.hstack([Yt[:, self.iu[0]] * Yt[:, self.iu[1]], rhs, diag])
+            np.multiply(Yc, obs.d[cand], out=rhs)
+        Zt[-3] = obs.d[cand] ** 2
+        Zt[-2] = obs.var[cand]
+        Zt[-1] = obs.errors[cand] ** 2
+        return Zt
 
     def unpack(self, S: np.ndarray):
         p, q, npk = S.shape[0], self.q, self.npk
-        C = np.empty((p, q, q))
-        C[:, self.iu[0], self.iu[1]] = S[:, :npk]
-        C[:, self.iu[1], self.iu[0]] = S[:, :npk]
+        C = np.take(S, self.full_index, axis=1).reshape(p, q, q)
         rhs = S[:, npk : npk + self.nrhs]
         if self.method == "enkf":
             rhs = rhs.reshape(p, q, q)
@@ -190,6 +207,7 @@ class _Columns:
 
 
 def _batched(pts, obs, loc, method, rho, T, tiles, finder, apply):
+    pts_pre, obs_pre = prepare(loc.geometry, pts), prepare(loc.geometry, obs.coords)
     cols = _Columns(obs, method, T)
     k = obs.k
     diag = np.zeros((pts.shape[0], 4))
@@ -197,14 +215,14 @@ def _batched(pts, obs, loc, method, rho, T, tiles, finder, apply):
         G = _empty_transform(rho[tile], k)
         cand = finder(pts[tile])
         if cand.size:
-            Wt = _taper(loc, pts[tile], obs, cand, rho[tile])
+            Wt = _taper(loc, pts_pre[tile], obs, obs_pre, cand, rho[tile])
             used = Wt.any(axis=0)
             cand, Wt = cand[used], Wt[:, used]
             has = Wt.any(axis=1)
             if has.any():
                 diag[tile, 0] = (Wt > 0).sum(axis=1)
                 Wt = Wt[has] * obs.rinv[cand]
-                C, rhs, extra = cols.unpack(Wt @ cols.build(cand))
+                C, rhs, extra = cols.unpack(Wt @ cols.build(cand).T)
                 G[has] = _finish(method, C, rhs, rho[tile][has], k, T)
                 diag[tile[has], 1:] = extra
         apply(tile, G)
@@ -216,11 +234,12 @@ def _pointwise(pts, obs, loc, method, rho, T, apply):
     all_obs = np.arange(len(obs))
     Yq = (T.T @ obs.Y) if method == "estkf" else obs.Y
     diag = np.zeros((pts.shape[0], 4))
+    pts_pre, obs_pre = prepare(loc.geometry, pts), prepare(loc.geometry, obs.coords)
     for p in range(pts.shape[0]):
         one = np.array([p])
         G = _empty_transform(rho[one], k)
         if all_obs.size:
-            taper = _taper(loc, pts[one], obs, all_obs, rho[one])[0]
+            taper = _taper(loc, pts_pre[one], obs, obs_pre, all_obs, rho[one])[0]
             sel = np.nonzero(taper)[0]
             if sel.size:
                 w = taper[sel] * obs.rinv[sel]
@@ -293,9 +312,14 @@ def local_analysis(
 
     def apply(points: np.ndarray, G: np.ndarray) -> None:
         counts = starts[points + 1] - starts[points]
-        rows = np.concatenate([order[starts[p] : starts[p + 1]] for p in points])
-        Grow = np.repeat(G, counts, axis=0)
-        out[:, rows] = mean[rows] + np.einsum("an,naj->jn", Xp[:, rows], Grow)
+        if np.all(counts == 1):
+            rows = order[starts[points]]
+            Grow = G
+        else:
+            rows = np.concatenate([order[starts[p] : starts[p + 1]] for p in points])
+            Grow = np.repeat(G, counts, axis=0)
+        upd = (Xp[:, rows].T[:, None, :] @ Grow)[:, 0, :]  # (rows, k)
+        out[:, rows] = mean[rows] + upd.T
 
     if kernel == "batched":
         radius = loc.radius

@@ -33,6 +33,8 @@ __all__ = [
     "as_coords",
     "unit_vectors",
     "distances",
+    "prepare",
+    "prepared_distances",
     "gaspari_cohn",
     "gaussian_taper",
     "exponential_taper",
@@ -128,10 +130,45 @@ def unit_vectors(coords: np.ndarray) -> np.ndarray:
     return np.stack([cl * np.cos(lon), cl * np.sin(lon), np.sin(lat)], axis=1)
 
 
-def _chord_to_km(chord: np.ndarray) -> np.ndarray:
-    # arcsin of the half chord is accurate for small distances, where the
-    # arccos of a dot product would lose half the digits.
-    return 2.0 * EARTH_RADIUS_KM * np.arcsin(np.minimum(chord * 0.5, 1.0))
+def _outer_sq_dist(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Squared Euclidean distances ``(na, nb)`` of rows of a and b, element by element."""
+    out = np.subtract.outer(a[:, 0], b[:, 0])
+    out *= out
+    if a.shape[1] > 1:
+        tmp = np.empty_like(out)
+        for j in range(1, a.shape[1]):
+            np.subtract.outer(a[:, j], b[:, j], out=tmp)
+            tmp *= tmp
+            out += tmp
+    return out
+
+
+def prepare(geometry: Geometry, coords: np.ndarray) -> np.ndarray:
+    """Coordinates in the form :func:`prepared_distances` works on.
+
+    Unit vectors ``(n, 3)`` for lon/lat (the trigonometry is done once per
+    point, not once per pair), the ``(n, d)`` coordinates otherwise.
+    """
+    c = as_coords(coords, geometry)
+    return unit_vectors(c) if geometry.kind == "lonlat" else c
+
+
+def prepared_distances(geometry: Geometry, pa: np.ndarray, pb: np.ndarray) -> np.ndarray:
+    """:func:`distances` for coordinates already passed through :func:`prepare`."""
+    if geometry.kind == "lonlat":
+        out = _outer_sq_dist(pa, pb)
+        np.sqrt(out, out=out)
+        out *= 0.5
+        np.minimum(out, 1.0, out=out)
+        np.arcsin(out, out=out)
+        out *= 2.0 * EARTH_RADIUS_KM
+        return out
+    if geometry.kind == "periodic":
+        p = float(geometry.period)  # type: ignore[arg-type]
+        d = np.abs(np.subtract.outer(pa[:, 0], pb[:, 0])) % p
+        return np.minimum(d, p - d, out=d)
+    out = _outer_sq_dist(pa, pb)
+    return np.sqrt(out, out=out)
 
 
 def distances(geometry: Geometry, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -140,6 +177,9 @@ def distances(geometry: Geometry, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     Computed element by element (no dot-product GEMM) so the distance of a
     pair does not depend on which other points are in the call: the batched
     and pointwise paths and every rank decomposition see the same numbers.
+    Great-circle distances come from the chord between unit vectors,
+    ``2R asin(chord/2)``, which stays accurate for nearby points (the arccos
+    of a dot product loses half the digits there).
 
     Parameters
     ----------
@@ -152,18 +192,7 @@ def distances(geometry: Geometry, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     ndarray, shape (na, nb)
         km for ``lonlat``, coordinate units otherwise.
     """
-    a = as_coords(a, geometry)
-    b = as_coords(b, geometry)
-    if geometry.kind == "lonlat":
-        ua, ub = unit_vectors(a), unit_vectors(b)
-        diff = ua[:, None, :] - ub[None, :, :]
-        return _chord_to_km(np.sqrt(np.einsum("ijk,ijk->ij", diff, diff)))
-    if geometry.kind == "periodic":
-        p = float(geometry.period)  # type: ignore[arg-type]
-        d = np.abs(a[:, None, 0] - b[None, :, 0]) % p
-        return np.minimum(d, p - d)
-    diff = a[:, None, :] - b[None, :, :]
-    return np.sqrt(np.einsum("ijk,ijk->ij", diff, diff))
+    return prepared_distances(geometry, prepare(geometry, a), prepare(geometry, b))
 
 
 def gaspari_cohn(dist: np.ndarray, radius: float) -> np.ndarray:
@@ -181,16 +210,25 @@ def gaspari_cohn(dist: np.ndarray, radius: float) -> np.ndarray:
         Support radius (``inf`` gives weight 1 everywhere).
     """
     dist = np.asarray(dist, dtype=float)
-    r = dist / (0.5 * radius)
-    w = np.zeros_like(r)
-    inner = r <= 1.0
-    outer = (r > 1.0) & (r < 2.0)
-    ri = r[inner]
-    w[inner] = (((-0.25 * ri + 0.5) * ri + 0.625) * ri - 5.0 / 3.0) * ri**2 + 1.0
-    ro = r[outer]
-    poly = (((ro / 12.0 - 0.5) * ro + 0.625) * ro + 5.0 / 3.0) * ro - 5.0
-    w[outer] = poly * ro + 4.0 - 2.0 / (3.0 * ro)
-    return np.maximum(w, 0.0)
+    r = dist * (2.0 / radius)
+    # both branches on the whole array (in place), then select: cheaper than
+    # boolean gathers for the dense tiles of the batched kernel
+    inner = -0.25 * r
+    for c in (0.5, 0.625, -5.0 / 3.0):
+        inner += c
+        inner *= r
+    inner *= r
+    inner += 1.0
+    outer = r / 12.0
+    for c in (-0.5, 0.625, 5.0 / 3.0, -5.0):
+        outer += c
+        outer *= r
+    outer += 4.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        outer -= (2.0 / 3.0) / r
+    w = np.where(r <= 1.0, inner, outer)
+    w[~(r < 2.0)] = 0.0
+    return np.maximum(w, 0.0, out=w)
 
 
 def gaussian_taper(dist: np.ndarray, radius: float) -> np.ndarray:

@@ -125,9 +125,10 @@ def sqrt_weights(
     W : ndarray, shape (..., q, q)
     """
     lam, U = _eig_analysis(C, forget, k)
-    Ub = np.einsum("...ji,...j->...i", U, b)
-    wbar = np.einsum("...ij,...j->...i", U, Ub / lam)
-    W = (U * np.sqrt((k - 1) / lam)[..., None, :]) @ np.swapaxes(U, -1, -2)
+    Ut = np.swapaxes(U, -1, -2)
+    Ub = (Ut @ b[..., None])[..., 0]
+    wbar = (U @ (Ub / lam)[..., None])[..., 0]
+    W = (U * np.sqrt((k - 1) / lam)[..., None, :]) @ Ut
     return wbar, W
 
 

@@ -254,6 +254,8 @@ def _warm_page_cache(paths: Sequence[Path]) -> None:
             with open(path, "rb", buffering=0) as f:
                 while f.readinto(buf):
                     pass
+        except FileNotFoundError:
+            raise InputError(f"{path}: member file not found") from None
         except OSError as exc:
             raise InputError(f"{path}: cannot read member file ({exc.strerror})") from None
 
