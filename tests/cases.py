@@ -36,9 +36,7 @@ class EnsembleCase:
     seed: int | None = None
 
     def config(self, root: Path, **io: object) -> dict:
-        vars_ = [
-            {"name": v.name, "mask": v.mask} if v.mask else v.name for v in self.variables
-        ]
+        vars_ = [{"name": v.name, "mask": v.mask} if v.mask else v.name for v in self.variables]
         cfg = {
             "ensemble": {
                 "members": str(root / "mem{member:03d}.nc"),

@@ -41,7 +41,8 @@ def test_errors_name_the_key(patch, key):
 def test_yaml_file_and_overrides(tmp_path):
     p = tmp_path / "c.yaml"
     p.write_text(
-        "ensemble:\n  members: m{member}.nc\n  size: 3\n  variables: [state, {name: soil, mask: land}]\n"
+        "ensemble:\n  members: m{member}.nc\n  size: 3\n"
+        "  variables: [state, {name: soil, mask: land}]\n"
         "io: {tasks: 1}\n"
     )
     cfg = load_config(p, ["io.tasks=2", "io.journal=false", "ensemble.size=5"])

@@ -107,7 +107,9 @@ def test_member_with_other_dims_or_dtype(tmp_path):
     (tmp_path / "o" / "mem001.nc").replace(paths[1])
     msg = _expect_error(tmp_path, config_from_dict(case.config(tmp_path)), str(paths[1]))
     assert "state" in msg and "lat=8" in msg
-    case32 = EnsembleCase(members=1, variables=[VarCase("state", ("lat", "lon"), "f4"), *case.variables[1:]])
+    case32 = EnsembleCase(
+        members=1, variables=[VarCase("state", ("lat", "lon"), "f4"), *case.variables[1:]]
+    )
     case32.write(tmp_path / "d")
     (tmp_path / "d" / "mem001.nc").replace(paths[1])
     msg = _expect_error(tmp_path, config_from_dict(case.config(tmp_path)), str(paths[1]))

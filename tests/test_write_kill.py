@@ -69,8 +69,11 @@ def ensemble(tmp_path_factory):
         cfg_new.write_text(yaml.safe_dump(CASE.config(new_dir, tasks=ranks)))
         count_file = root / f"count{ranks}.jsonl"
         subprocess.run(
-            _cmd(cfg_new, ranks), env=_env(ENSIO_FAULT_COUNT=str(count_file)),
-            check=True, capture_output=True, timeout=120,
+            _cmd(cfg_new, ranks),
+            env=_env(ENSIO_FAULT_COUNT=str(count_file)),
+            check=True,
+            capture_output=True,
+            timeout=120,
         )
         lines = [json.loads(x) for x in count_file.read_text().splitlines()]
         counts[ranks] = {r["rank"]: r for r in lines}
@@ -80,16 +83,30 @@ def ensemble(tmp_path_factory):
     return root, prior_dir, [p.name for p in paths], prior, new, counts
 
 
-def _trial(ensemble, work: Path, ranks: int, env: dict[str, str], external_kill: bool,
-           rng: np.random.Generator, via_read: bool, expect: str | None = None) -> str:
+def _trial(
+    ensemble,
+    work: Path,
+    ranks: int,
+    env: dict[str, str],
+    external_kill: bool,
+    rng: np.random.Generator,
+    via_read: bool,
+    expect: str | None = None,
+) -> str:
     root, prior_dir, names, prior, new, _ = ensemble
     if work.exists():
         shutil.rmtree(work)
     shutil.copytree(prior_dir, work)
     cfg = work / "ensio.yaml"
     cfg.write_text(yaml.safe_dump(CASE.config(work, tasks=ranks)))
-    proc = subprocess.Popen(_cmd(cfg, ranks), env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        _cmd(cfg, ranks),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
     if external_kill:
         assert proc.stdout.readline().strip() == "ready"  # writing is about to start
         # a random extra delay only moves the kill point; the check holds at any point
@@ -102,10 +119,16 @@ def _trial(ensemble, work: Path, ranks: int, env: dict[str, str], external_kill:
     committed = (journal_dir / "COMMITTED").exists()
     pending = journal_dir.exists() and not committed
     if via_read:
-        read_ensemble(load_config(cfg, ["io.tasks=1"]), MPI.COMM_SELF)  # the next run recovers by itself
+        read_ensemble(
+            load_config(cfg, ["io.tasks=1"]), MPI.COMM_SELF
+        )  # the next run recovers by itself
     else:
-        out = subprocess.run([sys.executable, "-m", "ensio", "recover", str(work)],
-                             capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [sys.executable, "-m", "ensio", "recover", str(work)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert out.returncode == 0, out.stderr
     got = [sha256(work / n) for n in names]
     assert not journal_dir.exists()
@@ -135,8 +158,18 @@ def test_sigkill_at_random_fault_points(ensemble, tmp_path, ranks):
         commit_at = labels.index("commit-marker") + 1 if "commit-marker" in labels else n + 1
         expect = "new" if k >= commit_at else "prior"
         env = _env(ENSIO_FAULT_KILL_AT=str(k), ENSIO_FAULT_RANK=str(rank))
-        outcomes.append(_trial(ensemble, tmp_path / f"w{i}", ranks, env, False, rng,
-                               via_read=(i % 4 == 3), expect=expect))
+        outcomes.append(
+            _trial(
+                ensemble,
+                tmp_path / f"w{i}",
+                ranks,
+                env,
+                False,
+                rng,
+                via_read=(i % 4 == 3),
+                expect=expect,
+            )
+        )
     assert "prior" in outcomes  # kill points before the commit were hit
 
 

@@ -303,7 +303,8 @@ def bench_io(
     """
     if repeat < 1:
         raise ValueError(f"--repeat must be at least 1, got {repeat}")
-    if reader is None or writer is None:
+    default_io = reader is None or writer is None
+    if default_io:
         reader, writer = _default_io()
     step = on_step if (on_step is not None and comm.rank == 0) else (lambda _label: None)
 
@@ -319,6 +320,9 @@ def bench_io(
     verified: bool | None = None
     state_bytes = n_rows = 0
     prev = None
+    n_io = config.io.tasks if config.io.tasks is not None else min(comm.size,
+                                                                   config.ensemble.size)
+    measure_overlap = default_io and n_io < comm.size
     for r in range(1, repeat + 1):
         tag = f"repeat {r}/{repeat}"
         step(f"{tag}: ensio read")
@@ -337,6 +341,14 @@ def bench_io(
         samples["ensio_write"].append(t)
         stats["write"].append(wstats)
         prev = block
+        if measure_overlap:
+            # The same scheme without overlap (read/scatter and gather/write in
+            # turn): what the reader/writer threads gain.
+            step(f"{tag}: ensio without overlap")
+            t, _ = _timed(comm, lambda b=block: reader(config, comm, out=b, overlap=False))
+            samples.setdefault("sequential_read", []).append(t)
+            t, _ = _timed(comm, lambda b=block: writer(config, comm, b, overlap=False))
+            samples.setdefault("sequential_write", []).append(t)
 
         if raw is not None:
             step(f"{tag}: raw read")
@@ -360,8 +372,13 @@ def bench_io(
         samples["naive_write"].append(t)
         del naive
 
-    n_io = config.io.tasks if config.io.tasks is not None else min(comm.size,
-                                                                   config.ensemble.size)
+    overlap = None
+    if measure_overlap:
+        overlap = {
+            f"{d}_gain": _ratio(_best(samples.pop(f"sequential_{d}")), _best(samples[f"ensio_{d}"]))
+            for d in ("read", "write")
+        }
+        overlap["note"] = "time without overlap / time with (N_io < N_mpi only)"
     return _summarise(
         samples=samples, stats=stats, state_bytes=state_bytes,
         raw_bytes=raw.nbytes if raw is not None else None,
@@ -380,6 +397,7 @@ def bench_io(
             "statistic": "best (minimum time) of the repeats, per measurement",
             "verified": verified,
             "page_cache": PAGE_CACHE_NOTE,
+            "overlap": overlap,
         },
         data_dir=config.member_paths()[0].parent,
     )

@@ -76,7 +76,9 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Iterable[str]) -> dict[st
             if nxt is None:
                 nxt = node[k] = {}
             if not isinstance(nxt, dict):
-                raise ConfigError(f"--set {'.'.join(keys)}: {'.'.join(keys[: i + 1])} is not a section")
+                raise ConfigError(
+                    f"--set {'.'.join(keys)}: {'.'.join(keys[: i + 1])} is not a section"
+                )
             node = nxt
         node[keys[-1]] = value
     return out
@@ -129,7 +131,9 @@ def _convert(tp: Any, value: Any, key: str, skip: set[str] | None = None) -> Any
         if not isinstance(value, Mapping):
             raise ConfigError(f"{where}: expected a mapping, got {value!r}")
         hints = typing.get_type_hints(tp)
-        fields = {f.name: f for f in dataclasses.fields(tp) if f.init and f.name not in (skip or ())}
+        fields = {
+            f.name: f for f in dataclasses.fields(tp) if f.init and f.name not in (skip or ())
+        }
         for k in value:
             if k not in fields:
                 dotted = f"{key}.{k}" if key else str(k)
