@@ -19,6 +19,7 @@ rotation for all rows, seeded by (seed, cycle)).
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -99,7 +100,7 @@ class _Filter:
         alpha = infl.adaptive_initial if inflation is None else inflation
         return 1.0 / np.broadcast_to(np.asarray(alpha, dtype=float), (n,))
 
-    def _transform(self, X, coords, obs, forget) -> LocalResult:
+    def _transform(self, X, coords, obs, forget, timings) -> LocalResult:
         raise NotImplementedError
 
     def analyse(
@@ -110,6 +111,7 @@ class _Filter:
         *,
         cycle: int = 0,
         inflation: np.ndarray | float | None = None,
+        timings: dict[str, float] | None = None,
     ) -> AnalysisResult:
         """Analyse the rows ``X`` (k, n) with observations ``obs``.
 
@@ -126,18 +128,31 @@ class _Filter:
             Cycle number (keys the random streams together with ``seed``).
         inflation : float or ndarray, shape (n,), optional
             Previous adaptive inflation estimate (``adaptive`` only).
+        timings : dict, optional
+            Seconds per phase are added to it (see
+            :func:`~ensio.analysis.local.local_analysis`), plus ``relax``.
         """
         X = np.asarray(X, dtype=float)
         k, n = X.shape
+        if k < 2:
+            raise ValueError(f"an ensemble analysis needs at least 2 members, got {k}")
         forget = self._forget(n, inflation)
         if self.stochastic:
+            t0 = time.perf_counter()
             obs = _perturb(obs, self.seed, cycle, getattr(self, "center_perturbations", True))
-        res = self._transform(X, coords, obs, forget)
+            if timings is not None:
+                timings["perturb"] = timings.get("perturb", 0.0) + time.perf_counter() - t0
+        res = self._transform(X, coords, obs, forget, timings)
+        t0 = time.perf_counter()
         Xa = res.ensemble
         new_infl = None
         if self.inflation.adaptive:
             new_infl = adaptive_inflation_update(
-                1.0 / forget, res.dRd, res.trace, res.weight_sum, sigma=self.inflation.adaptive_sigma
+                1.0 / forget,
+                res.dRd,
+                res.trace,
+                res.weight_sum,
+                sigma=self.inflation.adaptive_sigma,
             )
         if self.inflation.rtpp is not None:
             Xa = rtpp(X, Xa, self.inflation.rtpp)
@@ -145,6 +160,8 @@ class _Filter:
             Xa = rtps(X, Xa, self.inflation.rtps)
         if self.rotate:
             Xa = rotate(Xa, random_rotation(k, self.seed, cycle))
+        if timings is not None:
+            timings["relax"] = timings.get("relax", 0.0) + time.perf_counter() - t0
         return AnalysisResult(ensemble=Xa, inflation=new_infl, n_obs=res.n_obs)
 
 
@@ -157,7 +174,8 @@ class ETKF(_Filter):
 
     method: ClassVar[Method] = "etkf"
 
-    def _transform(self, X, coords, obs, forget) -> LocalResult:
+    def _transform(self, X, coords, obs, forget, timings) -> LocalResult:
+        t0 = time.perf_counter()
         rho = float(forget[0]) if forget.size else 1.0
         if not np.all(forget == rho):
             raise ValueError("a global filter needs one inflation value for all rows")
@@ -166,7 +184,11 @@ class ETKF(_Filter):
             G = enkf_transform(obs.Y, obs.d, obs.rinv, obs.perturbations, rho)
         else:
             G = _GLOBAL[self.method](obs.Y, obs.d, obs.rinv, rho)
+        t1 = time.perf_counter()
         Xa = apply_transform(X, G)
+        if timings is not None:
+            timings["transform"] = timings.get("transform", 0.0) + t1 - t0
+            timings["update"] = timings.get("update", 0.0) + time.perf_counter() - t1
         ones = np.ones(n)
         return LocalResult(
             ensemble=Xa,
@@ -206,9 +228,10 @@ class LETKF(_Filter):
     localization: Localization = field(default_factory=Localization)
     kernel: KernelName = "batched"
     tile_points: int = 128
+    threads: int = 1
     method: ClassVar[Method] = "etkf"
 
-    def _transform(self, X, coords, obs, forget) -> LocalResult:
+    def _transform(self, X, coords, obs, forget, timings) -> LocalResult:
         if coords is None:
             raise ValueError("a local filter needs the coordinates of the rows")
         return local_analysis(
@@ -220,6 +243,8 @@ class LETKF(_Filter):
             forget=forget,
             kernel=self.kernel,
             tile_points=self.tile_points,
+            timings=timings,
+            threads=self.threads,
         )
 
 
@@ -286,6 +311,7 @@ def make_filter(cfg: AnalysisSection) -> _Filter:
             localization=localization_from_config(cfg.localization),
             kernel=cfg.kernel,
             tile_points=cfg.tile_points,
+            threads=cfg.threads,
             **common,
         )
     return cls(**common)
@@ -323,9 +349,7 @@ def _obs_coords(cfg: AnalysisSection, obs: ObsBatch, coords: np.ndarray | None) 
     if cfg.localization is None or cfg.localization.radius_km is not None:
         return np.stack([obs.lon, obs.lat], axis=1)
     if obs.index is None or np.any(obs.index < 0):
-        raise ValueError(
-            "analysis.localization.radius: observations in index units need an index"
-        )
+        raise ValueError("analysis.localization.radius: observations in index units need an index")
     assert coords is not None
     return np.asarray(coords, dtype=float).reshape(coords.shape[0], -1)[obs.index]
 
@@ -355,6 +379,7 @@ def analyse(
     grid: RegularGrid | None = None,
     cycle: int = 0,
     inflation: np.ndarray | float | None = None,
+    timings: dict[str, float] | None = None,
 ) -> Assimilation:
     """In-memory analysis on one process: H, quality control, filter.
 
@@ -374,7 +399,11 @@ def analyse(
         Cycle number (random streams).
     inflation : float or ndarray, shape (n,), optional
         Previous adaptive inflation estimate.
+    timings : dict, optional
+        Seconds per phase are added to it (``obs`` for H and quality control,
+        then the filter's phases).
     """
+    t0 = time.perf_counter()
     X = np.asarray(ensemble, dtype=float)
     if X.ndim != 2:
         raise ValueError(f"ensemble must be (members, rows), got shape {X.shape}")
@@ -393,7 +422,11 @@ def analyse(
         coords=_obs_coords(config, obs, rc),
         ids=obs.ids,
     )
-    res = make_filter(config).analyse(X, rc, space, cycle=cycle, inflation=inflation)
+    if timings is not None:
+        timings["obs"] = timings.get("obs", 0.0) + time.perf_counter() - t0
+    res = make_filter(config).analyse(
+        X, rc, space, cycle=cycle, inflation=inflation, timings=timings
+    )
     return Assimilation(
         ensemble=res.ensemble,
         inflation=res.inflation,
@@ -408,7 +441,14 @@ def assimilate(
     ensemble: np.ndarray,
     observations: ObsBatch,
     config: AnalysisSection,
-    **kwargs,
+    *,
+    coords: np.ndarray | None = None,
+    grid: RegularGrid | None = None,
+    cycle: int = 0,
+    inflation: np.ndarray | float | None = None,
 ) -> np.ndarray:
-    """Analysis ensemble ``(k, n)``; see :func:`analyse` for the arguments."""
-    return analyse(ensemble, observations, config, **kwargs).ensemble
+    """Analysis ensemble ``(k, n)`` (member-major); arguments as for :func:`analyse`."""
+    res = analyse(
+        ensemble, observations, config, coords=coords, grid=grid, cycle=cycle, inflation=inflation
+    )
+    return res.ensemble

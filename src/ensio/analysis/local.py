@@ -29,6 +29,8 @@ radius of those rows, so the distributed version can call them per rank.
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -77,7 +79,14 @@ class ObsSpace:
     var: np.ndarray = field(init=False)
 
     def __post_init__(self) -> None:
-        ids = np.asarray(self.ids, dtype=np.int64)
+        ids = np.asarray(self.ids, dtype=np.int64).ravel()
+        for name in ("values", "errors"):
+            if np.shape(getattr(self, name)) != ids.shape:
+                raise ValueError(
+                    f"ObsSpace.{name}: shape {np.shape(getattr(self, name))}, ids {ids.shape}"
+                )
+        if np.ndim(self.hx) != 2 or np.shape(self.hx)[1] != ids.size:
+            raise ValueError(f"ObsSpace.hx: shape {np.shape(self.hx)}, expected (k, {ids.size})")
         order = np.argsort(ids, kind="stable")
         hx = np.asarray(self.hx, dtype=float)[:, order]
         put = object.__setattr__
@@ -85,7 +94,12 @@ class ObsSpace:
         put(self, "hx", hx)
         put(self, "values", np.asarray(self.values, dtype=float)[order])
         put(self, "errors", np.asarray(self.errors, dtype=float)[order])
-        put(self, "coords", np.asarray(self.coords, dtype=float).reshape(ids.size, -1)[order])
+        coords = np.asarray(self.coords, dtype=float)
+        if coords.ndim == 1:
+            coords = coords[:, None]
+        if coords.shape[0] != ids.size:
+            raise ValueError(f"{coords.shape[0]} observation coordinates for {ids.size} ids")
+        put(self, "coords", coords[order])
         if self.perturbations is not None:
             put(self, "perturbations", np.asarray(self.perturbations, dtype=float)[:, order])
         mean = hx.mean(axis=0)
@@ -124,15 +138,16 @@ class LocalResult:
     weight_sum: np.ndarray
 
 
-def _taper(loc: Localization, pts, obs: ObsSpace, obs_pre, cand: np.ndarray, rho: np.ndarray):
-    """Localization weights ``(p, c)`` of candidates ``cand`` for prepared points ``pts``."""
-    dist = prepared_distances(loc.geometry, pts, obs_pre[cand])
+def _taper(loc: Localization, pts, obs: ObsSpace, obs_pre, cand, rho: np.ndarray):
+    """Localization weights ``(p, c)`` of candidates ``cand`` (None: all) for prepared ``pts``."""
+    sel = slice(None) if cand is None else cand
+    dist = prepared_distances(loc.geometry, pts, obs_pre[sel])
     taper = loc.weights(dist)
     if loc.regulated:
         inside = taper > 0
         cnt = inside.sum(axis=1)
-        state_var = (inside @ obs.var[cand]) / np.maximum(cnt, 1) / rho
-        taper = regulate(taper, obs.errors[cand] ** 2, state_var)
+        state_var = (inside @ obs.var[sel]) / np.maximum(cnt, 1) / rho
+        taper = regulate(taper, obs.errors[sel] ** 2, state_var)
     return taper
 
 
@@ -148,8 +163,19 @@ def _empty_transform(rho: np.ndarray, k: int) -> np.ndarray:
     return np.eye(k) / np.sqrt(rho)[:, None, None]
 
 
+#: Z of all observations is computed once when it is at most this large;
+#: otherwise it is built per tile from the candidates.
+Z_CACHE_BYTES = 256 * 2**20
+
+
 class _Columns:
-    """The Z matrix of the GEMM, built per tile from the candidates' rows."""
+    """The Z matrix of the GEMM for a tile's candidate observations.
+
+    Z (one row per observation) does not depend on the tile, so it is computed
+    once for all observations and gathered per tile when it fits in
+    :data:`Z_CACHE_BYTES`; a gather is several times cheaper than forming the
+    products again for every tile that sees the observation.
+    """
 
     def __init__(self, obs: ObsSpace, method: Method, T: np.ndarray | None) -> None:
         self.method = method
@@ -157,7 +183,7 @@ class _Columns:
         self.Yq = (T.T @ obs.Y) if method == "estkf" else obs.Y  # (q, m)
         q = self.Yq.shape[0]
         self.q = q
-        iu = np.triu_indices(q)  # row-major upper triangle = the order of build()
+        iu = np.triu_indices(q)  # row-major upper triangle = the order of _build()
         self.npk = iu[0].size
         packed = np.empty((q, q), dtype=np.int64)
         packed[iu] = np.arange(self.npk)
@@ -171,8 +197,18 @@ class _Columns:
         else:
             self.nrhs = q
         self.obs = obs
+        ncols = self.npk + self.nrhs + 3
+        self.cache = None
+        if len(obs) * ncols * 8 <= Z_CACHE_BYTES:
+            self.cache = np.ascontiguousarray(self._build(np.arange(len(obs))).T)
 
-    def build(self, cand: np.ndarray) -> np.ndarray:
+    def gemm(self, Wt: np.ndarray, cand: np.ndarray) -> np.ndarray:
+        """``S = W · Z`` for the candidates ``cand``: shape (p, ncols)."""
+        if self.cache is not None:
+            return Wt @ self.cache[cand]
+        return Wt @ self._build(cand).T
+
+    def _build(self, cand: np.ndarray) -> np.ndarray:
         """Zᵀ for candidates ``cand``: shape (npk + nrhs + 3, c), C-contiguous.
 
         Stored transposed so that every block of products is written as
@@ -206,53 +242,101 @@ class _Columns:
         return C, rhs, S[:, npk + self.nrhs :]
 
 
-def _batched(pts, obs, loc, method, rho, T, tiles, finder, apply):
+class _Clock:
+    """Accumulates seconds per phase into ``sink`` (no-op when ``sink`` is None)."""
+
+    def __init__(self, sink: dict[str, float] | None) -> None:
+        self.sink = sink
+        self.t = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        if self.sink is not None:
+            now = time.perf_counter()
+            self.sink[phase] = self.sink.get(phase, 0.0) + now - self.t
+            self.t = now
+
+    def count(self, name: str, value: float) -> None:
+        if self.sink is not None:
+            self.sink[name] = self.sink.get(name, 0.0) + value
+
+
+def _batched(pts, obs, loc, method, rho, T, apply, tile_points, clock, threads):
+    k = obs.k
+    tiles = make_tiles(loc.geometry, pts, max_points=tile_points, max_extent=0.5 * loc.radius)
+    finder = CandidateFinder(loc.geometry, obs.coords, loc.radius)
     pts_pre, obs_pre = prepare(loc.geometry, pts), prepare(loc.geometry, obs.coords)
     cols = _Columns(obs, method, T)
-    k = obs.k
     diag = np.zeros((pts.shape[0], 4))
-    for tile in tiles:
-        G = _empty_transform(rho[tile], k)
-        cand = finder(pts[tile])
-        if cand.size:
-            Wt = _taper(loc, pts_pre[tile], obs, obs_pre, cand, rho[tile])
-            used = Wt.any(axis=0)
-            cand, Wt = cand[used], Wt[:, used]
-            has = Wt.any(axis=1)
-            if has.any():
-                diag[tile, 0] = (Wt > 0).sum(axis=1)
-                Wt = Wt[has] * obs.rinv[cand]
-                C, rhs, extra = cols.unpack(Wt @ cols.build(cand).T)
-                G[has] = _finish(method, C, rhs, rho[tile][has], k, T)
-                diag[tile[has], 1:] = extra
-        apply(tile, G)
+    clock.lap("select")
+
+    def work(chunk: list[np.ndarray]) -> dict[str, float] | None:
+        # tiles are independent: each writes only its own rows of diag/out
+        sink: dict[str, float] | None = None if clock.sink is None else {}
+        tclock = _Clock(sink)
+        for tile in chunk:
+            G = _empty_transform(rho[tile], k)
+            cand = finder(pts[tile])
+            tclock.lap("select")
+            if cand.size:
+                Wt = _taper(loc, pts_pre[tile], obs, obs_pre, cand, rho[tile])
+                used = Wt.any(axis=0)
+                cand, Wt = cand[used], Wt[:, used]
+                has = Wt.any(axis=1)
+                tclock.lap("weights")
+                if has.any():
+                    diag[tile, 0] = (Wt > 0).sum(axis=1)
+                    Wt = Wt[has] * obs.rinv[cand]
+                    C, rhs, extra = cols.unpack(cols.gemm(Wt, cand))
+                    ncols = cols.npk + cols.nrhs + 3
+                    tclock.count("gemm_flops", 2.0 * Wt.shape[0] * cand.size * ncols)
+                    diag[tile[has], 1:] = extra
+                    tclock.lap("gemm")
+                    G[has] = _finish(method, C, rhs, rho[tile][has], k, T)
+                    tclock.lap("transform")
+            apply(tile, G)
+            tclock.lap("update")
+        return sink
+
+    if threads <= 1 or len(tiles) < 2:
+        sinks = [work(tiles)]
+    else:
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            sinks = list(pool.map(work, [tiles[i::threads] for i in range(threads)]))
+    for sink in sinks:
+        for name, value in (sink or {}).items():
+            clock.count(name, value)
+    clock.t = time.perf_counter()
     return diag
 
 
-def _pointwise(pts, obs, loc, method, rho, T, apply):
+def _pointwise(pts, obs, loc, method, rho, T, apply, clock):
     k = obs.k
-    all_obs = np.arange(len(obs))
     Yq = (T.T @ obs.Y) if method == "estkf" else obs.Y
     diag = np.zeros((pts.shape[0], 4))
     pts_pre, obs_pre = prepare(loc.geometry, pts), prepare(loc.geometry, obs.coords)
     for p in range(pts.shape[0]):
         one = np.array([p])
         G = _empty_transform(rho[one], k)
-        if all_obs.size:
-            taper = _taper(loc, pts_pre[one], obs, obs_pre, all_obs, rho[one])[0]
+        if len(obs):
+            taper = _taper(loc, pts_pre[one], obs, obs_pre, None, rho[one])[0]
             sel = np.nonzero(taper)[0]
+            clock.lap("weights")
             if sel.size:
                 w = taper[sel] * obs.rinv[sel]
                 Yl = Yq[:, sel]
                 Yw = Yl * w
                 C = Yw @ Yl.T
+                clock.count("gemm_flops", 2.0 * sel.size * Yl.shape[0] * (Yl.shape[0] + 1))
                 if method == "enkf":
                     rhs = Yw @ (obs.d[sel][None, :] + obs.perturbations[:, sel]).T
                 else:
                     rhs = Yw @ obs.d[sel]
-                G = _finish(method, C[None], rhs[None], rho[one], k, T)
                 diag[p] = (sel.size, w @ obs.d[sel] ** 2, w @ obs.var[sel], taper[sel].sum())
+                clock.lap("gemm")
+                G = _finish(method, C[None], rhs[None], rho[one], k, T)
+                clock.lap("transform")
         apply(one, G)
+        clock.lap("update")
     return diag
 
 
@@ -266,6 +350,8 @@ def local_analysis(
     forget: float | np.ndarray = 1.0,
     kernel: Kernel = "batched",
     tile_points: int = 128,
+    timings: dict[str, float] | None = None,
+    threads: int = 1,
 ) -> LocalResult:
     """Local analysis of the rows ``X`` located at ``row_coords``.
 
@@ -286,6 +372,18 @@ def local_analysis(
     kernel : {"batched", "pointwise"}
     tile_points : int
         Maximum points per tile of the batched kernel.
+    timings : dict, optional
+        Seconds per phase are added to it: ``select`` (tiles, candidate
+        observations), ``weights`` (distances, taper), ``gemm`` (the products
+        ``W·Z``; per point for ``pointwise``), ``transform`` (eigendecomposition
+        and transforms), ``update`` (the rows); ``gemm_flops`` counts the
+        floating-point operations of the products. With several threads the
+        phase times are summed over the threads.
+    threads : int
+        Threads working on separate tiles (batched kernel only). The result
+        does not depend on it. Keep 1 when every core already runs an MPI
+        rank; with spare cores, use them here and set the BLAS library to
+        one thread (e.g. ``OPENBLAS_NUM_THREADS=1``).
 
     Returns
     -------
@@ -321,13 +419,11 @@ def local_analysis(
         upd = (Xp[:, rows].T[:, None, :] @ Grow)[:, 0, :]  # (rows, k)
         out[:, rows] = mean[rows] + upd.T
 
+    clock = _Clock(timings)
     if kernel == "batched":
-        radius = loc.radius
-        tiles = make_tiles(loc.geometry, pts, max_points=tile_points, max_extent=0.5 * radius)
-        finder = CandidateFinder(loc.geometry, obs.coords, radius)
-        diag = _batched(pts, obs, loc, method, rho, T, tiles, finder, apply)
+        diag = _batched(pts, obs, loc, method, rho, T, apply, tile_points, clock, threads)
     elif kernel == "pointwise":
-        diag = _pointwise(pts, obs, loc, method, rho, T, apply)
+        diag = _pointwise(pts, obs, loc, method, rho, T, apply, clock)
     else:
         raise ValueError(f"unknown kernel {kernel!r}")
     d = diag[inv]

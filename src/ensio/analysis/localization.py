@@ -227,7 +227,7 @@ def gaspari_cohn(dist: np.ndarray, radius: float) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):
         outer -= (2.0 / 3.0) / r
     w = np.where(r <= 1.0, inner, outer)
-    w[~(r < 2.0)] = 0.0
+    w[~(dist < radius)] = 0.0
     return np.maximum(w, 0.0, out=w)
 
 

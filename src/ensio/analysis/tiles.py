@@ -143,7 +143,9 @@ class CandidateFinder:
             return np.arange(self.m)
         e = embed(self.geometry, point_coords)
         centre = int(np.argmin(((e - e.mean(axis=0)) ** 2).sum(axis=1)))
-        tile_radius = float(distances(self.geometry, point_coords[centre : centre + 1], point_coords).max())
+        tile_radius = float(
+            distances(self.geometry, point_coords[centre : centre + 1], point_coords).max()
+        )
         r = chord_radius(self.geometry, tile_radius + self.radius)
         if not np.isfinite(r):
             return np.arange(self.m)

@@ -215,9 +215,7 @@ def estkf_transform(
     return transform_from_weights(*sqrt_weights(C, b, forget, k), omega=T)
 
 
-def enkf_weights(
-    C: np.ndarray, B: np.ndarray, forget: np.ndarray | float, k: int
-) -> np.ndarray:
+def enkf_weights(C: np.ndarray, B: np.ndarray, forget: np.ndarray | float, k: int) -> np.ndarray:
     """Stochastic EnKF transform from ensemble-space sums (any stack of points).
 
     With prior anomalies inflated to ``X'/√ρ`` and perturbed observations

@@ -35,6 +35,8 @@ system-call bandwidth, not disk bandwidth.
 
 from __future__ import annotations
 
+import dataclasses
+
 import hashlib
 import os
 import statistics
@@ -149,6 +151,30 @@ def raw_write(raw: RawRanges, buf: np.ndarray, fsync: bool) -> None:
                 os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def raw_append(raw: RawRanges, buf: np.ndarray, fsync: bool) -> None:
+    """One extra write of the state bytes: append them to a new file, then delete it.
+
+    This is what the undo journal adds to an in-place write (its log is new
+    data, deleted at commit), measured with no journal logic at all.
+    """
+    view = memoryview(buf).cast("B")
+    target = raw.paths[0].parent / ".ensio-bench-extra-write"
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        pos = 0
+        for rs in raw.ranges:
+            for _, n in rs:
+                done = 0
+                while done < n:
+                    done += os.write(fd, view[pos + done : pos + n])
+                pos += n
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+        os.unlink(target)
 
 
 def _member_vector(ds: netCDF4.Dataset, layout: Any, out: np.ndarray) -> None:
@@ -323,6 +349,7 @@ def bench_io(
     n_io = config.io.tasks if config.io.tasks is not None else min(comm.size,
                                                                    config.ensemble.size)
     measure_overlap = default_io and n_io < comm.size
+    no_journal = dataclasses.replace(config, io=dataclasses.replace(config.io, journal=False))
     for r in range(1, repeat + 1):
         tag = f"repeat {r}/{repeat}"
         step(f"{tag}: ensio read")
@@ -341,6 +368,11 @@ def bench_io(
         samples["ensio_write"].append(t)
         stats["write"].append(wstats)
         prev = block
+        if config.io.journal:
+            # The same write without the journal: the journal's extra cost.
+            step(f"{tag}: ensio write without journal")
+            t, _ = _timed(comm, lambda b=block: writer(no_journal, comm, b))
+            samples.setdefault("unjournaled_write", []).append(t)
         if measure_overlap:
             # The same scheme without overlap (read/scatter and gather/write in
             # turn): what the reader/writer threads gain.
@@ -359,6 +391,11 @@ def bench_io(
             samples["raw_write"].append(
                 _root_timed(comm, lambda buf=buf: raw_write(raw, buf, config.io.fsync))
             )
+            if config.io.journal:
+                step(f"{tag}: one extra write of the state bytes")
+                samples.setdefault("extra_write", []).append(
+                    _root_timed(comm, lambda buf=buf: raw_append(raw, buf, config.io.fsync))
+                )
             del buf
 
         step(f"{tag}: naive read")
@@ -372,6 +409,18 @@ def bench_io(
         samples["naive_write"].append(t)
         del naive
 
+    journal_cost = None
+    if "unjournaled_write" in samples:
+        extra = _best(samples.pop("unjournaled_write"))
+        extra = _best(samples["ensio_write"]) - extra
+        one_write = _best(samples.pop("extra_write", []))
+        journal_cost = {
+            "extra_seconds": extra,
+            "one_extra_write_seconds": one_write,
+            "ratio": _ratio(extra, one_write),
+            "note": "ensio write with journal minus without, over one sequential write of "
+            "the state bytes to a new file (then deleted) by one process; goal <= 1",
+        }
     overlap = None
     if measure_overlap:
         overlap = {
@@ -398,6 +447,7 @@ def bench_io(
             "verified": verified,
             "page_cache": PAGE_CACHE_NOTE,
             "overlap": overlap,
+            "journal_cost": journal_cost,
         },
         data_dir=config.member_paths()[0].parent,
     )
@@ -492,6 +542,13 @@ def result_table(res: dict[str, Any]) -> Table:
         ("ensio / raw", r["ratio_raw"], w["ratio_raw"], res["ratio_raw"], ".2f"),
         ("ensio / naive", r["ratio_naive"], w["ratio_naive"], res["ratio_naive"], ".2f"),
     ]
+    ov, jc = res.get("overlap"), res.get("journal_cost")
+    if ov:
+        rows.append(("no-overlap / overlap", ov["read_gain"], ov["write_gain"], None, ".2f"))
+    if jc:
+        rows.append(("journal extra s", None, jc["extra_seconds"], None, ".3f"))
+        rows.append(("  one extra write s", None, jc["one_extra_write_seconds"], None, ".3f"))
+        rows.append(("  ratio (goal <= 1)", None, jc["ratio"], None, ".2f"))
     for label, a, b, c, spec in rows:
         bold = "bold" if label.startswith("ensio") and "/" not in label else None
         t.add_row(label, _fmt(a, spec), _fmt(b, spec), _fmt(c, spec), style=bold)

@@ -145,7 +145,9 @@ class AnalysisSection:
     ``filter`` is required. ``seed`` keys the random streams (EnKF observation
     perturbations, random rotation); the cycle number passed at run time keys
     them per cycle. ``tile_points`` bounds the points per tile of the batched
-    kernel (memory and GEMM shape; the result does not depend on it).
+    kernel (memory and GEMM shape) and ``threads`` is the number of threads
+    working on tiles within one process (1 when every core runs an MPI rank);
+    the result depends on neither.
     """
 
     filter: FilterName
@@ -156,6 +158,7 @@ class AnalysisSection:
     qc: QCSection = field(default_factory=QCSection)
     seed: int = 0
     tile_points: int = 128
+    threads: int = 1
 
     def __post_init__(self) -> None:
         if self.filter in LOCAL_FILTERS and self.localization is None:
@@ -172,6 +175,8 @@ class AnalysisSection:
             raise ConfigError(f"analysis.seed: must be >= 0, got {self.seed}")
         if self.tile_points < 1:
             raise ConfigError(f"analysis.tile_points: must be at least 1, got {self.tile_points}")
+        if self.threads < 1:
+            raise ConfigError(f"analysis.threads: must be at least 1, got {self.threads}")
 
 
 @dataclass(frozen=True)

@@ -29,9 +29,7 @@ def rk4_step(x: np.ndarray, dt: float = DT, forcing: float = FORCING) -> np.ndar
     return x + (dt / 6.0) * (k1 + 2.0 * k2 + 2.0 * k3 + k4)
 
 
-def integrate(
-    x: np.ndarray, n_steps: int, dt: float = DT, forcing: float = FORCING
-) -> np.ndarray:
+def integrate(x: np.ndarray, n_steps: int, dt: float = DT, forcing: float = FORCING) -> np.ndarray:
     """``n_steps`` RK4 steps from ``x`` (..., n); returns the final state."""
     x = np.array(x, dtype=float)
     for _ in range(n_steps):

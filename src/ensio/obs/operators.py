@@ -55,7 +55,9 @@ class RegularGrid:
         rel = np.mod(self.lon - self.lon[0], 360.0)
         step = rel[1]
         return bool(
-            step > 0 and np.allclose(np.diff(rel), step) and abs(step * self.lon.size - 360.0) < 1e-6
+            step > 0
+            and np.allclose(np.diff(rel), step)
+            and abs(step * self.lon.size - 360.0) < 1e-6
         )
 
     def coords(self) -> np.ndarray:
@@ -92,17 +94,19 @@ class ObsOperator:
 def _axis_lon(grid: RegularGrid, lon: np.ndarray):
     """Left index, right index, fraction and inside-flag along longitude."""
     n = grid.lon.size
+    finite = np.isfinite(lon)
+    lon = np.where(finite, lon, grid.lon[0])
     if grid.periodic:
         step = np.mod(grid.lon[1] - grid.lon[0], 360.0)
         rel = np.mod(lon - grid.lon[0], 360.0) / step
         i0 = np.minimum(np.floor(rel).astype(np.int64), n - 1)
         t = rel - i0
-        return i0, (i0 + 1) % n, t, np.isfinite(lon)
+        return i0, (i0 + 1) % n, t, finite
     order = np.argsort(grid.lon)
     gl = grid.lon[order]
     # bring each observation into [gl[0], gl[0] + 360)
     x = gl[0] + np.mod(lon - gl[0], 360.0)
-    inside = np.isfinite(lon) & (x <= gl[-1])
+    inside = finite & (x <= gl[-1])
     j = np.clip(np.searchsorted(gl, x, side="right") - 1, 0, n - 2)
     t = (x - gl[j]) / (gl[j + 1] - gl[j])
     return order[j], order[j + 1], t, inside
@@ -133,11 +137,14 @@ def bilinear_operator(grid: RegularGrid, lon: np.ndarray, lat: np.ndarray):
     order = np.argsort(grid.lat)
     gl = grid.lat[order]
     inside = inside & np.isfinite(lat) & (lat >= gl[0]) & (lat <= gl[-1])
+    lat = np.where(np.isfinite(lat), lat, gl[0])
     j = np.clip(np.searchsorted(gl, lat, side="right") - 1, 0, gl.size - 2)
     ty = (lat - gl[j]) / (gl[j + 1] - gl[j])
     j0, j1 = order[j], order[j + 1]
     nlon = grid.lon.size
-    rows = grid.offset + np.stack([j0 * nlon + i0, j0 * nlon + i1, j1 * nlon + i0, j1 * nlon + i1], 1)
+    rows = grid.offset + np.stack(
+        [j0 * nlon + i0, j0 * nlon + i1, j1 * nlon + i0, j1 * nlon + i1], 1
+    )
     w = np.stack([(1 - tx) * (1 - ty), tx * (1 - ty), (1 - tx) * ty, tx * ty], axis=1)
     rows = np.where(inside[:, None], rows, grid.offset)
     w = np.where(inside[:, None], w, 0.0)

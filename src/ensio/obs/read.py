@@ -54,7 +54,9 @@ def read_obs_netcdf(path: str | Path, id_offset: int = 0) -> ObsBatch:
                 raise InputError(f"{path}: variable '{name}' missing in observation file")
             var = ds.variables[name]
             if var.dimensions != ("obs",):
-                raise InputError(f"{path}: variable '{name}' must have dimension (obs), has {var.dimensions}")
+                raise InputError(
+                    f"{path}: variable '{name}' must have dimension (obs), has {var.dimensions}"
+                )
             var.set_auto_mask(True)
             raw = var[:]
             if name == "index":
