@@ -36,7 +36,6 @@ system-call bandwidth, not disk bandwidth.
 from __future__ import annotations
 
 import dataclasses
-
 import hashlib
 import os
 import statistics

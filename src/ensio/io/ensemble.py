@@ -24,26 +24,22 @@ from __future__ import annotations
 
 import os
 import queue
-import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 from mpi4py import MPI
 
 from ..config.schema import Config
-from ..layout.state import Segment, StateLayout
-from ..parallel.agree import ErrorNote, note_error, raise_if_any, root_call
-from ..parallel.comms import IOGroups, io_groups
-from ..parallel.distribution import block_distribution
+from ..layout.state import StateLayout
+from ..parallel.agree import ErrorNote, raise_if_any, root_call
 from . import journal
-from .members import FileMeta, remember_written, resolve_io_tasks, root_layout, scan_members
+from .members import remember_written
 from .open import open_member
+from .plan import IOPlan, Scratch, Timer, guard, make_plan
 from .raw import raw_read, raw_write
+from .rewrite import write_library
 
 __all__ = ["EnsembleBlock", "IOStats", "read_ensemble", "write_ensemble"]
 
@@ -105,99 +101,13 @@ class EnsembleBlock:
         return int(self.data.shape[0])
 
 
-@dataclass(frozen=True)
-class _Plan:
-    """Everything a rank needs to run the pipeline, derived once per call."""
-
-    layout: StateLayout
-    paths: list[Path]
-    metas: list[FileMeta]
-    groups: IOGroups
-    start: int
-    count: int
-    group_lo: int
-    group_hi: int
-    counts: np.ndarray
-    displs: np.ndarray
-    segments: list[Segment]
-    fsync: bool
-
-    @property
-    def n_members(self) -> int:
-        return len(self.paths)
-
-    def raw(self, m: int, seg: Segment) -> bool:
-        return self.metas[m][self.layout.variables[seg.var].name].raw_offset is not None
-
-
-def _plan(config: Config, comm: MPI.Comm) -> _Plan:
-    paths = config.member_paths()
-    n_io = root_call(comm, lambda: resolve_io_tasks(config, comm.size))
-    _recover_stale(paths[0], comm)
-    layout = root_layout(config, comm)
-    metas = scan_members(paths, layout, comm)
-    groups = io_groups(comm, n_io)
-    start, count = block_distribution(layout.n_rows, comm.size, comm.rank)
-    g0, gn = block_distribution(comm.size, n_io, groups.group)
-    bounds = [block_distribution(layout.n_rows, comm.size, r) for r in range(g0, g0 + gn)]
-    counts = np.array([c for _, c in bounds], dtype=np.int64)
-    displs = np.array([s - bounds[0][0] for s, _ in bounds], dtype=np.int64)
-    lo, hi = bounds[0][0], bounds[-1][0] + bounds[-1][1]
-    return _Plan(
-        layout,
-        paths,
-        metas,
-        groups,
-        start,
-        count,
-        lo,
-        hi,
-        counts,
-        displs,
-        layout.segments(lo, hi),
-        config.io.fsync,
-    )
-
-
-def _recover_stale(first_member: Path, comm: MPI.Comm) -> None:
-    """Roll back (or finish) an interrupted write before touching the files again."""
-    root = journal.journal_root(first_member)
-    root_call(comm, lambda: journal.recover(root))
-
-
-class _Timer:
-    def __init__(self) -> None:
-        self.seconds = 0.0
-
-    @contextmanager
-    def __call__(self) -> Iterator[None]:
-        t = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds += time.perf_counter() - t
-
-
 # --------------------------------------------------------------------------- read
-
-
-class _Scratch:
-    """Reusable on-disk-dtype buffers: a fresh array per segment would cost page faults."""
-
-    def __init__(self) -> None:
-        self._bufs: dict[np.dtype, np.ndarray] = {}
-
-    def get(self, dtype: np.dtype, n: int) -> np.ndarray:
-        buf = self._bufs.get(dtype)
-        if buf is None or buf.size < n:
-            buf = self._bufs[dtype] = np.empty(n, dtype=dtype)
-        return buf[:n]
 
 
 _NATIVE_F8 = np.dtype(np.float64)
 
 
-def _read_member(plan: _Plan, m: int, out: np.ndarray, scratch: _Scratch) -> None:
+def _read_member(plan: IOPlan, m: int, out: np.ndarray, scratch: Scratch) -> None:
     """Read this I/O task's rows of member ``m`` into ``out`` (float64, group rows).
 
     Native float64 segments are read straight into ``out`` (one copy, kernel to
@@ -251,13 +161,13 @@ def read_ensemble(
         This rank's rows, ``data`` of shape (N_e, count).
     """
     t_start = time.perf_counter()
-    plan = _plan(config, comm)
+    plan = make_plan(config, comm)
     shape = (plan.n_members, plan.count)
     if out is not None and out.data.shape == shape and out.data.flags.c_contiguous:
         data = out.data
     else:
         data = np.empty(shape, dtype=np.float64)
-    t_read, t_comm, t_wait = _Timer(), _Timer(), _Timer()
+    t_read, t_comm, t_wait = Timer(), Timer(), Timer()
     note: ErrorNote = None
     gcomm = plan.groups.group_comm
     try:
@@ -266,10 +176,10 @@ def read_ensemble(
                 with t_comm():
                     gcomm.Scatterv(None, data[m], root=0)
         elif gcomm.size == 1:
-            scratch = _Scratch()
+            scratch = Scratch()
             for m in range(plan.n_members):
                 with t_read():
-                    note = note or _guard(lambda m=m: _read_member(plan, m, data[m], scratch))
+                    note = note or guard(lambda m=m: _read_member(plan, m, data[m], scratch))
         else:
             note = _read_pipelined(plan, data, t_read, t_comm, t_wait, depth=2 if overlap else 0)
     finally:
@@ -286,25 +196,24 @@ def read_ensemble(
 
 
 def _read_pipelined(
-    plan: _Plan,
+    plan: IOPlan,
     data: np.ndarray,
-    t_read: _Timer,
-    t_comm: _Timer,
-    t_wait: _Timer,
+    t_read: Timer,
+    t_comm: Timer,
+    t_wait: Timer,
     depth: int = 2,
 ) -> ErrorNote:
     """I/O task of a group > 1: reader thread fills buffers, main thread scatters.
 
     ``depth = 0`` is the unoverlapped reference: read, then scatter, in turn.
     """
-    n = plan.group_hi - plan.group_lo
+    n, spec = plan.group_rows, plan.group_spec
     gcomm = plan.groups.group_comm
-    spec = [plan.counts, plan.displs, MPI.DOUBLE]
     if depth == 0:
-        buf, scratch, note = np.empty(n), _Scratch(), None
+        buf, scratch, note = np.empty(n), Scratch(), None
         for m in range(plan.n_members):
             with t_read():
-                note = note or _guard(lambda m=m: _read_member(plan, m, buf, scratch))
+                note = note or guard(lambda m=m: _read_member(plan, m, buf, scratch))
             with t_comm():
                 gcomm.Scatterv([buf, *spec], data[m], root=0)
         return note
@@ -315,13 +224,13 @@ def _read_pipelined(
     stop = threading.Event()
 
     def reader() -> None:
-        scratch = _Scratch()
+        scratch = Scratch()
         for m in range(plan.n_members):
             buf = free.get()
             err: ErrorNote = None
             if not stop.is_set():
                 with t_read():
-                    err = _guard(lambda m=m, buf=buf: _read_member(plan, m, buf, scratch))
+                    err = guard(lambda m=m, buf=buf: _read_member(plan, m, buf, scratch))
             if err is not None:
                 buf[...] = 0.0
                 stop.set()
@@ -345,11 +254,11 @@ def _read_pipelined(
 
 
 def _write_member(
-    plan: _Plan,
+    plan: IOPlan,
     m: int,
     src: np.ndarray,
     undo: journal.UndoLog | None,
-    scratch: tuple[_Scratch, _Scratch],
+    scratch: tuple[Scratch, Scratch],
 ) -> float:
     """Write this I/O task's raw-path rows of member ``m`` in place; returns journal seconds.
 
@@ -404,7 +313,7 @@ def write_ensemble(
     turn (to measure the overlap).
     """
     t_start = time.perf_counter()
-    plan = _plan(config, comm)
+    plan = make_plan(config, comm)
     if block.data.shape != (plan.n_members, plan.count) or block.start != plan.start:
         plan.groups.free()
         raise ValueError(
@@ -416,7 +325,7 @@ def write_ensemble(
     root = journal.journal_root(plan.paths[0])
     fsync = config.io.fsync
     undo = journal.UndoLog.create(root, comm.rank, fsync=fsync) if config.io.journal else None
-    t_write, t_comm, t_wait, t_journal = _Timer(), _Timer(), _Timer(), _Timer()
+    t_write, t_comm, t_wait, t_journal = Timer(), Timer(), Timer(), Timer()
     note: ErrorNote = None
     gcomm = plan.groups.group_comm
     try:
@@ -425,17 +334,17 @@ def write_ensemble(
                 with t_comm():
                     gcomm.Gatherv(data[m], None, root=0)
         elif gcomm.size == 1:
-            scratch = (_Scratch(), _Scratch())
+            scratch = (Scratch(), Scratch())
             for m in range(plan.n_members):
                 with t_write():
-                    note = note or _guard(
+                    note = note or guard(
                         lambda m=m: _add(t_journal, _write_member(plan, m, data[m], undo, scratch))
                     )
         else:
             note = _write_pipelined(
                 plan, data, undo, t_write, t_comm, t_wait, t_journal, depth=2 if overlap else 0
             )
-        note = note or _write_library(plan, data, comm, undo, fsync, t_write, t_comm)
+        note = note or write_library(plan, data, comm, undo, fsync, t_write, t_comm)
     finally:
         plan.groups.free()
         if undo is not None:
@@ -460,29 +369,28 @@ def write_ensemble(
 
 
 def _write_pipelined(
-    plan: _Plan,
+    plan: IOPlan,
     data: np.ndarray,
     undo: journal.UndoLog | None,
-    t_write: _Timer,
-    t_comm: _Timer,
-    t_wait: _Timer,
-    t_journal: _Timer,
+    t_write: Timer,
+    t_comm: Timer,
+    t_wait: Timer,
+    t_journal: Timer,
     depth: int = 2,
 ) -> ErrorNote:
     """I/O task of a group > 1: main thread gathers, writer thread writes.
 
     ``depth = 0`` is the unoverlapped reference: gather, then write, in turn.
     """
-    n = plan.group_hi - plan.group_lo
+    n, spec = plan.group_rows, plan.group_spec
     gcomm = plan.groups.group_comm
-    spec = [plan.counts, plan.displs, MPI.DOUBLE]
     if depth == 0:
-        buf, scratch, note = np.empty(n), (_Scratch(), _Scratch()), None
+        buf, scratch, note = np.empty(n), (Scratch(), Scratch()), None
         for m in range(plan.n_members):
             with t_comm():
                 gcomm.Gatherv(data[m], [buf, *spec], root=0)
             with t_write():
-                note = note or _guard(
+                note = note or guard(
                     lambda m=m: _add(t_journal, _write_member(plan, m, buf, undo, scratch))
                 )
         return note
@@ -493,12 +401,12 @@ def _write_pipelined(
     errors: list[ErrorNote] = []
 
     def writer() -> None:
-        scratch = (_Scratch(), _Scratch())
+        scratch = (Scratch(), Scratch())
         while (item := filled.get()) is not None:
             m, buf = item
             if not errors:
                 with t_write():
-                    err = _guard(
+                    err = guard(
                         lambda m=m, buf=buf: _add(
                             t_journal, _write_member(plan, m, buf, undo, scratch)
                         )
@@ -520,99 +428,9 @@ def _write_pipelined(
     return errors[0] if errors else None
 
 
-def _write_library(
-    plan: _Plan,
-    data: np.ndarray,
-    comm: MPI.Comm,
-    undo: journal.UndoLog | None,
-    fsync: bool,
-    t_write: _Timer,
-    t_comm: _Timer,
-) -> ErrorNote:
-    """Library-path variables: gather each whole to one owner per file, rewrite a copy, rename.
-
-    Collective over ``comm``; every rank walks the same (member, variable)
-    list, derived from metadata all ranks share, so the gathers match.
-    """
-    comm.Barrier()  # raw in-place writes are finished before files are copied
-    layout = plan.layout
-    bounds = [block_distribution(layout.n_rows, comm.size, r) for r in range(comm.size)]
-    note: ErrorNote = None
-    for m in range(plan.n_members):
-        lib = [v for v in layout.variables if plan.metas[m][v.name].raw_offset is None]
-        if not lib:
-            continue
-        owner = m % comm.size
-        gathered: dict[str, np.ndarray] = {}
-        for v in lib:
-            counts = np.array(
-                [max(0, min(s + c, v.offset + v.size) - max(s, v.offset)) for s, c in bounds]
-            )
-            displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
-            a = max(plan.start, v.offset)
-            b = min(plan.start + plan.count, v.offset + v.size)
-            mine = data[m, a - plan.start : b - plan.start] if b > a else data[m, :0]
-            full = np.empty(v.size) if comm.rank == owner else None
-            with t_comm():
-                comm.Gatherv(
-                    np.ascontiguousarray(mine),
-                    [full, counts, displs, MPI.DOUBLE] if full is not None else None,
-                    root=owner,
-                )
-            if full is not None:
-                gathered[v.name] = full
-        if comm.rank == owner and note is None:
-            with t_write():
-                note = _guard(lambda m=m, g=gathered: _rewrite_copy(plan, m, g, undo, fsync))
-    return note
-
-
-def _rewrite_copy(
-    plan: _Plan, m: int, values: dict[str, np.ndarray], undo: journal.UndoLog | None, fsync: bool
-) -> None:
-    """Write library-path variables into a copy of member ``m`` and rename it into place."""
-    path = plan.paths[m]
-    if undo is not None:
-        undo.save_file(path)
-    tmp = path.with_name(f".{path.name}.ensio-tmp")
-    shutil.copyfile(path, tmp)
-    try:
-        with open_member(tmp, writable=True) as store:
-            for name, full in values.items():
-                v = plan.layout.variable(name)
-                if v.active is None:
-                    store.write_elements(name, 0, full)
-                else:
-                    cur = store.read_elements(name, 0, v.n_elements)
-                    cur[v.active] = full
-                    store.write_elements(name, 0, cur)
-        if fsync:
-            fd = os.open(tmp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        journal._fault_point("library-replace")
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-# ------------------------------------------------------------------------ helpers
-
-
-def _guard(fn: Callable[[], object]) -> ErrorNote:
-    try:
-        fn()
-    except Exception as exc:
-        return note_error(exc)
-    return None
-
-
-def _add(timer: _Timer, seconds: float) -> None:
-    timer.seconds += seconds
-
-
-def _state_bytes(plan: _Plan) -> int:
+def _state_bytes(plan: IOPlan) -> int:
     return sum(v.size * v.dtype.itemsize for v in plan.layout.variables) * plan.n_members
+
+
+def _add(timer: Timer, seconds: float) -> None:
+    timer.seconds += seconds
