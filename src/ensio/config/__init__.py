@@ -1,9 +1,24 @@
 """Typed, frozen configuration: schema, YAML loading, ``--set`` overrides."""
 
 from .load import apply_overrides, config_from_dict, load_config, parse_override
-from .schema import Config, ConfigError, Coordinates, EnsembleSection, IOSection, VariableSpec
+from .analysis import (
+    AnalysisSection,
+    InflationSection,
+    LocalizationSection,
+    ObservationFile,
+    OutputSection,
+    QCSection,
+)
+from .errors import ConfigError
+from .schema import Config, Coordinates, EnsembleSection, IOSection, VariableSpec
 
 __all__ = [
+    "AnalysisSection",
+    "InflationSection",
+    "LocalizationSection",
+    "ObservationFile",
+    "OutputSection",
+    "QCSection",
     "Config",
     "ConfigError",
     "Coordinates",

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .schema import ConfigError
+from .errors import ConfigError
 
 __all__ = [
     "FilterName",

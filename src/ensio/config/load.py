@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from .analysis import ObservationFile
 from .schema import Config, ConfigError, VariableSpec
 
 __all__ = ["load_config", "config_from_dict", "apply_overrides", "parse_override"]
@@ -127,6 +128,8 @@ def _convert(tp: Any, value: Any, key: str, skip: set[str] | None = None) -> Any
         return {str(k): _convert(vt, v, f"{key}.{k}") for k, v in value.items()}
     if tp is VariableSpec and isinstance(value, str):
         return VariableSpec(name=value)
+    if tp is ObservationFile and isinstance(value, str):
+        return ObservationFile(file=value)
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, Mapping):
             raise ConfigError(f"{where}: expected a mapping, got {value!r}")

@@ -10,9 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
-class ConfigError(ValueError):
-    """A configuration problem; the message names the offending key."""
+from .analysis import AnalysisSection, ObservationFile, OutputSection
+from .errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -98,7 +97,27 @@ class Config:
 
     ensemble: EnsembleSection
     io: IOSection = field(default_factory=IOSection)
+    observations: tuple[ObservationFile, ...] = ()
+    analysis: AnalysisSection | None = None
+    output: OutputSection = field(default_factory=OutputSection)
     base_dir: Path = field(default=Path("."), compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.io.in_place and self.output.members is None:
+            raise ConfigError("output.members: required when io.in_place is false")
 
     def member_paths(self) -> list[Path]:
         return self.ensemble.member_paths(self.base_dir)
+
+    def resolve(self, path: str) -> Path:
+        """A path from the config, relative to the config file's directory."""
+        p = Path(path)
+        return p if p.is_absolute() else self.base_dir / p
+
+    def output_member_paths(self) -> list[Path]:
+        """Where the analysis members go: the member files themselves, or ``output.members``."""
+        if self.io.in_place:
+            return self.member_paths()
+        pattern = self.output.members
+        assert pattern is not None
+        return [self.resolve(pattern.format(member=m)) for m in range(1, self.ensemble.size + 1)]

@@ -1,0 +1,210 @@
+"""The offline analysis: read the members, assimilate, write the analysis back.
+
+``ensio analyse CONFIG`` (under ``mpiexec -n N`` or alone) calls
+:func:`run_analysis`. It composes the parallel ensemble I/O (``io``) and the
+distributed analysis (``analysis``); neither knows the other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from mpi4py import MPI
+
+from .analysis.distributed import DistributedAssimilation, analyse_rows
+from .config.schema import Config, ConfigError
+from .errors import InputError
+from .io.ensemble import EnsembleBlock, read_ensemble, write_ensemble
+from .io.products import copy_members, write_field_file
+from .layout.state import StateLayout
+from .obs import ObsBatch, RegularGrid, read_obs_netcdf
+from .parallel.agree import root_call
+from .parallel.distribution import block_distribution
+
+__all__ = ["AnalysisReport", "load_observations", "run_analysis", "state_grid"]
+
+
+@dataclass
+class AnalysisReport:
+    """What one offline analysis did (the same on every rank)."""
+
+    result: DistributedAssimilation
+    seconds: dict[str, float] = field(default_factory=dict)
+    n_obs_read: int = 0
+
+    def lines(self) -> list[str]:
+        """The log lines ``ensio analyse`` prints."""
+        r = self.result
+        qc = r.qc
+        reasons = ", ".join(
+            f"{k} {v}"
+            for k, v in dataclasses.asdict(qc).items()
+            if k not in ("total", "accepted") and isinstance(v, int) and v
+        )
+        out = [
+            f"observations: {self.n_obs_read} read, {qc.accepted} accepted, "
+            f"{qc.rejected} rejected" + (f" ({reasons})" if reasons else "")
+        ]
+        for name, s in (("prior", r.prior), ("posterior", r.posterior)):
+            out.append(
+                f"{name:9s} innovation: mean {s.mean:+.4g}  rms {s.rms:.4g}  "
+                f"accepted {s.count}  rejected {qc.rejected}"
+            )
+        order = ("read", "obs", "analysis", "write", "products", "total")
+        out.append(
+            "timing: "
+            + "  ".join(f"{k} {self.seconds[k]:.3f} s" for k in order if k in self.seconds)
+        )
+        return out
+
+
+def load_observations(config: Config, comm: MPI.Comm) -> ObsBatch:
+    """Collective: rank 0 reads every observation file and shares the batch.
+
+    Files after the first get observation ids offset by the sizes before them,
+    so the EnKF perturbation streams are keyed by a global number.
+    """
+    if not config.observations:
+        raise ConfigError("observations: at least one observation file is needed for an analysis")
+
+    def read() -> ObsBatch:
+        batches, offset = [], 0
+        for entry in config.observations:
+            path = config.resolve(entry.file)
+            if not path.exists():
+                raise InputError(f"{path}: observation file not found")
+            b = read_obs_netcdf(path, id_offset=offset)
+            offset += len(b)
+            batches.append(b)
+        return ObsBatch.concat(batches)
+
+    return root_call(comm, read)
+
+
+def state_grid(layout: StateLayout) -> RegularGrid | None:
+    """The regular lon/lat grid of the first state variable, for bilinear H (if it has one)."""
+    lon, lat = layout.coords.get("lon"), layout.coords.get("lat")
+    if lon is None or lat is None or len(lon[0]) != 1 or len(lat[0]) != 1:
+        return None
+    v = layout.variables[0]
+    if v.active is not None or v.dims[-2:] != (lat[0][0], lon[0][0]) or len(v.dims) != 2:
+        return None
+    return RegularGrid(lon=lon[1], lat=lat[1], offset=v.offset)
+
+
+def _row_lonlat(layout: StateLayout, start: int, count: int) -> np.ndarray | None:
+    if "lon" not in layout.coords or "lat" not in layout.coords:
+        return None
+    c = layout.coordinates(start, start + count)
+    return np.stack([c["lon"], c["lat"]], axis=1)
+
+
+def run_analysis(config: Config, comm: MPI.Comm, *, cycle: int = 0) -> AnalysisReport:
+    """Collective: the whole offline analysis of one cycle.
+
+    Reads the members (N_io I/O tasks), reads the observations, analyses
+    every rank's rows, writes the analysis in place (journaled) or into
+    copies at ``output.members``, and writes ``output.mean`` / ``output.spread``.
+    """
+    if config.analysis is None:
+        raise ConfigError("analysis: section required (at least analysis.filter)")
+    t0 = time.perf_counter()
+    seconds: dict[str, float] = {}
+    block = read_ensemble(config, comm)
+    seconds["read"] = time.perf_counter() - t0
+    t = time.perf_counter()
+    obs = load_observations(config, comm)
+    t_load = time.perf_counter() - t
+    layout = block.layout
+    timings: dict[str, float] = {}
+    t = time.perf_counter()
+    result = analyse_rows(
+        block.data,
+        block.start,
+        layout.n_rows,
+        _row_lonlat(layout, block.start, block.count),
+        obs,
+        config.analysis,
+        comm,
+        grid=state_grid(layout),
+        cycle=cycle,
+        timings=timings,
+    )
+    # "obs": reading, H, the HX exchange and QC; "analysis": the filter itself
+    seconds["obs"] = t_load + timings.get("obs", 0.0)
+    seconds["analysis"] = time.perf_counter() - t - timings.get("obs", 0.0)
+    t = time.perf_counter()
+    analysis = EnsembleBlock(layout, block.start, block.count, result.ensemble)
+    _write_members(config, comm, analysis)
+    seconds["write"] = time.perf_counter() - t
+    t = time.perf_counter()
+    _write_products(config, comm, analysis)
+    seconds["products"] = time.perf_counter() - t
+    seconds["total"] = time.perf_counter() - t0
+    seconds = {k: float(comm.allreduce(v, op=MPI.MAX)) for k, v in seconds.items()}
+    return AnalysisReport(result=result, seconds=seconds, n_obs_read=len(obs))
+
+
+def _write_members(config: Config, comm: MPI.Comm, analysis: EnsembleBlock) -> None:
+    if config.io.in_place:
+        write_ensemble(config, comm, analysis)
+        return
+    # Copies: complete copies under temporary names, written, then renamed, so
+    # that an interrupted run never leaves a file that looks finished. The
+    # originals are not touched, so no journal is needed.
+    assert config.output.members is not None
+    pattern = Path(config.output.members)
+    partial = str(pattern.parent / f".{pattern.name}.ensio-partial")
+    out_cfg = dataclasses.replace(
+        config,
+        ensemble=dataclasses.replace(config.ensemble, members=partial),
+        io=dataclasses.replace(config.io, journal=False),
+    )
+    finals, temps = config.output_member_paths(), out_cfg.member_paths()
+    copy_members(config.member_paths(), temps, comm.rank, comm.size)
+    comm.Barrier()
+    write_ensemble(out_cfg, comm, analysis)
+    for m in range(comm.rank, len(finals), comm.size):
+        os.replace(temps[m], finals[m])
+    comm.Barrier()
+
+
+def _gather_rows(comm: MPI.Comm, n_rows: int, rows: np.ndarray) -> np.ndarray | None:
+    counts = np.array([block_distribution(n_rows, comm.size, r)[1] for r in range(comm.size)])
+    displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    full = np.empty(n_rows) if comm.rank == 0 else None
+    comm.Gatherv(
+        np.ascontiguousarray(rows), [full, counts, displs, MPI.DOUBLE] if full is not None else None
+    )
+    return full
+
+
+def _write_products(config: Config, comm: MPI.Comm, analysis: EnsembleBlock) -> None:
+    out = config.output
+    X = analysis.data
+    n = analysis.layout.n_rows
+    fields = []
+    if out.mean is not None:
+        fields.append((out.mean, X.mean(axis=0), "analysis ensemble mean"))
+    if out.spread is not None:
+        ddof = 1 if X.shape[0] > 1 else 0
+        fields.append((out.spread, X.std(axis=0, ddof=ddof), "analysis ensemble spread (std)"))
+    template = config.output_member_paths()[0]
+    for name, rows, what in fields:
+        full = _gather_rows(comm, n, rows)
+        root_call(
+            comm,
+            lambda name=name, full=full, what=what: write_field_file(
+                config.resolve(name),
+                template,
+                analysis.layout,
+                full,
+                config.ensemble.coordinates,
+                f"ensio analyse: {what}",
+            ),
+        )
