@@ -145,3 +145,150 @@ def variable_bytes(path: Path, name: str) -> bytes:
     with netCDF4.Dataset(path) as ds:
         ds.set_auto_maskandscale(False)
         return np.asarray(ds[name][:]).tobytes()
+
+
+# --- observations and geometry for the analysis tests (netCDF4 + numpy only) ---
+
+
+def write_observations(
+    path: Path,
+    lon: np.ndarray,
+    lat: np.ndarray,
+    value: np.ndarray,
+    error: np.ndarray,
+    index: np.ndarray | None = None,
+    *,
+    omit: tuple[str, ...] = (),
+) -> Path:
+    """An observation file in DESIGN.md's format (dimension ``obs``).
+
+    ``index`` entries < -1 are written as missing (``_FillValue``), -1 as -1:
+    both mean "no index, bilinear H". Variables named in ``omit`` are left out.
+    """
+    with netCDF4.Dataset(path, "w", format="NETCDF4") as ds:
+        ds.createDimension("obs", len(value))
+        for name, data, units in (
+            ("lon", lon, "degrees_east"),
+            ("lat", lat, "degrees_north"),
+            ("value", value, "1"),
+            ("error", error, "1"),
+        ):
+            if name in omit:
+                continue
+            var = ds.createVariable(name, "f8", ("obs",))
+            var.set_auto_maskandscale(False)
+            var[:] = np.asarray(data, dtype=np.float64)
+            var.units = units
+        if index is not None and "index" not in omit:
+            var = ds.createVariable("index", "i4", ("obs",), fill_value=np.int32(-999))
+            idx = np.asarray(index, dtype=np.int64)
+            var[:] = np.ma.masked_array(idx.astype("i4"), mask=idx < -1)
+    return path
+
+
+def row_lonlat(path: Path, variables: list[VarCase]) -> np.ndarray:
+    """(lon, lat) in degrees of every state row (unmasked variables with 1-D lon/lat)."""
+    parts = []
+    with netCDF4.Dataset(path) as ds:
+        lon = np.asarray(ds["lon"][:], dtype=np.float64)
+        lat = np.asarray(ds["lat"][:], dtype=np.float64)
+        for v in variables:
+            assert v.mask is None, "row_lonlat: masked variables not supported"
+            shape = tuple(ds.dimensions[d].size for d in v.dims)
+            lon_b = np.broadcast_to(lon.reshape([-1 if d == "lon" else 1 for d in v.dims]), shape)
+            lat_b = np.broadcast_to(lat.reshape([-1 if d == "lat" else 1 for d in v.dims]), shape)
+            parts.append(np.stack([lon_b.ravel(), lat_b.ravel()], axis=1))
+    return np.concatenate(parts)
+
+
+def bilinear_matrix(
+    lon: np.ndarray, lat: np.ndarray, olon: np.ndarray, olat: np.ndarray, n_rows: int
+) -> np.ndarray:
+    """Dense H (m, n_rows) of bilinear interpolation on a lat-major grid at row offset 0.
+
+    Written from scratch for the tests: longitudes equally spaced around the
+    whole circle starting at ``lon[0]``, latitudes ascending; every location
+    must lie inside the latitude range.
+    """
+    nlon = lon.size
+    step = 360.0 / nlon
+    assert np.allclose(np.diff(lon), step) and np.all(np.diff(lat) > 0)
+    H = np.zeros((olon.size, n_rows))
+    for o, (x, y) in enumerate(zip(olon, olat, strict=True)):
+        assert lat[0] <= y <= lat[-1]
+        fx = ((x - lon[0]) % 360.0) / step
+        i0 = min(int(np.floor(fx)), nlon - 1)
+        tx = fx - i0
+        i1 = (i0 + 1) % nlon
+        j0 = min(int(np.searchsorted(lat, y, side="right")) - 1, lat.size - 2)
+        ty = (y - lat[j0]) / (lat[j0 + 1] - lat[j0])
+        for j, wy in ((j0, 1 - ty), (j0 + 1, ty)):
+            for i, wx in ((i0, 1 - tx), (i1, tx)):
+                H[o, j * nlon + i] += wx * wy
+    return H
+
+
+@dataclass
+class ObsCase:
+    """Observations on an ``EnsembleCase`` grid, split into two files.
+
+    File A (the first ``n_a``) has an ``index`` variable: rows observed
+    directly, plus some entries -1 and some missing (bilinear H); file B has
+    no ``index`` variable at all (bilinear H). ``index`` here is -1 wherever H
+    is bilinear; ``H`` is the dense operator built with :func:`bilinear_matrix`.
+    """
+
+    lon: np.ndarray
+    lat: np.ndarray
+    value: np.ndarray
+    error: np.ndarray
+    index: np.ndarray
+    missing: np.ndarray  # bool: index written as _FillValue instead of -1
+    H: np.ndarray
+    n_a: int
+
+    def write(self, root: Path, names: tuple[str, str] = ("obs_a.nc", "obs_b.nc")) -> list[Path]:
+        a, b = slice(0, self.n_a), slice(self.n_a, None)
+        idx = np.where(self.missing, -999, self.index)
+        pa = write_observations(
+            root / names[0], self.lon[a], self.lat[a], self.value[a], self.error[a], idx[a]
+        )
+        pb = write_observations(
+            root / names[1], self.lon[b], self.lat[b], self.value[b], self.error[b]
+        )
+        return [pa, pb]
+
+
+def make_obs_case(
+    X: np.ndarray,
+    coords: np.ndarray,
+    grid_lon: np.ndarray,
+    grid_lat: np.ndarray,
+    rng: np.random.Generator,
+    *,
+    n_index: int = 16,
+    n_bilinear_a: int = 8,
+    n_b: int = 16,
+) -> ObsCase:
+    """Observations of the prior mean plus noise of their error (see :class:`ObsCase`).
+
+    ``X`` is the prior (N_e, N_x) and ``coords`` the (lon, lat) of its rows;
+    bilinear observations lie on the first variable's grid (rows 0 ..
+    nlat*nlon-1), within 5° of the outer latitudes.
+    """
+    n_x = X.shape[1]
+    n_bil = n_bilinear_a + n_b
+    rows = rng.choice(n_x, n_index, replace=False)
+    index = np.concatenate([rows, np.full(n_bilinear_a, -1), np.full(n_b, -1)])
+    missing = np.zeros(index.size, dtype=bool)
+    missing[n_index : n_index + n_bilinear_a // 2] = True
+    lon = np.concatenate([coords[rows, 0], rng.uniform(0.0, 360.0, n_bil)])
+    lat = np.concatenate(
+        [coords[rows, 1], rng.uniform(grid_lat.min() + 5, grid_lat.max() - 5, n_bil)]
+    )
+    H = np.zeros((index.size, n_x))
+    H[np.arange(n_index), rows] = 1.0
+    H[n_index:] = bilinear_matrix(grid_lon, grid_lat, lon[n_index:], lat[n_index:], n_x)
+    error = rng.uniform(0.5, 1.5, index.size)
+    value = H @ X.mean(axis=0) + error * rng.standard_normal(index.size)
+    return ObsCase(lon, lat, value, error, index, missing, H, n_index + n_bilinear_a)

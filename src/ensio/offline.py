@@ -16,14 +16,22 @@ from pathlib import Path
 import numpy as np
 from mpi4py import MPI
 
-from .analysis.distributed import DistributedAssimilation, analyse_rows
+from .analysis.distributed import (
+    DistributedAssimilation,
+    analyse_rows,
+    localization_coords,
+    observation_owners,
+    observations_near,
+)
+from .analysis.filters import localization_from_config
 from .config.schema import Config, ConfigError
 from .errors import InputError
 from .io.ensemble import EnsembleBlock, read_ensemble, write_ensemble
 from .io.products import copy_members, write_field_file
 from .layout.state import StateLayout
-from .obs import ObsBatch, RegularGrid, read_obs_netcdf
-from .parallel.agree import root_call
+from .obs import ObsBatch, RegularGrid, build_operator, read_obs_netcdf
+from .obs.read import PARTIAL_READ_BYTES, obs_count
+from .parallel.agree import all_call, root_call
 from .parallel.distribution import block_distribution
 
 __all__ = ["AnalysisReport", "load_observations", "run_analysis", "state_grid"]
@@ -63,27 +71,67 @@ class AnalysisReport:
         return out
 
 
-def load_observations(config: Config, comm: MPI.Comm) -> ObsBatch:
-    """Collective: rank 0 reads every observation file and shares the batch.
+def load_observations(
+    config: Config,
+    comm: MPI.Comm,
+    layout: StateLayout,
+    start: int,
+    count: int,
+    row_lonlat: np.ndarray | None,
+) -> ObsBatch:
+    """Collective: the observations this rank needs, with global ids.
 
-    Files after the first get observation ids offset by the sizes before them,
-    so the EnKF perturbation streams are keyed by a global number.
+    Global filters need every observation on every rank. A local filter
+    keeps only those within the support radius of its rows plus those it
+    owns (for the global counts). Files up to ``PARTIAL_READ_BYTES`` are read
+    once by rank 0 and broadcast; larger files are read by every rank, the
+    locations in full and the values and errors of its selection only.
+    Files after the first get ids offset by the sizes before them, so the
+    EnKF perturbation streams are keyed by a global number.
     """
     if not config.observations:
         raise ConfigError("observations: at least one observation file is needed for an analysis")
+    assert config.analysis is not None
+    paths = [config.resolve(e.file) for e in config.observations]
 
-    def read() -> ObsBatch:
-        batches, offset = [], 0
-        for entry in config.observations:
-            path = config.resolve(entry.file)
-            if not path.exists():
-                raise InputError(f"{path}: observation file not found")
-            b = read_obs_netcdf(path, id_offset=offset)
-            offset += len(b)
-            batches.append(b)
-        return ObsBatch.concat(batches)
+    def sizes() -> list[tuple[int, int]]:
+        out = []
+        for p in paths:
+            if not p.exists():
+                raise InputError(f"{p}: observation file not found")
+            out.append((obs_count(p), p.stat().st_size))
+        return out
 
-    return root_call(comm, read)
+    info = root_call(comm, sizes)
+    local = config.analysis.localization is not None
+    grid = state_grid(layout)
+    batches, offset = [], 0
+    for path, (n, nbytes) in zip(paths, info, strict=True):
+        if local and comm.size > 1 and nbytes > PARTIAL_READ_BYTES:
+            where = all_call(comm, lambda p=path, o=offset: read_obs_netcdf(p, o, values=False))
+            sel = _needed(where, config, comm, layout.n_rows, start, count, row_lonlat, grid)
+            batch = all_call(comm, lambda p=path, o=offset, s=sel: read_obs_netcdf(p, o, select=s))
+        else:
+            batch = root_call(comm, lambda p=path, o=offset: read_obs_netcdf(p, o))
+            if local and comm.size > 1:
+                batch = batch.subset(
+                    _needed(batch, config, comm, layout.n_rows, start, count, row_lonlat, grid)
+                )
+        batches.append(batch)
+        offset += n
+    return ObsBatch.concat(batches)
+
+
+def _needed(obs, config, comm, n_rows, start, count, row_lonlat, grid) -> np.ndarray:
+    """Positions (within ``obs``) of the observations this rank needs: near or owned."""
+    op, inside = build_operator(obs, n_rows, grid)
+    owners = observation_owners(op, inside, obs.ids, n_rows, comm.size)
+    row_coords, obs_coords = localization_coords(config.analysis, start, count, row_lonlat, obs)
+    geometry = localization_from_config(config.analysis.localization).geometry
+    near = observations_near(
+        geometry, row_coords, obs_coords, config.analysis.localization.support_radius
+    )
+    return np.flatnonzero(near | (owners == comm.rank))
 
 
 def state_grid(layout: StateLayout) -> RegularGrid | None:
@@ -118,16 +166,17 @@ def run_analysis(config: Config, comm: MPI.Comm, *, cycle: int = 0) -> AnalysisR
     block = read_ensemble(config, comm)
     seconds["read"] = time.perf_counter() - t0
     t = time.perf_counter()
-    obs = load_observations(config, comm)
-    t_load = time.perf_counter() - t
     layout = block.layout
+    row_lonlat = _row_lonlat(layout, block.start, block.count)
+    obs = load_observations(config, comm, layout, block.start, block.count, row_lonlat)
+    t_load = time.perf_counter() - t
     timings: dict[str, float] = {}
     t = time.perf_counter()
     result = analyse_rows(
         block.data,
         block.start,
         layout.n_rows,
-        _row_lonlat(layout, block.start, block.count),
+        row_lonlat,
         obs,
         config.analysis,
         comm,
@@ -147,7 +196,7 @@ def run_analysis(config: Config, comm: MPI.Comm, *, cycle: int = 0) -> AnalysisR
     seconds["products"] = time.perf_counter() - t
     seconds["total"] = time.perf_counter() - t0
     seconds = {k: float(comm.allreduce(v, op=MPI.MAX)) for k, v in seconds.items()}
-    return AnalysisReport(result=result, seconds=seconds, n_obs_read=len(obs))
+    return AnalysisReport(result=result, seconds=seconds, n_obs_read=result.qc.total)
 
 
 def _write_members(config: Config, comm: MPI.Comm, analysis: EnsembleBlock) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["COMMANDS", "add_parser", "main", "run", "run_io"]
+__all__ = ["COMMANDS", "add_parser", "main", "run", "run_analysis", "run_io"]
 
 
 def _add_io(sub: Any) -> None:
@@ -35,8 +35,27 @@ def _add_io(sub: Any) -> None:
     p.set_defaults(bench_run=run_io)
 
 
+def _add_analysis(sub: Any) -> None:
+    p = sub.add_parser(
+        "analysis", help="batched local analysis vs. the pointwise reference, per phase",
+        description="Read the members once (not timed), then run the analysis of CONFIG with "
+                    "its kernel and with kernel: pointwise in the same run, REPEAT times each: "
+                    "seconds per phase (slowest rank), GFLOP/s of the GEMM part, speed-up, and "
+                    "the largest relative difference of the two analyses. Run under mpiexec.",
+    )
+    p.add_argument("config", metavar="CONFIG",
+                   help="ensio YAML config with observations and an analysis section")
+    p.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="repeats of each kernel; the best time is reported (default 1)")
+    p.add_argument("--json", type=Path, default=None, metavar="FILE",
+                   help="write the result as JSON (rank 0)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, e.g. --set analysis.tile_points=64 (repeatable)")
+    p.set_defaults(bench_run=run_analysis)
+
+
 #: Sub-commands of ``ensio bench``: name → function adding its parser.
-COMMANDS: dict[str, Callable[[Any], None]] = {"io": _add_io}
+COMMANDS: dict[str, Callable[[Any], None]] = {"io": _add_io, "analysis": _add_analysis}
 
 
 def add_parser(subparsers: Any) -> None:
@@ -88,6 +107,37 @@ def run_io(args: argparse.Namespace) -> int:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(res, indent=2) + "\n")
     return 0
+
+
+def run_analysis(args: argparse.Namespace) -> int:
+    """``ensio bench analysis``: measure, print the table (rank 0), write the JSON (rank 0)."""
+    from mpi4py import MPI
+    from rich.console import Console
+
+    from ensio.bench.analysis import bench_analysis, result_table
+    from ensio.config import load_config
+
+    comm = MPI.COMM_WORLD
+    config = load_config(args.config, args.overrides)
+    console = Console(stderr=True)
+    show = comm.rank == 0 and console.is_terminal
+    with console.status("ensio bench analysis", spinner="dots") if show else _nothing() as status:
+        def on_step(label: str) -> None:
+            if status is not None:
+                status.update(f"ensio bench analysis: {label}")
+
+        res = bench_analysis(config, comm, repeat=args.repeat, on_step=on_step)
+    if comm.rank == 0:
+        res["config"] = str(Path(args.config).resolve())
+        res["overrides"] = list(args.overrides)
+        Console().print(result_table(res))
+        if not res["agree"]:
+            console.print("[bold red]warning:[/] the kernels disagree by more than "
+                          f"{res['tolerance']:.0e} (relative)")
+        if args.json is not None:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(res, indent=2) + "\n")
+    return 0 if res["agree"] else 1
 
 
 class _nothing:

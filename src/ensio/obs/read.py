@@ -9,12 +9,38 @@ import numpy as np
 from ..errors import InputError
 from .batch import ObsBatch
 
-__all__ = ["read_obs_netcdf"]
+__all__ = ["obs_count", "read_obs_netcdf"]
+
+#: Observation files larger than this are not read whole by every rank of a
+#: local analysis: each rank reads the locations, then the values and errors
+#: of only the observations it needs (within the support radius of its rows,
+#: or owned by it). Smaller files are read once by rank 0 and broadcast.
+PARTIAL_READ_BYTES = 64 * 2**20
+
+
+def obs_count(path: str | Path) -> int:
+    """Number of observations in a file (length of its ``obs`` dimension)."""
+    import netCDF4
+
+    path = Path(path)
+    try:
+        with netCDF4.Dataset(path, "r") as ds:
+            if "obs" not in ds.dimensions:
+                raise InputError(f"{path}: no dimension 'obs' in observation file")
+            return len(ds.dimensions["obs"])
+    except OSError as exc:
+        raise InputError(f"{path}: cannot open observation file ({exc})") from None
+
 
 _REQUIRED = ("lon", "lat", "value", "error")
 
 
-def read_obs_netcdf(path: str | Path, id_offset: int = 0) -> ObsBatch:
+def read_obs_netcdf(
+    path: str | Path,
+    id_offset: int = 0,
+    select: np.ndarray | None = None,
+    values: bool = True,
+) -> ObsBatch:
     """Read an observation file into an :class:`ObsBatch`.
 
     The file has a dimension ``obs`` and variables ``lon``, ``lat`` (degrees),
@@ -28,6 +54,11 @@ def read_obs_netcdf(path: str | Path, id_offset: int = 0) -> ObsBatch:
     id_offset : int
         Global number of the first observation (the total size of the
         observation files before this one), see :attr:`ObsBatch.ids`.
+    select : ndarray of int, optional
+        Sorted positions of the observations to read (all if omitted).
+    values : bool
+        ``False`` reads only the locations (``lon``, ``lat``, ``index``);
+        values and errors are then NaN: enough to decide which to read.
 
     Raises
     ------
@@ -57,17 +88,21 @@ def read_obs_netcdf(path: str | Path, id_offset: int = 0) -> ObsBatch:
                 raise InputError(
                     f"{path}: variable '{name}' must have dimension (obs), has {var.dimensions}"
                 )
+            if not values and name in ("value", "error"):
+                continue
             var.set_auto_mask(True)
-            raw = var[:]
+            raw = var[:] if select is None else (var[select] if len(select) else var[:0])
             if name == "index":
                 data[name] = np.ma.filled(np.ma.asarray(raw).astype(np.int64), -1)
             else:
                 data[name] = np.ma.filled(np.ma.asarray(raw, dtype=float), np.nan)
+    pos = np.arange(n, dtype=np.int64) if select is None else np.asarray(select, np.int64)
+    nan = np.full(pos.size, np.nan)
     return ObsBatch(
-        values=data["value"],
-        errors=data["error"],
+        values=data.get("value", nan),
+        errors=data.get("error", nan),
         lon=data["lon"],
         lat=data["lat"],
         index=data.get("index"),
-        ids=np.arange(id_offset, id_offset + n, dtype=np.int64),
+        ids=id_offset + pos,
     )

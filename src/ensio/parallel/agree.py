@@ -12,7 +12,7 @@ from typing import TypeVar
 
 from mpi4py import MPI
 
-__all__ = ["ErrorNote", "note_error", "raise_if_any", "root_call"]
+__all__ = ["ErrorNote", "all_call", "note_error", "raise_if_any", "root_call"]
 
 T = TypeVar("T")
 
@@ -47,4 +47,16 @@ def root_call(comm: MPI.Comm, fn: Callable[[], T], root: int = 0) -> T:
     if note is not None:
         cls, msg = note
         raise cls(msg)
+    return result  # type: ignore[return-value]
+
+
+def all_call(comm: MPI.Comm, fn: Callable[[], T]) -> T:
+    """Run ``fn`` on every rank; if it fails anywhere, raise the lowest rank's error everywhere."""
+    result: T | None = None
+    note: ErrorNote = None
+    try:
+        result = fn()
+    except Exception as exc:  # re-raised on every rank below
+        note = note_error(exc)
+    raise_if_any(comm, note)
     return result  # type: ignore[return-value]

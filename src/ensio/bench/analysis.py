@@ -1,0 +1,213 @@
+"""``ensio bench analysis``: the batched local analysis against the pointwise reference.
+
+Why both kernels in one run: a speed-up only means something when both sides
+see the same machine at the same moment (the benchmark machines are shared),
+the same ensemble and the same observations. The members are therefore read
+once (:func:`ensio.io.ensemble.read_ensemble`, not timed), the observations
+loaded once, and then :func:`ensio.analysis.distributed.analyse_rows` runs with
+the configured kernel and with ``kernel: pointwise`` on the very same rows,
+alternating per repeat so that drift hits both alike.
+
+What is timed: the whole ``analyse_rows`` call (H, HX exchange, quality
+control, observation selection, the local analyses, relaxation, posterior
+HX), between a barrier and the slowest rank's return — file I/O is not in
+it. Per phase, the ``timings`` dict the kernels fill (seconds; maximum over
+ranks): ``obs`` (H, exchange, QC, per-rank selection), ``select`` (tiles and
+candidate observations), ``weights`` (distances and taper), ``gemm`` (the
+products ``W·Z``; one small product per point for pointwise), ``transform``
+(eigendecomposition and transforms), ``update`` (the rows), ``relax``
+(inflation relaxation, rotation), ``posterior`` (posterior HX). GFLOP/s of
+the GEMM part is the kernel's ``gemm_flops`` (summed over ranks) over the
+slowest rank's ``gemm`` seconds.
+
+Correctness: the two analyses must agree to ``max|a−b| / max|b| ≤ 1e-10``
+(over all ranks); the figure is in the JSON as ``max_rel_diff``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+from rich.table import Table
+
+from ..config.schema import Config, ConfigError
+from .machine import describe_machine
+
+__all__ = ["PHASES", "TOLERANCE", "bench_analysis", "result_table"]
+
+#: Phases of the ``timings`` dict, in the order of the table.
+PHASES = ("obs", "select", "weights", "gemm", "transform", "update", "relax", "perturb",
+          "posterior")
+#: Largest accepted ``max|batched − pointwise| / max|pointwise|``.
+TOLERANCE = 1e-10
+
+
+def _timed_analysis(block: Any, obs: Any, analysis: Any, comm: MPI.Comm,
+                    grid: Any, row_lonlat: Any) -> tuple[float, dict[str, float], Any]:
+    """Collective: one ``analyse_rows``; (slowest rank's seconds, this rank's timings, result)."""
+    from ..analysis.distributed import analyse_rows
+
+    timings: dict[str, float] = {}
+    comm.Barrier()
+    t0 = time.perf_counter()
+    res = analyse_rows(block.data, block.start, block.layout.n_rows, row_lonlat, obs, analysis,
+                       comm, grid=grid, cycle=0, timings=timings)
+    seconds = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+    return float(seconds), timings, res
+
+
+def _reduce_timings(comm: MPI.Comm, timings: dict[str, float]) -> dict[str, float]:
+    """Per phase, the maximum over ranks; ``gemm_flops`` summed over ranks."""
+    names = sorted(set().union(*comm.allgather(sorted(timings))))
+    out: dict[str, float] = {}
+    for name in names:
+        op = MPI.SUM if name.endswith("_flops") else MPI.MAX
+        out[name] = float(comm.allreduce(timings.get(name, 0.0), op=op))
+    return out
+
+
+def _gflops(t: dict[str, float]) -> float | None:
+    flops, sec = t.get("gemm_flops", 0.0), t.get("gemm", 0.0)
+    return flops / sec / 1e9 if flops > 0 and sec > 0 else None
+
+
+def bench_analysis(
+    config: Config,
+    comm: MPI.Comm,
+    repeat: int = 1,
+    on_step: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Collective: time the configured analysis kernel and the pointwise reference.
+
+    Parameters
+    ----------
+    config : Config
+        Needs ``observations`` and an ``analysis`` section (a local filter for
+        a meaningful comparison; a global filter has no kernel choice and
+        gives a speed-up of about 1).
+    comm : MPI.Comm
+        Filter communicator (``MPI.COMM_SELF`` for a serial run).
+    repeat : int
+        Repeats of each kernel (alternating); the best (minimum) time is used.
+    on_step : callable, optional
+        Called on rank 0 with a label before each measurement.
+
+    Returns
+    -------
+    dict
+        JSON-serialisable, identical on every rank: ``seconds`` (configured
+        kernel), ``pointwise_seconds``, ``speedup``, ``phases`` and
+        ``pointwise_phases`` (seconds per phase of the best repeat),
+        ``gflops`` / ``pointwise_gflops`` (GEMM part), ``max_rel_diff``,
+        ``agree``, the case (``n_mpi``, ``points``, ``observations``,
+        ``members``, …) and ``machine``.
+    """
+    from ..io.ensemble import read_ensemble
+    from ..offline import _row_lonlat, load_observations, state_grid
+
+    if repeat < 1:
+        raise ValueError(f"--repeat must be at least 1, got {repeat}")
+    if config.analysis is None:
+        raise ConfigError("analysis: section required (at least analysis.filter)")
+    step = on_step if (on_step is not None and comm.rank == 0) else (lambda _label: None)
+    step("reading members (not timed)")
+    block = read_ensemble(config, comm)
+    layout = block.layout
+    grid = state_grid(layout)
+    row_lonlat = _row_lonlat(layout, block.start, block.count)
+    obs = load_observations(config, comm, layout, block.start, block.count, row_lonlat)
+    kernels = {
+        "configured": config.analysis,
+        "pointwise": dataclasses.replace(config.analysis, kernel="pointwise"),
+    }
+    samples: dict[str, list[float]] = {name: [] for name in kernels}
+    best: dict[str, dict[str, float]] = {}
+    first: dict[str, Any] = {}
+    for r in range(1, repeat + 1):
+        for name, analysis in kernels.items():
+            step(f"repeat {r}/{repeat}: {analysis.kernel} kernel")
+            seconds, timings, res = _timed_analysis(block, obs, analysis, comm, grid, row_lonlat)
+            timings = _reduce_timings(comm, timings)
+            if not samples[name] or seconds < min(samples[name]):
+                best[name] = timings
+            samples[name].append(seconds)
+            first.setdefault(name, res)
+    a, b = first["configured"].ensemble, first["pointwise"].ensemble
+    diff = float(comm.allreduce(float(np.abs(a - b).max(initial=0.0)), op=MPI.MAX))
+    scale = float(comm.allreduce(float(np.abs(b).max(initial=0.0)), op=MPI.MAX))
+    max_rel = diff / scale if scale > 0 else diff
+    seconds, pw_seconds = min(samples["configured"]), min(samples["pointwise"])
+    cfg = config.analysis
+    loc = cfg.localization
+    machine = describe_machine() if comm.rank == 0 else None
+    return {
+        "benchmark": "analysis",
+        "seconds": seconds,
+        "pointwise_seconds": pw_seconds,
+        "speedup": pw_seconds / seconds if seconds > 0 else None,
+        "kernel": cfg.kernel,
+        "phases": {p: v for p, v in best["configured"].items() if not p.endswith("_flops")},
+        "pointwise_phases": {p: v for p, v in best["pointwise"].items()
+                             if not p.endswith("_flops")},
+        "gemm_flops": best["configured"].get("gemm_flops", 0.0),
+        "pointwise_gemm_flops": best["pointwise"].get("gemm_flops", 0.0),
+        "gflops": _gflops(best["configured"]),
+        "pointwise_gflops": _gflops(best["pointwise"]),
+        "max_rel_diff": max_rel,
+        "tolerance": TOLERANCE,
+        "agree": bool(max_rel <= TOLERANCE),
+        "n_mpi": comm.size,
+        "points": int(layout.n_rows),
+        "observations": int(first["configured"].qc.total),
+        "accepted_observations": int(first["configured"].qc.accepted),
+        "local_observations_max": int(comm.allreduce(first["configured"].n_local_obs,
+                                                     op=MPI.MAX)),
+        "members": int(block.data.shape[0]),
+        "filter": cfg.filter,
+        "localization": dataclasses.asdict(loc) if loc is not None else None,
+        "tile_points": cfg.tile_points,
+        "threads": cfg.threads,
+        "repeat": repeat,
+        "statistic": "best (minimum time) of the repeats, per kernel; seconds = slowest rank",
+        "samples_seconds": {cfg.kernel if n == "configured" else n: s
+                            for n, s in samples.items()},
+        "machine": comm.bcast(machine, root=0),
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def _fmt(x: float | None, spec: str = ".3f") -> str:
+    return "–" if x is None else format(x, spec)
+
+
+def result_table(res: dict[str, Any]) -> Table:
+    """A rich table of a :func:`bench_analysis` result: seconds per phase, both kernels."""
+    title = (f"ensio bench analysis: {res['filter']}, {res['points']} points, "
+             f"{res['observations']} observations, {res['members']} members, "
+             f"N_mpi = {res['n_mpi']}")
+    table = Table(title=title)
+    table.add_column("phase")
+    table.add_column(f"{res['kernel']} s", justify="right")
+    table.add_column("pointwise s", justify="right")
+    table.add_column("ratio", justify="right")
+    ours, ref = res["phases"], res["pointwise_phases"]
+    for p in PHASES:
+        if p not in ours and p not in ref:
+            continue
+        a, b = ours.get(p, 0.0), ref.get(p, 0.0)
+        table.add_row(p, _fmt(a), _fmt(b), _fmt(b / a if a > 0 else None, ".1f"))
+    table.add_row("GEMM GFLOP/s", _fmt(res["gflops"], ".2f"), _fmt(res["pointwise_gflops"], ".2f"),
+                  "")
+    table.add_row("[bold]total[/]", f"[bold]{res['seconds']:.3f}[/]",
+                  f"[bold]{res['pointwise_seconds']:.3f}[/]",
+                  f"[bold]{_fmt(res['speedup'], '.2f')}×[/]")
+    agree = "[green]yes[/]" if res["agree"] else "[bold red]NO[/]"
+    table.caption = (f"max relative difference {res['max_rel_diff']:.2e} "
+                     f"(≤ {res['tolerance']:.0e}: {agree}); best of {res['repeat']}; "
+                     "seconds = slowest rank, file I/O excluded")
+    return table

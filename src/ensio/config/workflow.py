@@ -1,0 +1,262 @@
+"""Config section of the dynamic job scheme: ``workflow:`` (issue 4).
+
+Key names are part of the interface (issue 4)::
+
+    workflow:
+      backend: local             # local | slurm
+      jobs: 4                    # N_j
+      time_limit: "00:20:00"     # per job; also D-HH:MM:SS or a number of seconds
+      member_command: "python -m mymodel --init {analysis} --out {forecast}"
+      analysis_ranks: 2
+      retries: 1
+      min_members: 40            # null: every member must succeed
+      task_estimate: "00:01:00"  # used until records give a better estimate
+      slurm: {partition: null, account: null, extra: []}
+
+Durations are strings because that is how schedulers spell them; YAML 1.1
+reads an unquoted ``1:00:00`` as the integer 3600, so numbers are accepted too
+(seconds). The command template is checked here, once, so a typo in a
+placeholder fails when the config is loaded and not in the hundredth job.
+
+This module also holds the two small parsers the worker needs at run time
+(:func:`parse_duration`, :func:`command_fields`), so the rules live in one place.
+"""
+
+from __future__ import annotations
+
+import shlex
+import string
+from dataclasses import dataclass, field
+from typing import Literal
+
+from .errors import ConfigError
+
+__all__ = [
+    "MEMBER_PLACEHOLDERS",
+    "ANALYSIS_PLACEHOLDERS",
+    "BackendName",
+    "SlurmSection",
+    "WorkflowSection",
+    "command_fields",
+    "parse_duration",
+]
+
+BackendName = Literal["local", "slurm"]
+
+#: Placeholders of ``workflow.member_command`` (issue 4).
+MEMBER_PLACEHOLDERS: frozenset[str] = frozenset(
+    {"member", "cycle", "forecast", "analysis", "workdir"}
+)
+#: Placeholders of the analysis command the cycle driver builds.
+ANALYSIS_PLACEHOLDERS: frozenset[str] = frozenset(
+    {"cycle", "workdir", "analysis_ranks", "members", "n_members"}
+)
+
+
+def parse_duration(value: str | float | int, key: str = "duration") -> float:
+    """Seconds of a scheduler-style duration.
+
+    Accepts ``SS``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``,
+    ``D-HH:MM:SS`` (SLURM's forms) and plain numbers of seconds.
+
+    Parameters
+    ----------
+    value : str or float
+        The duration as written in YAML or on the command line.
+    key : str
+        Dotted key named in the error message.
+
+    Returns
+    -------
+    float
+        Seconds (> 0).
+
+    Raises
+    ------
+    ConfigError
+        Malformed or non-positive durations, naming ``key``.
+    """
+    if isinstance(value, bool):
+        raise ConfigError(f"{key}: expected HH:MM:SS, D-HH:MM:SS or seconds, got {value!r}")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        seconds = _parse_clock(value.strip(), key)
+    if not (seconds > 0 and seconds < float("inf")):
+        raise ConfigError(f"{key}: must be a positive duration, got {value!r}")
+    return seconds
+
+
+def _parse_clock(text: str, key: str) -> float:
+    bad = ConfigError(f"{key}: expected HH:MM:SS, D-HH:MM:SS or seconds, got {text!r}")
+    days = 0
+    rest = text
+    if "-" in text:
+        d, _, rest = text.partition("-")
+        if not d.isdigit():
+            raise bad
+        days = int(d)
+        parts = rest.split(":")
+        if not 1 <= len(parts) <= 3:
+            raise bad
+        parts += ["0"] * (3 - len(parts))  # D-HH, D-HH:MM
+    else:
+        parts = rest.split(":")
+        if not 1 <= len(parts) <= 3:
+            raise bad
+        parts = ["0"] * (3 - len(parts)) + parts  # SS, MM:SS
+    try:
+        h, m = int(parts[0]), int(parts[1])
+        s = float(parts[2])
+    except ValueError:
+        raise bad from None
+    if any(p.strip() != p or not p for p in parts) or h < 0 or m < 0 or s < 0:
+        raise bad
+    if (len(rest.split(":")) > 1 or days) and (m >= 60 or s >= 60):
+        raise bad
+    return days * 86400.0 + h * 3600.0 + m * 60.0 + s
+
+
+def command_fields(template: str, allowed: frozenset[str], key: str = "command") -> list[str]:
+    """Split a command template into arguments and check its placeholders.
+
+    The template is split like a POSIX shell would split words
+    (:func:`shlex.split`, so quotes group words) but is never run by a
+    shell; each argument is later filled in with :meth:`str.format`. Only
+    plain names from ``allowed`` are accepted: attribute access or indexing
+    (``{member.__class__}``, ``{x[0]}``) and nested fields are refused, so a
+    template can do nothing but substitute values.
+
+    Returns
+    -------
+    list of str
+        The unformatted arguments (at least one).
+
+    Raises
+    ------
+    ConfigError
+        Unbalanced quotes, an empty command, a malformed or unknown placeholder.
+    """
+    try:
+        args = shlex.split(template)
+    except ValueError as exc:
+        raise ConfigError(f"{key}: cannot split {template!r} ({exc})") from None
+    if not args:
+        raise ConfigError(f"{key}: empty command")
+    formatter = string.Formatter()
+    for arg in args:
+        try:
+            parsed = list(formatter.parse(arg))
+        except ValueError as exc:
+            raise ConfigError(f"{key}: bad placeholder in {arg!r} ({exc})") from None
+        for _, name, spec, _ in parsed:
+            if name is None:
+                continue
+            if not name.isidentifier():
+                raise ConfigError(
+                    f"{key}: placeholder {{{name}}} in {arg!r} is not a plain name "
+                    f"(allowed: {', '.join(sorted(allowed))})"
+                )
+            if name not in allowed:
+                raise ConfigError(
+                    f"{key}: unknown placeholder {{{name}}} "
+                    f"(allowed: {', '.join('{' + a + '}' for a in sorted(allowed))})"
+                )
+            if spec and ("{" in spec or "}" in spec):
+                raise ConfigError(f"{key}: nested placeholder in {arg!r} is not allowed")
+    return args
+
+
+@dataclass(frozen=True)
+class SlurmSection:
+    """``workflow.slurm`` — scheduler options added to every job script.
+
+    ``extra`` holds further ``#SBATCH`` options verbatim (e.g. ``--qos=debug``).
+    """
+
+    partition: str | None = None
+    account: str | None = None
+    extra: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("partition", "account"):
+            v = getattr(self, name)
+            if v is not None and (not v.strip() or any(c.isspace() for c in v)):
+                raise ConfigError(f"workflow.slurm.{name}: must be one word, got {v!r}")
+        for i, opt in enumerate(self.extra):
+            if not opt.startswith("-") or "\n" in opt:
+                raise ConfigError(
+                    f"workflow.slurm.extra[{i}]: expected an sbatch option like "
+                    f"'--qos=debug', got {opt!r}"
+                )
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkflowSection:
+    """``workflow:`` — N_j jobs draining the to-do list of each cycle.
+
+    Attributes
+    ----------
+    backend : {"local", "slurm"}
+        Where the worker jobs run.
+    jobs : int
+        N_j, the number of worker jobs kept alive while work is left.
+    time_limit : str or float
+        Wall-clock limit per job (``HH:MM:SS``, ``D-HH:MM:SS`` or seconds).
+    member_command : str
+        Forecast of one member; placeholders ``{member}``, ``{cycle}``,
+        ``{forecast}``, ``{analysis}``, ``{workdir}``. It succeeds only if it
+        exits 0 and wrote ``{forecast}``. Never run through a shell.
+    analysis_ranks : int
+        MPI ranks of the analysis task.
+    retries : int
+        Extra attempts of a failed task (exit status ≠ 0 or no output).
+    min_members : int or None
+        Members that must succeed for the analysis to run; ``None``: all.
+    task_estimate : str or float
+        Expected duration of a task until records of finished tasks exist; a
+        job never starts a task that would not fit in its remaining time.
+    slurm : SlurmSection
+        SLURM-only options.
+    """
+
+    backend: BackendName = "local"
+    jobs: int = 4
+    time_limit: str | float = "00:20:00"
+    member_command: str
+    analysis_ranks: int = 1
+    retries: int = 1
+    min_members: int | None = None
+    task_estimate: str | float = "00:01:00"
+    slurm: SlurmSection = field(default_factory=SlurmSection)
+
+    def __post_init__(self) -> None:
+        key = "workflow"
+        if self.jobs < 1:
+            raise ConfigError(f"{key}.jobs: must be at least 1, got {self.jobs}")
+        limit = parse_duration(self.time_limit, f"{key}.time_limit")
+        estimate = parse_duration(self.task_estimate, f"{key}.task_estimate")
+        if estimate >= limit:
+            raise ConfigError(
+                f"{key}.task_estimate: {self.task_estimate!r} does not fit in "
+                f"workflow.time_limit {self.time_limit!r}; no job could start a task"
+            )
+        command_fields(self.member_command, MEMBER_PLACEHOLDERS, f"{key}.member_command")
+        if self.analysis_ranks < 1:
+            raise ConfigError(
+                f"{key}.analysis_ranks: must be at least 1, got {self.analysis_ranks}"
+            )
+        if self.retries < 0:
+            raise ConfigError(f"{key}.retries: must be >= 0, got {self.retries}")
+        if self.min_members is not None and self.min_members < 1:
+            raise ConfigError(f"{key}.min_members: must be at least 1, got {self.min_members}")
+
+    @property
+    def time_limit_seconds(self) -> float:
+        """``time_limit`` in seconds."""
+        return parse_duration(self.time_limit, "workflow.time_limit")
+
+    @property
+    def task_estimate_seconds(self) -> float:
+        """``task_estimate`` in seconds."""
+        return parse_duration(self.task_estimate, "workflow.task_estimate")

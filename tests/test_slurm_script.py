@@ -1,0 +1,292 @@
+"""The SLURM job-script generator: a pure function, tested without a scheduler.
+
+The generated script is also *run by bash* here (its ``#SBATCH`` lines are
+comments to bash), which proves that the environment and the worker argv
+survive quoting byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ensio.workflow.backends.base import JobSpec
+from ensio.workflow.backends.slurm import (
+    SlurmBackend,
+    format_time_limit,
+    job_script,
+    slurm_state,
+)
+
+NASTY = [
+    "plain",
+    "with space",
+    "it's",
+    'double "quoted"',
+    "$HOME `id` $(id) ${x}",
+    "back\\slash",
+    "semi;colon && rm -rf / | cat > out",
+    "new\nline",
+    "#SBATCH --time=99",
+    "",
+    "-dash",
+    "ünïcödé ★",
+    "*?[glob]",
+    "~",
+]
+
+
+def spec(tmp_path, **kw) -> JobSpec:
+    base = dict(
+        name="ensio-w01",
+        argv=("/usr/bin/env", "true"),
+        time_limit=1200.0,
+        workdir=str(tmp_path),
+    )
+    base.update(kw)
+    return JobSpec(**base)
+
+
+def directives(script: str) -> list[str]:
+    return [ln[len("#SBATCH ") :] for ln in script.splitlines() if ln.startswith("#SBATCH ")]
+
+
+@pytest.mark.parametrize(
+    ("seconds", "expected"),
+    [
+        (1, "0-00:01:00"),
+        (59.5, "0-00:01:00"),
+        (60, "0-00:01:00"),
+        (60.001, "0-00:02:00"),
+        (61, "0-00:02:00"),
+        (1200, "0-00:20:00"),
+        (3599, "0-01:00:00"),
+        (3600, "0-01:00:00"),
+        (86399, "1-00:00:00"),
+        (86400, "1-00:00:00"),
+        (93784, "1-02:04:00"),  # 1 d 2 h 3 min 4 s, rounded up
+        (7 * 86400, "7-00:00:00"),
+    ],
+)
+def test_time_limit_rounds_up_to_minutes(seconds, expected):
+    assert format_time_limit(seconds) == expected
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf"), "10"])
+def test_time_limit_rejects_nonsense(bad):
+    with pytest.raises(ValueError, match="time limit"):
+        format_time_limit(bad)
+
+
+def test_script_directives(tmp_path):
+    s = job_script(spec(tmp_path), signal_lead=90)
+    assert s.startswith("#!/bin/bash\n")
+    assert s.endswith("\n")
+    d = directives(s)
+    assert "--job-name=ensio-w01" in d
+    assert "--time=0-00:20:00" in d
+    assert "--signal=B:USR1@90" in d
+    assert "--nodes=1" in d and "--ntasks=1" in d and "--cpus-per-task=1" in d
+    assert f'--chdir="{tmp_path}"' in d
+    assert f'--output="{tmp_path}/ensio-w01-%j.out"' in d
+    assert f'--error="{tmp_path}/ensio-w01-%j.err"' in d
+    assert not any(x.startswith(("--partition", "--account")) for x in d)
+    # The worker is exec'ed: it is the batch shell and gets B:USR1 itself.
+    assert s.splitlines()[-1] == "exec /usr/bin/env true"
+    # All directives come before the first command (sbatch stops reading there).
+    lines = s.splitlines()
+    last_directive = max(i for i, ln in enumerate(lines) if ln.startswith("#SBATCH"))
+    first_command = min(i for i, ln in enumerate(lines) if ln and not ln.startswith("#"))
+    assert last_directive < first_command
+
+
+def test_script_is_pure(tmp_path):
+    sp = spec(tmp_path, env=(("A", "1"),))
+    assert job_script(sp, partition="p", extra=["--mem=1G"]) == job_script(
+        sp, partition="p", extra=["--mem=1G"]
+    )
+
+
+def test_partition_account_extra_cpus(tmp_path):
+    s = job_script(
+        spec(tmp_path),
+        partition="compute,debug",
+        account="proj-42",
+        extra=["--mem=4G", "  --qos=normal  ", "--exclusive", "--gres gpu:1", '--comment="a b"'],
+        cpus_per_task=4,
+    )
+    d = directives(s)
+    assert "--partition=compute,debug" in d
+    assert "--account=proj-42" in d
+    assert "--cpus-per-task=4" in d
+    # extra lines are verbatim (stripped), after ensio's own options
+    assert d[-5:] == ["--mem=4G", "--qos=normal", "--exclusive", "--gres gpu:1", '--comment="a b"']
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "-p debug",  # short option
+        "mem=4G",  # no dashes
+        "",
+        "--",
+        "--mem=4G\n#SBATCH --time=1",  # injection of a second directive
+        "--mem=4G\rx",
+        "--time=10",  # options ensio owns
+        "--time 10",
+        "--signal=B:USR2@10",
+        "--job-name=x",
+        "--output=/tmp/x",
+        "--error=/tmp/x",
+        "--chdir=/",
+        "--parsable",
+        "--wrap=ls",
+        "--array=1-3",
+        '--comment="unbalanced',
+        "--comment=back\\slash",
+        "--=4G",  # no option name
+        "--mem=4\tG",  # a control character inside
+    ],
+)
+def test_bad_extra_lines_are_refused(tmp_path, bad):
+    with pytest.raises(ValueError, match="extra"):
+        job_script(spec(tmp_path), extra=[bad])
+    with pytest.raises(ValueError, match="extra"):
+        SlurmBackend(extra=[bad])
+
+
+@pytest.mark.parametrize("value", ["a b", 'x"y', "p#q", "a\\b", ""])
+def test_bad_partition_account_are_refused(tmp_path, value):
+    if value == "":  # empty means "not set"
+        assert "--partition" not in job_script(spec(tmp_path), partition=value)
+        return
+    with pytest.raises(ValueError, match="partition"):
+        job_script(spec(tmp_path), partition=value)
+    with pytest.raises(ValueError, match="account"):
+        SlurmBackend(account=value)
+
+
+@pytest.mark.parametrize("name", ["a b", "x;y", "", "a/b", "n\nl", 'q"'])
+def test_bad_job_names_are_refused(tmp_path, name):
+    with pytest.raises(ValueError, match="job name"):
+        job_script(spec(tmp_path, name=name))
+
+
+@pytest.mark.parametrize(
+    "workdir", ["relative/dir", '/tmp/q"uote', "/tmp/back\\slash", "/tmp/nl\n"]
+)
+def test_bad_workdirs_are_refused(workdir):
+    with pytest.raises(ValueError, match="workdir"):
+        job_script(JobSpec(name="w", argv=("true",), time_limit=60, workdir=workdir))
+
+
+def test_workdir_with_blanks_and_percent(tmp_path):
+    wd = tmp_path / "my runs" / "50%x"
+    s = job_script(spec(tmp_path, workdir=str(wd)))
+    d = directives(s)
+    assert f'--chdir="{wd}"' in d  # sbatch honours double quotes on #SBATCH lines
+    # '%' is a replacement character in log-file patterns: doubled
+    assert f'--output="{tmp_path}/my runs/50%%x/ensio-w01-%j.out"' in d
+
+
+@pytest.mark.parametrize(
+    ("lead", "limit"),
+    [(0, 600), (-5, 600), (60, 60), (120, 61 * 1), (70000, 10**6), (1.5, 600), (True, 600)],
+)
+def test_bad_signal_lead_is_refused(tmp_path, lead, limit):
+    with pytest.raises(ValueError, match="signal_lead"):
+        job_script(spec(tmp_path, time_limit=limit), signal_lead=lead)
+
+
+def test_signal_lead_is_checked_against_rounded_limit(tmp_path):
+    # 30 s is rounded up to one minute by SLURM, so a 50 s lead is fine.
+    assert "--signal=B:USR1@50" in job_script(spec(tmp_path, time_limit=30), signal_lead=50)
+
+
+@pytest.mark.parametrize("cpus", [0, -1, 1.0, True])
+def test_bad_cpus_are_refused(tmp_path, cpus):
+    with pytest.raises(ValueError, match="cpus_per_task"):
+        job_script(spec(tmp_path), cpus_per_task=cpus)
+
+
+@pytest.mark.parametrize("key", ["1A", "A-B", "A B", "", "A=B", "$X"])
+def test_bad_env_names_are_refused(tmp_path, key):
+    with pytest.raises(ValueError, match="environment"):
+        job_script(spec(tmp_path, env=((key, "v"),)))
+
+
+def test_empty_argv_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="argv"):
+        job_script(spec(tmp_path, argv=()))
+
+
+def test_nasty_argv_and_env_survive_bash(tmp_path):
+    """Run the generated script with bash: argv and env arrive byte for byte."""
+    wd = tmp_path / "work dir $x 'q'"
+    wd.mkdir()
+    probe = (
+        "import json, os, sys; "
+        "print(json.dumps([os.getcwd(), sys.argv[1:], "
+        "[os.environ.get(f'E{i}') for i in range(int(os.environ['N']))]]))"
+    )
+    env = tuple((f"E{i}", v) for i, v in enumerate(NASTY)) + (("N", str(len(NASTY))),)
+    s = job_script(
+        spec(tmp_path, workdir=str(wd), argv=(sys.executable, "-c", probe, *NASTY), env=env)
+    )
+    path = tmp_path / "job.sh"
+    path.write_text(s)
+    proc = subprocess.run(
+        ["bash", str(path)], capture_output=True, text=True, timeout=60, cwd="/", check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    cwd, argv, envs = json.loads(proc.stdout)
+    assert cwd == str(wd)  # the script cd's into the workdir itself
+    assert argv == NASTY
+    assert envs == NASTY
+
+
+def test_script_fails_loudly_without_workdir(tmp_path):
+    s = job_script(spec(tmp_path, workdir=str(tmp_path / "missing"), argv=("/bin/echo", "ran")))
+    path = tmp_path / "job.sh"
+    path.write_text(s)
+    proc = subprocess.run(["bash", str(path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert "ran" not in proc.stdout
+
+
+def test_backend_script_uses_its_settings(tmp_path):
+    b = SlurmBackend(partition="p1", account="a1", extra=["--mem=1G"], signal_lead=45,
+                     cpus_per_task=2)
+    sp = spec(tmp_path)
+    assert b.script_for(sp) == job_script(
+        sp, partition="p1", account="a1", extra=["--mem=1G"], signal_lead=45, cpus_per_task=2
+    )
+    assert SlurmBackend.job_script is job_script or SlurmBackend.job_script(sp) == job_script(sp)
+
+
+@pytest.mark.parametrize(
+    ("slurm", "ours"),
+    [
+        ("PENDING", "pending"),
+        ("CONFIGURING", "pending"),
+        ("REQUEUED", "pending"),
+        ("RUNNING", "running"),
+        ("COMPLETING", "running"),
+        ("SUSPENDED", "running"),
+        ("COMPLETED", "done"),
+        ("FAILED", "failed"),
+        ("TIMEOUT", "failed"),
+        ("NODE_FAIL", "failed"),
+        ("OUT_OF_MEMORY", "failed"),
+        ("PREEMPTED", "failed"),
+        ("CANCELLED", "cancelled"),
+        ("CANCELLED+", "cancelled"),
+        ("cancelled", "cancelled"),
+        ("SOMETHING_NEW", "unknown"),
+    ],
+)
+def test_state_mapping(slurm, ours):
+    assert slurm_state(slurm) == ours
