@@ -38,7 +38,14 @@ import numpy as np
 
 from .localization import Localization, as_coords, prepare, prepared_distances, regulate
 from .tiles import CandidateFinder, make_tiles
-from .transforms import enkf_weights, estkf_projection, sqrt_weights, transform_from_weights
+from .transforms import (
+    anomaly_basis,
+    enkf_weights,
+    estkf_projection,
+    sqrt_transform_in_basis,
+    sqrt_weights,
+    transform_from_weights,
+)
 
 __all__ = ["ObsSpace", "LocalResult", "local_analysis", "Method", "Kernel"]
 
@@ -167,14 +174,35 @@ def _empty_transform(rho: np.ndarray, k: int) -> np.ndarray:
 #: otherwise it is built per tile from the candidates.
 Z_CACHE_BYTES = 256 * 2**20
 
+#: Relative residual up to which a tile's observed anomalies count as lying
+#: in a smaller basis (:func:`~ensio.analysis.transforms.anomaly_basis`);
+#: 0 switches the reduced basis off.
+BASIS_TOLERANCE = 1e-14
+
+
+def _packed_index(q: int) -> np.ndarray:
+    """Indices that unpack a row-major packed upper triangle into a full q × q matrix."""
+    iu = np.triu_indices(q)
+    packed = np.empty((q, q), dtype=np.int64)
+    packed[iu] = np.arange(iu[0].size)
+    packed[iu[1], iu[0]] = np.arange(iu[0].size)
+    return packed.ravel()
+
 
 class _Columns:
     """The Z matrix of the GEMM for a tile's candidate observations.
 
-    Z (one row per observation) does not depend on the tile, so it is computed
-    once for all observations and gathered per tile when it fits in
-    :data:`Z_CACHE_BYTES`; a gather is several times cheaper than forming the
-    products again for every tile that sees the observation.
+    Two forms. In the **reduced** form (ETKF/ESTKF) the tile's observed
+    anomalies are expressed in an orthonormal basis of their span when it has
+    fewer dimensions than the ensemble space
+    (:func:`~ensio.analysis.transforms.anomaly_basis`; always at most k−1 for
+    the ETKF, as anomalies sum to zero): Z then holds the products of the
+    r-dimensional coordinates, the GEMM is ``r(r+1)/2`` instead of
+    ``q(q+1)/2`` columns wide and every point's eigenproblem is r × r.
+    Otherwise Z (one row per observation) does not depend on the tile, so it
+    is computed once for all observations and gathered per tile when it fits
+    in :data:`Z_CACHE_BYTES`; a gather is several times cheaper than forming
+    the products again for every tile that sees the observation.
     """
 
     def __init__(self, obs: ObsSpace, method: Method, T: np.ndarray | None) -> None:
@@ -183,12 +211,9 @@ class _Columns:
         self.Yq = (T.T @ obs.Y) if method == "estkf" else obs.Y  # (q, m)
         q = self.Yq.shape[0]
         self.q = q
-        iu = np.triu_indices(q)  # row-major upper triangle = the order of _build()
-        self.npk = iu[0].size
-        packed = np.empty((q, q), dtype=np.int64)
-        packed[iu] = np.arange(self.npk)
-        packed[iu[1], iu[0]] = np.arange(self.npk)
-        self.full_index = packed.ravel()
+        self.T = T
+        self.P = None if T is None else T @ T.T
+        self.reduce = method != "enkf" and BASIS_TOLERANCE > 0
         if method == "enkf":
             if obs.perturbations is None:
                 raise ValueError("the stochastic filter needs observation perturbations")
@@ -197,49 +222,69 @@ class _Columns:
         else:
             self.nrhs = q
         self.obs = obs
-        ncols = self.npk + self.nrhs + 3
-        self.cache = None
-        if len(obs) * ncols * 8 <= Z_CACHE_BYTES:
-            self.cache = np.ascontiguousarray(self._build(np.arange(len(obs))).T)
+        self.diag = np.stack([obs.d**2, obs.var, obs.errors**2])  # (3, m)
+        self._index: dict[int, np.ndarray] = {}
+        self._cache: np.ndarray | None = None
+        self._cache_ok = len(obs) * (q * (q + 1) // 2 + self.nrhs + 3) * 8 <= Z_CACHE_BYTES
 
-    def gemm(self, Wt: np.ndarray, cand: np.ndarray) -> np.ndarray:
-        """``S = W · Z`` for the candidates ``cand``: shape (p, ncols)."""
-        if self.cache is not None:
-            return Wt @ self.cache[cand]
-        return Wt @ self._build(cand).T
+    def products(self, Wt: np.ndarray, cand: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
+        """``S = W · Z`` for the candidates ``cand``: (basis or None, S of shape (p, ncols)).
 
-    def _build(self, cand: np.ndarray) -> np.ndarray:
-        """Zᵀ for candidates ``cand``: shape (npk + nrhs + 3, c), C-contiguous.
+        The basis ``Q`` (q × r) is returned when the reduced form was used.
+        """
+        if self.reduce:
+            Yc = self.Yq[:, cand]
+            Q = anomaly_basis(Yc, BASIS_TOLERANCE)
+            if Q is not None:
+                return Q, Wt @ self._build(Q.T @ Yc, cand).T
+        if self._cache is None and self._cache_ok:
+            self._cache = np.ascontiguousarray(self._build(self.Yq, None).T)
+        if self._cache is not None:
+            return None, Wt @ self._cache[cand]
+        return None, Wt @ self._build(self.Yq[:, cand], cand).T
+
+    def _build(self, Yc: np.ndarray, cand: np.ndarray | None) -> np.ndarray:
+        """Zᵀ for coordinates ``Yc`` (r, c) of candidates ``cand`` (None: all), C-contiguous.
 
         Stored transposed so that every block of products is written as
         contiguous rows; the GEMM takes it as ``W @ Zt.T`` without a copy.
         """
-        q, npk, c = self.q, self.npk, cand.size
-        obs = self.obs
-        Yc = self.Yq[:, cand]  # (q, c)
-        Zt = np.empty((npk + self.nrhs + 3, c))
+        r, c = Yc.shape
+        npk = r * (r + 1) // 2
+        nrhs = self.nrhs if r == self.q else r
+        sel = slice(None) if cand is None else cand
+        d = self.obs.d[sel]
+        Zt = np.empty((npk + nrhs + 3, c))
         start = 0
-        for a in range(q):  # row a of the upper triangle: y_a * y_b, b >= a
-            np.multiply(Yc[a:], Yc[a], out=Zt[start : start + q - a])
-            start += q - a
-        rhs = Zt[npk : npk + self.nrhs]
+        for a in range(r):  # row a of the upper triangle: y_a * y_b, b >= a
+            np.multiply(Yc[a:], Yc[a], out=Zt[start : start + r - a])
+            start += r - a
+        rhs = Zt[npk : npk + nrhs]
         if self.method == "enkf":
-            Dc = self.D[:, cand]  # (k, c)
-            np.multiply(Yc[:, None, :], Dc[None, :, :], out=rhs.reshape(q, q, c))
+            np.multiply(Yc[:, None, :], self.D[:, sel][None, :, :], out=rhs.reshape(r, -1, c))
         else:
-            np.multiply(Yc, obs.d[cand], out=rhs)
-        Zt[-3] = obs.d[cand] ** 2
-        Zt[-2] = obs.var[cand]
-        Zt[-1] = obs.errors[cand] ** 2
+            np.multiply(Yc, d, out=rhs)
+        Zt[-3:] = self.diag[:, sel]
         return Zt
 
-    def unpack(self, S: np.ndarray):
-        p, q, npk = S.shape[0], self.q, self.npk
-        C = np.take(S, self.full_index, axis=1).reshape(p, q, q)
-        rhs = S[:, npk : npk + self.nrhs]
+    def unpack(self, S: np.ndarray, r: int):
+        """``(C, rhs, extra)`` of each point from S, for a basis of size ``r`` (``q``: none)."""
+        p, npk = S.shape[0], r * (r + 1) // 2
+        if r not in self._index:
+            self._index[r] = _packed_index(r)
+        C = np.take(S, self._index[r], axis=1).reshape(p, r, r)
+        nrhs = self.nrhs if r == self.q else r
+        rhs = S[:, npk : npk + nrhs]
         if self.method == "enkf":
-            rhs = rhs.reshape(p, q, q)
-        return C, rhs, S[:, npk + self.nrhs :]
+            rhs = rhs.reshape(p, r, -1)
+        return C, rhs, S[:, npk + nrhs :]
+
+    def transforms(self, Q, C, rhs, rho: np.ndarray, k: int) -> np.ndarray:
+        """Member-space transforms ``(p, k, k)`` from the unpacked sums."""
+        if Q is None:
+            return _finish(self.method, C, rhs, rho, k, self.T)
+        Qk = Q if self.T is None else self.T @ Q
+        return sqrt_transform_in_basis(C, rhs, rho, k, Qk, self.P)
 
 
 class _Clock:
@@ -286,12 +331,12 @@ def _batched(pts, obs, loc, method, rho, T, apply, tile_points, clock, threads):
                 if has.any():
                     diag[tile, 0] = (Wt > 0).sum(axis=1)
                     Wt = Wt[has] * obs.rinv[cand]
-                    C, rhs, extra = cols.unpack(cols.gemm(Wt, cand))
-                    ncols = cols.npk + cols.nrhs + 3
-                    tclock.count("gemm_flops", 2.0 * Wt.shape[0] * cand.size * ncols)
+                    Q, S = cols.products(Wt, cand)
+                    C, rhs, extra = cols.unpack(S, cols.q if Q is None else Q.shape[1])
+                    tclock.count("gemm_flops", 2.0 * S.shape[0] * cand.size * S.shape[1])
                     diag[tile[has], 1:] = extra
                     tclock.lap("gemm")
-                    G[has] = _finish(method, C, rhs, rho[tile][has], k, T)
+                    G[has] = cols.transforms(Q, C, rhs, rho[tile][has], k)
                     tclock.lap("transform")
             apply(tile, G)
             tclock.lap("update")

@@ -37,6 +37,7 @@ __all__ = [
     "BackendName",
     "SlurmSection",
     "WorkflowSection",
+    "check_placeholders",
     "command_fields",
     "parse_duration",
 ]
@@ -122,10 +123,9 @@ def command_fields(template: str, allowed: frozenset[str], key: str = "command")
 
     The template is split like a POSIX shell would split words
     (:func:`shlex.split`, so quotes group words) but is never run by a
-    shell; each argument is later filled in with :meth:`str.format`. Only
-    plain names from ``allowed`` are accepted: attribute access or indexing
-    (``{member.__class__}``, ``{x[0]}``) and nested fields are refused, so a
-    template can do nothing but substitute values.
+    shell; each argument is later filled in with :meth:`str.format`, so a
+    value with spaces or quotes stays one argument. Placeholders are checked
+    by :func:`check_placeholders`.
 
     Returns
     -------
@@ -143,28 +143,44 @@ def command_fields(template: str, allowed: frozenset[str], key: str = "command")
         raise ConfigError(f"{key}: cannot split {template!r} ({exc})") from None
     if not args:
         raise ConfigError(f"{key}: empty command")
-    formatter = string.Formatter()
     for arg in args:
-        try:
-            parsed = list(formatter.parse(arg))
-        except ValueError as exc:
-            raise ConfigError(f"{key}: bad placeholder in {arg!r} ({exc})") from None
-        for _, name, spec, _ in parsed:
-            if name is None:
-                continue
-            if not name.isidentifier():
-                raise ConfigError(
-                    f"{key}: placeholder {{{name}}} in {arg!r} is not a plain name "
-                    f"(allowed: {', '.join(sorted(allowed))})"
-                )
-            if name not in allowed:
-                raise ConfigError(
-                    f"{key}: unknown placeholder {{{name}}} "
-                    f"(allowed: {', '.join('{' + a + '}' for a in sorted(allowed))})"
-                )
-            if spec and ("{" in spec or "}" in spec):
-                raise ConfigError(f"{key}: nested placeholder in {arg!r} is not allowed")
+        check_placeholders(arg, allowed, key)
     return args
+
+
+def check_placeholders(text: str, allowed: frozenset[str], key: str = "template") -> set[str]:
+    """The placeholder names of ``text``, all plain names from ``allowed``.
+
+    Attribute access or indexing (``{member.__class__}``, ``{x[0]}``) and
+    nested fields are refused, so formatting can do nothing but substitute.
+
+    Raises
+    ------
+    ConfigError
+        A malformed or unknown placeholder, naming ``key``.
+    """
+    names: set[str] = set()
+    try:
+        parsed = list(string.Formatter().parse(text))
+    except ValueError as exc:
+        raise ConfigError(f"{key}: bad placeholder in {text!r} ({exc})") from None
+    for _, name, spec, _ in parsed:
+        if name is None:
+            continue
+        if not name.isidentifier():
+            raise ConfigError(
+                f"{key}: placeholder {{{name}}} in {text!r} is not a plain name "
+                f"(allowed: {', '.join(sorted(allowed))})"
+            )
+        if name not in allowed:
+            raise ConfigError(
+                f"{key}: unknown placeholder {{{name}}} "
+                f"(allowed: {', '.join('{' + a + '}' for a in sorted(allowed))})"
+            )
+        if spec and ("{" in spec or "}" in spec):
+            raise ConfigError(f"{key}: nested placeholder in {text!r} is not allowed")
+        names.add(name)
+    return names
 
 
 @dataclass(frozen=True)

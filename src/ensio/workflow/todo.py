@@ -264,14 +264,14 @@ class TodoList:
             "lease_seconds": float(lease_seconds), "error": None, "meta": dict(meta or {}),
             "tasks": [{**_DEFAULTS, **t} for t in tasks],
         }
-        self = cls(path, lock=kind)
-        with self._lock:
+        todo = cls(path, lock=kind)
+        with todo._lock:
             if path.exists():
                 if exist_ok:
-                    return self
+                    return todo
                 raise TodoError(f"{path}: to-do list exists already")
-            self._store(state)
-        return self
+            todo._store(state)
+        return todo
 
     # ------------------------------------------------------------------ reading
     def snapshot(self) -> dict[str, Any]:
@@ -298,47 +298,10 @@ class TodoList:
         """Lease the first available task that ``fits`` (or say why none).
 
         Members are available when pending; the analysis when pending, every
-        member is settled and at least ``min_members`` are done.
+        member is settled and at least ``min_members`` are done. ``fits`` is
+        called under the lock, so it must be cheap (compare precomputed numbers).
         """
-
-        def step(st: dict[str, Any], now: float) -> tuple[Lease | Idle, bool]:
-            if st["error"]:
-                return Idle("failed", st["error"]), False
-            members = [t for t in st["tasks"] if t["kind"] == "member"]
-            settled = all(t["state"] in ("done", "failed") for t in members)
-            gate = _analysis_gate(st, members) if settled else None
-            changed = False
-            if gate is not None and any(t["kind"] == "analysis" and t["state"] == "pending"
-                                        for t in st["tasks"]):
-                st["error"] = gate
-                for t in st["tasks"]:
-                    if t["kind"] == "analysis":
-                        t["state"], t["error"] = "failed", gate
-                return Idle("failed", gate), True
-            blocked = None
-            for t in st["tasks"]:
-                if t["state"] != "pending" or (t["kind"] == "analysis" and not settled):
-                    continue
-                view = TaskView.of(t)
-                if fits is not None and not fits(view):
-                    blocked = blocked or view
-                    continue
-                st["token"] += 1
-                t.update(state="leased", owner=owner, token=st["token"], leased_at=now,
-                         deadline=now + (duration or st["lease_seconds"]),
-                         attempts=t["attempts"] + 1)
-                return Lease(t["id"], t["kind"], t.get("member"), st["cycle"], t["token"],
-                             owner, t["deadline"], t["attempts"]), True
-            if blocked is not None:
-                return Idle("no_fit", f"{blocked.id} does not fit", blocked), changed
-            if all(t["state"] in ("done", "failed") for t in st["tasks"]):
-                if gate is not None:  # a list without analysis that missed min_members
-                    st["error"] = gate
-                    return Idle("failed", gate), True
-                return Idle("finished"), changed
-            return Idle("busy"), changed
-
-        return self._transact(step, now)
+        return self._transact(_lease_step(owner, fits, duration), now)
 
     def renew(self, lease: Lease, *, now: float | None = None,
               duration: float | None = None) -> Lease:
@@ -353,15 +316,19 @@ class TodoList:
         return self._transact(step, now)
 
     def done(self, lease: Lease, *, commit: Callable[[], None] | None = None,
-             now: float | None = None) -> None:
+             now: float | None = None, next_owner: str | None = None,
+             fits: Callable[[TaskView], bool] | None = None) -> Lease | Idle | None:
         """Mark the leased task done; ``commit`` runs under the lock after the fencing check.
 
-        ``commit`` (e.g. renaming the staged output into place) must be
-        idempotent-safe to repeat: a crash after it but before the list is
-        written leaves the task leased, and it is redone later.
+        ``commit`` (e.g. renaming the staged output into place) must be safe to
+        repeat: a crash after it but before the list is written leaves the
+        task leased, and it is redone later. With ``next_owner`` the next task
+        is leased in the same transaction (one rewrite instead of two per
+        task) and returned as by :meth:`lease`; otherwise None is returned.
         """
+        then = _lease_step(next_owner, fits, None) if next_owner is not None else None
 
-        def step(st: dict[str, Any], now: float) -> tuple[None, bool]:
+        def step(st: dict[str, Any], now: float) -> tuple[Lease | Idle | None, bool]:
             t = _held(st, lease)
             if isinstance(self._lock, MkdirLock) and not self._lock.still_held():
                 raise TodoError(f"{self.path}: lock was broken as stale during the commit")
@@ -369,9 +336,9 @@ class TodoList:
                 commit()
             t.update(state="done", done_at=now, done_by=lease.owner, done_token=lease.token,
                      owner=None, deadline=None, error=None)
-            return None, True
+            return (then(st, now)[0] if then is not None else None), True
 
-        self._transact(step, now)
+        return self._transact(step, now)
 
     def fail(self, lease: Lease, reason: str, *, now: float | None = None) -> bool:
         """Record a failed attempt; return True if the task will be retried."""
@@ -417,9 +384,9 @@ class TodoList:
             now = time.time() if now is None else now
             st = self._load()
             changed = _reclaim(st, now)
-            if changed:
-                self._remove_temporaries()
             result, stepped = step(st, now)
+            if changed or isinstance(result, Idle):  # a job died, or one is leaving
+                self._remove_temporaries()
             if changed or stepped:
                 st["seq"] += 1
                 self._store(st)
@@ -462,6 +429,50 @@ class TodoList:
                     os.unlink(entry.path)
                 except FileNotFoundError:
                     pass
+
+
+def _lease_step(owner: str, fits: Callable[[TaskView], bool] | None,
+                duration: float | None) -> Callable[[dict[str, Any], float],
+                                                    tuple[Lease | Idle, bool]]:
+    """The transition of :meth:`TodoList.lease` (also run after ``done``)."""
+
+    def step(st: dict[str, Any], now: float) -> tuple[Lease | Idle, bool]:
+        if st["error"]:
+            return Idle("failed", st["error"]), False
+        members = [t for t in st["tasks"] if t["kind"] == "member"]
+        settled = all(t["state"] in ("done", "failed") for t in members)
+        gate = _analysis_gate(st, members) if settled else None
+        if gate is not None and any(t["kind"] == "analysis" and t["state"] == "pending"
+                                    for t in st["tasks"]):
+            st["error"] = gate
+            for t in st["tasks"]:
+                if t["kind"] == "analysis":
+                    t["state"], t["error"] = "failed", gate
+            return Idle("failed", gate), True
+        blocked = None
+        for t in st["tasks"]:
+            if t["state"] != "pending" or (t["kind"] == "analysis" and not settled):
+                continue
+            view = TaskView.of(t)
+            if fits is not None and not fits(view):
+                blocked = blocked or view
+                continue
+            st["token"] += 1
+            t.update(state="leased", owner=owner, token=st["token"], leased_at=now,
+                     deadline=now + (duration or st["lease_seconds"]),
+                     attempts=t["attempts"] + 1)
+            return Lease(t["id"], t["kind"], t.get("member"), st["cycle"], t["token"],
+                         owner, t["deadline"], t["attempts"]), True
+        if blocked is not None:
+            return Idle("no_fit", f"{blocked.id} does not fit", blocked), False
+        if all(t["state"] in ("done", "failed") for t in st["tasks"]):
+            if gate is not None:  # a list without analysis that missed min_members
+                st["error"] = gate
+                return Idle("failed", gate), True
+            return Idle("finished"), False
+        return Idle("busy"), False
+
+    return step
 
 
 def _held(st: dict[str, Any], lease: Lease) -> dict[str, Any]:
@@ -512,8 +523,8 @@ def summarize(st: Mapping[str, Any], now: float) -> Summary:
             or (t["state"] == "leased" and t["deadline"] < now)]
     available = sum(t["kind"] == "member" or settled for t in free)
     error = st.get("error")
-    if error is None and settled and not any(t["kind"] == "analysis" for t in tasks):
-        error = _analysis_gate(dict(st), members)  # type: ignore[arg-type]
+    if error is None and settled:
+        error = _analysis_gate(dict(st), members)  # what the next lease would record
     finished = error is None and count["pending"] == count["leased"] == 0
     return Summary(len(tasks), count["pending"], count["leased"], expired, count["done"],
                    count["failed"], 0 if error else available, finished, error, st["seq"],

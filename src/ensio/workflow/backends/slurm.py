@@ -356,16 +356,26 @@ def slurm_unavailable_reason(timeout: float = 10.0) -> str | None:
         ``None`` if the SLURM commands exist and at least one node is idle,
         mixed or allocated (it can run jobs now or later).
     """
-    for tool in ("sbatch", "squeue", "scancel", "sinfo"):
+    for tool in ("sbatch", "squeue", "scancel", "sinfo", "scontrol"):
         if shutil.which(tool) is None:
             return f"SLURM not running: {tool} not found"
+    # `scontrol ping` answers at once when slurmctld is down; sinfo retries ~10 s.
+    try:
+        ping = _run(["scontrol", "ping"], timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"SLURM not running: scontrol ping failed ({exc})"
+    if ping.returncode != 0 or " is UP" not in ping.stdout:
+        first = (ping.stdout.strip() or ping.stderr.strip() or "scontrol ping").splitlines()[0]
+        return f"SLURM not running: slurmctld does not answer ({first})"
     try:
         proc = _run(["sinfo", "-h", "-N", "-o", "%T"], timeout=timeout)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"SLURM not running: sinfo failed ({exc})"
     if proc.returncode != 0:
         return f"SLURM not running: sinfo failed ({proc.stderr.strip() or proc.returncode})"
-    states = {s.strip().rstrip("*~#$@^-!%") for s in proc.stdout.split()}
+    # Suffixes: '*' not responding, '~' powered off, '%' powering down make a
+    # node useless; '$' reservation, '@' pending reboot, '#' powering up do not.
+    states = {s.strip().rstrip("$@^-#") for s in proc.stdout.split()}
     if not states & {"idle", "mixed", "allocated", "completing"}:
         return f"SLURM not running: no idle node (sinfo: {', '.join(sorted(states)) or 'none'})"
     return None

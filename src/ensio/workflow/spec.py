@@ -1,0 +1,165 @@
+"""What the tasks of a to-do list run, and how a worker job is started.
+
+The :class:`WorkerSpec` travels inside the list (``meta["worker"]``), so a
+job needs only the list's path and its time limit; :func:`create_todo` checks
+every template once, in the driver, before any job starts, and
+:func:`worker_argv` is the command line of a job (``JobSpec.argv``).
+
+Commands are templates split with :func:`shlex.split` and filled in per
+argument with :meth:`str.format` (plain placeholder names only,
+:func:`ensio.config.workflow.check_placeholders`), then run without a shell:
+values with spaces or quotes stay one argument and nothing is evaluated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..config.errors import ConfigError
+from ..config.workflow import (
+    ANALYSIS_PLACEHOLDERS,
+    MEMBER_PLACEHOLDERS,
+    check_placeholders,
+    command_fields,
+)
+from .todo import TodoList
+
+__all__ = [
+    "PATH_PLACEHOLDERS",
+    "WorkerSpec",
+    "create_todo",
+    "default_margin",
+    "render",
+    "worker_argv",
+]
+
+PATH_PLACEHOLDERS = frozenset({"member", "cycle"})
+
+
+def render(template: str, values: Mapping[str, Any], allowed: frozenset[str],
+           key: str = "command") -> list[str]:
+    """Argument vector of a command template (no shell; see the module docstring)."""
+    return [arg.format_map(values) for arg in command_fields(template, allowed, key)]
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What the tasks of one list run; stored in the list (``meta["worker"]``).
+
+    Attributes
+    ----------
+    member_command : str
+        Template with ``{member}``, ``{cycle}``, ``{forecast}``, ``{analysis}``, ``{workdir}``.
+    forecast : str or None
+        Path template (``{member}``, ``{cycle}``) of the file a member must
+        produce; ``None``: no output is required (benchmarks).
+    analysis : str or None
+        Path template of the member's initial state (``{analysis}``).
+    workdir : str or None
+        Path template of a member's working directory (its current directory);
+        default: the list's directory.
+    analysis_command : str or None
+        Template with ``{cycle}``, ``{workdir}``, ``{analysis_ranks}``,
+        ``{members}`` (comma-separated done members), ``{n_members}``;
+        ``None``: the list has no analysis task.
+    analysis_workdir : str or None
+        Working directory of the analysis (default: the list's directory).
+    analysis_ranks : int
+        Value of ``{analysis_ranks}``.
+    task_estimate, analysis_estimate : float
+        Expected seconds of a member / the analysis until records exist.
+    records : str or None
+        The records file (JSON lines); ``None``: no records.
+    grace : float
+        Seconds between SIGTERM and SIGKILL when a command is stopped.
+    stage : bool
+        Let members write into a staging directory, moved into place on commit.
+    fsync : bool
+        fsync a member's output before committing it.
+    """
+
+    member_command: str
+    forecast: str | None = None
+    analysis: str | None = None
+    workdir: str | None = None
+    analysis_command: str | None = None
+    analysis_workdir: str | None = None
+    analysis_ranks: int = 1
+    task_estimate: float = 60.0
+    analysis_estimate: float | None = None
+    records: str | None = None
+    grace: float = 5.0
+    stage: bool = True
+    fsync: bool = True
+
+    def validate(self) -> None:
+        """Check every template once, before any job runs (raises ConfigError)."""
+        used = {a for arg in command_fields(self.member_command, MEMBER_PLACEHOLDERS,
+                                            "member_command")
+                for a in check_placeholders(arg, MEMBER_PLACEHOLDERS)}
+        for name in ("forecast", "analysis"):
+            if name in used and getattr(self, name) is None:
+                raise ConfigError(f"member_command: uses {{{name}}} but no {name} path is set")
+        if self.analysis_command is not None:
+            command_fields(self.analysis_command, ANALYSIS_PLACEHOLDERS, "analysis_command")
+        for name in ("forecast", "analysis", "workdir", "analysis_workdir"):
+            value = getattr(self, name)
+            if value is not None:
+                check_placeholders(value, PATH_PLACEHOLDERS, name)
+        if not self.task_estimate > 0 or self.grace < 0 or self.analysis_ranks < 1:
+            raise ConfigError("worker spec: task_estimate > 0, grace >= 0, analysis_ranks >= 1")
+
+    def to_meta(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_meta(cls, meta: Mapping[str, Any]) -> WorkerSpec:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in meta["worker"].items() if k in fields})
+
+
+def create_todo(path: str | Path, spec: WorkerSpec, members: Iterable[int], *, cycle: int,
+                retries: int = 0, min_members: int | None = None,
+                lease_seconds: float = 60.0, lock: str = "auto",
+                exist_ok: bool = False) -> TodoList:
+    """The to-do list of one cycle: members, then the analysis if ``spec`` has one.
+
+    With ``exist_ok`` an existing list is returned unchanged (resuming).
+    """
+    spec.validate()
+    return TodoList.create(path, members, cycle=cycle,
+                           analysis=spec.analysis_command is not None, retries=retries,
+                           min_members=min_members, lease_seconds=lease_seconds,
+                           meta={"worker": spec.to_meta()}, lock=lock,  # type: ignore[arg-type]
+                           exist_ok=exist_ok)
+
+
+def worker_argv(todo: str | Path, *, time_limit: float | None = None,
+                margin: float | None = None, python: str | None = None,
+                entry: str = "module") -> tuple[str, ...]:
+    """The command line of one worker job (``JobSpec.argv``).
+
+    ``entry="module"`` runs ``python -m ensio.workflow.worker`` (fast start:
+    no MPI or numpy import); ``"cli"`` runs ``ensio worker`` next to ``python``.
+    """
+    exe = python or sys.executable
+    if entry == "module":
+        argv = [exe, "-m", "ensio.workflow.worker"]
+    else:
+        argv = [str(Path(exe).with_name("ensio")), "worker"]
+    argv.append(str(Path(todo).resolve()))
+    if time_limit is not None:
+        argv += ["--time-limit", repr(float(time_limit))]
+    if margin is not None:
+        argv += ["--margin", repr(float(margin))]
+    return tuple(argv)
+
+
+def default_margin(time_limit: float | None) -> float:
+    """Time kept free before the job's end: 10 % of the limit, at most 60 s."""
+    return 0.0 if time_limit is None else min(60.0, 0.1 * time_limit)
