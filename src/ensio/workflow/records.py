@@ -47,6 +47,7 @@ __all__ = [
     "RecordTail",
     "append_record",
     "cycle_summaries",
+    "mean_std",
     "read_records",
     "task_duration",
 ]
@@ -99,12 +100,15 @@ class RecordTail:
     """Incremental reader of a records file, for duration estimates in a worker.
 
     Reads only what was appended since the last call, so a worker can refresh
-    its estimate before every lease at the cost of the new lines.
+    its estimate before every lease at the cost of the new lines. A worker
+    notes its own runs directly (:meth:`note`, before its record is written)
+    and skips its own lines (``skip_owner``) so they are not counted twice.
     """
 
-    def __init__(self, path: str | Path, keep: int = 10) -> None:
+    def __init__(self, path: str | Path, keep: int = 10, skip_owner: str | None = None) -> None:
         self.path = Path(path)
         self.keep = keep
+        self.skip_owner = skip_owner
         self._offset = 0
         self._partial = b""
         self.durations: dict[str, list[float]] = {k: [] for k in TASK_KINDS}
@@ -124,10 +128,15 @@ class RecordTail:
         for rec in _parse(lines):
             kind = rec.get("kind")
             d = task_duration(rec)
-            if kind in self.durations and rec.get("status") == "done" and d is not None:
-                hist = self.durations[kind]
-                hist.append(d)
-                del hist[: -self.keep]
+            if (kind in self.durations and rec.get("status") == "done" and d is not None
+                    and (self.skip_owner is None or rec.get("owner") != self.skip_owner)):
+                self.note(kind, d)
+
+    def note(self, kind: str, duration: float) -> None:
+        """Add a duration observed directly (a worker's own runs, before its record)."""
+        hist = self.durations.setdefault(kind, [])
+        hist.append(duration)
+        del hist[: -self.keep]
 
     def estimate(self, kind: str, default: float) -> float:
         """Expected duration of a task of ``kind``: the longest of the last ``keep``

@@ -135,7 +135,8 @@ class Worker:
         self.owner = f"{self.job_id}@{self.host}:{os.getpid()}"
         rec = records if records is not None else self.spec.records
         self.records = self._path(rec) if rec else None
-        self._tail = RecordTail(self.records) if self.records else None
+        self._tail = RecordTail(self.records, skip_owner=self.owner) if self.records else None
+        self._check: tuple[Mapping[str, float], float] = ({}, float("inf"))
         self._log = log or (lambda m: print(f"ensio worker {self.job_id}: {m}",
                                             file=sys.stderr, flush=True))
         self._stop = threading.Event()
@@ -157,15 +158,22 @@ class Worker:
             return float("inf")
         return self._t0 + self.time_limit - self.margin - time.monotonic()
 
-    def _estimates(self) -> dict[str, float]:
-        if self._tail is not None:
-            self._tail.refresh()
+    def _fits(self) -> Callable[[TaskView], bool]:
+        """Lease predicate: the task's expected duration fits in the time left now.
+
+        Estimates come from the records of other jobs plus this job's own
+        runs; the numbers used are kept for the task's record.
+        """
         s = self.spec
         defaults = {"member": s.task_estimate,
                     "analysis": s.analysis_estimate or s.task_estimate}
-        if self._tail is None:
-            return defaults
-        return {k: self._tail.estimate(k, v) for k, v in defaults.items()}
+        est = defaults
+        if self._tail is not None:
+            self._tail.refresh()
+            est = {k: self._tail.estimate(k, v) for k, v in defaults.items()}
+        remaining = self.remaining()
+        self._check = (est, remaining)
+        return lambda v: est[v.kind] <= remaining
 
     def _path(self, template: str, **values: Any) -> Path:
         p = Path(template.format_map(values)) if values else Path(template)
@@ -183,22 +191,20 @@ class Worker:
                 if isinstance(nxt, Lease):
                     self._give_back(nxt)
                 break
-            remaining = self.remaining()
-            est = self._estimates()
             lease_call = 0.0
             if nxt is None:
-                if remaining <= 0:
+                if self.remaining() <= 0:
                     reason = "time_limit"
                     break
                 t = time.time()
-                nxt = self.todo.lease(self.owner, fits=_fits(est, remaining))
+                nxt = self.todo.lease(self.owner, fits=self._fits())
                 lease_call = time.time() - t
             if isinstance(nxt, Idle):
-                reason, code = nxt.reason, self._idle_code(nxt, est)
+                reason, code = nxt.reason, self._idle_code(nxt, self._check[0])
                 break
             if self._stop.is_set():
                 continue
-            nxt = self._run_task(nxt, lease_call, remaining, est)
+            nxt = self._run_task(nxt, lease_call)
         if self.records is not None:
             append_record(self.records, {
                 "kind": "job", "job": self.job_id, "host": self.host, "owner": self.owner,
@@ -272,8 +278,7 @@ class Worker:
                    ENSIO_REPORT=str(workdir / f".ensio-report-t{lease.token}.json"))
         return argv, workdir, env, staged, final
 
-    def _run_task(self, lease: Lease, lease_call: float, remaining: float,
-                  est: Mapping[str, float]) -> Lease | Idle | None:
+    def _run_task(self, lease: Lease, lease_call: float) -> Lease | Idle | None:
         """Run one leased task; return the next lease when it was taken with the commit."""
         leased = time.time()
         rec: dict[str, Any] = {
@@ -281,7 +286,9 @@ class Worker:
             "cycle": lease.cycle, "job": self.job_id, "host": self.host, "owner": self.owner,
             "submitted": self.submitted, "leased": leased, "lease_call": lease_call,
             "started": None, "ended": None, "finished": None, "status": None, "exit": None,
-            "io_seconds": None, "attempt": lease.attempt, "token": lease.token}
+            "io_seconds": None, "attempt": lease.attempt, "token": lease.token,
+            "expected": self._check[0].get(lease.kind),
+            "remaining": None if self._check[1] == float("inf") else self._check[1]}
         self._log(f"runs {lease.task} (token {lease.token}, attempt {lease.attempt})")
         staged = final = None
         nxt: Lease | Idle | None = None
@@ -293,9 +300,9 @@ class Worker:
         except (OSError, ConfigError, KeyError, ValueError) as exc:
             rec["started"] = rec["started"] or time.time()
             rec["ended"] = time.time()
-            status, nxt = self._failed(lease, f"cannot start the command: {exc}", remaining)
+            status, nxt = self._failed(lease, f"cannot start the command: {exc}")
         else:
-            status, nxt = self._supervise(lease, proc, rec, env, staged, final, est)
+            status, nxt = self._supervise(lease, proc, rec, env, staged, final)
         if staged is not None and self.spec.stage:
             shutil.rmtree(staged.parent, ignore_errors=True)
             try:
@@ -309,8 +316,8 @@ class Worker:
         return nxt
 
     def _supervise(self, lease: Lease, proc: subprocess.Popen, rec: dict[str, Any],
-                   env: Mapping[str, str], staged: Path | None, final: Path | None,
-                   est: Mapping[str, float]) -> tuple[str, Lease | Idle | None]:
+                   env: Mapping[str, str], staged: Path | None,
+                   final: Path | None) -> tuple[str, Lease | Idle | None]:
         exited = threading.Event()
 
         def wait() -> None:
@@ -352,24 +359,25 @@ class Worker:
         rc = proc.returncode
         if rc != 0:
             how = f"killed by signal {-rc}" if rc < 0 else f"exit status {rc}"
-            return self._failed(lease, f"{lease.task}: {how}", self.remaining())
+            return self._failed(lease, f"{lease.task}: {how}")
         if staged is not None and not staged.exists():
             return self._failed(lease, f"{lease.task}: exit status 0 but {final} was not "
-                                       f"written", self.remaining())
+                                       f"written")
         commit = None
         if staged is not None and final is not None and staged != final:
             def commit() -> None:
                 _move_durably(staged, final, self.spec.fsync)
-        remaining = self.remaining()
+        if self._tail is not None:
+            self._tail.note(lease.kind, rec["ended"] - rec["started"])
         try:
             nxt = self.todo.done(lease, commit=commit, next_owner=None if self._stop.is_set()
-                                 else self.owner, fits=_fits(est, remaining))
+                                 else self.owner, fits=self._fits())
         except StaleLease as exc:
             self._log(f"commit of {lease.task} refused: {exc}")
             return "stale", None
         return "done", nxt
 
-    def _failed(self, lease: Lease, reason: str, remaining: float) -> tuple[str, None]:
+    def _failed(self, lease: Lease, reason: str) -> tuple[str, None]:
         self._log(reason)
         try:
             retry = self.todo.fail(lease, reason)
@@ -393,11 +401,6 @@ class Worker:
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-
-
-def _fits(est: Mapping[str, float], remaining: float) -> Callable[[TaskView], bool]:
-    """Predicate: the task's expected duration fits in the time left."""
-    return lambda v: est[v.kind] <= remaining
 
 
 def _move_durably(src: Path, dst: Path, fsync: bool) -> None:
