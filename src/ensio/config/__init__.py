@@ -1,6 +1,5 @@
 """Typed, frozen configuration: schema, YAML loading, ``--set`` overrides."""
 
-from .load import apply_overrides, config_from_dict, load_config, parse_override
 from .analysis import (
     AnalysisSection,
     InflationSection,
@@ -10,6 +9,7 @@ from .analysis import (
     QCSection,
 )
 from .errors import ConfigError
+from .load import apply_overrides, config_from_dict, load_config, parse_override
 from .schema import Config, Coordinates, EnsembleSection, IOSection, VariableSpec
 
 __all__ = [
