@@ -30,7 +30,7 @@ LIGHT = (
 )
 
 #: A worker process: ``WORKER + [list, --time-limit, …]``.
-WORKER = [PY, "-c", LIGHT + "from ensio.workflow.worker import main\n"
+WORKER = [PY, "-c", LIGHT + "from ensio.cli.worker import main\n"
           "raise SystemExit(main(_s.argv[1:]))\n"]
 
 #: Member command body (run with ``python -S -c``): optional wait, then the

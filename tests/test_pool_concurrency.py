@@ -19,13 +19,13 @@ from ensio.workflow.backends.local import LocalBackend
 from ensio.workflow.pool import drain
 from ensio.workflow.spec import create_todo
 
-N_TASKS, N_JOBS, N_KILLS = 200, 8, 12
+N_TASKS, N_JOBS, N_KILLS = 200, 8, 10
 
 
 def test_eight_workers_random_sigkills_every_task_exactly_once(tmp_path):
     ctl = tmp_path / "ctl"
     todo = create_todo(ctl / "todo.json", make_spec(ctl), range(1, N_TASKS + 1), cycle=1,
-                       lease_seconds=1.5)
+                       lease_seconds=1.0)
     backend = LocalBackend(kill_wait=1.0)
     jobs: list[str] = []
     out: dict = {}

@@ -104,6 +104,7 @@ def test_job_runs_and_is_followed_to_done(backend, tmp_path):
     assert states[job] == "done"
     assert out.read_text() == f"hello 'world' $x {wd}"
     assert (wd / f"{spec.name}-{job}.out").read_text() == "stdout of the job\n"
+    assert backend.log_path(job) == wd / f"{spec.name}-{job}.out"
     assert (wd / f"{spec.name}-{job}.err").exists()
 
 

@@ -30,8 +30,6 @@ __all__ = [
     "observed_anomalies",
     "ensemble_space_sums",
     "sqrt_weights",
-    "anomaly_basis",
-    "sqrt_transform_in_basis",
     "etkf_transform",
     "estkf_projection",
     "estkf_transform",
@@ -133,111 +131,6 @@ def sqrt_weights(
     wbar = (U @ (Ub / lam)[..., None])[..., 0]
     W = (U * np.sqrt((k - 1) / lam)[..., None, :]) @ Ut
     return wbar, W
-
-
-def anomaly_basis(Y: np.ndarray, tol: float = 1e-14) -> np.ndarray | None:
-    """Orthonormal basis of the column span of ``Y`` when it is smaller than ``q``.
-
-    The local matrices ``C = Y R_loc⁻¹ Yᵀ`` of every point of a tile and
-    their right-hand sides ``Y R_loc⁻¹ d`` live in the span of the tile's
-    observed anomalies ``Y`` (q × c). Anomalies sum to zero over the
-    members, so that span has at most k−1 dimensions, and it has fewer when
-    the ensemble is degenerate (members that differ by a few modes, or
-    fewer observations than members). In an orthonormal basis ``Q`` (q × r)
-    of it, every point's eigenproblem is r × r instead of q × q
-    (:func:`sqrt_transform_in_basis`), which is exact, not an approximation:
-    the basis is accepted only if ``‖Y − Q QᵀY‖_F ≤ tol ‖Y‖_F``, i.e. the part
-    of ``Y`` outside it is at the level of the rounding errors ``Y`` already
-    carries (``tol`` = 1e-14 is ~50 units of rounding; the analysis then
-    changes by about ``tol · λ_max(C) / ((k−1)ρ)``, far below 1e-10).
-
-    The basis comes from the eigenvectors of the Gram matrix ``Y Yᵀ`` with
-    eigenvalues above ``1e-12`` of the largest (one q × q eigendecomposition
-    per tile); the residual test then checks it directly, so a badly
-    resolved spectrum can only make the function return ``None``.
-
-    Parameters
-    ----------
-    Y : ndarray, shape (q, c)
-    tol : float
-        Largest accepted relative Frobenius norm of the residual.
-
-    Returns
-    -------
-    ndarray, shape (q, r), or None
-        ``None`` when no basis smaller than ``q`` passes the test.
-    """
-    q = Y.shape[0]
-    gram = Y @ Y.T
-    lam, E = np.linalg.eigh(gram)
-    top = lam[-1] if q else 0.0
-    if not top > 0.0:
-        return np.empty((q, 0))
-    r = int(np.count_nonzero(lam > 1e-12 * top))
-    if r >= q:
-        return None
-    Q = np.ascontiguousarray(E[:, q - r :])
-    resid = Y - Q @ (Q.T @ Y)
-    if np.einsum("ij,ij->", resid, resid) > tol**2 * np.einsum("ij,ij->", Y, Y):
-        return None
-    return Q
-
-
-def sqrt_transform_in_basis(
-    B: np.ndarray,
-    br: np.ndarray,
-    forget: np.ndarray | float,
-    k: int,
-    Qk: np.ndarray,
-    P: np.ndarray | None = None,
-) -> np.ndarray:
-    """ETKF/ESTKF transforms ``G`` from ensemble-space sums in an orthonormal basis.
-
-    With ``C = Q B Qᵀ``, ``b = Q b_r`` (Q orthonormal, q × r, see
-    :func:`anomaly_basis`) and ``α = (k−1)ρ``, the matrix ``A = αI + C`` has
-    eigenvectors ``Q V`` with eigenvalues ``α + λ_B`` (``B = V Λ_B Vᵀ``) and
-    the eigenvalue α on the rest of the space, so exactly
-
-    ``W = [(k−1)A⁻¹]^{1/2} = s₀ I + QV diag(s − s₀) VᵀQᵀ``,
-    ``s = sqrt((k−1)/(α + λ_B))``, ``s₀ = 1/√ρ``, and ``w̄ = A⁻¹b = QV (α+Λ_B)⁻¹ Vᵀ b_r``:
-
-    one r × r eigendecomposition per point instead of q × q. Mapped to
-    member space as in :func:`transform_from_weights`: ETKF ``Qk = Q``,
-    ``P = I``; ESTKF ``Qk = T Q``, ``P = T Tᵀ``.
-
-    Parameters
-    ----------
-    B : ndarray, shape (p, r, r)
-        ``Qᵀ C Q`` per point.
-    br : ndarray, shape (p, r)
-        ``Qᵀ b`` per point.
-    forget : ndarray, shape (p,)
-    k : int
-    Qk : ndarray, shape (k, r)
-        The basis in member space.
-    P : ndarray, shape (k, k), optional
-        Member-space image of the identity (``None``: the identity).
-
-    Returns
-    -------
-    G : ndarray, shape (p, k, k)
-    """
-    p, r = br.shape
-    rho = np.broadcast_to(np.asarray(forget, dtype=float), (p,))
-    s0 = 1.0 / np.sqrt(rho)
-    G = np.empty((p, k, k))
-    G[:] = np.eye(k) if P is None else P
-    G *= s0[:, None, None]
-    if r == 0:
-        return G
-    lam, V = _eig_analysis(B, rho, k)
-    M = Qk @ V  # (p, k, r): eigenvectors of A in member space
-    u = (np.swapaxes(V, -1, -2) @ br[..., None])[..., 0] / lam  # (p, r)
-    wbar = (M @ u[..., None])[..., 0]  # (p, k)
-    Ms = M * (np.sqrt((k - 1) / lam) - s0[:, None])[:, None, :]
-    G += Ms @ np.swapaxes(M, -1, -2)
-    G += wbar[:, :, None]
-    return G
 
 
 def transform_from_weights(

@@ -41,22 +41,42 @@ from .machine import describe_machine
 __all__ = ["PHASES", "TOLERANCE", "bench_analysis", "result_table"]
 
 #: Phases of the ``timings`` dict, in the order of the table.
-PHASES = ("obs", "select", "weights", "gemm", "transform", "update", "relax", "perturb",
-          "posterior")
+PHASES = (
+    "obs",
+    "select",
+    "weights",
+    "gemm",
+    "transform",
+    "update",
+    "relax",
+    "perturb",
+    "posterior",
+)
 #: Largest accepted ``max|batched − pointwise| / max|pointwise|``.
 TOLERANCE = 1e-10
 
 
-def _timed_analysis(block: Any, obs: Any, analysis: Any, comm: MPI.Comm,
-                    grid: Any, row_lonlat: Any) -> tuple[float, dict[str, float], Any]:
+def _timed_analysis(
+    block: Any, obs: Any, analysis: Any, comm: MPI.Comm, grid: Any, row_lonlat: Any
+) -> tuple[float, dict[str, float], Any]:
     """Collective: one ``analyse_rows``; (slowest rank's seconds, this rank's timings, result)."""
     from ..analysis.distributed import analyse_rows
 
     timings: dict[str, float] = {}
     comm.Barrier()
     t0 = time.perf_counter()
-    res = analyse_rows(block.data, block.start, block.layout.n_rows, row_lonlat, obs, analysis,
-                       comm, grid=grid, cycle=0, timings=timings)
+    res = analyse_rows(
+        block.data,
+        block.start,
+        block.layout.n_rows,
+        row_lonlat,
+        obs,
+        analysis,
+        comm,
+        grid=grid,
+        cycle=0,
+        timings=timings,
+    )
     seconds = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
     return float(seconds), timings, res
 
@@ -152,8 +172,9 @@ def bench_analysis(
         "speedup": pw_seconds / seconds if seconds > 0 else None,
         "kernel": cfg.kernel,
         "phases": {p: v for p, v in best["configured"].items() if not p.endswith("_flops")},
-        "pointwise_phases": {p: v for p, v in best["pointwise"].items()
-                             if not p.endswith("_flops")},
+        "pointwise_phases": {
+            p: v for p, v in best["pointwise"].items() if not p.endswith("_flops")
+        },
         "gemm_flops": best["configured"].get("gemm_flops", 0.0),
         "pointwise_gemm_flops": best["pointwise"].get("gemm_flops", 0.0),
         "gflops": _gflops(best["configured"]),
@@ -165,8 +186,7 @@ def bench_analysis(
         "points": int(layout.n_rows),
         "observations": int(first["configured"].qc.total),
         "accepted_observations": int(first["configured"].qc.accepted),
-        "local_observations_max": int(comm.allreduce(first["configured"].n_local_obs,
-                                                     op=MPI.MAX)),
+        "local_observations_max": int(comm.allreduce(first["configured"].n_local_obs, op=MPI.MAX)),
         "members": int(block.data.shape[0]),
         "filter": cfg.filter,
         "localization": dataclasses.asdict(loc) if loc is not None else None,
@@ -174,8 +194,7 @@ def bench_analysis(
         "threads": cfg.threads,
         "repeat": repeat,
         "statistic": "best (minimum time) of the repeats, per kernel; seconds = slowest rank",
-        "samples_seconds": {cfg.kernel if n == "configured" else n: s
-                            for n, s in samples.items()},
+        "samples_seconds": {cfg.kernel if n == "configured" else n: s for n, s in samples.items()},
         "machine": comm.bcast(machine, root=0),
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
@@ -187,9 +206,11 @@ def _fmt(x: float | None, spec: str = ".3f") -> str:
 
 def result_table(res: dict[str, Any]) -> Table:
     """A rich table of a :func:`bench_analysis` result: seconds per phase, both kernels."""
-    title = (f"ensio bench analysis: {res['filter']}, {res['points']} points, "
-             f"{res['observations']} observations, {res['members']} members, "
-             f"N_mpi = {res['n_mpi']}")
+    title = (
+        f"ensio bench analysis: {res['filter']}, {res['points']} points, "
+        f"{res['observations']} observations, {res['members']} members, "
+        f"N_mpi = {res['n_mpi']}"
+    )
     table = Table(title=title)
     table.add_column("phase")
     table.add_column(f"{res['kernel']} s", justify="right")
@@ -201,13 +222,19 @@ def result_table(res: dict[str, Any]) -> Table:
             continue
         a, b = ours.get(p, 0.0), ref.get(p, 0.0)
         table.add_row(p, _fmt(a), _fmt(b), _fmt(b / a if a > 0 else None, ".1f"))
-    table.add_row("GEMM GFLOP/s", _fmt(res["gflops"], ".2f"), _fmt(res["pointwise_gflops"], ".2f"),
-                  "")
-    table.add_row("[bold]total[/]", f"[bold]{res['seconds']:.3f}[/]",
-                  f"[bold]{res['pointwise_seconds']:.3f}[/]",
-                  f"[bold]{_fmt(res['speedup'], '.2f')}×[/]")
+    table.add_row(
+        "GEMM GFLOP/s", _fmt(res["gflops"], ".2f"), _fmt(res["pointwise_gflops"], ".2f"), ""
+    )
+    table.add_row(
+        "[bold]total[/]",
+        f"[bold]{res['seconds']:.3f}[/]",
+        f"[bold]{res['pointwise_seconds']:.3f}[/]",
+        f"[bold]{_fmt(res['speedup'], '.2f')}×[/]",
+    )
     agree = "[green]yes[/]" if res["agree"] else "[bold red]NO[/]"
-    table.caption = (f"max relative difference {res['max_rel_diff']:.2e} "
-                     f"(≤ {res['tolerance']:.0e}: {agree}); best of {res['repeat']}; "
-                     "seconds = slowest rank, file I/O excluded")
+    table.caption = (
+        f"max relative difference {res['max_rel_diff']:.2e} "
+        f"(≤ {res['tolerance']:.0e}: {agree}); best of {res['repeat']}; "
+        "seconds = slowest rank, file I/O excluded"
+    )
     return table

@@ -54,8 +54,22 @@ def _add_analysis(sub: Any) -> None:
     p.set_defaults(bench_run=run_analysis)
 
 
+def _add_pool(sub: Any) -> None:
+    from ..bench.pool import add_arguments, run_cli
+
+    p = sub.add_parser(
+        "pool", help="dynamic job pool: per-task overhead and makespan / ideal",
+        description="(a) 1000 no-op tasks on N_j local workers: per-task overhead (median, "
+                    "p99) and tasks/s; (b) 100 tasks of 0.2 s: makespan / ideal (goal <= 1.05). "
+                    "No MPI needed.",
+    )
+    add_arguments(p)
+    p.set_defaults(bench_run=run_cli)
+
+
 #: Sub-commands of ``ensio bench``: name → function adding its parser.
-COMMANDS: dict[str, Callable[[Any], None]] = {"io": _add_io, "analysis": _add_analysis}
+COMMANDS: dict[str, Callable[[Any], None]] = {"io": _add_io, "analysis": _add_analysis,
+                                              "pool": _add_pool}
 
 
 def add_parser(subparsers: Any) -> None:

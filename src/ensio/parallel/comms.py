@@ -84,15 +84,118 @@ class CommGroups:
     """The communicators of one ensio job.
 
     Offline, ``filter`` is the whole world. The online mode (coupled members)
-    adds ``model`` and ``coupled`` communicators built by its own split
-    function in this module.
+    adds ``model`` and ``coupled`` communicators (:meth:`online`); there,
+    ``filter`` is ``MPI.COMM_NULL`` on the ranks that are not filter ranks.
+
+    Attributes
+    ----------
+    world, filter : MPI.Comm
+    model, coupled : MPI.Comm or None
+        Online only (see :meth:`online`).
+    tasks_per_member : int or None
+        P of the online layout; ``None`` offline.
+    status : MPI.Comm or None
+        Online only: a duplicate of ``world`` for status checks that may run
+        while other ranks are inside a collective of ``world`` (a separate
+        context, so the two can never be matched with each other).
     """
 
     world: MPI.Comm
     filter: MPI.Comm
     model: MPI.Comm | None = None
     coupled: MPI.Comm | None = None
+    tasks_per_member: int | None = None
+    status: MPI.Comm | None = None
 
     @classmethod
     def offline(cls, comm: MPI.Comm) -> CommGroups:
         return cls(world=comm, filter=comm)
+
+    @classmethod
+    def online(cls, world: MPI.Comm, tasks_per_member: int) -> CommGroups:
+        """Collective over ``world``: the coupled layout of the seed paper (its Fig. 2).
+
+        The world holds N_e × P ranks, member after member: member m
+        (0-based here) is world ranks ``[m·P, (m+1)·P)`` and its model rank
+        p is world rank ``m·P + p``. Three splits:
+
+        - ``model``: the P ranks of one member (rank = model rank p);
+        - ``filter``: the P ranks of the first member (filter rank p is
+          model rank p of member 1), so the filter needs no extra ranks;
+        - ``coupled``: the N_e ranks holding model rank p in every member
+          (coupled rank = member index, so coupled rank 0 is filter rank p).
+
+        Because every member uses the same P and the same block distribution
+        of the state rows, coupled communicator p joins exactly the blocks
+        that filter rank p owns: a plain gather/scatter moves the ensemble,
+        with no redistribution.
+
+        Parameters
+        ----------
+        world : MPI.Comm
+            All ranks of the coupled job.
+        tasks_per_member : int
+            P, the same on every rank.
+
+        Raises
+        ------
+        ValueError
+            On every rank (nothing is split): P differs between ranks, P < 1,
+            or the world size is not a multiple of P.
+        """
+        every = world.allgather(int(tasks_per_member))
+        if len(set(every)) != 1:
+            by_value: dict[int, list[int]] = {}
+            for r, p in enumerate(every):
+                by_value.setdefault(p, []).append(r)
+            detail = "; ".join(f"P = {p} on ranks {_ranks(rs)}" for p, rs in by_value.items())
+            raise ValueError(
+                f"online: tasks_per_member differs between ranks ({detail}); every member "
+                "must use the same decomposition"
+            )
+        size, p_ = world.size, every[0]
+        if p_ < 1:
+            raise ValueError(f"online: tasks_per_member must be at least 1, got {p_}")
+        if size % p_:
+            raise ValueError(
+                f"online: the world has {size} ranks, not a multiple of tasks_per_member "
+                f"P = {p_}; start N_e × P ranks (e.g. mpiexec -n {p_ * max(1, size // p_)})"
+            )
+        member, rank = divmod(world.rank, p_)
+        model = world.Split(color=member, key=rank)
+        coupled = world.Split(color=rank, key=member)
+        filt = world.Split(color=0 if member == 0 else MPI.UNDEFINED, key=rank)
+        return cls(
+            world=world,
+            filter=filt,
+            model=model,
+            coupled=coupled,
+            tasks_per_member=p_,
+            status=world.Dup(),
+        )
+
+    @property
+    def is_filter(self) -> bool:
+        """Whether this rank is a filter rank."""
+        return self.filter != MPI.COMM_NULL
+
+    @property
+    def n_members(self) -> int:
+        """N_e of the online layout (1 offline)."""
+        return self.world.size // self.tasks_per_member if self.tasks_per_member else 1
+
+    @property
+    def member_index(self) -> int:
+        """0-based member of this rank (online); 0 offline."""
+        return self.world.rank // self.tasks_per_member if self.tasks_per_member else 0
+
+    def free(self) -> None:
+        """Collective: free the communicators this object made (never ``world``)."""
+        for c in (self.model, self.coupled, self.filter, self.status):
+            if c is not None and c != MPI.COMM_NULL and c != self.world:
+                c.Free()
+
+
+def _ranks(ranks: list[int]) -> str:
+    """Short list of ranks for messages."""
+    return ", ".join(map(str, ranks[:6])) + (", …" if len(ranks) > 6 else "")

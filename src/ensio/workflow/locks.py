@@ -1,4 +1,4 @@
-"""Inter-process locks on a shared file system, for the to-do list.
+"""Inter-process locks and atomic writes on a shared file system, for the to-do list.
 
 Three mechanisms, because no single one works everywhere:
 
@@ -48,6 +48,7 @@ import shutil
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -58,6 +59,7 @@ __all__ = [
     "LockUnsupported",
     "detect_lock_kind",
     "make_lock",
+    "write_atomic",
 ]
 
 LockKind = Literal["flock", "lockf", "mkdir"]
@@ -273,3 +275,36 @@ def detect_lock_kind(directory: str | Path) -> LockKind:
         os.close(fd)
         probe.unlink(missing_ok=True)
     return "mkdir"
+
+
+def write_atomic(path: Path, data: bytes, hook: Callable[[str], None] | None = None) -> None:
+    """Write ``data`` to ``path`` so that a crash at any instant leaves the old or the new file.
+
+    Temporary file in the same directory (unique name, so a writer whose lock
+    was broken cannot mix its bytes with another's), ``fsync``, ``rename``,
+    ``fsync`` of the directory. ``hook`` is called with the step name after
+    each step (crash tests).
+    """
+    hook = hook or (lambda stage: None)
+    tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        hook("written")
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+    hook("synced")
+    os.replace(tmp, path)
+    hook("renamed")
+    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+    hook("dir-synced")

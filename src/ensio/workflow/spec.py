@@ -14,6 +14,8 @@ values with spaces or quotes stay one argument and nothing is evaluated.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -27,14 +29,18 @@ from ..config.workflow import (
     check_placeholders,
     command_fields,
 )
-from .todo import TodoList
+from .todo import Lease, TodoList
 
 __all__ = [
     "PATH_PLACEHOLDERS",
     "WorkerSpec",
+    "TaskCommand",
     "create_todo",
     "default_margin",
+    "move_durably",
+    "prepare_task",
     "render",
+    "reported_io",
     "worker_argv",
 ]
 
@@ -81,6 +87,12 @@ class WorkerSpec:
         Let members write into a staging directory, moved into place on commit.
     fsync : bool
         fsync a member's output before committing it.
+    prefetch : bool
+        Lease the next task while one runs and start it as soon as the
+        running one exits, committing that one afterwards: the commit (a
+        locked, fsynced rewrite of the list) leaves the critical path. Only
+        done while at least as many tasks stay free as other jobs hold
+        leases, so it never starves another job at the end of the list.
     """
 
     member_command: str
@@ -96,6 +108,7 @@ class WorkerSpec:
     grace: float = 5.0
     stage: bool = True
     fsync: bool = True
+    prefetch: bool = True
 
     def validate(self) -> None:
         """Check every template once, before any job runs (raises ConfigError)."""
@@ -144,12 +157,13 @@ def worker_argv(todo: str | Path, *, time_limit: float | None = None,
                 entry: str = "module") -> tuple[str, ...]:
     """The command line of one worker job (``JobSpec.argv``).
 
-    ``entry="module"`` runs ``python -m ensio.workflow.worker`` (fast start:
-    no MPI or numpy import); ``"cli"`` runs ``ensio worker`` next to ``python``.
+    ``entry="module"`` runs ``python -m ensio.cli.worker`` (loads only the
+    worker, not the other sub-commands); ``"cli"`` runs ``ensio worker``
+    next to ``python``.
     """
     exe = python or sys.executable
     if entry == "module":
-        argv = [exe, "-m", "ensio.workflow.worker"]
+        argv = [exe, "-m", "ensio.cli.worker"]
     else:
         argv = [str(Path(exe).with_name("ensio")), "worker"]
     argv.append(str(Path(todo).resolve()))
@@ -163,3 +177,102 @@ def worker_argv(todo: str | Path, *, time_limit: float | None = None,
 def default_margin(time_limit: float | None) -> float:
     """Time kept free before the job's end: 10 % of the limit, at most 60 s."""
     return 0.0 if time_limit is None else min(60.0, 0.1 * time_limit)
+
+
+@dataclass(frozen=True)
+class TaskCommand:
+    """How to run one leased task: argv, working directory, environment, output paths.
+
+    ``staged`` is where a member writes (``{forecast}``), ``final`` where the
+    output goes on commit (equal without staging; both None without output).
+    """
+
+    argv: list[str]
+    workdir: Path
+    env: dict[str, str]
+    staged: Path | None
+    final: Path | None
+    report: Path
+
+
+def prepare_task(spec: WorkerSpec, lease: Lease, base: Path, job_id: str,
+                 done_members: Iterable[int] = ()) -> TaskCommand:
+    """Fill in the templates of ``spec`` for ``lease`` and create its directories.
+
+    Relative paths are resolved against ``base`` (the list's directory).
+    ``done_members`` feeds ``{members}``/``{n_members}`` of the analysis.
+    """
+
+    def path(template: str, **values: Any) -> Path:
+        p = Path(template.format_map(values))
+        return p if p.is_absolute() else base / p
+
+    cycle = lease.cycle
+    final = staged = None
+    if lease.kind == "member":
+        m = lease.member
+        workdir = path(spec.workdir, member=m, cycle=cycle) if spec.workdir else base
+        if spec.forecast is not None:
+            final = path(spec.forecast, member=m, cycle=cycle)
+            staged = (final.parent / ".ensio-stage" / f"t{lease.token}" / final.name
+                      if spec.stage else final)
+            for attempt in range(5):  # another job may remove an empty .ensio-stage
+                try:
+                    staged.parent.mkdir(parents=True, exist_ok=True)
+                    break
+                except FileNotFoundError:
+                    if attempt == 4:
+                        raise
+        values = {"member": m, "cycle": cycle, "workdir": str(workdir),
+                  "forecast": str(staged) if staged else "",
+                  "analysis": str(path(spec.analysis, member=m, cycle=cycle))
+                  if spec.analysis else ""}
+        argv = render(spec.member_command, values, MEMBER_PLACEHOLDERS, "member_command")
+    else:
+        workdir = (path(spec.analysis_workdir, member=0, cycle=cycle)
+                   if spec.analysis_workdir else base)
+        done = sorted(done_members)
+        values = {"cycle": cycle, "workdir": str(workdir), "analysis_ranks": spec.analysis_ranks,
+                  "members": ",".join(str(m) for m in done), "n_members": len(done)}
+        argv = render(spec.analysis_command or "", values, ANALYSIS_PLACEHOLDERS,
+                      "analysis_command")
+    workdir.mkdir(parents=True, exist_ok=True)
+    report = workdir / f".ensio-report-t{lease.token}.json"
+    env = dict(os.environ)
+    env.update(ENSIO_TASK=lease.task, ENSIO_CYCLE=str(cycle), ENSIO_TOKEN=str(lease.token),
+               ENSIO_ATTEMPT=str(lease.attempt), ENSIO_JOB_ID=job_id,
+               ENSIO_MEMBER="" if lease.member is None else str(lease.member),
+               ENSIO_FORECAST="" if final is None else str(final), ENSIO_REPORT=str(report))
+    return TaskCommand(argv, workdir, env, staged, final, report)
+
+
+def move_durably(src: Path, dst: Path, fsync: bool) -> None:
+    """Move a staged output into place (atomic rename; fsynced file and directory)."""
+    if fsync:
+        fd = os.open(src, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    os.replace(src, dst)
+    if fsync:
+        fd = os.open(dst.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def reported_io(path: Path) -> float | None:
+    """``io_seconds`` from the command's ``ENSIO_REPORT`` file, if it wrote one."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    finally:
+        path.unlink(missing_ok=True)
+    try:
+        value = data.get("io_seconds") if isinstance(data, dict) else None
+        return float(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None

@@ -38,17 +38,32 @@ list is created and recorded in ``NAME.lock``, and every job uses that kind.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
-import secrets
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from .locks import LOCK_KINDS, FileLock, LockKind, MkdirLock, detect_lock_kind, make_lock
+from .leases import (
+    Idle,
+    Lease,
+    StaleLease,
+    Summary,
+    TaskView,
+    TodoError,
+)
+from .locks import (
+    LOCK_KINDS,
+    FileLock,
+    LockKind,
+    MkdirLock,
+    detect_lock_kind,
+    make_lock,
+    write_atomic,
+)
 
 __all__ = [
     "ANALYSIS",
@@ -65,16 +80,32 @@ __all__ = [
 ANALYSIS = "analysis"
 FORMAT = "ensio-todo"
 VERSION = 1
-TaskKind = Literal["member", "analysis"]
-TaskState = Literal["pending", "leased", "done", "failed"]
-IdleReason = Literal["finished", "failed", "busy", "no_fit"]
 
 #: Fields of a task and their defaults; defaults are left out of the file to keep it small.
 _DEFAULTS: dict[str, Any] = {
     "state": "pending", "attempts": 0, "failures": 0, "interrupts": 0, "expiries": 0,
-    "token": 0, "owner": None, "deadline": None, "leased_at": None, "done_at": None,
+    "token": 0, "owner": None, "deadline": None, "done_at": None,
     "done_by": None, "done_token": None, "error": None,
 }
+
+class _Task(dict):
+    """A task as stored: ``state`` and the fields that differ from :data:`_DEFAULTS`.
+
+    Reading a missing field gives its default, and :meth:`set` drops fields
+    that return to their default, so the file stays small and no per-write
+    pass over every task is needed (the list is rewritten at every transition).
+    """
+
+    def __missing__(self, key: str) -> Any:
+        return _DEFAULTS[key]
+
+    def set(self, **fields: Any) -> None:
+        for k, v in fields.items():
+            if k != "state" and v == _DEFAULTS[k] and type(v) is type(_DEFAULTS[k]):
+                self.pop(k, None)
+            else:
+                self[k] = v
+
 
 #: Test hook: called with a stage name at each step of a transition (crash tests).
 _fault: Callable[[str], None] | None = None
@@ -88,84 +119,6 @@ def _hook(stage: str) -> None:
 def member_task(member: int) -> str:
     """Task id of a member (``mem001``)."""
     return f"mem{member:03d}"
-
-
-class TodoError(Exception):
-    """A to-do list that is missing, corrupt or used wrongly."""
-
-
-class StaleLease(TodoError):
-    """The lease is no longer valid (expired, re-leased or already settled): do not commit."""
-
-
-@dataclass(frozen=True)
-class TaskView:
-    """Read-only view of one task (what ``fits`` predicates and snapshots see)."""
-
-    id: str
-    kind: TaskKind
-    member: int | None
-    state: TaskState
-    attempts: int
-    failures: int
-    interrupts: int
-    expiries: int
-    token: int
-    owner: str | None
-    deadline: float | None
-    error: str | None
-
-    @classmethod
-    def of(cls, t: Mapping[str, Any]) -> TaskView:
-        return cls(t["id"], t["kind"], t.get("member"), t["state"], t["attempts"],
-                   t["failures"], t["interrupts"], t["expiries"], t["token"], t["owner"],
-                   t["deadline"], t["error"])
-
-
-@dataclass(frozen=True)
-class Lease:
-    """The right to run one task until ``deadline`` (renewable), proven by ``token``."""
-
-    task: str
-    kind: TaskKind
-    member: int | None
-    cycle: int
-    token: int
-    owner: str
-    deadline: float
-    attempt: int
-
-
-@dataclass(frozen=True)
-class Idle:
-    """No task was leased, and why.
-
-    ``finished``: nothing left to do. ``failed``: the list cannot finish (the
-    analysis was refused or failed; ``message`` says why). ``busy``: all
-    remaining tasks are leased by other jobs or wait for them. ``no_fit``:
-    available tasks exist but ``fits`` refused them all (``blocked`` is the first).
-    """
-
-    reason: IdleReason
-    message: str = ""
-    blocked: TaskView | None = None
-
-
-@dataclass(frozen=True)
-class Summary:
-    """Counts of a list at one moment; ``available`` counts expired leases as free."""
-
-    total: int
-    pending: int
-    leased: int
-    expired: int
-    done: int
-    failed: int
-    available: int
-    finished: bool
-    error: str | None
-    seq: int
-    token: int
 
 
 class TodoList:
@@ -254,15 +207,16 @@ class TodoList:
         kind: LockKind = detect_lock_kind(path.parent) if lock == "auto" else lock
         if kind not in LOCK_KINDS:
             raise TodoError(f"unknown lock kind {kind!r}")
-        _write_atomic(kind_file, (kind + "\n").encode())
-        tasks = [{"id": member_task(m), "kind": "member", "member": m} for m in members]
+        write_atomic(kind_file, (kind + "\n").encode(), _hook)
+        tasks = [{"id": member_task(m), "kind": "member", "member": m, "state": "pending"}
+                 for m in members]
         if analysis:
-            tasks.append({"id": ANALYSIS, "kind": "analysis"})
+            tasks.append({"id": ANALYSIS, "kind": "analysis", "state": "pending"})
         state = {
             "format": FORMAT, "version": VERSION, "cycle": int(cycle), "created": time.time(),
             "seq": 0, "token": 0, "retries": int(retries), "min_members": int(min_members),
             "lease_seconds": float(lease_seconds), "error": None, "meta": dict(meta or {}),
-            "tasks": [{**_DEFAULTS, **t} for t in tasks],
+            "tasks": [_Task(t) for t in tasks],
         }
         todo = cls(path, lock=kind)
         with todo._lock:
@@ -275,7 +229,11 @@ class TodoList:
 
     # ------------------------------------------------------------------ reading
     def snapshot(self) -> dict[str, Any]:
-        """The current list as plain data, read without the lock (always consistent)."""
+        """The current list as plain data, read without the lock (always consistent).
+
+        Tasks omit fields at their default value; indexing (``t["state"]``)
+        still gives the default, ``t.get(...)`` does not.
+        """
         return self._load()
 
     @property
@@ -285,7 +243,7 @@ class TodoList:
 
     def summary(self, now: float | None = None) -> Summary:
         """Counts at ``now`` from a lock-free snapshot (for drivers that poll)."""
-        return summarize(self._load(), time.time() if now is None else now)
+        return summarize(self._load(wrap=False), time.time() if now is None else now)
 
     def tasks(self) -> list[TaskView]:
         """Every task in list order (front first)."""
@@ -294,14 +252,17 @@ class TodoList:
     # ------------------------------------------------------------------ transitions
     def lease(self, owner: str, *, now: float | None = None,
               fits: Callable[[TaskView], bool] | None = None,
-              duration: float | None = None) -> Lease | Idle:
+              duration: float | None = None, spare: bool = False) -> Lease | Idle:
         """Lease the first available task that ``fits`` (or say why none).
 
         Members are available when pending; the analysis when pending, every
         member is settled and at least ``min_members`` are done. ``fits`` is
         called under the lock, so it must be cheap (compare precomputed numbers).
+        With ``spare`` (a lease taken ahead, while the owner still runs a task)
+        the lease is granted only if at least as many available tasks remain
+        as other owners hold leases, so no other job runs dry because of it.
         """
-        return self._transact(_lease_step(owner, fits, duration), now)
+        return self._transact(_lease_step(owner, fits, duration, spare), now)
 
     def renew(self, lease: Lease, *, now: float | None = None,
               duration: float | None = None) -> Lease:
@@ -309,24 +270,25 @@ class TodoList:
 
         def step(st: dict[str, Any], now: float) -> tuple[Lease, bool]:
             t = _held(st, lease)
-            t["deadline"] = now + (duration or st["lease_seconds"])
-            return Lease(lease.task, lease.kind, lease.member, lease.cycle, lease.token,
-                         lease.owner, t["deadline"], lease.attempt), True
+            t.set(deadline=now + (duration or st["lease_seconds"]))
+            return dataclasses.replace(lease, deadline=t["deadline"]), True
 
         return self._transact(step, now)
 
     def done(self, lease: Lease, *, commit: Callable[[], None] | None = None,
              now: float | None = None, next_owner: str | None = None,
-             fits: Callable[[TaskView], bool] | None = None) -> Lease | Idle | None:
+             fits: Callable[[TaskView], bool] | None = None,
+             spare: bool = False) -> Lease | Idle | None:
         """Mark the leased task done; ``commit`` runs under the lock after the fencing check.
 
         ``commit`` (e.g. renaming the staged output into place) must be safe to
         repeat: a crash after it but before the list is written leaves the
         task leased, and it is redone later. With ``next_owner`` the next task
         is leased in the same transaction (one rewrite instead of two per
-        task) and returned as by :meth:`lease`; otherwise None is returned.
+        task) and returned as by :meth:`lease` (with ``fits`` and ``spare``);
+        otherwise None is returned.
         """
-        then = _lease_step(next_owner, fits, None) if next_owner is not None else None
+        then = _lease_step(next_owner, fits, None, spare) if next_owner is not None else None
 
         def step(st: dict[str, Any], now: float) -> tuple[Lease | Idle | None, bool]:
             t = _held(st, lease)
@@ -334,7 +296,7 @@ class TodoList:
                 raise TodoError(f"{self.path}: lock was broken as stale during the commit")
             if commit is not None:
                 commit()
-            t.update(state="done", done_at=now, done_by=lease.owner, done_token=lease.token,
+            t.set(state="done", done_at=round(now, 3), done_by=lease.owner, done_token=lease.token,
                      owner=None, deadline=None, error=None)
             return (then(st, now)[0] if then is not None else None), True
 
@@ -345,17 +307,17 @@ class TodoList:
 
         def step(st: dict[str, Any], now: float) -> tuple[bool, bool]:
             t = _held(st, lease)
-            t.update(failures=t["failures"] + 1, owner=None, deadline=None, error=reason)
+            t.set(failures=t["failures"] + 1, owner=None, deadline=None, error=reason)
             retry = t["failures"] <= st["retries"]
             if retry:
-                t["state"] = "pending"
+                t.set(state="pending")
                 tasks = st["tasks"]
                 tasks.remove(t)
                 at = next((i for i, u in enumerate(tasks) if u["kind"] == "analysis"),
                           len(tasks))
                 tasks.insert(at, t)
             else:
-                t["state"] = "failed"
+                t.set(state="failed")
                 if t["kind"] == "analysis":
                     st["error"] = (f"cycle {st['cycle']}: the analysis failed after "
                                    f"{t['failures']} attempt(s): {reason}")
@@ -368,7 +330,7 @@ class TodoList:
 
         def step(st: dict[str, Any], now: float) -> tuple[None, bool]:
             t = _held(st, lease)
-            t.update(state="pending", owner=None, deadline=None,
+            t.set(state="pending", owner=None, deadline=None,
                      interrupts=t["interrupts"] + 1)
             st["tasks"].remove(t)
             st["tasks"].insert(0, t)
@@ -392,7 +354,7 @@ class TodoList:
                 self._store(st)
             return result
 
-    def _load(self) -> dict[str, Any]:
+    def _load(self, wrap: bool = True) -> dict[str, Any]:
         for attempt in range(5):
             try:
                 data = self.path.read_bytes()
@@ -411,14 +373,12 @@ class TodoList:
         if st.get("version") != VERSION:
             raise TodoError(f"{self.path}: to-do list version {st.get('version')} "
                             f"(this ensio reads {VERSION})")
-        st["tasks"] = [{**_DEFAULTS, **t} for t in st["tasks"]]
+        if wrap:
+            st["tasks"] = [_Task(t) for t in st["tasks"]]
         return st
 
     def _store(self, st: dict[str, Any]) -> None:
-        out = dict(st)
-        out["tasks"] = [{k: v for k, v in t.items() if _DEFAULTS.get(k, ...) != v}
-                        for t in st["tasks"]]
-        _write_atomic(self.path, json.dumps(out, separators=(",", ":")).encode())
+        write_atomic(self.path, json.dumps(st, separators=(",", ":")).encode(), _hook)
 
     def _remove_temporaries(self) -> None:
         """Delete temporary files of writers that died (only called under the lock)."""
@@ -432,8 +392,8 @@ class TodoList:
 
 
 def _lease_step(owner: str, fits: Callable[[TaskView], bool] | None,
-                duration: float | None) -> Callable[[dict[str, Any], float],
-                                                    tuple[Lease | Idle, bool]]:
+                duration: float | None, spare: bool = False,
+                ) -> Callable[[dict[str, Any], float], tuple[Lease | Idle, bool]]:
     """The transition of :meth:`TodoList.lease` (also run after ``done``)."""
 
     def step(st: dict[str, Any], now: float) -> tuple[Lease | Idle, bool]:
@@ -447,8 +407,14 @@ def _lease_step(owner: str, fits: Callable[[TaskView], bool] | None,
             st["error"] = gate
             for t in st["tasks"]:
                 if t["kind"] == "analysis":
-                    t["state"], t["error"] = "failed", gate
+                    t.set(state="failed", error=gate)
             return Idle("failed", gate), True
+        if spare:
+            free = sum(t["state"] == "pending" and (t["kind"] == "member" or settled)
+                       for t in st["tasks"])
+            others = {t["owner"] for t in st["tasks"] if t["state"] == "leased"} - {owner}
+            if free - 1 < len(others):
+                return Idle("busy", "no task to spare"), False
         blocked = None
         for t in st["tasks"]:
             if t["state"] != "pending" or (t["kind"] == "analysis" and not settled):
@@ -458,11 +424,11 @@ def _lease_step(owner: str, fits: Callable[[TaskView], bool] | None,
                 blocked = blocked or view
                 continue
             st["token"] += 1
-            t.update(state="leased", owner=owner, token=st["token"], leased_at=now,
+            t.set(state="leased", owner=owner, token=st["token"],
                      deadline=now + (duration or st["lease_seconds"]),
                      attempts=t["attempts"] + 1)
             return Lease(t["id"], t["kind"], t.get("member"), st["cycle"], t["token"],
-                         owner, t["deadline"], t["attempts"]), True
+                         owner, t["deadline"], t["attempts"], now), True
         if blocked is not None:
             return Idle("no_fit", f"{blocked.id} does not fit", blocked), False
         if all(t["state"] in ("done", "failed") for t in st["tasks"]):
@@ -493,7 +459,7 @@ def _reclaim(st: dict[str, Any], now: float) -> bool:
         return False
     rest = [t for t in st["tasks"] if not (t["state"] == "leased" and t["deadline"] < now)]
     for t in expired:
-        t.update(state="pending", owner=None, deadline=None, expiries=t["expiries"] + 1)
+        t.set(state="pending", owner=None, deadline=None, expiries=t["expiries"] + 1)
     st["tasks"] = expired + rest
     return True
 
@@ -512,46 +478,28 @@ def _analysis_gate(st: dict[str, Any], members: list[dict[str, Any]]) -> str | N
 
 
 def summarize(st: Mapping[str, Any], now: float) -> Summary:
-    """Counts of a loaded list at ``now`` (see :class:`Summary`)."""
-    tasks = st["tasks"]
-    count = {s: sum(t["state"] == s for t in tasks) for s in ("pending", "leased", "done",
-                                                               "failed")}
-    expired = sum(t["state"] == "leased" and t["deadline"] < now for t in tasks)
-    members = [t for t in tasks if t["kind"] == "member"]
-    settled = all(t["state"] in ("done", "failed") for t in members)
-    free = [t for t in tasks if t["state"] == "pending"
-            or (t["state"] == "leased" and t["deadline"] < now)]
-    available = sum(t["kind"] == "member" or settled for t in free)
+    """Counts of a loaded list at ``now`` (see :class:`Summary`); one pass over the tasks."""
+    count = {"pending": 0, "leased": 0, "done": 0, "failed": 0}
+    expired = free_members = free_analysis = 0
+    members: list[Mapping[str, Any]] = []
+    settled = True
+    for t in st["tasks"]:
+        state = t["state"]
+        count[state] += 1
+        gone = state == "leased" and t["deadline"] < now
+        expired += gone
+        free = state == "pending" or gone
+        if t["kind"] == "member":
+            members.append(t)
+            free_members += free
+            settled = settled and state in ("done", "failed")
+        else:
+            free_analysis += free
     error = st.get("error")
     if error is None and settled:
-        error = _analysis_gate(dict(st), members)  # what the next lease would record
+        error = _analysis_gate(dict(st), members)  # type: ignore[arg-type]  # as lease would
+    available = free_members + (free_analysis if settled else 0)
     finished = error is None and count["pending"] == count["leased"] == 0
-    return Summary(len(tasks), count["pending"], count["leased"], expired, count["done"],
+    return Summary(len(st["tasks"]), count["pending"], count["leased"], expired, count["done"],
                    count["failed"], 0 if error else available, finished, error, st["seq"],
                    st["token"])
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that a crash leaves the old or the new file."""
-    tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}.{secrets.token_hex(4)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        _hook("written")
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        tmp.unlink(missing_ok=True)
-        raise
-    os.close(fd)
-    _hook("synced")
-    os.replace(tmp, path)
-    _hook("renamed")
-    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
-    _hook("dir-synced")

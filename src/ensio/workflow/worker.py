@@ -3,8 +3,9 @@
 A worker leases the first task, runs it, commits it and repeats until the
 list has nothing it may take. The list carries a :class:`WorkerSpec` (the
 commands and path templates of its cycle), so a job needs nothing but the
-list's path and its own time limit: ``python -m ensio.workflow.worker LIST
---time-limit SECONDS`` (or ``ensio worker``).
+list's path and its own time limit: ``python -m ensio.cli.worker LIST
+--time-limit SECONDS`` (the same as ``ensio worker``, without loading the
+other sub-commands).
 
 Why it works the way it does:
 
@@ -24,9 +25,16 @@ Why it works the way it does:
   ``--signal``, which can come up to 60 s early) or its own timer — whichever
   comes first — stop the running command's process group, put the task back
   at the *front* and end the job with status 0.
-* A thread renews the lease while a command runs, so a long task never
+* A thread renews the leases while a command runs, so a long task never
   expires; if the lease is lost anyway (the job was stalled), the command is
   stopped and nothing is committed.
+* While a task runs, the next one is leased ahead (``WorkerSpec.prefetch``)
+  and started the moment the running one exits; the exited one is committed
+  after that, while the next runs. So the commit — a locked, fsynced rewrite
+  of the list, milliseconds on a local disk, more on a parallel file system —
+  costs no time between tasks. A task leased ahead that no longer fits in the
+  time left, or that the job cannot run because it stops, goes back to the
+  front unstarted.
 
 The command's environment also holds ``ENSIO_TASK``, ``ENSIO_MEMBER``,
 ``ENSIO_CYCLE``, ``ENSIO_TOKEN``, ``ENSIO_ATTEMPT``, ``ENSIO_JOB_ID``,
@@ -36,8 +44,6 @@ may write as JSON (``{"io_seconds": 1.5}``) to report its I/O time.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import shutil
 import signal
@@ -47,53 +53,107 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ..config.errors import ConfigError
-from ..config.workflow import ANALYSIS_PLACEHOLDERS, MEMBER_PLACEHOLDERS, parse_duration
 from .records import RecordTail, append_record
-from .spec import WorkerSpec, create_todo, default_margin, render, worker_argv
+from .spec import (
+    TaskCommand,
+    WorkerSpec,
+    create_todo,
+    default_margin,
+    move_durably,
+    prepare_task,
+    render,
+    reported_io,
+    worker_argv,
+)
 from .todo import Idle, Lease, StaleLease, TaskView, TodoError, TodoList
 
 __all__ = [
     "Worker",
     "WorkerSpec",
-    "add_arguments",
     "create_todo",
     "default_margin",
-    "main",
     "render",
-    "run_from_args",
+    "run_job",
     "worker_argv",
 ]
 
-class _Renewer(threading.Thread):
-    """Renews a lease every quarter of its length until halted or lost."""
+Outcome = Literal["exited", "lost", "interrupted"]
 
-    def __init__(self, todo: TodoList, lease: Lease, wake: threading.Event,
+#: Exit statuses of a command killed by the signals a scheduler sends a whole job.
+_JOB_SIGNALS = frozenset({-signal.SIGTERM, -signal.SIGINT, -signal.SIGUSR1})
+
+
+class _Renewer(threading.Thread):
+    """Renews every lease the worker holds, every quarter of the lease time."""
+
+    def __init__(self, todo: TodoList, period: float, wake: threading.Event,
                  log: Callable[[str], None]) -> None:
-        super().__init__(name=f"renew-{lease.task}", daemon=True)
-        self.todo, self.lease, self.wake, self.log = todo, lease, wake, log
-        self.period = max(0.01, (lease.deadline - time.time()) / 4)
-        self.lost = False
+        super().__init__(name="ensio-renew", daemon=True)
+        self.todo, self.period, self.wake, self.log = todo, max(0.01, period), wake, log
+        self._held: dict[str, Lease] = {}
+        self._lost: set[int] = set()
+        self._guard = threading.Lock()
         self._halt = threading.Event()
+
+    def hold(self, lease: Lease) -> None:
+        with self._guard:
+            self._held[lease.task] = lease
+
+    def drop(self, lease: Lease) -> None:
+        with self._guard:
+            if self._held.get(lease.task, lease).token == lease.token:
+                self._held.pop(lease.task, None)
+
+    def lost(self, lease: Lease) -> bool:
+        with self._guard:
+            return lease.token in self._lost
+
+    def valid(self, lease: Lease) -> bool:
+        """Not lost and, as far as we know, not expired (e.g. after the job was stalled)."""
+        with self._guard:
+            current = self._held.get(lease.task, lease)
+            return lease.token not in self._lost and current.deadline > time.time()
 
     def run(self) -> None:
         while not self._halt.wait(self.period):
-            try:
-                self.lease = self.todo.renew(self.lease)
-            except StaleLease as exc:
-                self.lost = True
-                self.log(f"lost the lease of {self.lease.task}: {exc}")
-                self.wake.set()
-                return
-            except (OSError, TodoError) as exc:  # transient file-system trouble: retry
-                self.log(f"renewing {self.lease.task} failed, retrying: {exc}")
+            with self._guard:
+                leases = list(self._held.values())
+            for lease in leases:
+                try:
+                    renewed = self.todo.renew(lease)
+                except StaleLease as exc:
+                    self.log(f"lost the lease of {lease.task}: {exc}")
+                    with self._guard:
+                        self._lost.add(lease.token)
+                        self._held.pop(lease.task, None)
+                    self.wake.set()
+                except (OSError, TodoError) as exc:  # transient file-system trouble: retry
+                    self.log(f"renewing {lease.task} failed, retrying: {exc}")
+                else:
+                    with self._guard:
+                        if lease.task in self._held:
+                            self._held[lease.task] = renewed
 
     def halt(self) -> None:
         self._halt.set()
-        self.join()
+        if self.is_alive():
+            self.join()
+
+
+@dataclass
+class _Running:
+    """A started task."""
+
+    lease: Lease
+    cmd: TaskCommand
+    proc: subprocess.Popen
+    rec: dict[str, Any]
+    exited: threading.Event = field(default_factory=threading.Event)
 
 
 class Worker:
@@ -122,7 +182,8 @@ class Worker:
                  log: Callable[[str], None] | None = None) -> None:
         self._t0 = time.monotonic()
         self.todo = todo
-        self.spec = WorkerSpec.from_meta(todo.meta)
+        snap = todo.snapshot()
+        self.spec = WorkerSpec.from_meta(snap["meta"])
         self.base = todo.path.parent
         self.time_limit = time_limit
         self.margin = default_margin(time_limit) if margin is None else margin
@@ -134,13 +195,14 @@ class Worker:
         self.host = socket.gethostname()
         self.owner = f"{self.job_id}@{self.host}:{os.getpid()}"
         rec = records if records is not None else self.spec.records
-        self.records = self._path(rec) if rec else None
+        self.records = (Path(rec) if Path(rec).is_absolute() else self.base / rec) if rec else None
         self._tail = RecordTail(self.records, skip_owner=self.owner) if self.records else None
         self._check: tuple[Mapping[str, float], float] = ({}, float("inf"))
         self._log = log or (lambda m: print(f"ensio worker {self.job_id}: {m}",
                                             file=sys.stderr, flush=True))
         self._stop = threading.Event()
         self._wake = threading.Event()
+        self._renewer = _Renewer(todo, snap["lease_seconds"] / 4, self._wake, self._log)
         self.stop_reason: str | None = None
         self.tasks_run = 0
 
@@ -158,53 +220,91 @@ class Worker:
             return float("inf")
         return self._t0 + self.time_limit - self.margin - time.monotonic()
 
-    def _fits(self) -> Callable[[TaskView], bool]:
-        """Lease predicate: the task's expected duration fits in the time left now.
-
-        Estimates come from the records of other jobs plus this job's own
-        runs; the numbers used are kept for the task's record.
-        """
+    def _estimates(self) -> Mapping[str, float]:
+        """Expected seconds per task kind: records of other jobs plus our own runs."""
         s = self.spec
-        defaults = {"member": s.task_estimate,
-                    "analysis": s.analysis_estimate or s.task_estimate}
-        est = defaults
+        est = {"member": s.task_estimate, "analysis": s.analysis_estimate or s.task_estimate}
         if self._tail is not None:
             self._tail.refresh()
-            est = {k: self._tail.estimate(k, v) for k, v in defaults.items()}
+            est = {k: self._tail.estimate(k, v) for k, v in est.items()}
+        return est
+
+    def _fits(self, busy: _Running | None = None) -> Callable[[TaskView], bool]:
+        """Lease predicate: the task fits in the time left (after ``busy`` ends).
+
+        The numbers used are kept for the task's record.
+        """
+        est = self._estimates()
         remaining = self.remaining()
+        if busy is not None:  # leasing ahead: the running task's expected rest comes first
+            remaining -= max(0.0, est[busy.lease.kind] - (time.time() - busy.rec["started"]))
         self._check = (est, remaining)
         return lambda v: est[v.kind] <= remaining
-
-    def _path(self, template: str, **values: Any) -> Path:
-        p = Path(template.format_map(values)) if values else Path(template)
-        return p if p.is_absolute() else self.base / p
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> int:
         """Drain the list; 0 when done or out of time, 1 if the list failed,
         3 if a task can never fit in a job's time limit."""
         started, code, reason = time.time(), 0, "finished"
-        nxt: Lease | Idle | None = None
-        while True:
-            if self._stop.is_set():
-                reason = self.stop_reason or "stopped"
-                if isinstance(nxt, Lease):
-                    self._give_back(nxt)
-                break
-            lease_call = 0.0
-            if nxt is None:
-                if self.remaining() <= 0:
-                    reason = "time_limit"
-                    break
-                t = time.time()
-                nxt = self.todo.lease(self.owner, fits=self._fits())
-                lease_call = time.time() - t
-            if isinstance(nxt, Idle):
-                reason, code = nxt.reason, self._idle_code(nxt, self._check[0])
-                break
-            if self._stop.is_set():
-                continue
-            nxt = self._run_task(nxt, lease_call)
+        ahead: Lease | None = None  # leased, not started
+        cur: _Running | None = None
+        self._renewer.start()
+        try:
+            while True:
+                if cur is None:
+                    if self._stop.is_set():
+                        reason = self.stop_reason or "stopped"
+                        break
+                    lease, lease_call = ahead, 0.0
+                    ahead = None
+                    if lease is not None and not self._startable(lease):
+                        self._give_back(lease)
+                        continue
+                    if lease is None:
+                        t = time.time()
+                        res = self.todo.lease(self.owner, fits=self._fits())
+                        lease_call = time.time() - t
+                        if isinstance(res, Idle):
+                            reason, code = res.reason, self._idle_code(res)
+                            break
+                        lease = res
+                    cur = self._start(lease, lease_call)
+                    continue
+                if ahead is None and self.spec.prefetch and cur.lease.kind == "member":
+                    res = self.todo.lease(self.owner, fits=self._fits(cur), spare=True)
+                    ahead = res if isinstance(res, Lease) else None
+                    if ahead is not None:
+                        self._renewer.hold(ahead)
+                outcome = self._wait(cur)
+                if outcome == "exited" and cur.proc.returncode in _JOB_SIGNALS:
+                    # scancel and time limits signal every process of the job at once:
+                    # give our own signal a moment to arrive before calling this a failure
+                    self._stop.wait(1.0)
+                if outcome == "exited" and self._stop.is_set() and cur.proc.returncode != 0:
+                    outcome = "interrupted"  # killed with the job, not the task's fault
+                if outcome != "exited":
+                    self._stop_process(cur)
+                    if ahead is not None:  # behind the interrupted task, which goes first
+                        self._give_back(ahead)
+                        ahead = None
+                    self._close(cur, outcome, None)
+                    cur = None
+                    continue
+                following = None
+                if ahead is not None:
+                    if self._startable(ahead):
+                        following = self._start(ahead, 0.0)
+                    else:
+                        self._give_back(ahead)
+                    ahead = None
+                ahead = self._close(cur, outcome, following)
+                cur = following
+        finally:
+            if cur is not None:  # only on an unexpected error: do not leave a process behind
+                self._stop_process(cur)
+            if ahead is not None:
+                self._give_back(ahead)
+            self._renewer.halt()
         if self.records is not None:
             append_record(self.records, {
                 "kind": "job", "job": self.job_id, "host": self.host, "owner": self.owner,
@@ -213,12 +313,19 @@ class Worker:
         self._log(f"exits ({reason}) after {self.tasks_run} task(s)")
         return code
 
-    def _idle_code(self, idle: Idle, est: Mapping[str, float]) -> int:
+    def _startable(self, lease: Lease) -> bool:
+        """A lease taken ahead may be started: still ours, still fits, not stopping."""
+        est = self._estimates()
+        self._check = (est, self.remaining())
+        return (not self._stop.is_set() and self._renewer.valid(lease)
+                and est[lease.kind] <= self._check[1])
+
+    def _idle_code(self, idle: Idle) -> int:
         if idle.reason == "failed":
             self._log(idle.message)
             return 1
         if idle.reason == "no_fit" and idle.blocked is not None:
-            need = est[idle.blocked.kind]
+            need = self._check[0][idle.blocked.kind]
             if self.time_limit is not None and need > self.time_limit - self.margin:
                 self._log(f"{idle.blocked.id} is expected to take {need:.0f} s but a job has "
                           f"only {self.time_limit - self.margin:.0f} s: raise the time limit")
@@ -228,237 +335,182 @@ class Worker:
         return 0
 
     def _give_back(self, lease: Lease) -> None:
+        """Return an unfinished or unstarted task to the front of the list."""
+        self._renewer.drop(lease)
         try:
             self.todo.interrupt(lease)
         except StaleLease:
             pass
 
     # ------------------------------------------------------------------ one task
-    def _prepare(self, lease: Lease) -> tuple[list[str], Path, dict[str, str], Path | None,
-                                              Path | None]:
-        """argv, working directory, environment, staged and final output of a task."""
-        s, cycle = self.spec, lease.cycle
-        final = staged = None
-        if lease.kind == "member":
-            m = lease.member
-            workdir = self._path(s.workdir, member=m, cycle=cycle) if s.workdir else self.base
-            if s.forecast is not None:
-                final = self._path(s.forecast, member=m, cycle=cycle)
-                staged = (final.parent / ".ensio-stage" / f"t{lease.token}" / final.name
-                          if s.stage else final)
-                for attempt in range(5):  # another job may remove an empty .ensio-stage
-                    try:
-                        staged.parent.mkdir(parents=True, exist_ok=True)
-                        break
-                    except FileNotFoundError:
-                        if attempt == 4:
-                            raise
-            values = {"member": m, "cycle": cycle, "workdir": str(workdir),
-                      "forecast": str(staged) if staged else "",
-                      "analysis": str(self._path(s.analysis, member=m, cycle=cycle))
-                      if s.analysis else ""}
-            argv = render(s.member_command, values, MEMBER_PLACEHOLDERS, "member_command")
-        else:
-            workdir = (self._path(s.analysis_workdir, member=0, cycle=cycle)
-                       if s.analysis_workdir else self.base)
-            done = [t.member for t in self.todo.tasks()
-                    if t.kind == "member" and t.state == "done"]
-            values = {"cycle": cycle, "workdir": str(workdir),
-                      "analysis_ranks": s.analysis_ranks,
-                      "members": ",".join(str(m) for m in sorted(done)),  # type: ignore[type-var]
-                      "n_members": len(done)}
-            argv = render(s.analysis_command or "", values, ANALYSIS_PLACEHOLDERS,
-                          "analysis_command")
-        workdir.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ)
-        env.update(ENSIO_TASK=lease.task, ENSIO_CYCLE=str(cycle), ENSIO_TOKEN=str(lease.token),
-                   ENSIO_ATTEMPT=str(lease.attempt), ENSIO_JOB_ID=self.job_id,
-                   ENSIO_MEMBER="" if lease.member is None else str(lease.member),
-                   ENSIO_FORECAST="" if final is None else str(final),
-                   ENSIO_REPORT=str(workdir / f".ensio-report-t{lease.token}.json"))
-        return argv, workdir, env, staged, final
-
-    def _run_task(self, lease: Lease, lease_call: float) -> Lease | Idle | None:
-        """Run one leased task; return the next lease when it was taken with the commit."""
-        leased = time.time()
+    def _start(self, lease: Lease, lease_call: float) -> _Running | None:
+        """Start a leased task; a task that cannot start is a failed attempt (None)."""
         rec: dict[str, Any] = {
             "kind": lease.kind, "task": lease.task, "member": lease.member,
             "cycle": lease.cycle, "job": self.job_id, "host": self.host, "owner": self.owner,
-            "submitted": self.submitted, "leased": leased, "lease_call": lease_call,
+            "submitted": self.submitted, "leased": lease.granted, "lease_call": lease_call,
             "started": None, "ended": None, "finished": None, "status": None, "exit": None,
             "io_seconds": None, "attempt": lease.attempt, "token": lease.token,
             "expected": self._check[0].get(lease.kind),
             "remaining": None if self._check[1] == float("inf") else self._check[1]}
         self._log(f"runs {lease.task} (token {lease.token}, attempt {lease.attempt})")
-        staged = final = None
-        nxt: Lease | Idle | None = None
+        self._renewer.hold(lease)
         try:
-            argv, workdir, env, staged, final = self._prepare(lease)
+            done = ([t.member for t in self.todo.tasks() if t.kind == "member"
+                     and t.state == "done"] if lease.kind == "analysis" else [])
+            cmd = prepare_task(self.spec, lease, self.base, self.job_id, done)  # type: ignore[arg-type]
             rec["started"] = time.time()
-            proc = subprocess.Popen(argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
+            proc = subprocess.Popen(cmd.argv, cwd=cmd.workdir, env=cmd.env,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
         except (OSError, ConfigError, KeyError, ValueError) as exc:
             rec["started"] = rec["started"] or time.time()
             rec["ended"] = time.time()
-            status, nxt = self._failed(lease, f"cannot start the command: {exc}")
-        else:
-            status, nxt = self._supervise(lease, proc, rec, env, staged, final)
-        if staged is not None and self.spec.stage:
-            shutil.rmtree(staged.parent, ignore_errors=True)
-            try:
-                staged.parent.parent.rmdir()  # .ensio-stage, once no other task uses it
-            except OSError:
-                pass
-        rec["status"], rec["finished"] = status, time.time()
-        if self.records is not None:
-            append_record(self.records, rec)
-        self.tasks_run += 1
-        return nxt
-
-    def _supervise(self, lease: Lease, proc: subprocess.Popen, rec: dict[str, Any],
-                   env: Mapping[str, str], staged: Path | None,
-                   final: Path | None) -> tuple[str, Lease | Idle | None]:
-        exited = threading.Event()
+            rec["status"] = self._failed(lease, f"{lease.task}: cannot start the command: {exc}")
+            self._record(rec)
+            return None
+        task = _Running(lease, cmd, proc, rec)
 
         def wait() -> None:
             proc.wait()
-            exited.set()
+            task.rec["ended"] = time.time()  # the exit itself, not when the loop sees it
+            task.exited.set()
             self._wake.set()
 
         threading.Thread(target=wait, name=f"wait-{lease.task}", daemon=True).start()
-        renewer = _Renewer(self.todo, lease, self._wake, self._log)
-        renewer.start()
-        outcome = "exited"
-        while not exited.is_set():
+        return task
+
+    def _wait(self, task: _Running) -> Outcome:
+        """Until the command exits, the lease is lost, or the job must stop."""
+        while True:
+            if task.exited.is_set():
+                break
+            if self._renewer.lost(task.lease):
+                return "lost"
+            if self._stop.is_set() or self.remaining() <= 0:
+                self.request_stop("time_limit")
+                return "interrupted"
             left = self.remaining()
             self._wake.wait(None if left == float("inf") else max(0.0, left))
             self._wake.clear()
-            if exited.is_set():
-                break
-            if renewer.lost:
-                outcome = "lost"
-                break
-            if self._stop.is_set() or self.remaining() <= 0:
-                self.request_stop("time_limit")
-                outcome = "interrupted"
-                break
-        renewer.halt()
-        if outcome != "exited":
-            self._stop_process(proc, exited)
-        rec["ended"], rec["exit"] = time.time(), proc.returncode
-        rec["io_seconds"] = _reported_io(Path(env["ENSIO_REPORT"]))
-        if outcome == "lost" or renewer.lost:
-            return "stale", None
-        if outcome == "interrupted":
+        task.rec["exit"] = task.proc.returncode
+        return "exited"
+
+    def _close(self, task: _Running, outcome: Outcome,
+               following: _Running | None) -> Lease | None:
+        """Commit (or give back) a task that ended; maybe lease the next in the same step.
+
+        Returns the lease taken with the commit: to run next, or — when
+        ``following`` already runs — to run after it.
+        """
+        lease, rec, cmd = task.lease, task.rec, task.cmd
+        if rec["ended"] is None:
+            rec["ended"], rec["exit"] = time.time(), task.proc.returncode
+        rec["io_seconds"] = reported_io(cmd.report)
+        nxt: Lease | None = None
+        if outcome == "lost":
+            rec["status"] = "stale"
+        elif outcome == "interrupted":
             self._log(f"stops {lease.task} at the time limit; back to the front")
+            self._renewer.drop(lease)
             try:
                 self.todo.interrupt(lease)
+                rec["status"] = "interrupted"
             except StaleLease:
-                return "stale", None
-            return "interrupted", None
-        rc = proc.returncode
-        if rc != 0:
+                rec["status"] = "stale"
+        elif task.proc.returncode != 0:
+            rc = task.proc.returncode
             how = f"killed by signal {-rc}" if rc < 0 else f"exit status {rc}"
-            return self._failed(lease, f"{lease.task}: {how}")
-        if staged is not None and not staged.exists():
-            return self._failed(lease, f"{lease.task}: exit status 0 but {final} was not "
-                                       f"written")
+            rec["status"] = self._failed(lease, f"{lease.task}: {how}")
+        elif cmd.staged is not None and not cmd.staged.exists():
+            rec["status"] = self._failed(lease, f"{lease.task}: exit status 0 but "
+                                                f"{cmd.final} was not written")
+        else:
+            rec["status"], nxt = self._commit(task, following)
+        self._renewer.drop(lease)
+        if cmd.staged is not None and self.spec.stage:
+            shutil.rmtree(cmd.staged.parent, ignore_errors=True)
+            try:
+                cmd.staged.parent.parent.rmdir()  # .ensio-stage, once no other task uses it
+            except OSError:
+                pass
+        self._record(rec)
+        return nxt
+
+    def _commit(self, task: _Running, following: _Running | None) -> tuple[str, Lease | None]:
+        lease, cmd = task.lease, task.cmd
+        staged, final = cmd.staged, cmd.final
         commit = None
         if staged is not None and final is not None and staged != final:
             def commit() -> None:
-                _move_durably(staged, final, self.spec.fsync)
+                move_durably(staged, final, self.spec.fsync)
         if self._tail is not None:
-            self._tail.note(lease.kind, rec["ended"] - rec["started"])
+            self._tail.note(lease.kind, task.rec["ended"] - task.rec["started"])
+        more = not self._stop.is_set() and (following is None or
+                                           (self.spec.prefetch and
+                                            following.lease.kind == "member"))
         try:
-            nxt = self.todo.done(lease, commit=commit, next_owner=None if self._stop.is_set()
-                                 else self.owner, fits=self._fits())
+            res = self.todo.done(lease, commit=commit,
+                                 next_owner=self.owner if more else None,
+                                 fits=self._fits(following), spare=following is not None)
         except StaleLease as exc:
             self._log(f"commit of {lease.task} refused: {exc}")
             return "stale", None
-        return "done", nxt
+        except OSError as exc:  # e.g. the output could not be moved into place
+            return self._failed(lease, f"{lease.task}: commit failed: {exc}"), None
+        if isinstance(res, Lease):
+            if following is not None:
+                self._renewer.hold(res)
+            return "done", res
+        return "done", None
 
-    def _failed(self, lease: Lease, reason: str) -> tuple[str, None]:
+    def _failed(self, lease: Lease, reason: str) -> str:
         self._log(reason)
+        self._renewer.drop(lease)
         try:
             retry = self.todo.fail(lease, reason)
         except StaleLease:
-            return "stale", None
+            return "stale"
         if not retry:
             self._log(f"{lease.task} failed for good after its retries")
-        return "failed", None
+        return "failed"
 
-    def _stop_process(self, proc: subprocess.Popen, exited: threading.Event) -> None:
+    def _record(self, rec: dict[str, Any]) -> None:
+        rec["finished"] = time.time()
+        if self.records is not None:
+            append_record(self.records, rec)
+        self.tasks_run += 1
+
+    def _stop_process(self, task: _Running) -> None:
         """SIGTERM the command's process group, SIGKILL it after ``grace`` seconds."""
+        proc = task.proc
         for sig, wait in ((signal.SIGTERM, self.spec.grace), (signal.SIGKILL, None)):
             try:
                 os.killpg(proc.pid, sig)
             except ProcessLookupError:
                 pass
-            if exited.wait(wait):
+            if task.exited.wait(wait):
                 break
         proc.wait()
+        task.exited.wait()
+        task.rec["exit"] = proc.returncode
         try:  # stragglers of the group (the leader is gone)
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
 
 
-def _move_durably(src: Path, dst: Path, fsync: bool) -> None:
-    if fsync:
-        fd = os.open(src, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    os.replace(src, dst)
-    if fsync:
-        fd = os.open(dst.parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+def run_job(todo: str | Path, *, time_limit: float | None = None,
+            margin: float | None = None, job_id: str | None = None,
+            submitted: float | None = None, records: str | Path | None = None,
+            quiet: bool = False) -> int:
+    """One worker job in this process (what ``ensio worker`` runs).
 
-
-def _reported_io(path: Path) -> float | None:
-    """``io_seconds`` from the command's ``ENSIO_REPORT`` file, if it wrote one."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    finally:
-        path.unlink(missing_ok=True)
-    try:
-        value = data.get("io_seconds") if isinstance(data, dict) else None
-        return float(value) if value is not None else None
-    except (TypeError, ValueError):
-        return None
-
-
-# ---------------------------------------------------------------------- command line
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Arguments of ``ensio worker`` / ``python -m ensio.workflow.worker``."""
-    p.add_argument("todo", type=Path, metavar="LIST", help="the to-do list file of the cycle")
-    p.add_argument("--time-limit", default=None, metavar="DURATION",
-                   help="this job's wall-clock limit (seconds, HH:MM:SS or D-HH:MM:SS), "
-                        "counted from the worker's start")
-    p.add_argument("--margin", type=float, default=None, metavar="SECONDS",
-                   help="seconds kept free before the limit (default: 10%% of it, at most 60)")
-    p.add_argument("--job-id", default=None, help="job id for the records "
-                   "(default: $ENSIO_JOB_ID, $SLURM_JOB_ID or the pid)")
-    p.add_argument("--submitted", type=float, default=None, metavar="EPOCH",
-                   help="submission time of the job (default: $ENSIO_SUBMITTED)")
-    p.add_argument("--records", type=Path, default=None, metavar="FILE",
-                   help="records file (default: the one named in the list)")
-    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-
-
-def run_from_args(args: argparse.Namespace) -> int:
-    """Run one worker with SIGTERM/SIGUSR1/SIGINT meaning "stop and requeue"."""
-    limit = (parse_duration(args.time_limit, "--time-limit")
-             if args.time_limit is not None else None)
-    worker = Worker(TodoList(args.todo), time_limit=limit, margin=args.margin,
-                    job_id=args.job_id, submitted=args.submitted, records=args.records,
-                    log=(lambda m: None) if args.quiet else None)
+    SIGTERM, SIGUSR1 and SIGINT mean "stop the running task, put it back at
+    the front, exit 0". Returns the exit status of :meth:`Worker.run`.
+    """
+    worker = Worker(TodoList(todo), time_limit=time_limit, margin=margin, job_id=job_id,
+                    submitted=submitted, records=records,
+                    log=(lambda m: None) if quiet else None)
 
     def on_signal(signum: int, _frame: object) -> None:
         worker.request_stop(f"signal {signal.Signals(signum).name}")
@@ -466,19 +518,3 @@ def run_from_args(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
         signal.signal(sig, on_signal)
     return worker.run()
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m ensio.workflow.worker LIST …`` (the light entry point jobs use)."""
-    p = argparse.ArgumentParser(prog="ensio worker", description=__doc__.splitlines()[0])
-    add_arguments(p)
-    args = p.parse_args(argv)
-    try:
-        return run_from_args(args)
-    except (ConfigError, TodoError) as exc:
-        print(f"ensio worker: error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -427,6 +427,7 @@ class SlurmBackend(Backend):
         self.cpus_per_task = cpus_per_task
         self.command_timeout = command_timeout
         self.submit_attempts = max(1, submit_attempts)
+        self._logs: dict[str, Path] = {}
 
     #: The pure script generator, also reachable as ``SlurmBackend.job_script``.
     job_script = staticmethod(job_script)
@@ -478,11 +479,16 @@ class SlurmBackend(Backend):
                 if not _JOB_ID_RE.match(job_id):
                     raise SlurmError(f"sbatch answered {proc.stdout.strip()!r}, not a job id")
                 _log.debug("submitted %s as SLURM job %s", spec.name, job_id)
+                self._logs[job_id] = Path(spec.workdir) / f"{spec.name}-{job_id}.out"
                 return job_id
             err = proc.stderr.strip() or f"exit status {proc.returncode}"
             if not any(t.lower() in err.lower() for t in _TRANSIENT):
                 break
         raise SlurmError(f"sbatch {path} failed: {err}")
+
+    def log_path(self, job_id: str) -> Path | None:
+        """Where the job's standard output goes (stderr: same name, ``.err``)."""
+        return self._logs.get(job_id)
 
     def states(self, job_ids: Sequence[str]) -> dict[str, JobState]:
         """State of each job from ``squeue --states=all``.
