@@ -19,8 +19,10 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/ensio synth $(DEMO_DIR)/synth --nx 720 --ny 360 --members 20 --seed 1
-	$(MPIEXEC) -n 2 $(VENV)/bin/ensio bench io $(DEMO_DIR)/synth/ensio.yaml --repeat 3 --json $(DEMO_DIR)/bench-io.json
+	rm -rf $(DEMO_DIR)/lorenz96
+	$(VENV)/bin/ensio cycle examples/lorenz96/cycle.yaml --workdir $(DEMO_DIR)/lorenz96 --cycles 4
+	$(VENV)/bin/ensio report $(DEMO_DIR)/lorenz96
+	$(PY) -m ensio.models.l96case rmse --workdir $(DEMO_DIR)/lorenz96
 
 test: $(STAMP) test-serial test-mpi
 

@@ -5,7 +5,7 @@ Child processes here start through :data:`LIGHT`, which registers the
 analysis, ~1 s of CPU per process on the test machine). Workers, lists and
 locks import only the standard library, PyYAML and their own modules, so the
 many short-lived processes of these tests stay cheap; one test runs the real
-``python -m ensio.workflow.worker`` entry for fidelity.
+``python -m ensio.cli.worker`` entry for fidelity.
 """
 
 from __future__ import annotations

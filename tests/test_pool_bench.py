@@ -16,7 +16,7 @@ def test_bench_pool_small(tmp_path, monkeypatch):
     monkeypatch.setattr(spec, "worker_argv", lambda todo, time_limit=None, **kw: (
         *WORKER, str(todo), "--time-limit", repr(time_limit)))
     res = bench_pool(tmp_path / "b", noop_tasks=30, sleep_tasks=8, sleep_seconds=0.05, jobs=2,
-                     keep=True)
+                     repeat=2, keep=True)
     a, b = res["noop"], res["sleep"]
     assert a["tasks"] == 30 and a["lock"] == "flock" and a["tasks_per_second"] > 0
     assert 0 <= a["overhead_ms"]["median"] <= a["overhead_ms"]["p99"]
@@ -24,6 +24,7 @@ def test_bench_pool_small(tmp_path, monkeypatch):
     assert b["tasks"] == 8 and b["ideal"] == 8 * 0.05 / 2
     assert b["ratio"] == b["makespan"] / b["ideal"] and b["ratio"] > 0.9
     assert b["ok"] == (b["ratio"] <= 1.05) and math.isfinite(b["ratio_from_worker_start"])
+    assert b["repeat"] == 2 and b["ratio"] in b["ratios"] and b["mean_task_seconds"] >= 0.05
     assert res["machine"]["filesystem"]["mount"] and res["workdir"] == str(tmp_path / "b")
     json.dumps(res)  # JSON-ready
     assert result_table(res).row_count >= 10

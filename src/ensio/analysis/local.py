@@ -14,9 +14,12 @@ observed anomalies, the innovation products ``y_a d`` (or, for the
 stochastic filter, ``y_a (d + ε_j)`` for every member j) and three
 diagnostic columns. Unpacking ``S`` gives ``C = Y R_loc⁻¹ Yᵀ`` and the
 right-hand sides of every point; one batched symmetric eigendecomposition
-then yields all transforms. The **pointwise** kernel computes the same
-quantities with one small product and one eigendecomposition per point and
-is kept as the reference.
+then yields all transforms. For the square-root filters, ``Y`` is first
+expressed in an orthonormal basis of its span when that is smaller than
+the ensemble space (:mod:`~ensio.analysis.basis`; exact): the GEMM and the
+eigenproblems shrink to its size and the transforms are applied as factors.
+The **pointwise** kernel computes the same quantities with one small
+product and one eigendecomposition per point and is kept as the reference.
 
 Points without any observation inside the radius get ``C = 0``, ``b = 0``,
 so their analysis is the prior with the configured multiplicative inflation
@@ -37,8 +40,8 @@ from typing import Literal
 import numpy as np
 
 from .basis import FactoredTransform, anomaly_basis, expand, prior_transform, sqrt_factors_in_basis
-from .localization import Localization, as_coords, prepare, prepared_distances, regulate
-from .tiles import CandidateFinder, make_tiles
+from .localization import Localization, as_coords, prepare
+from .tiles import CandidateFinder, make_tiles, taper_weights, tile_weights
 from .transforms import enkf_weights, estkf_projection, sqrt_weights, transform_from_weights
 
 __all__ = ["ObsSpace", "LocalResult", "local_analysis", "Method", "Kernel"]
@@ -139,38 +142,11 @@ class LocalResult:
     weight_sum: np.ndarray
 
 
-#: Pairs per block of the distance/taper computation: the dozens of
-#: element-wise passes then run on arrays that stay in the L2 cache (about
-#: twice as fast as one pass over a whole tile).
-TAPER_BLOCK = 16384
-
-
 def _taper(loc: Localization, pts, obs: ObsSpace, obs_pre, cand, rho: np.ndarray):
-    """Localization weights ``(p, c)`` of candidates ``cand`` (None: all) for prepared ``pts``.
-
-    Computed in blocks of rows; every value is element-wise (per row for the
-    regulated weights), so the result does not depend on the blocking.
-    """
+    """Localization weights ``(p, c)`` of candidates ``cand`` (None: all) for prepared ``pts``."""
     sel = slice(None) if cand is None else cand
-    opre = obs_pre[sel]
-    p, c = pts.shape[0], opre.shape[0]
-    step = max(1, TAPER_BLOCK // max(c, 1))
-    if step >= p:
-        return _taper_rows(loc, pts, obs, opre, sel, rho)
-    out = np.empty((p, c))
-    for i in range(0, p, step):
-        out[i : i + step] = _taper_rows(loc, pts[i : i + step], obs, opre, sel, rho[i : i + step])
-    return out
-
-
-def _taper_rows(loc: Localization, pts, obs: ObsSpace, opre, sel, rho: np.ndarray):
-    taper = loc.weights(prepared_distances(loc.geometry, pts, opre))
-    if loc.regulated:
-        inside = taper > 0
-        cnt = inside.sum(axis=1)
-        state_var = (inside @ obs.var[sel]) / np.maximum(cnt, 1) / rho
-        taper = regulate(taper, obs.errors[sel] ** 2, state_var)
-    return taper
+    reg = (obs.var[sel], obs.errors[sel] ** 2) if loc.regulated else None
+    return taper_weights(loc, pts, obs_pre[sel], rho, reg)
 
 
 def _finish(method: Method, C, rhs, rho, k: int, T):
@@ -241,21 +217,21 @@ class _Columns:
         self._cache: np.ndarray | None = None
         self._cache_ok = len(obs) * (q * (q + 1) // 2 + self.nrhs + 3) * 8 <= Z_CACHE_BYTES
 
-    def products(self, Wt: np.ndarray, cand: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
-        """``S = W · Z`` for the candidates ``cand``: (basis or None, S of shape (p, ncols)).
+    def basis(self, cand: np.ndarray) -> np.ndarray | None:
+        """Orthonormal basis (q × r) of the candidates' anomalies if r < q (reduced form)."""
+        if not self.reduce:
+            return None
+        return anomaly_basis(self.Yq[:, cand], BASIS_TOLERANCE)
 
-        The basis ``Q`` (q × r) is returned when the reduced form was used.
-        """
-        if self.reduce:
-            Yc = self.Yq[:, cand]
-            Q = anomaly_basis(Yc, BASIS_TOLERANCE)
-            if Q is not None:
-                return Q, Wt @ self._build(Q.T @ Yc, cand).T
+    def products(self, Wt: np.ndarray, cand: np.ndarray, Q: np.ndarray | None) -> np.ndarray:
+        """``S = W · Z`` for the candidates ``cand`` (in the basis ``Q``): shape (p, ncols)."""
+        if Q is not None:
+            return Wt @ self._build(Q.T @ self.Yq[:, cand], cand).T
         if self._cache is None and self._cache_ok:
             self._cache = np.ascontiguousarray(self._build(self.Yq, None).T)
         if self._cache is not None:
-            return None, Wt @ self._cache[cand]
-        return None, Wt @ self._build(self.Yq[:, cand], cand).T
+            return Wt @ self._cache[cand]
+        return Wt @ self._build(self.Yq[:, cand], cand).T
 
     def _build(self, Yc: np.ndarray, cand: np.ndarray | None) -> np.ndarray:
         """Zᵀ for coordinates ``Yc`` (r, c) of candidates ``cand`` (None: all), C-contiguous.
@@ -340,18 +316,26 @@ def _batched(pts, obs, loc, method, rho, T, apply, tile_points, clock, threads):
             cand = finder(pts[tile])
             tclock.lap("select")
             if cand.size:
-                Wt = _taper(loc, pts_pre[tile], obs, obs_pre, cand, rho[tile])
-                used = np.flatnonzero(Wt.any(axis=0))
-                cand, Wt = cand[used], np.take(Wt, used, axis=1)
-                n_obs = np.count_nonzero(Wt, axis=1)
+                reg = (obs.var[cand], obs.errors[cand] ** 2) if loc.regulated else None
+                Wt, n_obs, used = tile_weights(
+                    loc, pts_pre[tile], obs_pre[cand], obs.rinv[cand], rho[tile], reg
+                )
                 has = n_obs > 0
+                if has.any():
+                    used = np.flatnonzero(used)
+                    cand, Wt = cand[used], np.take(Wt if has.all() else Wt[has], used, axis=1)
                 tclock.lap("weights")
                 if has.any():
                     diag[tile, 0] = n_obs
-                    Wt = (Wt if has.all() else Wt[has]) * obs.rinv[cand]
-                    Q, S = cols.products(Wt, cand)
+                    Q = cols.basis(cand)
+                    tclock.lap("basis")
+                    S = cols.products(Wt, cand, Q)
                     C, rhs, extra = cols.unpack(S, cols.q if Q is None else Q.shape[1])
                     tclock.count("gemm_flops", 2.0 * S.shape[0] * cand.size * S.shape[1])
+                    tclock.count("tiles_count", 1)
+                    if Q is not None:
+                        tclock.count("reduced_tiles_count", 1)
+                        tclock.count("basis_rank_count", Q.shape[1])
                     diag[tile[has], 1:] = extra
                     tclock.lap("gemm")
                     Gh = cols.transforms(Q, C, rhs, rho[tile][has], k)
@@ -442,10 +426,15 @@ def local_analysis(
         Maximum points per tile of the batched kernel.
     timings : dict, optional
         Seconds per phase are added to it: ``select`` (tiles, candidate
-        observations), ``weights`` (distances, taper), ``gemm`` (the products
-        ``W·Z``; per point for ``pointwise``), ``transform`` (eigendecomposition
+        observations), ``weights`` (distances, taper), ``basis`` (the tile's
+        anomaly basis, batched only), ``gemm`` (the products ``W·Z``; per
+        point for ``pointwise``), ``transform`` (eigendecomposition
         and transforms), ``update`` (the rows); ``gemm_flops`` counts the
-        floating-point operations of the products. With several threads the
+        floating-point operations of the products; the batched kernel also
+        counts ``tiles_count`` (tiles with observations),
+        ``reduced_tiles_count`` (of those, done in a smaller anomaly basis,
+        :mod:`~ensio.analysis.basis`) and ``basis_rank_count`` (the sum of
+        their basis sizes). With several threads the
         phase times are summed over the threads.
     threads : int
         Threads working on separate tiles (batched kernel only). The result

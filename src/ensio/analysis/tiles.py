@@ -22,9 +22,29 @@ from __future__ import annotations
 import numpy as np
 from scipy.spatial import cKDTree
 
-from .localization import EARTH_RADIUS_KM, Geometry, distances, unit_vectors
+from .localization import (
+    EARTH_RADIUS_KM,
+    Geometry,
+    Localization,
+    distances,
+    prepared_distances,
+    regulate,
+    unit_vectors,
+)
 
-__all__ = ["embed", "chord_radius", "make_tiles", "CandidateFinder"]
+__all__ = [
+    "embed",
+    "chord_radius",
+    "make_tiles",
+    "CandidateFinder",
+    "taper_weights",
+    "tile_weights",
+]
+
+#: Pairs per block of :func:`tile_weights`: the dozens of element-wise passes
+#: of the distances and the taper then run on arrays that stay in the L2
+#: cache (about twice as fast as passes over a whole tile).
+TAPER_BLOCK = 16384
 
 
 def embed(geometry: Geometry, coords: np.ndarray) -> np.ndarray:
@@ -151,3 +171,68 @@ class CandidateFinder:
             return np.arange(self.m)
         found = self._tree.query_ball_point(e[centre], r)  # type: ignore[union-attr]
         return np.sort(np.asarray(found, dtype=np.int64))
+
+
+def taper_weights(
+    loc: Localization,
+    pts: np.ndarray,
+    obs_pre: np.ndarray,
+    rho: np.ndarray,
+    regulated: tuple[np.ndarray, np.ndarray] | None = None,
+) -> np.ndarray:
+    """Localization weights ``(p, c)`` of points ``pts`` against observations ``obs_pre``.
+
+    Parameters
+    ----------
+    loc : Localization
+    pts, obs_pre : ndarray
+        Coordinates passed through :func:`~ensio.analysis.localization.prepare`.
+    rho : ndarray, shape (p,)
+        Forgetting factor of each point (regulated localization only).
+    regulated : (ndarray, ndarray), optional
+        Observed ensemble variance and σ_o² of the observations, for
+        ``loc.regulated``.
+    """
+    taper = loc.weights(prepared_distances(loc.geometry, pts, obs_pre))
+    if regulated is not None:
+        var, err2 = regulated
+        inside = taper > 0
+        cnt = inside.sum(axis=1)
+        state_var = (inside @ var) / np.maximum(cnt, 1) / rho
+        taper = regulate(taper, err2, state_var)
+    return taper
+
+
+def tile_weights(
+    loc: Localization,
+    pts: np.ndarray,
+    obs_pre: np.ndarray,
+    rinv: np.ndarray,
+    rho: np.ndarray,
+    regulated: tuple[np.ndarray, np.ndarray] | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A tile's GEMM weights ``taper · R⁻¹`` with per-point counts and used candidates.
+
+    Computed in blocks of :data:`TAPER_BLOCK` pairs; every value is
+    element-wise (per row for the regulated weights), so the blocking
+    changes nothing.
+
+    Returns
+    -------
+    W : ndarray, shape (p, c)
+    n_obs : ndarray of int, shape (p,)
+        Observations with non-zero weight at each point.
+    used : ndarray of bool, shape (c,)
+        Candidates with a non-zero weight at some point.
+    """
+    p, c = pts.shape[0], obs_pre.shape[0]
+    step = max(1, TAPER_BLOCK // max(c, 1))
+    out = np.empty((p, c))
+    n_obs = np.empty(p, dtype=np.int64)
+    used = np.zeros(c, dtype=bool)
+    for i in range(0, p, step):
+        w = taper_weights(loc, pts[i : i + step], obs_pre, rho[i : i + step], regulated)
+        n_obs[i : i + step] = np.count_nonzero(w, axis=1)
+        used |= w.any(axis=0)
+        np.multiply(w, rinv, out=out[i : i + step])
+    return out, n_obs, used

@@ -13,7 +13,8 @@ control, observation selection, the local analyses, relaxation, posterior
 HX), between a barrier and the slowest rank's return — file I/O is not in
 it. Per phase, the ``timings`` dict the kernels fill (seconds; maximum over
 ranks): ``obs`` (H, exchange, QC, per-rank selection), ``select`` (tiles and
-candidate observations), ``weights`` (distances and taper), ``gemm`` (the
+candidate observations), ``weights`` (distances and taper), ``basis`` (the
+tile's anomaly basis, :mod:`ensio.analysis.basis`), ``gemm`` (the
 products ``W·Z``; one small product per point for pointwise), ``transform``
 (eigendecomposition and transforms), ``update`` (the rows), ``relax``
 (inflation relaxation, rotation), ``posterior`` (posterior HX). GFLOP/s of
@@ -45,6 +46,7 @@ PHASES = (
     "obs",
     "select",
     "weights",
+    "basis",
     "gemm",
     "transform",
     "update",
@@ -52,6 +54,7 @@ PHASES = (
     "perturb",
     "posterior",
 )
+_NOT_SECONDS = ("_flops", "_count")
 #: Largest accepted ``max|batched − pointwise| / max|pointwise|``.
 TOLERANCE = 1e-10
 
@@ -86,8 +89,15 @@ def _reduce_timings(comm: MPI.Comm, timings: dict[str, float]) -> dict[str, floa
     names = sorted(set().union(*comm.allgather(sorted(timings))))
     out: dict[str, float] = {}
     for name in names:
-        op = MPI.SUM if name.endswith("_flops") else MPI.MAX
+        op = MPI.SUM if name.endswith(("_flops", "_count")) else MPI.MAX
         out[name] = float(comm.allreduce(timings.get(name, 0.0), op=op))
+    return out
+
+
+def _phases(t: dict[str, float]) -> dict[str, float]:
+    """Seconds of every phase in :data:`PHASES` (0 when the kernel has none), then any other."""
+    out = {p: t.get(p, 0.0) for p in PHASES}
+    out.update({p: v for p, v in t.items() if p not in out and not p.endswith(_NOT_SECONDS)})
     return out
 
 
@@ -164,6 +174,7 @@ def bench_analysis(
     seconds, pw_seconds = min(samples["configured"]), min(samples["pointwise"])
     cfg = config.analysis
     loc = cfg.localization
+    reduced = best["configured"].get("reduced_tiles_count", 0)
     machine = describe_machine() if comm.rank == 0 else None
     return {
         "benchmark": "analysis",
@@ -171,11 +182,14 @@ def bench_analysis(
         "pointwise_seconds": pw_seconds,
         "speedup": pw_seconds / seconds if seconds > 0 else None,
         "kernel": cfg.kernel,
-        "phases": {p: v for p, v in best["configured"].items() if not p.endswith("_flops")},
-        "pointwise_phases": {
-            p: v for p, v in best["pointwise"].items() if not p.endswith("_flops")
-        },
+        "phases": _phases(best["configured"]),
+        "pointwise_phases": _phases(best["pointwise"]),
         "gemm_flops": best["configured"].get("gemm_flops", 0.0),
+        "tiles": int(best["configured"].get("tiles_count", 0)),
+        "reduced_tiles": int(reduced),
+        "mean_basis_rank": best["configured"].get("basis_rank_count", 0.0) / reduced
+        if reduced
+        else None,
         "pointwise_gemm_flops": best["pointwise"].get("gemm_flops", 0.0),
         "gflops": _gflops(best["configured"]),
         "pointwise_gflops": _gflops(best["pointwise"]),
@@ -218,10 +232,10 @@ def result_table(res: dict[str, Any]) -> Table:
     table.add_column("ratio", justify="right")
     ours, ref = res["phases"], res["pointwise_phases"]
     for p in PHASES:
-        if p not in ours and p not in ref:
+        if not (ours.get(p) or ref.get(p)):
             continue
         a, b = ours.get(p, 0.0), ref.get(p, 0.0)
-        table.add_row(p, _fmt(a), _fmt(b), _fmt(b / a if a > 0 else None, ".1f"))
+        table.add_row(p, _fmt(a), _fmt(b), _fmt(b / a if a > 0 and b > 0 else None, ".1f"))
     table.add_row(
         "GEMM GFLOP/s", _fmt(res["gflops"], ".2f"), _fmt(res["pointwise_gflops"], ".2f"), ""
     )
@@ -232,8 +246,14 @@ def result_table(res: dict[str, Any]) -> Table:
         f"[bold]{_fmt(res['speedup'], '.2f')}×[/]",
     )
     agree = "[green]yes[/]" if res["agree"] else "[bold red]NO[/]"
+    basis = ""
+    if res.get("tiles"):
+        basis = f"{res['reduced_tiles']} of {res['tiles']} tiles in a reduced anomaly basis"
+        if res.get("mean_basis_rank") is not None:
+            basis += f" (mean size {res['mean_basis_rank']:.1f})"
+        basis += "; "
     table.caption = (
-        f"max relative difference {res['max_rel_diff']:.2e} "
+        basis + f"max relative difference {res['max_rel_diff']:.2e} "
         f"(≤ {res['tolerance']:.0e}: {agree}); best of {res['repeat']}; "
         "seconds = slowest rank, file I/O excluded"
     )

@@ -18,6 +18,10 @@ real process started without a shell:
 (b) **efficiency**: ``--sleep-tasks`` (100) tasks of ``sleep 0.2``. The
     makespan (first task start to last commit) is compared with the ideal
     ``tasks * seconds / N_j``; the issue's goal is makespan / ideal ≤ 1.05.
+    Run ``--repeat`` (3) times; the run with the median ratio is reported.
+    ``ratio_measured`` divides by the *measured* task durations instead (a
+    ``sleep 0.2`` process lives a few ms longer than 0.2 s), isolating the
+    pool's own cost.
     Workers start at slightly different times (each is a new Python
     process); ``ratio_from_worker_start`` credits that spread, i.e. it divides
     by ``(tasks * seconds + Σ start offsets) / N_j``, which is what a pool whose
@@ -103,8 +107,33 @@ def _commit_ms(recs: list[dict[str, Any]]) -> list[float]:
     return [1e3 * (r["finished"] - r["ended"]) for r in recs]
 
 
+def _efficiency(recs: list[dict[str, Any]], info: dict[str, Any], tasks: int,
+                seconds: float, jobs: int) -> dict[str, Any]:
+    """Makespan against the ideal for one run of case (b)."""
+    first, last = _span(recs)
+    starts = sorted(min(r["started"] for r in recs if r["job"] == j)
+                    for j in {r["job"] for r in recs})
+    offsets = sum(s - first for s in starts) + (jobs - len(starts)) * (last - first)
+    makespan = last - first
+    ideal = tasks * seconds / jobs
+    measured = math.fsum(r["ended"] - r["started"] for r in recs)
+    return {
+        "tasks": len(recs), "task_seconds": seconds, "lock": info["lock"],
+        "makespan": makespan, "ideal": ideal, "ratio": makespan / ideal,
+        "goal": GOAL, "ok": makespan / ideal <= GOAL,
+        "mean_task_seconds": measured / len(recs),
+        "ratio_measured": makespan / (measured / jobs),
+        "worker_start_spread": starts[-1] - starts[0] if starts else math.nan,
+        "ratio_from_worker_start": makespan / ((tasks * seconds + offsets) / jobs),
+        "overhead_ms": _quantiles(_gaps_ms(recs)),
+        "commit_ms": _quantiles(_commit_ms(recs)),
+        "end_to_end_seconds": info["finished"] - info["submitted"],
+    }
+
+
 def bench_pool(workdir: str | Path | None = None, *, noop_tasks: int = 1000,
-               sleep_tasks: int = 100, sleep_seconds: float = 0.2, jobs: int = 4,
+               sleep_tasks: int = 100, sleep_seconds: float = 0.2, repeat: int = 3,
+               jobs: int = 4,
                lock: str = "auto", keep: bool = False,
                on_step: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run both cases; return a JSON-ready result (see the module docstring).
@@ -118,6 +147,9 @@ def bench_pool(workdir: str | Path | None = None, *, noop_tasks: int = 1000,
         Task counts of cases (a) and (b); 0 skips a case.
     sleep_seconds : float
         Duration of each task of case (b).
+    repeat : int
+        Runs of case (b); the run with the median ratio is reported (a shared
+        machine's noise moves single runs by several per cent), all ratios too.
     jobs : int
         N_j.
     lock : {"auto", "flock", "lockf", "mkdir"}
@@ -150,29 +182,17 @@ def bench_pool(workdir: str | Path | None = None, *, noop_tasks: int = 1000,
                                                              - info["submitted"]),
             }
         if sleep_tasks:
-            if on_step:
-                on_step(f"(b) {sleep_tasks} tasks of {sleep_seconds} s on {jobs} workers")
-            recs, info = _run_case(root, "sleep", f"{sleep} {sleep_seconds!r}", sleep_tasks,
-                                   jobs, lock)
-            first, last = _span(recs)
-            starts = sorted(min(r["started"] for r in recs if r["job"] == j)
-                            for j in {r["job"] for r in recs})
-            offsets = sum(s - first for s in starts) + (jobs - len(starts)) * (last - first)
-            makespan = last - first
-            ideal = sleep_tasks * sleep_seconds / jobs
-            measured = math.fsum(r["ended"] - r["started"] for r in recs)
-            res["sleep"] = {
-                "tasks": len(recs), "task_seconds": sleep_seconds, "lock": info["lock"],
-                "makespan": makespan, "ideal": ideal, "ratio": makespan / ideal,
-                "goal": GOAL, "ok": makespan / ideal <= GOAL,
-                "ratio_measured": makespan / (measured / jobs),
-                "worker_start_spread": starts[-1] - starts[0] if starts else math.nan,
-                "ratio_from_worker_start": makespan / ((sleep_tasks * sleep_seconds + offsets)
-                                                       / jobs),
-                "overhead_ms": _quantiles(_gaps_ms(recs)),
-                "commit_ms": _quantiles(_commit_ms(recs)),
-                "end_to_end_seconds": info["finished"] - info["submitted"],
-            }
+            runs = []
+            for k in range(repeat):
+                if on_step:
+                    on_step(f"(b) {sleep_tasks} tasks of {sleep_seconds} s on {jobs} workers "
+                            f"({k + 1}/{repeat})")
+                recs, info = _run_case(root, f"sleep{k + 1}", f"{sleep} {sleep_seconds!r}",
+                                       sleep_tasks, jobs, lock)
+                runs.append(_efficiency(recs, info, sleep_tasks, sleep_seconds, jobs))
+            best = sorted(runs, key=lambda r: r["ratio"])[(len(runs) - 1) // 2]  # median
+            res["sleep"] = {**best, "repeat": repeat,
+                            "ratios": [r["ratio"] for r in runs]}
     finally:
         if made and not keep:
             shutil.rmtree(root, ignore_errors=True)
@@ -200,11 +220,13 @@ def result_table(res: dict[str, Any]) -> Any:
         t.add_row("  tasks/s", f"{a['tasks_per_second']:.1f}")
         t.add_row("  tasks/s incl. worker start", f"{a['tasks_per_second_end_to_end']:.1f}")
     if b:
-        t.add_row(f"(b) {b['tasks']} tasks of {b['task_seconds']} s", f"lock {b['lock']}",
-                  style="bold")
+        t.add_row(f"(b) {b['tasks']} tasks of {b['task_seconds']} s, median of {b['repeat']}",
+                  f"lock {b['lock']}", style="bold")
         t.add_row("  makespan / ideal s", f"{b['makespan']:.3f} / {b['ideal']:.3f}")
         mark = "ok" if b["ok"] else "above goal"
         t.add_row(f"  ratio (goal <= {b['goal']})", f"{b['ratio']:.3f} ({mark})")
+        t.add_row("  all runs", " ".join(f"{x:.3f}" for x in b["ratios"]))
+        t.add_row("  ratio over measured durations", f"{b['ratio_measured']:.3f}")
         t.add_row("  ratio from worker start", f"{b['ratio_from_worker_start']:.3f}")
         t.add_row("  worker start spread s", f"{b['worker_start_spread']:.3f}")
         t.add_row("  overhead median / p99 ms",
@@ -225,6 +247,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="tasks of case (b) (default 100; 0 skips it)")
     p.add_argument("--sleep-seconds", type=float, default=0.2, metavar="S",
                    help="task length of case (b) (default 0.2)")
+    p.add_argument("--repeat", type=int, default=3, metavar="N",
+                   help="runs of case (b); the median is reported (default 3)")
     p.add_argument("--lock", choices=("auto", "flock", "lockf", "mkdir"), default="auto",
                    help="lock kind of the lists (default: detected)")
     p.add_argument("--keep", action="store_true", help="keep lists, records and logs")
@@ -235,7 +259,8 @@ def run_cli(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     res = bench_pool(args.workdir, noop_tasks=args.noop_tasks, sleep_tasks=args.sleep_tasks,
-                     sleep_seconds=args.sleep_seconds, jobs=args.jobs, lock=args.lock,
+                     sleep_seconds=args.sleep_seconds, repeat=args.repeat, jobs=args.jobs,
+                     lock=args.lock,
                      keep=args.keep,
                      on_step=lambda m: Console(stderr=True).print(f"ensio bench pool: {m}"))
     Console().print(result_table(res))

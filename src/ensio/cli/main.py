@@ -16,7 +16,7 @@ from .. import __version__
 from ..errors import ConfigError, EnsioError
 
 #: Subcommand modules, in the order ``ensio --help`` lists them.
-COMMANDS = ("synth", "analyse", "bench", "recover")
+COMMANDS = ("synth", "analyse", "cycle", "report", "worker", "bench", "recover")
 
 
 def build_parser() -> argparse.ArgumentParser:

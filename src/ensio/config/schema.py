@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .analysis import AnalysisSection, ObservationFile, OutputSection
 from .errors import ConfigError
+from .workflow import WorkflowSection
 
 
 @dataclass(frozen=True)
@@ -100,11 +101,18 @@ class Config:
     observations: tuple[ObservationFile, ...] = ()
     analysis: AnalysisSection | None = None
     output: OutputSection = field(default_factory=OutputSection)
+    workflow: WorkflowSection | None = None
     base_dir: Path = field(default=Path("."), compare=False)
 
     def __post_init__(self) -> None:
         if not self.io.in_place and self.output.members is None:
             raise ConfigError("output.members: required when io.in_place is false")
+        wf = self.workflow
+        if wf is not None and wf.min_members is not None and wf.min_members > self.ensemble.size:
+            raise ConfigError(
+                f"workflow.min_members: {wf.min_members} exceeds ensemble.size "
+                f"{self.ensemble.size}"
+            )
 
     def member_paths(self) -> list[Path]:
         return self.ensemble.member_paths(self.base_dir)

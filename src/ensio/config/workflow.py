@@ -48,6 +48,8 @@ BackendName = Literal["local", "slurm"]
 MEMBER_PLACEHOLDERS: frozenset[str] = frozenset(
     {"member", "cycle", "forecast", "analysis", "workdir"}
 )
+#: Placeholders of ``workflow.setup`` (run by ``ensio cycle`` before the first cycle).
+SETUP_PLACEHOLDERS: frozenset[str] = frozenset({"workdir", "members", "cycles"})
 #: Placeholders of the analysis command the cycle driver builds.
 ANALYSIS_PLACEHOLDERS: frozenset[str] = frozenset(
     {"cycle", "workdir", "analysis_ranks", "members", "n_members"}
@@ -245,9 +247,17 @@ class WorkflowSection:
     min_members: int | None = None
     task_estimate: str | float = "00:01:00"
     slurm: SlurmSection = field(default_factory=SlurmSection)
+    setup: str | None = None
+    initial: str = "init/mem{member:03d}.nc"
+    start_delay: float = 0.0
 
     def __post_init__(self) -> None:
         key = "workflow"
+        if self.setup is not None:
+            command_fields(self.setup, SETUP_PLACEHOLDERS, f"{key}.setup")
+        check_placeholders(self.initial, frozenset({"member"}), f"{key}.initial")
+        if self.start_delay < 0:
+            raise ConfigError(f"{key}.start_delay: must be >= 0, got {self.start_delay}")
         if self.jobs < 1:
             raise ConfigError(f"{key}.jobs: must be at least 1, got {self.jobs}")
         limit = parse_duration(self.time_limit, f"{key}.time_limit")
