@@ -321,12 +321,13 @@ def _batched(pts, obs, loc, method, rho, T, apply, tile_points, clock, threads):
                     loc, pts_pre[tile], obs_pre[cand], obs.rinv[cand], rho[tile], reg
                 )
                 has = n_obs > 0
-                if has.any():
+                if not has.any():
+                    tclock.lap("weights")
+                else:
                     used = np.flatnonzero(used)
                     cand, Wt = cand[used], np.take(Wt if has.all() else Wt[has], used, axis=1)
-                tclock.lap("weights")
-                if has.any():
                     diag[tile, 0] = n_obs
+                    tclock.lap("weights")
                     Q = cols.basis(cand)
                     tclock.lap("basis")
                     S = cols.products(Wt, cand, Q)

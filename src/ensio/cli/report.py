@@ -100,6 +100,7 @@ def _plot(rows: list[dict], path: Path) -> None:
         vals = [r[part] for r in rows]
         ax.bar(cycles, vals, bottom=bottom, label=part, color=colour)
         bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    ax.set_xticks(cycles)
     ax.set_xlabel("cycle")
     ax.set_ylabel("seconds")
     ax.set_title("time to solution per cycle")
