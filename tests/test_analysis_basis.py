@@ -28,16 +28,16 @@ def test_basis_of_low_rank_and_centred_anomalies():
     rng = np.random.default_rng(1)
     q, c = 12, 80
     Y = rng.standard_normal((q, 3)) @ rng.standard_normal((3, c))
-    Q = anomaly_basis(Y)
-    assert Q is not None and Q.shape == (q, 3)
-    assert np.allclose(Q.T @ Q, np.eye(3), atol=1e-14)
-    assert rel(Q @ (Q.T @ Y), Y) <= 1e-14
+    Q, coords = anomaly_basis(Y)
+    assert Q.shape == (q, 3) and np.allclose(Q.T @ Q, np.eye(3), atol=1e-14)
+    assert rel(Q @ coords, Y) <= 1e-14 and rel(coords, Q.T @ Y) <= 1e-15
     # anomalies (columns summing to zero over the members): at most q - 1
     hx = rng.standard_normal((q, c))
-    Q = anomaly_basis(hx - hx.mean(axis=0))
-    assert Q is not None and Q.shape == (q, q - 1)
+    Q, _ = anomaly_basis(hx - hx.mean(axis=0))
+    assert Q.shape == (q, q - 1)
     assert anomaly_basis(hx) is None  # full rank: nothing to gain
-    assert anomaly_basis(np.zeros((q, c))).shape == (q, 0)
+    Q, coords = anomaly_basis(np.zeros((q, c)))
+    assert Q.shape == (q, 0) and coords.shape == (0, c)
 
 
 def test_basis_is_rejected_when_the_rest_is_above_rounding():
@@ -119,10 +119,10 @@ def test_batched_on_a_degenerate_ensemble_equals_pointwise(monkeypatch, method):
     ranks: list[int] = []
 
     def spy(Y, tol=1e-14):
-        Q = anomaly_basis(Y, tol)
-        if Q is not None:
-            ranks.append(Q.shape[1])
-        return Q
+        found = anomaly_basis(Y, tol)
+        if found is not None:
+            ranks.append(found[0].shape[1])
+        return found
 
     monkeypatch.setattr(local_mod, "anomaly_basis", spy)
     a = local_analysis(X2, pts2, obs, loc, method=method, forget=forget, tile_points=16)

@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 
-def anomaly_basis(Y: np.ndarray, tol: float = 1e-14) -> np.ndarray | None:
+def anomaly_basis(Y: np.ndarray, tol: float = 1e-14) -> tuple[np.ndarray, np.ndarray] | None:
     """Orthonormal basis of the column span of ``Y`` when it is smaller than ``q``.
 
     The local matrices ``C = Y R_loc⁻¹ Yᵀ`` of every point of a tile and
@@ -48,8 +48,11 @@ def anomaly_basis(Y: np.ndarray, tol: float = 1e-14) -> np.ndarray | None:
     (:func:`sqrt_factors_in_basis`), which is exact, not an approximation:
     the basis is accepted only if ``‖Y − Q QᵀY‖_F ≤ tol ‖Y‖_F``, i.e. the part
     of ``Y`` outside it is at the level of the rounding errors ``Y`` already
-    carries (``tol`` = 1e-14 is ~50 units of rounding; the analysis then
-    changes by about ``tol · λ_max(C) / ((k−1)ρ)``, far below 1e-10).
+    carries (``tol`` = 1e-14 is some 50 units of rounding). Leaving it out
+    changes each ``C`` by at most about ``2 tol ‖Y‖₂² max R_loc⁻¹``, so the
+    analysis changes by ``tol`` times the ratio of the largest observation
+    precision to the prior precision ``(k−1)ρ`` of the point: far below the
+    1e-10 to which the batched and pointwise kernels must agree.
 
     The basis comes from the eigenvectors of the Gram matrix ``Y Yᵀ`` with
     eigenvalues above ``1e-12`` of the largest (one q × q eigendecomposition
@@ -64,23 +67,25 @@ def anomaly_basis(Y: np.ndarray, tol: float = 1e-14) -> np.ndarray | None:
 
     Returns
     -------
-    ndarray, shape (q, r), or None
+    (Q, QᵀY) : ndarray, shape (q, r), and ndarray, shape (r, c); or None
         ``None`` when no basis smaller than ``q`` passes the test.
     """
-    q = Y.shape[0]
-    gram = Y @ Y.T
-    lam, E = np.linalg.eigh(gram)
+    q, c = Y.shape
+    lam, E = np.linalg.eigh(Y @ Y.T)
     top = lam[-1] if q else 0.0
     if not top > 0.0:
-        return np.empty((q, 0))
+        return np.empty((q, 0)), np.empty((0, c))
     r = int(np.count_nonzero(lam > 1e-12 * top))
     if r >= q:
         return None
     Q = np.ascontiguousarray(E[:, q - r :])
-    resid = Y - Q @ (Q.T @ Y)
-    if np.einsum("ij,ij->", resid, resid) > tol**2 * np.einsum("ij,ij->", Y, Y):
+    coords = Q.T @ Y
+    resid = Q @ coords
+    np.subtract(Y, resid, out=resid)
+    flat, yflat = resid.ravel(), Y.reshape(-1)
+    if np.dot(flat, flat) > tol**2 * np.dot(yflat, yflat):
         return None
-    return Q
+    return Q, coords
 
 
 @dataclass(frozen=True, eq=False)

@@ -217,16 +217,16 @@ class _Columns:
         self._cache: np.ndarray | None = None
         self._cache_ok = len(obs) * (q * (q + 1) // 2 + self.nrhs + 3) * 8 <= Z_CACHE_BYTES
 
-    def basis(self, cand: np.ndarray) -> np.ndarray | None:
-        """Orthonormal basis (q × r) of the candidates' anomalies if r < q (reduced form)."""
+    def basis(self, cand: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """Basis ``Q`` (q × r) of the candidates' anomalies and their coordinates, if r < q."""
         if not self.reduce:
             return None
         return anomaly_basis(self.Yq[:, cand], BASIS_TOLERANCE)
 
-    def products(self, Wt: np.ndarray, cand: np.ndarray, Q: np.ndarray | None) -> np.ndarray:
-        """``S = W · Z`` for the candidates ``cand`` (in the basis ``Q``): shape (p, ncols)."""
-        if Q is not None:
-            return Wt @ self._build(Q.T @ self.Yq[:, cand], cand).T
+    def products(self, Wt: np.ndarray, cand: np.ndarray, basis) -> np.ndarray:
+        """``S = W · Z`` for the candidates ``cand`` (in ``basis``): shape (p, ncols)."""
+        if basis is not None:
+            return Wt @ self._build(basis[1], cand).T
         if self._cache is None and self._cache_ok:
             self._cache = np.ascontiguousarray(self._build(self.Yq, None).T)
         if self._cache is not None:
@@ -328,9 +328,10 @@ def _batched(pts, obs, loc, method, rho, T, apply, tile_points, clock, threads):
                     cand, Wt = cand[used], np.take(Wt if has.all() else Wt[has], used, axis=1)
                     diag[tile, 0] = n_obs
                     tclock.lap("weights")
-                    Q = cols.basis(cand)
+                    basis = cols.basis(cand)
+                    Q = None if basis is None else basis[0]
                     tclock.lap("basis")
-                    S = cols.products(Wt, cand, Q)
+                    S = cols.products(Wt, cand, basis)
                     C, rhs, extra = cols.unpack(S, cols.q if Q is None else Q.shape[1])
                     tclock.count("gemm_flops", 2.0 * S.shape[0] * cand.size * S.shape[1])
                     tclock.count("tiles_count", 1)
