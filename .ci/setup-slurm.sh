@@ -12,7 +12,7 @@
 #     SLURM_SETUP_WAIT seconds (default 60).
 #
 # Start/stop by hand (no systemd here, the daemons run in the background):
-#   start:  .ci/setup-slurm.sh
+#   start:  bash .ci/setup-slurm.sh      # from the repository root, as root
 #   stop:   scontrol shutdown            # slurmctld + slurmd
 #           kill "$(cat /run/munge/munged.pid)"
 #   logs:   /var/log/slurm/slurmctld.log, /var/log/slurm/slurmd.log
@@ -32,9 +32,10 @@
 #     (ipmi, rrd, hdf5, rocm, elasticsearch, ...) that one CI node never uses;
 #     without them the install is 7 packages and takes seconds.
 #   * munge's postinst already creates /etc/munge/munge.key; we create one only
-#     if it is missing. munged refuses to run as root, so it runs as user
-#     `munge` (runuser) and needs /run/munge owned by munge (tmpfs, so it is
-#     recreated at every start).
+#     if it is missing. munged checks that its key, log and state files are
+#     owned by the user it runs as; the package gives them to `munge`, so it
+#     runs as that user (runuser; as root it exits with "Logfile is
+#     insecure") and needs /run/munge owned by munge (tmpfs: recreated here).
 #   * SlurmUser=root and SlurmdUser=root: the simplest choice here, no
 #     ownership dance for the spool and log directories.
 #   * No cgroups: ProctrackType=proctrack/linuxproc, TaskPlugin=task/none,
@@ -57,8 +58,15 @@
 #   * a freshly (re)started slurmctld makes sinfo retry for ~10 s; `scontrol
 #     ping` answers at once (ensio's availability check uses it first).
 #   * SLURM checks time limits and --signal warnings only every ~30 s, so a
-#     --signal=B:USR1@lead can arrive up to ~60 s early and a job can overrun
-#     its limit by up to ~30 s; ensio's worker keeps its own timer as well.
+#     --signal=B:USR1@lead can arrive up to ~60 s early (seen: 12 s early for
+#     a 30 s lead) and a job can overrun its limit by up to ~30 s; ensio's
+#     worker keeps its own timer as well.
+#   * MPICH's mpiexec (the mpich wheel) inside a batch job detects SLURM and
+#     starts its proxy with srun into the job's allocation; that works with
+#     this configuration (no extra setup needed).
+#   * the daemons double-fork; where PID 1 is not a real init (this VM), the
+#     exited intermediate process stays as a harmless <defunct> entry.
+#   * root may submit jobs (DisableRootJobs defaults to NO); CI runs as root.
 set -uo pipefail
 
 WAIT=${SLURM_SETUP_WAIT:-60}

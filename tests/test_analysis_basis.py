@@ -36,6 +36,7 @@ def test_basis_of_low_rank_and_centred_anomalies():
     Q, _ = anomaly_basis(hx - hx.mean(axis=0))
     assert Q.shape == (q, q - 1)
     assert anomaly_basis(hx) is None  # full rank: nothing to gain
+    assert anomaly_basis(hx - hx.mean(axis=0), max_rank=q - 2) is None
     Q, coords = anomaly_basis(np.zeros((q, c)))
     assert Q.shape == (q, 0) and coords.shape == (0, c)
 
@@ -118,8 +119,8 @@ def test_batched_on_a_degenerate_ensemble_equals_pointwise(monkeypatch, method):
     loc = Localization(LONLAT, "gaspari-cohn", 2500.0)
     ranks: list[int] = []
 
-    def spy(Y, tol=1e-14):
-        found = anomaly_basis(Y, tol)
+    def spy(Y, tol=1e-14, max_rank=None):
+        found = anomaly_basis(Y, tol, max_rank)
         if found is not None:
             ranks.append(found[0].shape[1])
         return found

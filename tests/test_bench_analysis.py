@@ -49,6 +49,8 @@ def _check(res: dict[str, Any], config: Config) -> None:
     assert res["n_mpi"] == 1 and res["members"] == 5 and res["points"] == 24 * 12
     assert res["observations"] > 0 and res["accepted_observations"] > 0
     assert res["kernel"] == "batched" and res["filter"] == config.analysis.filter
+    assert res["tiles"] > 0 and 0 <= res["reduced_tiles"] <= res["tiles"]
+    assert res["variables"] == ["state"]
     assert res["machine"]["logical_cpus"] >= 1
     json.dumps(res)  # JSON-serialisable
 

@@ -88,21 +88,26 @@ def test_job_runs_and_is_followed_to_done(backend, tmp_path):
     code = (
         "import os, sys; "
         "open(sys.argv[1], 'w').write(os.environ['GREETING'] + ' ' + os.getcwd()); "
+        "open(sys.argv[2], 'w').write(os.environ['ENSIO_SUBMITTED']); "
         "print('stdout of the job')"
     )
     spec = JobSpec(
         name=name("hello"),
-        argv=(sys.executable, "-c", code, str(out)),
+        argv=(sys.executable, "-c", code, str(out), str(wd / "submitted.txt")),
         time_limit=120,
         workdir=str(wd),
         env=(("GREETING", "hello 'world' $x"),),
     )
+    before = time.time()
     job = backend.submit(spec)
+    after = time.time()
     assert job.isdigit()
     assert (wd / f"{spec.name}.sbatch").read_text() == backend.script_for(spec)
     states = wait_states(backend, [job], lambda s: s[job] in FINISHED, 120, "the job to finish")
     assert states[job] == "done"
     assert out.read_text() == f"hello 'world' $x {wd}"
+    # the submission time reaches the job for the records' queuing time
+    assert before <= float((wd / "submitted.txt").read_text()) <= after
     assert (wd / f"{spec.name}-{job}.out").read_text() == "stdout of the job\n"
     assert backend.log_path(job) == wd / f"{spec.name}-{job}.out"
     assert (wd / f"{spec.name}-{job}.err").exists()

@@ -290,3 +290,11 @@ def test_backend_script_uses_its_settings(tmp_path):
 )
 def test_state_mapping(slurm, ours):
     assert slurm_state(slurm) == ours
+
+
+@pytest.mark.parametrize(
+    ("limit", "lead"), [(30, 30), (60, 30), (90, 60), (119, 60), (1200, 60), (86400, 60)]
+)
+def test_backend_default_lead_fits_short_limits(tmp_path, limit, lead):
+    s = SlurmBackend().script_for(spec(tmp_path, time_limit=limit))
+    assert f"--signal=B:USR1@{lead}" in directives(s)

@@ -35,7 +35,9 @@ __all__ = [
 ]
 
 
-def anomaly_basis(Y: np.ndarray, tol: float = 1e-14) -> tuple[np.ndarray, np.ndarray] | None:
+def anomaly_basis(
+    Y: np.ndarray, tol: float = 1e-14, max_rank: int | None = None
+) -> tuple[np.ndarray, np.ndarray] | None:
     """Orthonormal basis of the column span of ``Y`` when it is smaller than ``q``.
 
     The local matrices ``C = Y R_loc⁻¹ Yᵀ`` of every point of a tile and
@@ -64,11 +66,13 @@ def anomaly_basis(Y: np.ndarray, tol: float = 1e-14) -> tuple[np.ndarray, np.nda
     Y : ndarray, shape (q, c)
     tol : float
         Largest accepted relative Frobenius norm of the residual.
+    max_rank : int, optional
+        Largest basis of use to the caller (default ``q − 1``).
 
     Returns
     -------
     (Q, QᵀY) : ndarray, shape (q, r), and ndarray, shape (r, c); or None
-        ``None`` when no basis smaller than ``q`` passes the test.
+        ``None`` when no basis of at most ``max_rank`` dimensions passes the test.
     """
     q, c = Y.shape
     lam, E = np.linalg.eigh(Y @ Y.T)
@@ -76,7 +80,7 @@ def anomaly_basis(Y: np.ndarray, tol: float = 1e-14) -> tuple[np.ndarray, np.nda
     if not top > 0.0:
         return np.empty((q, 0)), np.empty((0, c))
     r = int(np.count_nonzero(lam > 1e-12 * top))
-    if r >= q:
+    if r > (q - 1 if max_rank is None else min(max_rank, q - 1)):
         return None
     Q = np.ascontiguousarray(E[:, q - r :])
     coords = Q.T @ Y

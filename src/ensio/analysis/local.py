@@ -166,7 +166,7 @@ def _empty_transform(rho: np.ndarray, k: int) -> np.ndarray:
 Z_CACHE_BYTES = 256 * 2**20
 
 #: Relative residual up to which a tile's observed anomalies count as lying
-#: in a smaller basis (:func:`~ensio.analysis.transforms.anomaly_basis`);
+#: in a smaller basis (:func:`~ensio.analysis.basis.anomaly_basis`);
 #: 0 switches the reduced basis off.
 BASIS_TOLERANCE = 1e-14
 
@@ -185,11 +185,10 @@ class _Columns:
 
     Two forms. In the **reduced** form (ETKF/ESTKF) the tile's observed
     anomalies are expressed in an orthonormal basis of their span when it has
-    fewer dimensions than the ensemble space
-    (:func:`~ensio.analysis.transforms.anomaly_basis`; always at most k−1 for
-    the ETKF, as anomalies sum to zero): Z then holds the products of the
-    r-dimensional coordinates, the GEMM is ``r(r+1)/2`` instead of
-    ``q(q+1)/2`` columns wide and every point's eigenproblem is r × r.
+    fewer than k−1 dimensions (:func:`~ensio.analysis.basis.anomaly_basis`):
+    Z then holds the products of the r-dimensional coordinates, the GEMM is
+    ``r(r+1)/2`` instead of ``q(q+1)/2`` columns wide and every point's
+    eigenproblem is r × r.
     Otherwise Z (one row per observation) does not depend on the tile, so it
     is computed once for all observations and gathered per tile when it fits
     in :data:`Z_CACHE_BYTES`; a gather is several times cheaper than forming
@@ -198,7 +197,7 @@ class _Columns:
 
     def __init__(self, obs: ObsSpace, method: Method, T: np.ndarray | None) -> None:
         self.method = method
-        k = obs.k
+        self.k = k = obs.k
         self.Yq = (T.T @ obs.Y) if method == "estkf" else obs.Y  # (q, m)
         q = self.Yq.shape[0]
         self.q = q
@@ -218,10 +217,15 @@ class _Columns:
         self._cache_ok = len(obs) * (q * (q + 1) // 2 + self.nrhs + 3) * 8 <= Z_CACHE_BYTES
 
     def basis(self, cand: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-        """Basis ``Q`` (q × r) of the candidates' anomalies and their coordinates, if r < q."""
+        """Basis ``Q`` (q × r) of the candidates' anomalies and their coordinates, if r < k−1.
+
+        Only a span smaller than the k−1 dimensions of full-rank anomalies is
+        used: at r = k−1 the eigenproblems shrink by one row only, which does
+        not pay for the per-tile products (measured: no gain).
+        """
         if not self.reduce:
             return None
-        return anomaly_basis(self.Yq[:, cand], BASIS_TOLERANCE)
+        return anomaly_basis(self.Yq[:, cand], BASIS_TOLERANCE, max_rank=self.k - 2)
 
     def products(self, Wt: np.ndarray, cand: np.ndarray, basis) -> np.ndarray:
         """``S = W · Z`` for the candidates ``cand`` (in ``basis``): shape (p, ncols)."""

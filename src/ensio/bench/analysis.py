@@ -175,7 +175,16 @@ def bench_analysis(
     cfg = config.analysis
     loc = cfg.localization
     reduced = best["configured"].get("reduced_tiles_count", 0)
-    machine = describe_machine() if comm.rank == 0 else None
+    labels = {
+        "configured": "configured" if cfg.kernel == "pointwise" else cfg.kernel,
+        "pointwise": "pointwise",
+    }
+    machine, stamp = comm.bcast(
+        (describe_machine(), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        if comm.rank == 0
+        else None,
+        root=0,
+    )
     return {
         "benchmark": "analysis",
         "seconds": seconds,
@@ -202,15 +211,16 @@ def bench_analysis(
         "accepted_observations": int(first["configured"].qc.accepted),
         "local_observations_max": int(comm.allreduce(first["configured"].n_local_obs, op=MPI.MAX)),
         "members": int(block.data.shape[0]),
+        "variables": [v.name for v in config.ensemble.variables],
         "filter": cfg.filter,
         "localization": dataclasses.asdict(loc) if loc is not None else None,
         "tile_points": cfg.tile_points,
         "threads": cfg.threads,
         "repeat": repeat,
         "statistic": "best (minimum time) of the repeats, per kernel; seconds = slowest rank",
-        "samples_seconds": {cfg.kernel if n == "configured" else n: s for n, s in samples.items()},
-        "machine": comm.bcast(machine, root=0),
-        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "samples_seconds": {labels[n]: s for n, s in samples.items()},
+        "machine": machine,
+        "timestamp": stamp,
     }
 
 

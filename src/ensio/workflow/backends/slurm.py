@@ -23,6 +23,13 @@ longer knows has ended and was purged: it is reported as ``"done"`` (it can
 neither start nor run any more) although its exit status is forgotten. That is
 enough, because the to-do list, not the job state, records which tasks
 succeeded. ``"unknown"`` is reserved for "the scheduler did not answer".
+
+MPI inside a job
+----------------
+The analysis task runs ``mpiexec -n R`` inside a worker job. MPICH's Hydra
+sees ``SLURM_JOB_ID`` and launches its proxy with ``srun`` into the job's own
+allocation (checked on the CI cluster: one proxy, R ranks). Where cgroups
+confine jobs, a worker that may run the analysis needs ``cpus_per_task`` ≥ R.
 """
 
 from __future__ import annotations
@@ -130,6 +137,14 @@ class SlurmError(RuntimeError):
 # --------------------------------------------------------------------------- #
 
 
+def _granted_seconds(seconds: float) -> int:
+    """The limit SLURM grants for *seconds*: whole minutes, rounded up, >= 1."""
+    if (isinstance(seconds, bool) or not isinstance(seconds, int | float)
+            or not math.isfinite(seconds) or seconds <= 0):
+        raise ValueError(f"time limit must be a positive number of seconds, got {seconds!r}")
+    return 60 * max(1, math.ceil(seconds / 60 - 1e-9))
+
+
 def format_time_limit(seconds: float) -> str:
     """Format a wall-clock limit for ``--time`` as ``D-HH:MM:SS``.
 
@@ -152,9 +167,7 @@ def format_time_limit(seconds: float) -> str:
     ValueError
         If *seconds* is not a positive finite number.
     """
-    if not isinstance(seconds, int | float) or not math.isfinite(seconds) or seconds <= 0:
-        raise ValueError(f"time limit must be a positive number of seconds, got {seconds!r}")
-    minutes = max(1, math.ceil(seconds / 60 - 1e-9))
+    minutes = _granted_seconds(seconds) // 60
     days, rest = divmod(minutes, 24 * 60)
     hours, mins = divmod(rest, 60)
     return f"{days}-{hours:02d}:{mins:02d}:00"
@@ -271,7 +284,7 @@ def job_script(
         raise ValueError("job argv is empty")
     _check_path("job workdir", spec.workdir)
     time_str = format_time_limit(spec.time_limit)
-    limit_s = max(1, math.ceil(spec.time_limit / 60 - 1e-9)) * 60
+    limit_s = _granted_seconds(spec.time_limit)
     if isinstance(signal_lead, bool) or not isinstance(signal_lead, int):
         raise ValueError(f"signal_lead must be an integer number of seconds, got {signal_lead!r}")
     if not 0 < signal_lead <= _MAX_SIGNAL_LEAD or signal_lead >= limit_s:
@@ -326,7 +339,8 @@ def slurm_state(state: str) -> JobState:
 
 
 def _run(argv: Sequence[str], *, timeout: float, stdin: str | None = None,
-         cwd: str | None = None) -> subprocess.CompletedProcess[str]:
+         cwd: str | None = None,
+         env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run one SLURM command (argv list, never a shell) with a timeout."""
     return subprocess.run(
         list(argv),
@@ -335,6 +349,7 @@ def _run(argv: Sequence[str], *, timeout: float, stdin: str | None = None,
         text=True,
         timeout=timeout,
         cwd=cwd,
+        env=env,
         check=False,
     )
 
@@ -391,8 +406,10 @@ class SlurmBackend(Backend):
     extra : sequence of str
         Further ``#SBATCH`` options (``workflow.slurm.extra``), validated at
         construction so a bad configuration fails before anything is queued.
-    signal_lead : int
+    signal_lead : int or None
         Seconds before the time limit at which the worker gets SIGUSR1.
+        ``None``: :data:`DEFAULT_SIGNAL_LEAD`, but at most half the (rounded)
+        limit, so that short jobs (e.g. a one-minute test limit) stay valid.
     cpus_per_task : int
         CPUs per worker job.
     command_timeout : float
@@ -411,7 +428,7 @@ class SlurmBackend(Backend):
         partition: str | None = None,
         account: str | None = None,
         extra: Sequence[str] = (),
-        signal_lead: int = DEFAULT_SIGNAL_LEAD,
+        signal_lead: int | None = None,
         cpus_per_task: int = 1,
         command_timeout: float = 60.0,
         submit_attempts: int = 3,
@@ -434,12 +451,18 @@ class SlurmBackend(Backend):
 
     def script_for(self, spec: JobSpec) -> str:
         """The batch script of *spec* with this back-end's settings."""
+        lead = self.signal_lead
+        if lead is None:
+            try:
+                lead = min(DEFAULT_SIGNAL_LEAD, _granted_seconds(spec.time_limit) // 2)
+            except ValueError:
+                lead = DEFAULT_SIGNAL_LEAD  # job_script reports the bad limit
         return job_script(
             spec,
             partition=self.partition,
             account=self.account,
             extra=self.extra,
-            signal_lead=self.signal_lead,
+            signal_lead=lead,
             cpus_per_task=self.cpus_per_task,
         )
 
@@ -447,7 +470,11 @@ class SlurmBackend(Backend):
         """Write ``<workdir>/<name>.sbatch`` and submit it; return the job id.
 
         The script is kept in the workdir next to the job's logs so a failed
-        job can be inspected and resubmitted by hand.
+        job can be inspected and resubmitted by hand. The submission time goes
+        to the job as ``ENSIO_SUBMITTED`` (epoch seconds, as with the local
+        back-end) through sbatch's environment, which jobs inherit by default
+        (``--export=ALL``), so the records can tell queuing time; the script
+        itself stays a pure function of the spec.
 
         Raises
         ------
@@ -466,8 +493,9 @@ class SlurmBackend(Backend):
         for attempt in range(self.submit_attempts):
             if attempt:
                 time.sleep(min(2.0**attempt, 10.0))  # back off from a busy controller
+            env = {**os.environ, "ENSIO_SUBMITTED": repr(time.time())}
             try:
-                proc = _run(argv, timeout=self.command_timeout, cwd=spec.workdir)
+                proc = _run(argv, timeout=self.command_timeout, cwd=spec.workdir, env=env)
             except subprocess.TimeoutExpired:
                 err = f"sbatch timed out after {self.command_timeout:g} s"
                 continue
