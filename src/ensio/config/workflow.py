@@ -202,7 +202,7 @@ class SlurmSection:
             if v is not None and (not v.strip() or any(c.isspace() for c in v)):
                 raise ConfigError(f"workflow.slurm.{name}: must be one word, got {v!r}")
         for i, opt in enumerate(self.extra):
-            if not opt.startswith("-") or "\n" in opt:
+            if not opt.startswith("--") or "\n" in opt:
                 raise ConfigError(
                     f"workflow.slurm.extra[{i}]: expected an sbatch option like "
                     f"'--qos=debug', got {opt!r}"

@@ -119,9 +119,15 @@ def _backend(config: Config) -> Backend:
     if wf.backend == "slurm":
         from .backends.slurm import SlurmBackend
 
-        return SlurmBackend(
-            partition=wf.slurm.partition, account=wf.slurm.account, extra=wf.slurm.extra
-        )
+        try:
+            return SlurmBackend(
+                partition=wf.slurm.partition,
+                account=wf.slurm.account,
+                extra=wf.slurm.extra,
+                cpus_per_task=wf.analysis_ranks,  # any job may run the analysis
+            )
+        except ValueError as exc:
+            raise ConfigError(f"workflow.slurm: {exc}") from None
     from .backends.local import LocalBackend, StartDelay
 
     delay = StartDelay(base=wf.start_delay) if wf.start_delay > 0 else None
