@@ -152,6 +152,46 @@ def _row_lonlat(layout: StateLayout, start: int, count: int) -> np.ndarray | Non
     return np.stack([c["lon"], c["lat"]], axis=1)
 
 
+def assimilate_rows(
+    config: Config,
+    comm: MPI.Comm,
+    layout: StateLayout,
+    X: np.ndarray,
+    start: int,
+    cycle: int,
+    seconds: dict[str, float],
+) -> DistributedAssimilation:
+    """Collective: load this rank's observations and analyse its rows ``X`` (k, count).
+
+    Shared by the offline path and the online filter, so both run exactly the
+    same analysis. Adds ``obs`` (reading, H, the HX exchange, QC) and
+    ``analysis`` (the filter) to ``seconds``.
+    """
+    assert config.analysis is not None
+    count = X.shape[1]
+    t = time.perf_counter()
+    row_lonlat = _row_lonlat(layout, start, count)
+    obs = load_observations(config, comm, layout, start, count, row_lonlat)
+    t_load = time.perf_counter() - t
+    timings: dict[str, float] = {}
+    t = time.perf_counter()
+    result = analyse_rows(
+        X,
+        start,
+        layout.n_rows,
+        row_lonlat,
+        obs,
+        config.analysis,
+        comm,
+        grid=state_grid(layout),
+        cycle=cycle,
+        timings=timings,
+    )
+    seconds["obs"] = t_load + timings.get("obs", 0.0)
+    seconds["analysis"] = time.perf_counter() - t - timings.get("obs", 0.0)
+    return result
+
+
 def run_analysis(config: Config, comm: MPI.Comm, *, cycle: int = 0) -> AnalysisReport:
     """Collective: the whole offline analysis of one cycle.
 
@@ -165,28 +205,8 @@ def run_analysis(config: Config, comm: MPI.Comm, *, cycle: int = 0) -> AnalysisR
     seconds: dict[str, float] = {}
     block = read_ensemble(config, comm)
     seconds["read"] = time.perf_counter() - t0
-    t = time.perf_counter()
     layout = block.layout
-    row_lonlat = _row_lonlat(layout, block.start, block.count)
-    obs = load_observations(config, comm, layout, block.start, block.count, row_lonlat)
-    t_load = time.perf_counter() - t
-    timings: dict[str, float] = {}
-    t = time.perf_counter()
-    result = analyse_rows(
-        block.data,
-        block.start,
-        layout.n_rows,
-        row_lonlat,
-        obs,
-        config.analysis,
-        comm,
-        grid=state_grid(layout),
-        cycle=cycle,
-        timings=timings,
-    )
-    # "obs": reading, H, the HX exchange and QC; "analysis": the filter itself
-    seconds["obs"] = t_load + timings.get("obs", 0.0)
-    seconds["analysis"] = time.perf_counter() - t - timings.get("obs", 0.0)
+    result = assimilate_rows(config, comm, layout, block.data, block.start, cycle, seconds)
     t = time.perf_counter()
     analysis = EnsembleBlock(layout, block.start, block.count, result.ensemble)
     _write_members(config, comm, analysis)

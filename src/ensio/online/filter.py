@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 from mpi4py import MPI
 
-from ..analysis.distributed import DistributedAssimilation, analyse_rows
+from ..analysis.distributed import DistributedAssimilation
 from ..config.schema import Config, ConfigError
 from ..layout.state import StateLayout
 from ..parallel.agree import all_call, root_call
@@ -73,32 +73,12 @@ def run_filter(
         The analysis of this rank's rows, and seconds per phase
         (``obs``, ``analysis``, ``write``, ``products``), maximum over ranks.
     """
-    from ..offline import _row_lonlat, load_observations, state_grid
+    from ..offline import assimilate_rows
 
     if config.analysis is None:
         raise ConfigError("analysis: section required (at least analysis.filter)")
-    count = X.shape[1]
     seconds: dict[str, float] = {}
-    t = time.perf_counter()
-    row_lonlat = _row_lonlat(layout, start, count)
-    obs = load_observations(config, comm, layout, start, count, row_lonlat)
-    t_load = time.perf_counter() - t
-    timings: dict[str, float] = {}
-    t = time.perf_counter()
-    result = analyse_rows(
-        X,
-        start,
-        layout.n_rows,
-        row_lonlat,
-        obs,
-        config.analysis,
-        comm,
-        grid=state_grid(layout),
-        cycle=cycle,
-        timings=timings,
-    )
-    seconds["obs"] = t_load + timings.get("obs", 0.0)
-    seconds["analysis"] = time.perf_counter() - t - timings.get("obs", 0.0)
+    result = assimilate_rows(config, comm, layout, X, start, cycle, seconds)
     t = time.perf_counter()
     if not config.io.in_place:
         write_members(config, comm, layout, start, result.ensemble, template)
