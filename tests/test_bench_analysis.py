@@ -70,9 +70,7 @@ def test_bench_analysis_serial(tmp_path: Path, filt: str) -> None:
 def test_cli_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = _case(tmp_path)
     out = tmp_path / "res" / "analysis.json"
-    rc = bench_main(
-        ["analysis", str(path), "--json", str(out), "--set", "analysis.tile_points=8"]
-    )
+    rc = bench_main(["analysis", str(path), "--json", str(out), "--set", "analysis.tile_points=8"])
     assert rc == 0
     res = json.loads(out.read_text())
     _check(res, load_config(path))

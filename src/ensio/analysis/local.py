@@ -32,6 +32,7 @@ radius of those rows, so the distributed version can call them per rank.
 
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -173,26 +174,22 @@ BASIS_TOLERANCE = 1e-14
 
 def _packed_index(q: int) -> np.ndarray:
     """Indices that unpack a row-major packed upper triangle into a full q × q matrix."""
-    iu = np.triu_indices(q)
-    packed = np.empty((q, q), dtype=np.int64)
-    packed[iu] = np.arange(iu[0].size)
-    packed[iu[1], iu[0]] = np.arange(iu[0].size)
-    return packed.ravel()
+    packed = np.zeros((q, q), dtype=np.int64)
+    packed[np.triu_indices(q)] = np.arange(q * (q + 1) // 2)
+    return (packed + np.triu(packed, 1).T).ravel()
 
 
 class _Columns:
     """The Z matrix of the GEMM for a tile's candidate observations.
 
-    Two forms. In the **reduced** form (ETKF/ESTKF) the tile's observed
-    anomalies are expressed in an orthonormal basis of their span when it has
+    **Reduced** form (ETKF/ESTKF), when the tile's observed anomalies span
     fewer than k−1 dimensions (:func:`~ensio.analysis.basis.anomaly_basis`):
-    Z then holds the products of the r-dimensional coordinates, the GEMM is
-    ``r(r+1)/2`` instead of ``q(q+1)/2`` columns wide and every point's
-    eigenproblem is r × r.
-    Otherwise Z (one row per observation) does not depend on the tile, so it
-    is computed once for all observations and gathered per tile when it fits
-    in :data:`Z_CACHE_BYTES`; a gather is several times cheaper than forming
-    the products again for every tile that sees the observation.
+    Z holds the products of their r coordinates in an orthonormal basis, the
+    GEMM is ``r(r+1)/2`` instead of ``q(q+1)/2`` columns wide and each
+    eigenproblem r × r. Otherwise Z (one row per observation) does not depend
+    on the tile: it is computed once and gathered per tile when it fits in
+    :data:`Z_CACHE_BYTES` (several times cheaper than forming the products
+    again for every tile that sees the observation).
     """
 
     def __init__(self, obs: ObsSpace, method: Method, T: np.ndarray | None) -> None:
@@ -214,6 +211,7 @@ class _Columns:
         self.diag = np.stack([obs.d**2, obs.var, obs.errors**2])  # (3, m)
         self._index: dict[int, np.ndarray] = {}
         self._cache: np.ndarray | None = None
+        self._lock = threading.Lock()
         self._cache_ok = len(obs) * (q * (q + 1) // 2 + self.nrhs + 3) * 8 <= Z_CACHE_BYTES
 
     def basis(self, cand: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
@@ -227,12 +225,16 @@ class _Columns:
             return None
         return anomaly_basis(self.Yq[:, cand], BASIS_TOLERANCE, max_rank=self.k - 2)
 
-    def products(self, Wt: np.ndarray, cand: np.ndarray, basis) -> np.ndarray:
+    def products(
+        self, Wt: np.ndarray, cand: np.ndarray, basis: tuple[np.ndarray, np.ndarray] | None
+    ) -> np.ndarray:
         """``S = W · Z`` for the candidates ``cand`` (in ``basis``): shape (p, ncols)."""
         if basis is not None:
             return Wt @ self._build(basis[1], cand).T
         if self._cache is None and self._cache_ok:
-            self._cache = np.ascontiguousarray(self._build(self.Yq, None).T)
+            with self._lock:  # built once, on first use (tile threads share it)
+                if self._cache is None:
+                    self._cache = np.ascontiguousarray(self._build(self.Yq, None).T)
         if self._cache is not None:
             return Wt @ self._cache[cand]
         return Wt @ self._build(self.Yq[:, cand], cand).T
@@ -339,9 +341,8 @@ def _batched(pts, obs, loc, method, rho, T, apply, tile_points, clock, threads):
                     C, rhs, extra = cols.unpack(S, cols.q if Q is None else Q.shape[1])
                     tclock.count("gemm_flops", 2.0 * S.shape[0] * cand.size * S.shape[1])
                     tclock.count("tiles_count", 1)
-                    if Q is not None:
-                        tclock.count("reduced_tiles_count", 1)
-                        tclock.count("basis_rank_count", Q.shape[1])
+                    tclock.count("reduced_tiles_count", Q is not None)
+                    tclock.count("basis_rank_count", 0 if Q is None else Q.shape[1])
                     diag[tile[has], 1:] = extra
                     tclock.lap("gemm")
                     Gh = cols.transforms(Q, C, rhs, rho[tile][has], k)
@@ -436,12 +437,10 @@ def local_analysis(
         anomaly basis, batched only), ``gemm`` (the products ``W·Z``; per
         point for ``pointwise``), ``transform`` (eigendecomposition
         and transforms), ``update`` (the rows); ``gemm_flops`` counts the
-        floating-point operations of the products; the batched kernel also
-        counts ``tiles_count`` (tiles with observations),
-        ``reduced_tiles_count`` (of those, done in a smaller anomaly basis,
-        :mod:`~ensio.analysis.basis`) and ``basis_rank_count`` (the sum of
-        their basis sizes). With several threads the
-        phase times are summed over the threads.
+        floating-point operations of the products, ``tiles_count``,
+        ``reduced_tiles_count`` and ``basis_rank_count`` the tiles with
+        observations, those done in a reduced basis and the sum of its sizes.
+        With several threads the phase times are summed over the threads.
     threads : int
         Threads working on separate tiles (batched kernel only). The result
         does not depend on it. Keep 1 when every core already runs an MPI
