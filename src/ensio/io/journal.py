@@ -167,7 +167,9 @@ class UndoLog:
         jdir = root / JOURNAL_DIRNAME
         with contextlib.suppress(FileExistsError):
             os.mkdir(jdir)
-            _fault_point("journal-mkdir")
+        # every task passes this point once, whoever created the directory, so
+        # the fault points of a run do not depend on which task raced first
+        _fault_point("journal-mkdir")
         if fsync:  # every task: its records must not outlive a lost directory entry
             _fsync(root, os.O_DIRECTORY)
         hint = f"run `ensio recover {root}`"
