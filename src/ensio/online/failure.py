@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 import traceback
 import weakref
 from collections.abc import Callable, Iterator
@@ -93,6 +94,11 @@ class FailurePolicy:
                 flush=True,
             )
             sys.stdout.flush()
+            # mpiexec (hydra) forwards our stderr through its proxy; MPI_Abort
+            # tears the job down at once and can drop a message still in
+            # flight, so give the forwarder a moment (bounded, once, on the
+            # way out of a failed job)
+            time.sleep(0.5)
         finally:
             self.world.Abort(1)
 
