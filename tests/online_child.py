@@ -120,12 +120,12 @@ def main(argv: list[str]) -> int:
     if mode == "wrong-size" and ens.member == ens.n_members and ens.model_rank == 0:
         x = x[:-1]
     if mode == "filter-crash" and ens.is_filter and ens.model_rank == 0:
-        import ensio.offline as offline  # the analysis step both modes share
+        import ensio.analysis.inputs as inputs  # the analysis step both modes share
 
         def crash(*args, **kwargs):
             raise FloatingPointError("simulated failure inside the analysis")
 
-        offline.analyse_rows = crash
+        inputs.analyse_rows = crash
     xa = ens.assimilate(x, cycle=CYCLE)
     out = root / "blocks"
     out.mkdir(exist_ok=True)

@@ -11,6 +11,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+import ensio.analysis.inputs as inputs
 import ensio.offline as offline
 from ensio.config import config_from_dict
 from ensio.io.ensemble import read_ensemble
@@ -34,7 +35,7 @@ def test_partial_obs_read_gives_the_same_analysis(comm, shared_dir, monkeypatch,
     }
     results = {}
     for mode, threshold in (("whole", 1 << 40), ("partial", 0)):
-        monkeypatch.setattr(offline, "PARTIAL_READ_BYTES", threshold)
+        monkeypatch.setattr(inputs, "PARTIAL_READ_BYTES", threshold)
         cfg = config_from_dict(
             {**raw, "output": {"members": str(shared_dir / mode / "mem{member:03d}.nc")}}
         )

@@ -137,8 +137,9 @@ def bench_analysis(
         ``agree``, the case (``n_mpi``, ``points``, ``observations``,
         ``members``, …) and ``machine``.
     """
+    from ..analysis.inputs import load_observations, state_grid
+    from ..analysis.inputs import lonlat_of_rows as _row_lonlat
     from ..io.ensemble import read_ensemble
-    from ..offline import _row_lonlat, load_observations, state_grid
 
     if repeat < 1:
         raise ValueError(f"--repeat must be at least 1, got {repeat}")
