@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import select
 from pathlib import Path
@@ -11,7 +12,7 @@ from pool_support import PY, job_spec, make_fifo, make_spec, records
 
 from ensio.workflow.backends.base import JobSpec
 from ensio.workflow.backends.local import LocalBackend, StartDelay
-from ensio.workflow.pool import PoolError, drain
+from ensio.workflow.pool import PoolError, drain, read_job_file
 from ensio.workflow.spec import WorkerSpec, create_todo
 
 
@@ -124,3 +125,69 @@ def test_drain_gives_up_on_workers_that_keep_failing(tmp_path):
     with pytest.raises(PoolError, match="worker jobs failed"):
         drain(todo, be, bad, 2, poll=0.02, max_failed_jobs=3)
     be.close()
+
+
+class CountingStates(LocalBackend):
+    """Counts the pool's job-state queries; ``min_poll`` as a scheduler would set it."""
+
+    def __init__(self, min_poll: float, **kw) -> None:
+        super().__init__(**kw)
+        self.min_poll = min_poll
+        self.state_calls = 0
+
+    def states(self, job_ids):
+        self.state_calls += 1
+        return super().states(job_ids)
+
+
+def test_drain_asks_job_states_at_most_every_min_poll(tmp_path):
+    """The list is polled fast, the (scheduler's) job states no faster than min_poll."""
+    assert LocalBackend.min_poll == 0.0  # local states cost nothing: the pool stays fast
+    ctl = tmp_path / "ctl"
+    todo = create_todo(ctl / "todo.json", make_spec(ctl, analysis=False), range(1, 7), cycle=1)
+    be = CountingStates(min_poll=3600.0)
+    try:
+        result = drain(todo, be, job_spec(todo.path, ctl / "logs"), 2, poll=0.01)
+        assert result.summary.finished and len(result.jobs) == 2
+        # one look while the list ran (the first after submitting), one at the end;
+        # polling the states every 0.01 s would have made dozens
+        assert be.state_calls <= 2
+    finally:
+        be.close()
+
+
+def test_drain_records_its_jobs_and_adopts_the_live_ones_of_an_earlier_driver(tmp_path):
+    """A resumed driver counts the killed driver's jobs and cancels its queued one."""
+    ctl = tmp_path / "ctl"
+    todo = create_todo(ctl / "todo.json", make_spec(ctl, analysis=False), range(1, 5), cycle=1)
+    spec = job_spec(todo.path, ctl / "logs")
+    jobs_file = ctl / "jobs.jsonl"
+    be = ScriptedDelays([0.0, 3600.0])  # the earlier driver's jobs: one runs, one is queued
+    try:
+        early = [be.submit(spec) for _ in range(2)]
+        lines = [{"id": j, "backend": "local", "name": spec.name, "workdir": spec.workdir}
+                 for j in early]
+        lines += [{"id": "local-1-99", "backend": "local", "name": spec.name},  # long gone
+                  {"id": "4242", "backend": "slurm", "name": spec.name}]  # another back-end
+        jobs_file.write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"id": "cut')
+        result = drain(todo, be, spec, 2, poll=0.02, settle=30, job_file=jobs_file)
+        assert result.summary.finished and result.error is None
+        assert result.adopted == early
+        assert result.jobs == []  # the two adopted jobs are N_j: nothing new was submitted
+        assert result.cancelled == [early[1]] and be.pid(early[1]) is None  # never started
+        assert {r["job"] for r in records(ctl) if r["kind"] == "member"} == {early[0]}
+        assert result.running == []
+    finally:
+        be.close()
+    # a later driver of the same list records what it submits, after the torn line
+    todo2 = create_todo(ctl / "todo2.json", make_spec(ctl, analysis=False), [5], cycle=2)
+    be = LocalBackend()
+    try:
+        result = drain(todo2, be, job_spec(todo2.path, ctl / "logs"), 1, poll=0.02,
+                       settle=30, job_file=jobs_file)
+    finally:
+        be.close()
+    assert result.adopted == [] and len(result.jobs) == 1
+    entries = read_job_file(jobs_file)
+    assert [e["id"] for e in entries] == [*early, "local-1-99", "4242", *result.jobs]
+    assert entries[-1]["backend"] == "local" and entries[-1]["name"] == "worker"

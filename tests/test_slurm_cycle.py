@@ -11,8 +11,11 @@ without SLURM (``.ci/setup-slurm.sh`` starts one on CI).
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -22,6 +25,8 @@ from pathlib import Path
 import pytest
 
 from ensio.workflow.backends.slurm import slurm_unavailable_reason
+from ensio.workflow.pool import read_job_file
+from ensio.workflow.todo import TodoError, TodoList
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "lorenz96" / "cycle.yaml"
@@ -71,13 +76,19 @@ def cancel_jobs_under(workdir: Path) -> None:
         subprocess.run(["scancel", *jobs], timeout=30, check=False)
 
 
-def run_cycle(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
+def cycle_argv(run_dir: Path, *overrides: str) -> list[str]:
+    """``ensio cycle`` of the example on SLURM with MEMBERS members and CYCLES cycles."""
     argv = [sys.executable, "-m", "ensio", "cycle", str(EXAMPLE),
             "--workdir", str(run_dir), "--cycles", str(CYCLES),
             "--set", "workflow.backend=slurm",
             "--set", f"ensemble.size={MEMBERS}"]
     for o in overrides:
         argv += ["--set", o]
+    return argv
+
+
+def run_cycle(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
+    argv = cycle_argv(run_dir, *overrides)
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT, cwd=ROOT)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -127,11 +138,22 @@ def check_experiment(run_dir: Path) -> list[dict]:
     return recs
 
 
+def analysis_digests(run_dir: Path) -> dict[str, str]:
+    """sha256 of every analysis file (members, mean, spread) of every cycle."""
+    return {f"{c}/{p.name}": hashlib.sha256(p.read_bytes()).hexdigest()
+            for c in range(1, CYCLES + 1)
+            for p in sorted((run_dir / f"cycle_{c:03d}" / "analysis").glob("*.nc"))}
+
+
+#: The plain run's settings: more jobs than the node's CPUs (each job asks for
+#: analysis_ranks = 2 CPUs), so some wait in the queue and must be scancel'ed.
+PLAIN = ("workflow.jobs=3", "workflow.time_limit=00:05:00")
+
+
 @pytest.fixture(scope="module")
 def plain_run(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("slurm-cycle") / "plain"
-    # more jobs than the node's CPUs: some wait in the queue and must be scancel'ed
-    run_cycle(run_dir, "workflow.jobs=3", "workflow.time_limit=00:05:00")
+    run_cycle(run_dir, *PLAIN)
     return run_dir
 
 
@@ -168,3 +190,57 @@ def test_time_limit_requeue_through_sbatch(plain_run, tmp_path):
     assert min(later, key=lambda r: r["leased"]) is first[1]
     # the interruption changes nothing in the results
     assert analysis_bytes(run_dir) == analysis_bytes(plain_run)
+
+
+def test_resume_after_sigkill_of_the_driver_through_sbatch(plain_run, tmp_path):
+    """Issue 4: SIGKILL the driver mid-cycle, rerun the command: bitwise the plain result.
+
+    The killed driver's batch jobs survive it. The rerun adopts the live ones
+    from ``cycle_001/jobs.jsonl`` (they count toward N_j, running ones may
+    still commit — fencing makes that safe) and cancels those still queued at
+    the end of the cycle, so none of them starts later and none is left over.
+    """
+    run_dir = tmp_path / "killed"
+    out = (tmp_path / "killed-driver.log").open("w")
+    driver = subprocess.Popen(cycle_argv(run_dir, *PLAIN), stdout=out, stderr=subprocess.STDOUT,
+                              cwd=ROOT, start_new_session=True)
+    todo_path = run_dir / "cycle_001" / "todo.json"
+    try:
+        # the kill moment comes from the state on disk: a member of cycle 1 is done
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            assert driver.poll() is None, (tmp_path / "killed-driver.log").read_text()[-3000:]
+            try:
+                seen = TodoList(todo_path).summary() if todo_path.exists() else None
+            except TodoError:  # the list is being created
+                seen = None
+            if seen is not None and seen.done >= 1:
+                break
+            assert time.monotonic() < deadline, "no member of cycle 1 finished"
+            time.sleep(0.05)
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait()
+    finally:
+        out.close()
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait()
+    assert not seen.finished and not (run_dir / "cycle_001" / ".done").exists()  # mid-cycle
+    try:
+        left = active_jobs_under(run_dir)
+        assert left, "the killed driver's jobs should outlive it"
+        recorded = [e["id"] for e in read_job_file(run_dir / "cycle_001" / "jobs.jsonl")]
+        assert {line.split()[0] for line in left} <= set(recorded), (left, recorded)
+        run_cycle(run_dir, *PLAIN)  # the same command again; no job is left over after it
+    finally:
+        cancel_jobs_under(run_dir)
+    assert active_jobs_under(run_dir) == []
+    check_experiment(run_dir)  # every task done exactly once, analyses after members
+    assert analysis_digests(run_dir) == analysis_digests(plain_run)
+    # The killed driver's queued jobs were adopted and cancelled at the end of
+    # cycle 1: none of cycle 1's jobs started its worker after the cycle was done.
+    cycle1_done = (run_dir / "cycle_001" / ".done").stat().st_mtime
+    cycle1_jobs = {e["id"] for e in read_job_file(run_dir / "cycle_001" / "jobs.jsonl")}
+    late = [r for r in map(json.loads, (run_dir / "records.jsonl").read_text().splitlines())
+            if r.get("kind") == "job" and r["job"] in cycle1_jobs and r["started"] > cycle1_done]
+    assert late == [], "jobs of cycle 1 left in the queue started after it was done"

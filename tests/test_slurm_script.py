@@ -298,3 +298,44 @@ def test_state_mapping(slurm, ours):
 def test_backend_default_lead_fits_short_limits(tmp_path, limit, lead):
     s = SlurmBackend().script_for(spec(tmp_path, time_limit=limit))
     assert f"--signal=B:USR1@{lead}" in directives(s)
+
+
+def test_backend_polls_job_states_sparingly():
+    """squeue is an RPC to slurmctld: the pool may not ask more than about once a second."""
+    assert SlurmBackend().min_poll >= 1.0
+    assert SlurmBackend(min_poll=10).min_poll == 10.0
+    with pytest.raises(ValueError, match="min_poll"):
+        SlurmBackend(min_poll=0.05)
+
+
+def test_adopt_keeps_only_live_jobs_with_the_recorded_name_and_workdir(monkeypatch, tmp_path):
+    """A job id alone may name an unrelated job; the driver cancels what it adopts."""
+    logs = str(tmp_path / "logs")
+    calls: list[list[str]] = []
+    answer = {"rc": 0, "out": "\n".join([
+        f"11|ensio-c001|PENDING|{logs}",
+        f"12|ensio-c001|RUNNING|{logs}/",  # the same directory, spelt differently
+        f"13|ensio-c001|COMPLETED|{logs}",  # ended: nothing to adopt
+        "14|ensio-c001|PENDING|/elsewhere",  # another experiment's job
+        f"15|someone-else|PENDING|{logs}",  # an id reused by another job
+        "junk line",
+    ]), "err": ""}
+
+    def fake_run(argv, **kw):
+        calls.append(list(argv))
+        return subprocess.CompletedProcess(argv, answer["rc"], answer["out"], answer["err"])
+
+    monkeypatch.setattr("ensio.workflow.backends.slurm._run", fake_run)
+    jobs = [{"id": str(i), "name": "ensio-c001", "workdir": logs} for i in range(11, 17)]
+    jobs.append({"id": "local-1-1", "name": "ensio-c001", "workdir": logs})  # not SLURM's
+    b = SlurmBackend()
+    assert b.adopt(jobs) == {"11": "pending", "12": "running"}
+    assert calls == [["squeue", "-h", "--states=all", "-o", "%i|%j|%T|%Z", "-j",
+                      "11,12,13,14,15,16"]]
+    # squeue failing (or a lone purged id): adopt nothing rather than guess
+    answer.update(rc=1, out="", err="slurm_load_jobs error: Unable to contact slurm controller")
+    assert b.adopt(jobs) == {}
+    answer.update(err="slurm_load_jobs error: Invalid job id specified")
+    assert b.adopt(jobs[:1]) == {}
+    calls.clear()
+    assert b.adopt([{"id": "x"}]) == {} and calls == []

@@ -77,6 +77,28 @@ def test_interrupted_task_goes_to_the_front(tmp_path):
     check_invariants(todo.snapshot())
 
 
+def test_unstarted_lease_given_back_counts_no_attempt(tmp_path):
+    """A task leased ahead and returned unstarted is behind the interrupted one, uncounted."""
+    todo = new(tmp_path, 3, retries=0)
+    running = todo.lease("a", now=0)
+    ahead = todo.lease("a", now=0, spare=True)
+    assert (running.task, ahead.task, ahead.attempt) == ("mem001", "mem002", 1)
+    # the job's time-limit signal: the ahead task first, then the running one, to the front
+    todo.interrupt(ahead, now=1, started=False)
+    todo.interrupt(running, now=1)
+    t = todo.tasks()
+    assert [(v.id, v.state, v.attempts, v.failures, v.interrupts) for v in t[:3]] == [
+        ("mem001", "pending", 1, 0, 1), ("mem002", "pending", 0, 0, 0),
+        ("mem003", "pending", 0, 0, 0)]
+    check_invariants(todo.snapshot())
+    first, second = todo.lease("b", now=1), todo.lease("c", now=1)
+    assert (first.task, first.attempt) == ("mem001", 2)
+    assert (second.task, second.attempt) == ("mem002", 1)  # its first real attempt
+    with pytest.raises(StaleLease):  # the undone lease is fenced off like any other
+        todo.done(ahead, now=2)
+    check_invariants(todo.snapshot())
+
+
 def test_expired_lease_returns_to_front_and_zombie_cannot_commit(tmp_path):
     todo = new(tmp_path, 3, lease_seconds=10)
     zombie = todo.lease("zombie", now=0)

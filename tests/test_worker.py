@@ -169,6 +169,75 @@ def test_member_killed_with_the_job_is_requeued_not_failed(tmp_path):
     assert [r["status"] for r in task_records(ctl, "A")] == ["interrupted"]
 
 
+#: Member for the leased-ahead tests: the first attempt of mem001 reports its pid
+#: on the FIFO and runs until SIGTERM, which it reports the shell's way (exit
+#: 143 = 128 + SIGTERM, as ``mpiexec`` or a trapping wrapper script would).
+TRAPPING_MEMBER = r"""
+import os, signal, sys, time
+ctl, out = sys.argv[1], sys.argv[2]
+e = os.environ
+if (e["ENSIO_TASK"], e["ENSIO_ATTEMPT"]) == ("mem001", "1"):
+    signal.signal(signal.SIGTERM, lambda *a: os._exit(128 + signal.SIGTERM))
+    with open(os.path.join(ctl, "fifo"), "w") as f:
+        f.write(f"{os.getpid()}\n")
+    time.sleep(3600)
+with open(out, "w") as f:
+    f.write(e["ENSIO_ATTEMPT"])
+"""
+
+
+def gone(pid: int, timeout: float = 30.0) -> None:
+    """Wait until process ``pid`` has exited and was reaped (polls /proc)."""
+    deadline = time.monotonic() + timeout
+    while os.path.exists(f"/proc/{pid}"):
+        assert time.monotonic() < deadline, f"process {pid} still exists"
+        time.sleep(0.005)
+
+
+@pytest.mark.parametrize("how", ["warning", "job_killed_member_first"])
+def test_task_leased_ahead_goes_back_uncounted_on_the_time_limit_signal(tmp_path, how):
+    """Issue 4: the task leased ahead goes back behind the interrupted one; no attempt counts.
+
+    ``warning``: SLURM's USR1 reaches only the worker, which stops the member.
+    ``job_killed_member_first``: the scheduler's SIGTERM reaches the member
+    first; it exits 143 and is reaped before the worker's own signal arrives.
+    """
+    ctl = tmp_path / "ctl"
+    spec = WorkerSpec(member_command=f"{PY} -S -c {quote(TRAPPING_MEMBER)} {ctl} {{forecast}}",
+                      forecast=str(ctl / "forecast" / "mem{member:03d}.nc"),
+                      records=str(ctl / "records.jsonl"), task_estimate=0.05, grace=5.0)
+    todo = create_todo(ctl / "todo.json", spec, range(1, 4), cycle=1, retries=0)
+    fifo = make_fifo(ctl)
+    a = spawn(todo, "--job-id", "A")
+    with open(fifo) as f:
+        pid = int(f.readline())  # mem001 runs
+    deadline = time.monotonic() + 30
+    while (ahead := {v.id: v for v in todo.tasks()}["mem002"]).state != "leased":
+        assert time.monotonic() < deadline, "mem002 was never leased ahead"
+        time.sleep(0.01)
+    assert ahead.owner.startswith("A@") and ahead.attempts == 1
+    if how == "warning":
+        a.send_signal(signal.SIGUSR1)
+    else:
+        os.kill(pid, signal.SIGTERM)
+        gone(pid)  # the worker has seen the exit (143) before its own signal
+        a.send_signal(signal.SIGTERM)
+    assert a.wait(30) == 0
+    # both back at the front, the interrupted one first; retries=0, so a counted
+    # failure would have failed the member for good
+    assert [(v.id, v.state, v.attempts, v.failures, v.interrupts) for v in todo.tasks()] == [
+        ("mem001", "pending", 1, 0, 1), ("mem002", "pending", 0, 0, 0),
+        ("mem003", "pending", 0, 0, 0)]
+    (rec,) = task_records(ctl, "A")  # the unstarted ahead lease leaves no task record
+    assert (rec["task"], rec["status"], rec["exit"]) == ("mem001", "interrupted", 143)
+    assert run_worker(todo, job_id="B")[0] == 0
+    assert todo.summary().finished
+    assert [(r["task"], r["status"], r["attempt"]) for r in task_records(ctl, "B")] == [
+        ("mem001", "done", 2), ("mem002", "done", 1), ("mem003", "done", 1)]
+    assert [(ctl / "forecast" / f"mem{m:03d}.nc").read_text() for m in (1, 2, 3)] == [
+        "2", "1", "1"]
+
+
 def test_never_starts_a_task_expected_to_exceed_the_job(tmp_path):
     ctl, todo = setup(tmp_path, 2, task_estimate=5.0)
     code, log = run_worker(todo, time_limit=1.0, margin=0.1)

@@ -67,6 +67,7 @@ from .locks import (
     make_lock,
     write_atomic,
 )
+from .summary import analysis_gate, summarize
 
 __all__ = [
     "ANALYSIS",
@@ -328,12 +329,24 @@ class TodoList:
 
         return self._transact(step, now)
 
-    def interrupt(self, lease: Lease, *, now: float | None = None) -> None:
-        """Give the task back unfinished (time limit): it goes to the front."""
+    def interrupt(self, lease: Lease, *, now: float | None = None,
+                  started: bool = True) -> None:
+        """Give the task back unfinished (time limit): it goes to the front.
+
+        Neither way counts as a failed attempt. With ``started=False`` the
+        lease was taken ahead and its command never ran (the job stops, or the
+        task no longer fits): the lease is undone — the attempt count goes
+        back and no interruption is recorded — so the next holder sees
+        ``ENSIO_ATTEMPT`` of the first real attempt, not of a lease nobody used.
+        """
 
         def step(st: dict[str, Any], now: float) -> tuple[None, bool]:
             t = _held(st, lease)
-            t.set(state="pending", owner=None, deadline=None, interrupts=t["interrupts"] + 1)
+            if started:
+                t.set(state="pending", owner=None, deadline=None,
+                      interrupts=t["interrupts"] + 1)
+            else:
+                t.set(state="pending", owner=None, deadline=None, attempts=t["attempts"] - 1)
             st["tasks"].remove(t)
             st["tasks"].insert(0, t)
             return None, True
@@ -403,7 +416,7 @@ def _lease_step(owner: str, fits: Callable[[TaskView], bool] | None,
             return Idle("failed", st["error"]), False
         members = [t for t in st["tasks"] if t["kind"] == "member"]
         settled = all(t["state"] in ("done", "failed") for t in members)
-        gate = _analysis_gate(st, members) if settled else None
+        gate = analysis_gate(st, members) if settled else None
         if gate is not None and any(t["kind"] == "analysis" and t["state"] == "pending"
                                     for t in st["tasks"]):
             st["error"] = gate
@@ -463,44 +476,3 @@ def _reclaim(st: dict[str, Any], now: float) -> bool:
         t.set(state="pending", owner=None, deadline=None, expiries=t["expiries"] + 1)
     st["tasks"] = expired + rest
     return True
-
-
-def _analysis_gate(st: dict[str, Any], members: list[dict[str, Any]]) -> str | None:
-    """None if enough members are done for the analysis, else the refusal message."""
-    done = sum(t["state"] == "done" for t in members)
-    if done >= st["min_members"]:
-        return None
-    failed = [t for t in members if t["state"] == "failed"]
-    detail = "; ".join(f"member {t['member']} after {t['failures']} attempt(s): {t['error']}"
-                       for t in failed[:10])
-    more = f" (and {len(failed) - 10} more)" if len(failed) > 10 else ""
-    return (f"cycle {st['cycle']}: analysis refused: only {done} of {len(members)} members "
-            f"succeeded, workflow.min_members = {st['min_members']}. Failed: {detail}{more}")
-
-
-def summarize(st: Mapping[str, Any], now: float) -> Summary:
-    """Counts of a loaded list at ``now`` (see :class:`Summary`); one pass over the tasks."""
-    count = {"pending": 0, "leased": 0, "done": 0, "failed": 0}
-    expired = free_members = free_analysis = 0
-    members: list[Mapping[str, Any]] = []
-    settled = True
-    for t in st["tasks"]:
-        state = t["state"]
-        count[state] += 1
-        gone = state == "leased" and t["deadline"] < now
-        expired += gone
-        free = state == "pending" or gone
-        if t["kind"] == "member":
-            members.append(t)
-            free_members += free
-            settled = settled and state in ("done", "failed")
-        else:
-            free_analysis += free
-    error = st.get("error")
-    if error is None and settled:
-        error = _analysis_gate(dict(st), members)  # type: ignore[arg-type]  # as lease would
-    available = free_members + (free_analysis if settled else 0)
-    finished = error is None and count["pending"] == count["leased"] == 0
-    return Summary(len(st["tasks"]), count["pending"], count["leased"], expired, count["done"],
-                   count["failed"], 0 if error else available, finished, error, st["seq"],
-                   st["token"])

@@ -34,7 +34,7 @@ Why it works the way it does:
   of the list, milliseconds on a local disk, more on a parallel file system —
   costs no time between tasks. A task leased ahead that no longer fits in the
   time left, or that the job cannot run because it stops, goes back to the
-  front unstarted.
+  front unstarted, behind an interrupted task, and counts as no attempt.
 
 The command's environment also holds ``ENSIO_TASK``, ``ENSIO_MEMBER``,
 ``ENSIO_CYCLE``, ``ENSIO_TOKEN``, ``ENSIO_ATTEMPT``, ``ENSIO_JOB_ID``,
@@ -59,6 +59,7 @@ from typing import Any, Literal
 
 from ..config.errors import ConfigError
 from .records import RecordTail, append_record
+from .renewer import Renewer
 from .spec import (
     TaskCommand,
     WorkerSpec,
@@ -70,7 +71,7 @@ from .spec import (
     reported_io,
     worker_argv,
 )
-from .todo import Idle, Lease, StaleLease, TaskView, TodoError, TodoList
+from .todo import Idle, Lease, StaleLease, TaskView, TodoList
 
 __all__ = [
     "Worker",
@@ -84,65 +85,12 @@ __all__ = [
 
 Outcome = Literal["exited", "lost", "interrupted"]
 
-#: Exit statuses of a command killed by the signals a scheduler sends a whole job.
-_JOB_SIGNALS = frozenset({-signal.SIGTERM, -signal.SIGINT, -signal.SIGUSR1})
-
-
-class _Renewer(threading.Thread):
-    """Renews every lease the worker holds, every quarter of the lease time."""
-
-    def __init__(self, todo: TodoList, period: float, wake: threading.Event,
-                 log: Callable[[str], None]) -> None:
-        super().__init__(name="ensio-renew", daemon=True)
-        self.todo, self.period, self.wake, self.log = todo, max(0.01, period), wake, log
-        self._held: dict[str, Lease] = {}
-        self._lost: set[int] = set()
-        self._guard = threading.Lock()
-        self._halt = threading.Event()
-
-    def hold(self, lease: Lease) -> None:
-        with self._guard:
-            self._held[lease.task] = lease
-
-    def drop(self, lease: Lease) -> None:
-        with self._guard:
-            if self._held.get(lease.task, lease).token == lease.token:
-                self._held.pop(lease.task, None)
-
-    def lost(self, lease: Lease) -> bool:
-        with self._guard:
-            return lease.token in self._lost
-
-    def valid(self, lease: Lease) -> bool:
-        """Not lost and, as far as we know, not expired (e.g. after the job was stalled)."""
-        with self._guard:
-            current = self._held.get(lease.task, lease)
-            return lease.token not in self._lost and current.deadline > time.time()
-
-    def run(self) -> None:
-        while not self._halt.wait(self.period):
-            with self._guard:
-                leases = list(self._held.values())
-            for lease in leases:
-                try:
-                    renewed = self.todo.renew(lease)
-                except StaleLease as exc:
-                    self.log(f"lost the lease of {lease.task}: {exc}")
-                    with self._guard:
-                        self._lost.add(lease.token)
-                        self._held.pop(lease.task, None)
-                    self.wake.set()
-                except (OSError, TodoError) as exc:  # transient file-system trouble: retry
-                    self.log(f"renewing {lease.task} failed, retrying: {exc}")
-                else:
-                    with self._guard:
-                        if lease.task in self._held:
-                            self._held[lease.task] = renewed
-
-    def halt(self) -> None:
-        self._halt.set()
-        if self.is_alive():
-            self.join()
+#: Exit statuses of a command killed by the signals a scheduler sends a whole job:
+#: killed by the signal (-N), or reporting it the shell's way (128 + N), as
+#: wrappers such as ``mpiexec`` or a trapping script do.
+_JOB_SIGNALS = frozenset(
+    code for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1) for code in (-sig, 128 + sig)
+)
 
 
 @dataclass
@@ -202,7 +150,7 @@ class Worker:
                                             file=sys.stderr, flush=True))
         self._stop = threading.Event()
         self._wake = threading.Event()
-        self._renewer = _Renewer(todo, snap["lease_seconds"] / 4, self._wake, self._log)
+        self._renewer = Renewer(todo, snap["lease_seconds"] / 4, self._wake, self._log)
         self.stop_reason: str | None = None
         self.tasks_run = 0
 
@@ -335,10 +283,14 @@ class Worker:
         return 0
 
     def _give_back(self, lease: Lease) -> None:
-        """Return an unfinished or unstarted task to the front of the list."""
+        """Return a task leased ahead, never started, to the front of the list.
+
+        Its lease is undone (``started=False``): no failed attempt, no
+        interruption, and the next holder's ``ENSIO_ATTEMPT`` is the first run's.
+        """
         self._renewer.drop(lease)
         try:
-            self.todo.interrupt(lease)
+            self.todo.interrupt(lease, started=False)
         except StaleLease:
             pass
 

@@ -9,9 +9,9 @@ its own beyond job scripts and scheduler calls.
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 __all__ = ["Backend", "JobSpec", "JobState"]
 
@@ -49,6 +49,11 @@ class Backend(abc.ABC):
 
     name: str
 
+    #: Shortest interval (seconds) between two :meth:`states` calls of the pool
+    #: driver. Local job states cost nothing; a real scheduler's cost a request
+    #: to its controller, which many users' drivers share.
+    min_poll: float = 0.0
+
     @abc.abstractmethod
     def submit(self, spec: JobSpec) -> str:
         """Start (or queue) one job; return its id."""
@@ -60,6 +65,33 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def cancel(self, job_ids: Sequence[str]) -> None:
         """Cancel jobs (pending ones must never start)."""
+
+    def adopt(self, jobs: Sequence[Mapping[str, Any]]) -> dict[str, JobState]:
+        """Jobs started by an earlier driver that still wait or run, with their state.
+
+        A driver that was killed leaves its jobs behind when they outlive it
+        (batch jobs do); the pool records every job it submits (see
+        :func:`ensio.workflow.pool.drain`) and a resumed driver adopts the
+        live ones, so they count toward N_j and the pending ones are cancelled
+        at the end instead of waiting in the queue. Only ``pending`` and
+        ``running`` jobs are returned: an id this back-end cannot vouch for
+        (``unknown``) is never adopted, since cancelling it could hit an
+        unrelated job.
+
+        Parameters
+        ----------
+        jobs : sequence of mapping
+            Entries of the pool's job file: ``id``, ``name``, ``workdir``.
+
+        Returns
+        -------
+        dict
+            Job id to ``"pending"`` or ``"running"``.
+        """
+        ids = [str(j["id"]) for j in jobs]
+        if not ids:
+            return {}
+        return {j: st for j, st in self.states(ids).items() if st in ("pending", "running")}
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources (e.g. reap local processes)."""
