@@ -126,3 +126,209 @@ def test_setup_is_reproducible(reference, tmp_path):
     for sub in ("init", "obs", "truth"):
         for p in sorted((ref / sub).glob("*.nc")):
             assert (tmp_path / sub / p.name).read_bytes() == p.read_bytes(), p
+
+
+# ---------------------------------------------------------------- min_members
+
+FLAKY_MEMBER = '''
+import sys
+from pathlib import Path
+from ensio.models import l96case
+member, init, out = int(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+if member == 3:
+    sys.exit("member 3: the model blew up")
+l96case.run(init, out, 5)
+'''
+
+
+def _run_flaky(workdir: Path, *extra: str) -> subprocess.CompletedProcess:
+    script = workdir.parent / "flaky_member.py"
+    script.write_text(FLAKY_MEMBER)
+    cmd = [
+        sys.executable, "-m", "ensio", "cycle", str(EXAMPLE), "--workdir", str(workdir),
+        "--cycles", "2", *SMALL, "--set", "workflow.retries=0",
+        "--set", f"workflow.member_command=python {script} {{member}} {{analysis}} {{forecast}}",
+        *extra,
+    ]  # fmt: skip
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+
+
+def test_failed_member_refuses_the_analysis_without_min_members(tmp_path):
+    res = _run_flaky(tmp_path / "run")
+    assert res.returncode != 0
+    last = res.stderr.strip().splitlines()[-1]
+    assert "min_members" in last and "mem003" in last, res.stderr
+    assert not (tmp_path / "run" / "cycle_001" / "analysis" / "mean.nc").exists()
+
+
+def test_min_members_analyses_the_survivors(tmp_path):
+    workdir = tmp_path / "run"
+    res = _run_flaky(workdir, "--set", "workflow.min_members=5")
+    assert res.returncode == 0, res.stderr
+    alive = [1, 2, 4, 5, 6]
+    for c in (1, 2):
+        cdir = workdir / f"cycle_{c:03d}"
+        assert sorted(p.name for p in (cdir / "analysis").glob("mem*.nc")) == [
+            f"mem{m:03d}.nc" for m in alive
+        ]
+    # cycle 2 started only the survivors: member 3 has no forecast there
+    assert not (workdir / "cycle_002" / "forecast" / "mem003.nc").exists()
+    assert "failed: mem003" in res.stdout
+    # independent check: the same five forecasts, renumbered 1..5 in their own
+    # directory, analysed as an ordinary 5-member ensemble (no ensemble.ids)
+    import yaml
+    from mpi4py import MPI
+
+    from ensio.config import config_from_dict
+    from ensio.offline import run_analysis
+
+    alone = tmp_path / "alone"
+    (alone / "fc").mkdir(parents=True)
+    for k, m in enumerate(alive, start=1):
+        src = workdir / "cycle_001" / "forecast" / f"mem{m:03d}.nc"
+        (alone / "fc" / f"mem{k:03d}.nc").write_bytes(src.read_bytes())
+    raw = yaml.safe_load((workdir / "cycle_001" / "analysis.yaml").read_text())
+    raw["ensemble"] = {**raw["ensemble"], "members": str(alone / "fc" / "mem{member:03d}.nc"),
+                       "size": 5}
+    raw["output"] = {"members": str(alone / "an" / "mem{member:03d}.nc")}
+    run_analysis(config_from_dict(raw, base_dir=alone), MPI.COMM_SELF, cycle=1)
+    for k, m in enumerate(alive, start=1):
+        x, _ = l96case_read(workdir / "cycle_001" / "analysis" / f"mem{m:03d}.nc")
+        ref, _ = l96case_read(alone / "an" / f"mem{k:03d}.nc")
+        assert np.max(np.abs(x - ref)) <= 1e-12 * np.max(np.abs(ref)), m
+
+
+def l96case_read(path: Path):
+    """``x`` and the model time (None in product files, which have no ``time``)."""
+    import netCDF4
+
+    with netCDF4.Dataset(path) as ds:
+        ds.set_auto_mask(False)
+        t = float(ds["time"][...]) if "time" in ds.variables else None
+        return np.asarray(ds["x"][:], dtype=float), t
+
+
+# ----------------------------------------------------------------- online mode
+
+
+def _online(workdir: Path, cycles: int, *extra: str) -> subprocess.Popen:
+    cmd = [
+        sys.executable, "-m", "ensio", "cycle", str(EXAMPLE), "--mode", "online",
+        "--workdir", str(workdir), "--cycles", str(cycles), *SMALL, *extra,
+    ]  # fmt: skip
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def _assert_same_analysis(workdir: Path, ref: Path, cycles=(1, 2)) -> None:
+    for c in cycles:
+        names = sorted(p.name for p in (ref / f"cycle_{c:03d}" / "analysis").glob("*.nc"))
+        got = sorted(p.name for p in (workdir / f"cycle_{c:03d}" / "analysis").glob("*.nc"))
+        assert got == names, c
+        for name in names:
+            x, t = l96case_read(workdir / f"cycle_{c:03d}" / "analysis" / name)
+            y, u = l96case_read(ref / f"cycle_{c:03d}" / "analysis" / name)
+            assert t == u
+            # ≤ 1e-12 relative: the filter runs on P ranks, the offline analysis on its own
+            assert np.max(np.abs(x - y)) <= 1e-12 * np.max(np.abs(y)), (c, name)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("p", [1, 2])
+def test_online_mode_gives_the_offline_analyses(reference, tmp_path, p):
+    ref, _ = reference
+    workdir = tmp_path / "online"
+    proc = _online(workdir, 2, "--set", f"workflow.online.tasks_per_member={p}")
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    assert "cycle 2: done" in out
+    _assert_same_analysis(workdir, ref)
+    for c in (1, 2):
+        assert (workdir / f"cycle_{c:03d}" / ".done").exists()
+    # the report reads the online records like the offline ones
+    from ensio.workflow.records import cycle_summaries, read_records
+
+    summaries = cycle_summaries(read_records(workdir / "records.jsonl"))
+    assert [s.cycle for s in summaries] == [1, 2]
+    assert all(s.tasks == 6 + 1 for s in summaries)
+
+
+@pytest.mark.mpi
+def test_online_mode_resumes_after_sigkill(reference, tmp_path):
+    ref, _ = reference
+    workdir = tmp_path / "online"
+    rng = np.random.default_rng()
+    proc = _online(workdir, 2)
+    try:
+        proc.wait(timeout=float(rng.uniform(2.0, 12.0)))
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    again = _online(workdir, 2)
+    _, err = again.communicate(timeout=600)
+    assert again.returncode == 0, err[-3000:]
+    _assert_same_analysis(workdir, ref)
+
+
+@pytest.mark.mpi
+def test_modes_can_alternate_between_cycles(reference, tmp_path):
+    """Cycle 1 offline, cycle 2 online: the same run directory, the same analyses."""
+    ref, _ = reference
+    workdir = tmp_path / "mixed"
+    first = _cycle(workdir, 1)
+    _, err = first.communicate(timeout=600)
+    assert first.returncode == 0, err
+    second = _online(workdir, 2)
+    out, err = second.communicate(timeout=600)
+    assert second.returncode == 0, err[-3000:]
+    assert "cycles 2..2" in out
+    _assert_same_analysis(workdir, ref)
+
+
+def test_online_mode_without_command_is_a_config_error(tmp_path):
+    cmd = [sys.executable, "-m", "ensio", "cycle", str(EXAMPLE), "--mode", "online",
+           "--workdir", str(tmp_path), "--cycles", "1", "--set", "workflow.online.command=null"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines()[-1].endswith(
+        "workflow.online.command: required for --mode online")
+
+
+SYNTHETIC = Path(__file__).parents[1] / "examples" / "synthetic" / "cycle.yaml"
+
+
+@pytest.mark.mpi
+def test_synthetic_example_gives_the_same_analyses_both_ways(tmp_path):
+    """The coupled synthetic model (no forecast files) against the offline pool, with advection."""
+    fast = [
+        "--set", "ensemble.size=4", "--set", "workflow.jobs=2",
+        "--set", "workflow.analysis_ranks=1",
+        "--set", "workflow.member_command=python -m ensio.models.synthrun --init {analysis} "
+                 "--out {forecast} --shift 3",
+        "--set", "workflow.online.command=python -m ensio.online.synthetic --workdir {workdir} "
+                 "--first {first} --cycles {cycles} --initial {initial} "
+                 "--tasks-per-member {tasks_per_member} --shift 3",
+        "--set", "workflow.online.tasks_per_member=2",
+    ]  # fmt: skip
+    runs = {}
+    for mode in ("offline", "online"):
+        workdir = tmp_path / mode
+        cmd = [sys.executable, "-m", "ensio", "cycle", str(SYNTHETIC), "--mode", mode,
+               "--workdir", str(workdir), "--cycles", "2", *fast]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, res.stderr[-3000:]
+        runs[mode] = workdir
+    import netCDF4
+
+    assert not (runs["online"] / "cycle_002" / "forecast").exists()  # nothing written to read
+    names = sorted(p.name for p in (runs["offline"] / "cycle_002" / "analysis").glob("*.nc"))
+    assert names == ["mean.nc", "mem001.nc", "mem002.nc", "mem003.nc", "mem004.nc", "spread.nc"]
+    for name in names:
+        with netCDF4.Dataset(runs["offline"] / "cycle_002" / "analysis" / name) as a, \
+                netCDF4.Dataset(runs["online"] / "cycle_002" / "analysis" / name) as b:
+            assert set(a.variables) == set(b.variables), name
+            for v in a.variables:
+                x, y = np.asarray(a[v][:]), np.asarray(b[v][:])
+                scale = max(float(np.max(np.abs(x))), 1e-300) if x.size else 1.0
+                assert x.shape == y.shape and np.max(np.abs(x - y), initial=0.0) <= 1e-12 * scale, (
+                    name, v)

@@ -9,8 +9,8 @@
   file: every job ends with a
   non-zero status and a message naming the problem, well within the hang
   guard of :func:`_spawn` (the children are killed if it expires);
-- the Lorenz-96 example (``python -m ensio.online.l96``) gives the analyses
-  of the same cycles run offline (``l96case run`` + ``run_analysis``).
+(The shipped Lorenz-96 example run both ways through ``ensio cycle --mode
+online|offline`` is compared in tests/test_cycle.py.)
 
 On 2 cores 16 ranks are oversubscribed (MPICH's hydra allows it); the cases
 are tiny (N_x = 231, 40 observations), so a job takes seconds.
@@ -34,9 +34,7 @@ from mpi4py import MPI
 from online_child import CYCLE, VARS, config_dict, make_case
 
 from ensio.config import config_from_dict
-from ensio.models import l96case
 from ensio.offline import run_analysis
-from ensio.online.l96 import cycle_config
 
 pytestmark = pytest.mark.mpi
 
@@ -138,56 +136,3 @@ def test_failures_end_the_job_with_a_message(mode, n_e, p, expect, tmp_path):
     assert res.returncode != 0
     assert re.search(expect, res.stderr), res.stderr[-3000:]
     assert not (tmp_path / "online").exists() or not any((tmp_path / "online").glob("mem*.nc"))
-
-
-L96_CONFIG = {
-    "ensemble": {"members": "unused/mem{member:03d}.nc", "size": 4, "variables": ["x"]},
-    "analysis": {
-        "filter": "letkf",
-        "localization": {"taper": "gaspari-cohn", "radius": 10.0, "periodic": 40},
-        "inflation": {"forget": 0.95},
-    },
-}
-
-
-def _l96_offline(config, workdir: Path, cycles: int, steps: int) -> None:
-    """The offline cycle by hand: member forecasts by the l96case program, then ensio analyse."""
-    l96case.setup(workdir, config.ensemble.size, cycles, seed=3, steps=steps)
-    for c in range(1, cycles + 1):
-        cfg = cycle_config(config, workdir, c)
-        for m, out in enumerate(cfg.member_paths(), start=1):
-            init = (
-                workdir / "init" / f"mem{m:03d}.nc"
-                if c == 1
-                else workdir / f"cycle_{c - 1:03d}" / "analysis" / f"mem{m:03d}.nc"
-            )
-            l96case.run(init, out, steps)
-        run_analysis(cfg, MPI.COMM_SELF, cycle=c)
-
-
-@pytest.mark.parametrize("p", [1, 2])
-def test_lorenz96_online_equals_offline(p, tmp_path):
-    cfg_path = tmp_path / "l96.yaml"
-    cfg_path.write_text(yaml.safe_dump(L96_CONFIG))
-    config = config_from_dict(L96_CONFIG, base_dir=tmp_path)
-    cycles, steps = 2, 2
-    _l96_offline(config, tmp_path / "offline", cycles, steps)
-    args = ["-m", "ensio.online.l96", str(cfg_path), "--workdir", str(tmp_path / "online")]
-    args += ["--cycles", str(cycles), "--tasks-per-member", str(p), "--seed", "3"]
-    args += ["--steps", str(steps)]
-    res = _spawn(4 * p, args, guard=600.0)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert "cycle 2: prior rms" in res.stdout
-    for c in range(1, cycles + 1):
-        for kind in ("forecast", "analysis"):
-            for m in range(1, 5):
-                rel = Path(f"cycle_{c:03d}") / kind / f"mem{m:03d}.nc"
-                x_on, t_on = l96case.read_state(tmp_path / "online" / rel)
-                x_off, t_off = l96case.read_state(tmp_path / "offline" / rel)
-                assert t_on == t_off, rel
-                # relative to the field's scale, as everywhere (DESIGN.md: ≤ 1e-12 relative)
-                assert np.max(np.abs(x_on - x_off)) <= 1e-12 * np.max(np.abs(x_off)), rel
-    on = l96case.rmse_table(tmp_path / "online")
-    off = l96case.rmse_table(tmp_path / "offline")
-    assert len(on) == cycles
-    np.testing.assert_allclose(np.array(on, dtype=float), np.array(off, dtype=float), rtol=1e-11)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 from mpi4py import MPI
 
 from ..config import load_config
+from ..config.errors import ConfigError
 from ..offline import run_analysis
 
 __all__ = ["add_parser", "run"]
@@ -38,12 +40,36 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="override a config key, e.g. --set analysis.filter=etkf (repeatable)",
     )
     p.add_argument("--cycle", type=int, default=0, help="cycle number (keys random streams)")
+    p.add_argument(
+        "--members",
+        type=_member_list,
+        default=None,
+        metavar="LIST",
+        help="analyse only these member numbers, e.g. 1,2,4 (sets ensemble.ids and "
+        "ensemble.size; the cycle driver passes the members that succeeded)",
+    )
     p.set_defaults(func=run)
+
+
+def _member_list(text: str) -> tuple[int, ...]:
+    try:
+        ids = tuple(int(t) for t in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated member numbers, got {text!r}"
+        ) from None
+    return ids
 
 
 def run(args: argparse.Namespace) -> int:
     comm = MPI.COMM_WORLD
     config = load_config(args.config, args.overrides)
+    if args.members is not None:
+        try:
+            ens = dataclasses.replace(config.ensemble, ids=args.members, size=len(args.members))
+        except ConfigError as exc:
+            raise ConfigError(f"--members: {exc}") from None
+        config = dataclasses.replace(config, ensemble=ens)
     report = run_analysis(config, comm, cycle=args.cycle)
     if comm.rank == 0:
         for line in report.lines():

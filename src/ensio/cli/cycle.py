@@ -6,7 +6,6 @@ import argparse
 from pathlib import Path
 
 from ..config import load_config
-from ..errors import EnsioError
 from ..workflow.cycle import run_cycles
 
 __all__ = ["add_parser", "run"]
@@ -21,13 +20,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "Each cycle: N_e member forecasts and the analysis, drained from a to-do list by "
             "workflow.jobs worker jobs (local processes or SLURM jobs); the next cycle starts "
             "from the analysis. Rerunning the same command after a crash finishes the "
-            "experiment without redoing finished work."
+            "experiment without redoing finished work. --mode online runs the same cycles as "
+            "one coupled MPI job (mpiexec -n N_e*P workflow.online.command)."
         ),
     )
     p.add_argument("config", type=Path, metavar="CONFIG")
     p.add_argument("--cycles", type=int, required=True, metavar="K")
     p.add_argument("--workdir", type=Path, required=True, metavar="DIR")
-    p.add_argument("--mode", choices=("offline", "online"), default="offline")
+    p.add_argument("--mode", choices=("offline", "online"), default="offline",
+                   help="offline: the job pool (default); online: one coupled MPI job")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.set_defaults(func=run)
 
@@ -35,6 +36,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
     if args.mode == "online":
-        raise EnsioError("--mode online: the coupled cycle driver is not available yet")
-    run_cycles(args.config, config, args.workdir, args.cycles, args.overrides)
+        from ..workflow.online import run_online_cycles
+
+        run_online_cycles(args.config, config, args.workdir, args.cycles, args.overrides)
+    else:
+        run_cycles(args.config, config, args.workdir, args.cycles, args.overrides)
     return 0

@@ -44,16 +44,34 @@ class Coordinates:
 
 @dataclass(frozen=True)
 class EnsembleSection:
-    """``ensemble:`` — where the member files are and what they hold."""
+    """``ensemble:`` — where the member files are and what they hold.
+
+    ``ids`` selects which member numbers form the ensemble (``size`` of
+    them, in that order; default ``1..size``): the analysis of a cycle in
+    which some members failed but ``workflow.min_members`` allowed it runs on
+    the survivors (``ensio analyse --members 1,2,4``).
+    """
 
     members: str
     size: int
     variables: tuple[VariableSpec, ...]
     coordinates: Coordinates = field(default_factory=Coordinates)
+    ids: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.size < 1:
             raise ConfigError(f"ensemble.size: must be at least 1, got {self.size}")
+        if self.ids is not None:
+            if len(self.ids) != self.size:
+                raise ConfigError(
+                    f"ensemble.ids: {len(self.ids)} member numbers for ensemble.size {self.size}"
+                )
+            bad = [i for i in self.ids if i < 1]
+            if bad or len(set(self.ids)) != len(self.ids):
+                raise ConfigError(
+                    f"ensemble.ids: member numbers must be distinct and >= 1, got "
+                    f"{list(self.ids)}"
+                )
         if not self.variables:
             raise ConfigError("ensemble.variables: at least one state variable is required")
         names = [v.name for v in self.variables]
@@ -65,13 +83,18 @@ class EnsembleSection:
                 f"ensemble.members: pattern {self.members!r} has no {{member}} placeholder"
             )
 
+    @property
+    def numbers(self) -> tuple[int, ...]:
+        """The member numbers of the ensemble, in matrix order."""
+        return self.ids if self.ids is not None else tuple(range(1, self.size + 1))
+
     def member_path(self, member: int, base: Path) -> Path:
         """Path of ``member`` (1-based), relative patterns resolved against ``base``."""
         p = Path(self.members.format(member=member))
         return p if p.is_absolute() else base / p
 
     def member_paths(self, base: Path) -> list[Path]:
-        return [self.member_path(m, base) for m in range(1, self.size + 1)]
+        return [self.member_path(m, base) for m in self.numbers]
 
 
 @dataclass(frozen=True)
@@ -128,4 +151,4 @@ class Config:
             return self.member_paths()
         pattern = self.output.members
         assert pattern is not None
-        return [self.resolve(pattern.format(member=m)) for m in range(1, self.ensemble.size + 1)]
+        return [self.resolve(pattern.format(member=m)) for m in self.ensemble.numbers]

@@ -35,6 +35,8 @@ __all__ = [
     "MEMBER_PLACEHOLDERS",
     "ANALYSIS_PLACEHOLDERS",
     "BackendName",
+    "ONLINE_PLACEHOLDERS",
+    "OnlineSection",
     "SlurmSection",
     "WorkflowSection",
     "check_placeholders",
@@ -50,6 +52,10 @@ MEMBER_PLACEHOLDERS: frozenset[str] = frozenset(
 )
 #: Placeholders of ``workflow.setup`` (run by ``ensio cycle`` before the first cycle).
 SETUP_PLACEHOLDERS: frozenset[str] = frozenset({"workdir", "members", "cycles"})
+#: Placeholders of ``workflow.online.command`` (``ensio cycle --mode online``).
+ONLINE_PLACEHOLDERS: frozenset[str] = frozenset(
+    {"workdir", "first", "cycles", "initial", "tasks_per_member", "members"}
+)
 #: Placeholders of the analysis command the cycle driver builds.
 ANALYSIS_PLACEHOLDERS: frozenset[str] = frozenset(
     {"cycle", "workdir", "analysis_ranks", "members", "n_members"}
@@ -209,6 +215,42 @@ class SlurmSection:
                 )
 
 
+@dataclass(frozen=True)
+class OnlineSection:
+    """``workflow.online`` — the coupled program of ``ensio cycle --mode online``.
+
+    Attributes
+    ----------
+    command : str or None
+        The coupled model program, started as ``mpiexec -n N_e*P COMMAND``;
+        placeholders ``{workdir}``, ``{first}`` (first cycle to run),
+        ``{cycles}`` (last cycle, K), ``{initial}`` (pattern with
+        ``{member}`` of the restarts cycle ``first`` starts from),
+        ``{tasks_per_member}`` (P) and ``{members}`` (N_e). Never run through
+        a shell. ``None``: the config cannot run online.
+    tasks_per_member : int
+        P, the ranks of every member (and of the filter).
+    timeout : float or None
+        Hang guard: seconds a rank may wait in one coupled analysis call
+        before the job is aborted (``ensio.online.Ensemble(timeout=...)``).
+    """
+
+    command: str | None = None
+    tasks_per_member: int = 1
+    timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.command is not None:
+            command_fields(self.command, ONLINE_PLACEHOLDERS, "workflow.online.command")
+        if self.tasks_per_member < 1:
+            raise ConfigError(
+                f"workflow.online.tasks_per_member: must be at least 1, got "
+                f"{self.tasks_per_member}"
+            )
+        if self.timeout is not None and self.timeout <= 0:
+            raise ConfigError(f"workflow.online.timeout: must be > 0, got {self.timeout}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class WorkflowSection:
     """``workflow:`` — N_j jobs draining the to-do list of each cycle.
@@ -236,6 +278,16 @@ class WorkflowSection:
         job never starts a task that would not fit in its remaining time.
     slurm : SlurmSection
         SLURM-only options.
+    setup : str or None
+        Command run once into a fresh run directory (and again, idempotently,
+        when more cycles are asked for); placeholders ``{workdir}``,
+        ``{members}``, ``{cycles}``.
+    initial : str
+        The initial ensemble of cycle 1, relative to the run directory.
+    start_delay : float
+        Local back-end: seconds a job stays pending (imitates queueing).
+    online : OnlineSection
+        ``ensio cycle --mode online``: the coupled program and P.
     """
 
     backend: BackendName = "local"
@@ -250,6 +302,7 @@ class WorkflowSection:
     setup: str | None = None
     initial: str = "init/mem{member:03d}.nc"
     start_delay: float = 0.0
+    online: OnlineSection = field(default_factory=OnlineSection)
 
     def __post_init__(self) -> None:
         key = "workflow"

@@ -14,6 +14,9 @@ Three commands, each a plain process as a user's own model would be:
     exists, so a killed forecast leaves nothing behind).
 ``python -m ensio.models.l96case rmse --workdir DIR``
     Prior (forecast mean) and analysis RMSE against the truth, per cycle.
+``python -m ensio.models.l96case compare --workdir DIR --other DIR2``
+    Largest relative difference of the analysis members of two runs, per
+    cycle (e.g. the offline and the online mode of the same experiment).
 
 Restart files: dimension ``i`` (40), ``x(i)`` float64 (the state), ``time``
 (model time, an auxiliary variable the analysis never touches) and the
@@ -160,6 +163,25 @@ def rmse_table(workdir: Path) -> list[tuple[int, float, float | None]]:
     return rows
 
 
+def compare(workdir: Path, other: Path) -> list[tuple[int, float]]:
+    """Per cycle present in both runs: max |a − b| / max |b| over the analysis members."""
+    rows = []
+    c = 1
+    while True:
+        a_dir = Path(workdir) / f"cycle_{c:03d}" / "analysis"
+        b_dir = Path(other) / f"cycle_{c:03d}" / "analysis"
+        names = sorted(p.name for p in b_dir.glob("mem*.nc"))
+        if not names or not a_dir.is_dir():
+            return rows
+        diff = scale = 0.0
+        for name in names:
+            a, b = read_state(a_dir / name)[0], read_state(b_dir / name)[0]
+            diff = max(diff, float(np.max(np.abs(a - b))))
+            scale = max(scale, float(np.max(np.abs(b))))
+        rows.append((c, diff / scale))
+        c += 1
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m ensio.models.l96case", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -177,11 +199,18 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--sleep", type=float, default=0.0, help="seconds to imitate a longer run")
     e = sub.add_parser("rmse", help="RMSE against the truth per cycle")
     e.add_argument("--workdir", type=Path, required=True)
+    d = sub.add_parser("compare", help="relative difference of two runs' analyses per cycle")
+    d.add_argument("--workdir", type=Path, required=True)
+    d.add_argument("--other", type=Path, required=True)
     args = p.parse_args(argv)
     if args.cmd == "setup":
         setup(args.workdir, args.members, args.cycles, args.seed, args.steps, args.sigma)
     elif args.cmd == "run":
         run(args.init, args.out, args.steps, args.sleep)
+    elif args.cmd == "compare":
+        print(f"{'cycle':>5}  {'max rel. difference':>19}")
+        for c, rel in compare(args.workdir, args.other):
+            print(f"{c:>5}  {rel:>19.2e}")
     else:
         print(f"{'cycle':>5}  {'prior RMSE':>10}  {'analysis RMSE':>13}")
         for c, prior, post in rmse_table(args.workdir):

@@ -5,6 +5,7 @@ Run directory::
     DIR/records.jsonl                       per-task records (all cycles)
     DIR/init/mem001.nc …                    initial ensemble (``workflow.initial``)
     DIR/cycle_001/todo.json                 the cycle's to-do list (the state)
+    DIR/cycle_001/jobs.jsonl                worker jobs submitted (a resumed driver adopts them)
     DIR/cycle_001/analysis.yaml             the analysis config of the cycle
     DIR/cycle_001/forecast/mem001.nc …      member forecasts (from the previous analysis)
     DIR/cycle_001/analysis/mem001.nc …      analysis members, mean.nc, spread.nc
@@ -43,7 +44,7 @@ from .backends.base import Backend, JobSpec
 from .pool import drain
 from .spec import WorkerSpec, create_todo, worker_argv
 
-__all__ = ["cycle_dir", "run_cycles"]
+__all__ = ["cycle_dir", "prepare_run", "run_cycles"]
 
 
 def cycle_dir(workdir: Path, cycle: int) -> Path:
@@ -106,6 +107,30 @@ def _analysis_config(
     return out
 
 
+def _analysed(cdir: Path, members: Sequence[int]) -> list[int]:
+    """Members of ``members`` that have an analysis file in cycle directory ``cdir``."""
+    return [m for m in members if (cdir / "analysis" / f"mem{m:03d}.nc").exists()]
+
+
+def _members(workdir: Path, cycle: int, n: int, log: Any) -> list[int]:
+    """The members of ``cycle``: all at first, then those the last analysis updated.
+
+    A member that finally failed (``workflow.min_members`` let the analysis
+    run without it) has no analysis to start from, so it leaves the
+    experiment; continuing it from another member's state would duplicate
+    that member and silently shrink the ensemble's spread instead.
+    """
+    if cycle == 1:
+        return list(range(1, n + 1))
+    prev = cycle_dir(workdir, cycle - 1)
+    alive = _analysed(prev, range(1, n + 1))
+    if not alive:
+        raise EnsioError(f"{prev / 'analysis'}: no analysis members to start cycle {cycle} from")
+    if len(alive) < n:
+        log(f"cycle {cycle}: {len(alive)} of {n} members (the others failed earlier)")
+    return alive
+
+
 def _write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
@@ -134,6 +159,27 @@ def _backend(config: Config) -> Backend:
     return LocalBackend(delay)
 
 
+def prepare_run(
+    config_path: Path, config: Config, workdir: Path, cycles: int, overrides: Sequence[str]
+) -> tuple[Path, dict[str, Any]]:
+    """What both modes do first: check the config, create ``workdir``, run the set-up.
+
+    Returns the resolved run directory and the raw config (with overrides) that
+    the per-cycle ``analysis.yaml`` files are derived from.
+    """
+    if config.workflow is None:
+        raise ConfigError("workflow: section required for ensio cycle")
+    if config.analysis is None:
+        raise ConfigError("analysis: section required for ensio cycle")
+    if cycles < 1:
+        raise ConfigError(f"--cycles: must be at least 1, got {cycles}")
+    workdir = workdir.resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    raw = apply_overrides(yaml.safe_load(Path(config_path).read_text()) or {}, overrides)
+    _run_setup(config, workdir, cycles)
+    return workdir, raw
+
+
 def run_cycles(
     config_path: Path,
     config: Config,
@@ -144,17 +190,9 @@ def run_cycles(
     log: Any = print,
 ) -> None:
     """Run (or resume) ``cycles`` cycles of the experiment into ``workdir``."""
+    workdir, raw = prepare_run(config_path, config, workdir, cycles, overrides)
     wf = config.workflow
-    if wf is None:
-        raise ConfigError("workflow: section required for ensio cycle")
-    if config.analysis is None:
-        raise ConfigError("analysis: section required for ensio cycle")
-    if cycles < 1:
-        raise ConfigError(f"--cycles: must be at least 1, got {cycles}")
-    workdir = workdir.resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
-    raw = apply_overrides(yaml.safe_load(Path(config_path).read_text()) or {}, overrides)
-    _run_setup(config, workdir, cycles)
+    assert wf is not None
     n = config.ensemble.size
     python, mpiexec = sys.executable, _mpiexec()
     for c in range(1, cycles + 1):
@@ -163,7 +201,8 @@ def run_cycles(
             continue
         cfg_path = cdir / "analysis.yaml"
         _write_atomic(cfg_path, yaml.safe_dump(_analysis_config(raw, config, workdir, c)))
-        analyse = [python, "-m", "ensio", "analyse", str(cfg_path), "--cycle", str(c)]
+        analyse = [python, "-m", "ensio", "analyse", str(cfg_path), "--cycle", str(c),
+                   "--members", "{members}"]  # the members that succeeded (min_members)
         if wf.analysis_ranks > 1:
             analyse = [mpiexec, "-n", "{analysis_ranks}", *analyse]
         initial = (
@@ -182,10 +221,11 @@ def run_cycles(
             task_estimate=wf.task_estimate_seconds,
             records=str(workdir / "records.jsonl"),
         )
+        members = _members(workdir, c, n, log)
         todo = create_todo(
             cdir / "todo.json",
             spec,
-            range(1, n + 1),
+            members,
             cycle=c,
             retries=wf.retries,
             min_members=wf.min_members,
@@ -202,10 +242,12 @@ def run_cycles(
         Path(job.workdir).mkdir(exist_ok=True)
         backend = _backend(config)
         try:
-            res = drain(todo, backend, job, wf.jobs, poll=0.5)
+            res = drain(todo, backend, job, wf.jobs, poll=0.5, job_file=cdir / "jobs.jsonl")
         finally:
             backend.close()
         if res.error:
             raise EnsioError(res.error)
         _write_atomic(cdir / ".done", "")
-        log(f"cycle {c}: done ({n} members + analysis)")
+        failed = sorted(set(members) - set(_analysed(cdir, members)))
+        log(f"cycle {c}: done ({len(members) - len(failed)} of {len(members)} members + analysis"
+            + (f"; failed: {', '.join(f'mem{m:03d}' for m in failed)})" if failed else ")"))
