@@ -67,14 +67,29 @@ def _add_pool(sub: Any) -> None:
     p.set_defaults(bench_run=run_cli)
 
 
+def _add_modes(sub: Any) -> None:
+    from ..bench.modes import add_arguments, run_cli
+
+    p = sub.add_parser(
+        "modes", help="offline vs online mode: time to solution, measured and under a queue model",
+        description="Run the same K-cycle experiment offline (job pool) and online (one coupled "
+                    "MPI job), one submission per cycle; per cycle total, queuing, running and "
+                    "I/O from the records; replay every cycle under a batch-queue model at low "
+                    "and high machine load; with SLURM, also both modes through sbatch. "
+                    "No mpiexec needed around it.",
+    )
+    add_arguments(p)
+    p.set_defaults(bench_run=run_cli)
+
+
 #: Sub-commands of ``ensio bench``: name → function adding its parser.
 COMMANDS: dict[str, Callable[[Any], None]] = {"io": _add_io, "analysis": _add_analysis,
-                                              "pool": _add_pool}
+                                              "pool": _add_pool, "modes": _add_modes}
 
 
 def add_parser(subparsers: Any) -> None:
     """Register the ``bench`` group on the ``ensio`` sub-command parser."""
-    p = subparsers.add_parser("bench", help="benchmarks (run under mpiexec)",
+    p = subparsers.add_parser("bench", help="benchmarks (io and analysis: run under mpiexec)",
                               description="Benchmark drivers; each writes a table and JSON.")
     configure(p)
 
