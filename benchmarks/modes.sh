@@ -46,7 +46,7 @@ rm -rf "$WORKDIR"
 "$python" - "$OUT/modes.json" <<'PY'
 import json, sys
 from ensio.bench.machine import machine_markdown
-from ensio.bench.modes import markdown_table
+from ensio.bench.modes_output import markdown_table
 
 r = json.load(open(sys.argv[1]))
 print("\n### Machine\n")

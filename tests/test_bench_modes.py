@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ensio.bench import modes
+from ensio.bench import modes, modes_output, modes_slurm
 from ensio.bench.queueing import (
     LOADS,
     QueueModel,
@@ -265,20 +265,20 @@ def test_stats():
 
 def test_online_script_and_scontrol():
     argv = ["/venv/bin/python", "-m", "ensio", "cycle", "/a b/c.yaml", "--mode", "online"]
-    text = modes.online_script(argv, name="ensio-online-c001", log="/w/o.%j.log", cpus=2,
-                               started="/w/o b.started", time_limit="0-00:10:00",
-                               partition="debug")
+    text = modes_slurm.online_script(argv, name="ensio-online-c001", log="/w/o.%j.log",
+                                     cpus=2, started="/w/o b.started",
+                                     time_limit="0-00:10:00", partition="debug")
     lines = text.splitlines()
     assert lines[0] == "#!/bin/sh"
     assert "#SBATCH --ntasks=1" in lines and "#SBATCH --cpus-per-task=2" in lines
     assert "#SBATCH --partition=debug" in lines and "#SBATCH --time=0-00:10:00" in lines
     assert shlex.split(lines[-1]) == ["exec", *argv]
     assert shlex.split(lines[-2]) == ["date", "+%s.%N", ">", "/w/o b.started"]
-    kv = modes.parse_scontrol("JobId=12 JobName=x SubmitTime=2026-11-22T14:00:01 "
-                              "StartTime=2026-11-22T14:00:03 EndTime=Unknown")
+    kv = modes_slurm.parse_scontrol("JobId=12 JobName=x SubmitTime=2026-11-22T14:00:01 "
+                                    "StartTime=2026-11-22T14:00:03 EndTime=Unknown")
     assert kv["JobId"] == "12" and kv["StartTime"] == "2026-11-22T14:00:03"
-    assert modes._epoch(kv["StartTime"]) - modes._epoch(kv["SubmitTime"]) == 2
-    assert modes._epoch(kv["EndTime"]) is None
+    assert modes_slurm._epoch(kv["StartTime"]) - modes_slurm._epoch(kv["SubmitTime"]) == 2
+    assert modes_slurm._epoch(kv["EndTime"]) is None
 
 
 # --------------------------------------------------------------------------- #
@@ -364,12 +364,12 @@ def test_bench_modes_end_to_end(tmp_path):
     assert "--mode online" in res["commands"]["online"] and "--cycles c " in res[
         "commands"]["online"]
     json.loads(json.dumps(res))
-    table = modes.result_table(res)
+    table = modes_output.result_table(res)
     assert table.row_count == 2 * (1 + len(LOADS))
-    md = modes.markdown_table(res)
+    md = modes_output.markdown_table(res)
     assert md.count("\n") == 1 + 2 * (1 + len(LOADS))
     png = tmp_path / "img" / "modes.png"
-    modes.plot_result(res, png)
+    modes_output.plot_result(res, png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # same seed, same model numbers; the run directories must be fresh
     with pytest.raises(modes.EnsioError, match="not empty"):
@@ -414,4 +414,4 @@ def test_slurm_yes_without_slurm_is_an_error(tmp_path, monkeypatch):
     res = modes.bench_modes(cfg, tmp_path / "w2", cycles=1, draws=5, slurm="auto",
                             runner=StubRunner())
     assert res["measured"]["slurm"] == {"skipped": "no sinfo"}
-    assert "SLURM: skipped (no sinfo)" in str(modes.result_table(res).caption)
+    assert "SLURM: skipped (no sinfo)" in str(modes_output.result_table(res).caption)

@@ -51,6 +51,10 @@ Output: a table per mode × setting (mean ± standard deviation over cycles,
 and for the model over cycles × draws; percentages of the mean total), the
 offline/online ratio of the mean time to solution per setting, the JSON of
 all numbers (``--json``) and a stacked bar chart (``--plot``).
+
+The SLURM part lives in :mod:`ensio.bench.modes_slurm` and the table,
+Markdown and plot in :mod:`ensio.bench.modes_output`; both import from this
+module, so it imports them only inside the functions that use them.
 """
 
 from __future__ import annotations
@@ -66,16 +70,24 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ..errors import EnsioError
-from ..workflow.records import cycle_summaries, mean_std, read_records
-from .queueing import LOADS, QueueModel, replay_offline, replay_online, sample_waits
+from ..workflow.records import mean_std, read_records
+from .modes_numbers import (
+    MODES,
+    PARTS,
+    OfflineCycle,
+    _ratio,
+    measured_rows,
+    model_cycles,
+    offline_inputs,
+    stats,
+)
+from .queueing import LOADS, QueueModel, replay_offline
 
 __all__ = [
     "PARTS",
@@ -86,214 +98,14 @@ __all__ = [
     "measured_rows",
     "model_cycles",
     "offline_inputs",
-    "online_script",
-    "parse_scontrol",
-    "plot_result",
-    "result_table",
     "run_cli",
     "stats",
 ]
-
-PARTS = ("total", "queuing", "running", "io")
-MODES = ("offline", "online")
 
 #: ``(argv, log file) -> None``: runs one command, raises :class:`EnsioError` on failure.
 Runner = Callable[[Sequence[str], Path], None]
 #: ``(label, done, total) -> None``: progress of the driver.
 OnStep = Callable[[str, int, int], None]
-
-
-# --------------------------------------------------------------------------- #
-# records → numbers (pure)
-# --------------------------------------------------------------------------- #
-
-
-def measured_rows(records: Iterable[Mapping[str, Any]],
-                  queued: Mapping[int, float] | None = None) -> list[dict[str, float]]:
-    """Per cycle: total, queuing, running and I/O seconds (``ensio report``'s meaning).
-
-    Parameters
-    ----------
-    records : iterable of dict
-        Records of one run directory.
-    queued : mapping cycle → seconds, optional
-        Time the cycle's job spent before the records' submission time (the
-        online jobs under SLURM, whose driver only starts once the job runs):
-        added to queuing and total.
-
-    Returns
-    -------
-    list of dict
-        ``{"cycle", "total", "queuing", "running", "io"}`` sorted by cycle;
-        queuing is clipped at 0 (the online mode's process start times have a
-        resolution of 10 ms); ``running = total − queuing − io`` (clipped at 0).
-    """
-    rows = []
-    for s in cycle_summaries(records):
-        sub = s.submitted if s.submitted is not None else s.first_start
-        extra = 0.0 if queued is None else float(queued.get(s.cycle, 0.0))
-        queuing = max(0.0, s.first_start - sub) + extra
-        total = s.last_finish - sub + extra
-        rows.append({"cycle": s.cycle, "total": total, "queuing": queuing,
-                     "running": max(0.0, total - queuing - s.io), "io": s.io})
-    return rows
-
-
-@dataclass(frozen=True)
-class OfflineCycle:
-    """Replay inputs of one measured offline cycle (seconds).
-
-    Attributes
-    ----------
-    cycle : int
-    members : tuple of float
-        Per member, in to-do list order: command time + the cycle's median
-        worker gap (the time it occupies a job).
-    analysis : float
-        The analysis task from its start to its commit.
-    lag : float
-        From the end of the last member's slot to the start of the analysis.
-    startup : float
-        Median over the cycle's jobs of submission → first task start.
-    io : float
-        I/O seconds the tasks reported.
-    gap : float
-        The median worker gap included in ``members``.
-    measured_total : float
-        The cycle's measured time to solution.
-    """
-
-    cycle: int
-    members: tuple[float, ...]
-    analysis: float
-    lag: float
-    startup: float
-    io: float
-    gap: float
-    measured_total: float
-
-
-def _f(rec: Mapping[str, Any], key: str) -> float | None:
-    v = rec.get(key)
-    return None if v is None else float(v)
-
-
-def offline_inputs(records: Iterable[Mapping[str, Any]]) -> list[OfflineCycle]:
-    """Replay inputs of every complete offline cycle of a run directory's records.
-
-    A cycle is used when it has at least one successful member and a
-    successful analysis. Raises nothing for odd records: tasks without times
-    are ignored.
-    """
-    recs = [r for r in records if r.get("kind") in ("member", "analysis")]
-    totals = {r["cycle"]: r["total"] for r in measured_rows(recs)}
-    by_cycle: dict[int, list[Mapping[str, Any]]] = {}
-    for r in recs:
-        if r.get("cycle") is not None and r.get("started") is not None:
-            by_cycle.setdefault(int(r["cycle"]), []).append(r)
-    out = []
-    for c in sorted(by_cycle):
-        rs = by_cycle[c]
-        done = [r for r in rs if r.get("status") == "done" and r.get("ended") is not None]
-        members = sorted((r for r in done if r["kind"] == "member"),
-                         key=lambda r: (r.get("member") or 0, r["started"]))
-        analyses = [r for r in done if r["kind"] == "analysis" and r.get("finished") is not None]
-        if not members or not analyses:
-            continue
-        gaps: list[float] = []
-        by_job: dict[str, list[Mapping[str, Any]]] = {}
-        for r in rs:
-            if r.get("ended") is not None:
-                by_job.setdefault(str(r.get("job")), []).append(r)
-        for jrs in by_job.values():
-            jrs.sort(key=lambda r: float(r["started"]))
-            gaps += [float(b["started"]) - float(a["ended"])
-                     for a, b in zip(jrs, jrs[1:], strict=False)]
-        gap = max(0.0, statistics.median(gaps)) if gaps else 0.0
-        startups = []
-        for jrs in by_job.values():
-            sub = _f(jrs[0], "submitted")
-            if sub is not None:
-                startups.append(min(float(r["started"]) for r in jrs) - sub)
-        startup = max(0.0, statistics.median(startups)) if startups else 0.0
-        a = max(analyses, key=lambda r: float(r["finished"]))
-        last_member_end = max(float(r["ended"]) for r in members)
-        io = math.fsum(float(r["io_seconds"]) for r in done if r.get("io_seconds") is not None)
-        out.append(OfflineCycle(
-            cycle=c,
-            members=tuple(float(r["ended"]) - float(r["started"]) + gap for r in members),
-            analysis=float(a["finished"]) - float(a["started"]),
-            lag=max(0.0, float(a["started"]) - last_member_end - gap),
-            startup=startup, io=io, gap=gap, measured_total=totals.get(c, math.nan)))
-    return out
-
-
-def model_cycles(offline: Sequence[OfflineCycle], online: Sequence[Mapping[str, float]],
-                 model: QueueModel, rho: float, *, jobs: int, nodes_per_member: float,
-                 members: int, draws: int, seed: int, stream: int = 0
-                 ) -> dict[str, list[dict[str, float]]]:
-    """Replay every measured cycle ``draws`` times at load ``rho``.
-
-    Parameters
-    ----------
-    offline : sequence of OfflineCycle
-        Offline replay inputs (:func:`offline_inputs`).
-    online : sequence of dict
-        Measured online cycles (:func:`measured_rows`): ``cycle``, ``total``, ``io``.
-    model : QueueModel
-    rho : float
-        Machine load.
-    jobs : int
-        N_j, offline worker jobs per cycle, each of ``nodes_per_member`` nodes.
-    nodes_per_member : float
-        Nodes one member needs; the coupled job asks for ``members`` times as many.
-    members : int
-        N_e.
-    draws : int
-        Replays per measured cycle.
-    seed, stream : int
-        The waits of mode m come from ``numpy.random.default_rng([seed, stream, m])``
-        (m = 0 offline, 1 online), cycle by cycle, draw by draw.
-
-    Returns
-    -------
-    dict
-        ``{"offline": [...], "online": [...]}``: one dict per cycle and draw
-        (``cycle``, ``draw``, ``total``, ``queuing``, ``running``, ``io``).
-    """
-    if jobs < 1 or draws < 1:
-        raise ValueError("model_cycles: jobs and draws must be >= 1")
-    rng_off = np.random.default_rng([seed, stream, 0])
-    rng_on = np.random.default_rng([seed, stream, 1])
-    out: dict[str, list[dict[str, float]]] = {"offline": [], "online": []}
-    for oc in offline:
-        for d in range(draws):
-            waits = sample_waits(model, [nodes_per_member] * jobs, rho, rng_off)
-            r = replay_offline(oc.members, oc.analysis, waits, startup=oc.startup,
-                               analysis_lag=oc.lag, io=oc.io)
-            out["offline"].append({"cycle": oc.cycle, "draw": d, **r.as_dict()})
-    for row in online:
-        for d in range(draws):
-            w = float(sample_waits(model, [members * nodes_per_member], rho, rng_on)[0])
-            r = replay_online(row["total"], w, io=row["io"])
-            out["online"].append({"cycle": int(row["cycle"]), "draw": d, **r.as_dict()})
-    return out
-
-
-def stats(rows: Sequence[Mapping[str, float]]) -> dict[str, dict[str, float]]:
-    """Mean, sample standard deviation and per cent of the mean total, per part."""
-    out: dict[str, dict[str, float]] = {}
-    tot = mean_std(r["total"] for r in rows)[0] if rows else math.nan
-    for p in PARTS:
-        m, sd = mean_std(r[p] for r in rows)
-        pct = 100.0 * m / tot if tot and math.isfinite(tot) and tot > 0 else math.nan
-        out[p] = {"mean": m, "std": sd, "percent": pct}
-    return out
-
-
-def _ratio(st: Mapping[str, Any]) -> float:
-    off, on = st["offline"]["stats"]["total"]["mean"], st["online"]["stats"]["total"]["mean"]
-    return off / on if on > 0 else math.nan
 
 
 # --------------------------------------------------------------------------- #
@@ -360,136 +172,6 @@ def _run_mode(config: Path, mode: str, workdir: Path, cycles: int, overrides: Se
     return started
 
 
-def online_script(argv: Sequence[str], *, name: str, log: str, started: str, cpus: int,
-                  time_limit: str, partition: str | None = None,
-                  account: str | None = None) -> str:
-    """Batch script of one online cycle: ``--ntasks=1``, runs ``argv`` (quoted, no expansion).
-
-    Parameters
-    ----------
-    argv : sequence of str
-        The ``ensio cycle --mode online`` command line.
-    name, log : str
-        Job name and output file (absolute path; ``%j`` is the job id).
-    started : str
-        File the script writes its start time to (epoch seconds, ``date +%s.%N``).
-    cpus : int
-        ``--cpus-per-task``.
-    time_limit : str
-        ``--time`` value.
-    partition, account : str, optional
-    """
-    lines = ["#!/bin/sh", f"#SBATCH --job-name={name}", "#SBATCH --ntasks=1",
-             f"#SBATCH --cpus-per-task={cpus}", f"#SBATCH --time={time_limit}",
-             f'#SBATCH --output="{log}"']
-    if partition:
-        lines.append(f"#SBATCH --partition={partition}")
-    if account:
-        lines.append(f"#SBATCH --account={account}")
-    lines += ["set -e", f"date +%s.%N > {shlex.quote(started)}", f"exec {shlex.join(argv)}", ""]
-    return "\n".join(lines)
-
-
-def parse_scontrol(text: str) -> dict[str, str]:
-    """``KEY=VALUE`` pairs of ``scontrol show job -o ID`` (values without blanks)."""
-    out = {}
-    for tok in text.split():
-        key, eq, value = tok.partition("=")
-        if eq and key not in out:
-            out[key] = value
-    return out
-
-
-def _epoch(stamp: str | None) -> float | None:
-    """SLURM's local ``YYYY-MM-DDTHH:MM:SS`` as epoch seconds (None if unknown)."""
-    if not stamp or stamp in ("Unknown", "None", "N/A"):
-        return None
-    try:
-        return time.mktime(time.strptime(stamp, "%Y-%m-%dT%H:%M:%S"))
-    except ValueError:
-        return None
-
-
-def _sbatch_wait(script: Path, log: Path) -> tuple[str, float]:
-    """Submit ``script`` with ``sbatch --wait``: (job id, epoch second of the call)."""
-    t0 = time.time()
-    proc = subprocess.run(["sbatch", "--parsable", "--wait", str(script)],
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          env=_env())
-    job = proc.stdout.strip().split(";", 1)[0]
-    with open(log, "a") as f:
-        f.write(f"$ sbatch --parsable --wait {script}\n{proc.stdout}{proc.stderr}")
-    if proc.returncode != 0:
-        raise EnsioError(f"bench modes: sbatch --wait {script} failed (exit {proc.returncode}, "
-                         f"job {job or '?'}): {(proc.stderr.strip() or 'no message')}")
-    return job, t0
-
-
-def _scheduler_times(job: str) -> dict[str, float | None]:
-    try:
-        proc = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True,
-                              text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return {"submit": None, "start": None, "end": None}
-    kv = parse_scontrol(proc.stdout)
-    return {"submit": _epoch(kv.get("SubmitTime")), "start": _epoch(kv.get("StartTime")),
-            "end": _epoch(kv.get("EndTime"))}
-
-
-def _slurm_online(config: Path, workdir: Path, cycles: int, overrides: Sequence[str],
-                  cfg: Any, log: Path, step: Callable[[str], None]
-                  ) -> tuple[dict[int, float], list[dict[str, Any]]]:
-    """One ``sbatch --wait`` per cycle; (queue time per cycle, job details).
-
-    The queue time of cycle c is the job script's first command − the
-    ``sbatch`` call (the scheduler's wait plus the job launch). The time the
-    driver then spends before it submits the coupled program (Python start,
-    ``workflow.setup``) is not counted, as the offline driver's is not
-    (``pre_launch`` in the job details).
-    """
-    from ..workflow.backends.slurm import format_time_limit
-
-    wf = cfg.workflow
-    workdir.mkdir(parents=True, exist_ok=True)
-    queued: dict[int, float] = {}
-    jobs = []
-    for c in range(1, cycles + 1):
-        step(f"SLURM online, cycle {c}/{cycles}")
-        script = workdir / f"online-c{c:03d}.sbatch"
-        started = workdir / f"online-c{c:03d}.started"
-        script.write_text(online_script(
-            cycle_argv(config, "online", workdir, c, overrides), name=f"ensio-online-c{c:03d}",
-            log=str(workdir / f"online-c{c:03d}.%j.log"), started=str(started),
-            cpus=wf.analysis_ranks, time_limit=format_time_limit(wf.time_limit_seconds),
-            partition=wf.slurm.partition, account=wf.slurm.account))
-        job, t0 = _sbatch_wait(script, log)
-        times = _scheduler_times(job)
-        try:
-            t_start: float | None = float(started.read_text().strip())
-        except (OSError, ValueError):
-            t_start = times["start"]
-        wait = (times["start"] - times["submit"]
-                if times["start"] is not None and times["submit"] is not None else None)
-        subs = [s.submitted for s in cycle_summaries(read_records(workdir / "records.jsonl"))
-                if s.cycle == c and s.submitted is not None]
-        queued[c] = (t_start - t0) if t_start is not None else 0.0
-        jobs.append({"cycle": c, "job": job, "sbatch_called": t0, "job_started": t_start,
-                     "queued": queued[c], "scheduler": times, "scheduler_wait": wait,
-                     "pre_launch": (subs[0] - t_start) if subs and t_start is not None
-                     else None})
-    return queued, jobs
-
-
-def _queue_length() -> int | None:
-    """Jobs in the SLURM queue right now (all users), or None if squeue fails."""
-    try:
-        proc = subprocess.run(["squeue", "-h", "-a", "-o", "%i"], capture_output=True,
-                              text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return len(proc.stdout.split()) if proc.returncode == 0 else None
-
-
 def _mode_result(rows: list[dict[str, float]]) -> dict[str, Any]:
     return {"cycles": rows, "stats": stats(rows)}
 
@@ -538,6 +220,7 @@ def bench_modes(config: str | Path, workdir: str | Path | None = None, *, cycles
     from ..config import load_config
     from ..workflow.backends.slurm import slurm_unavailable_reason
     from .machine import describe_machine
+    from .modes_slurm import _queue_length, _slurm_online
 
     if cycles < 1:
         raise EnsioError(f"bench modes: --cycles must be at least 1, got {cycles}")
@@ -679,114 +362,6 @@ def _per_cycle_means(rows: Sequence[Mapping[str, float]]) -> list[dict[str, floa
 
 
 # --------------------------------------------------------------------------- #
-# output
-# --------------------------------------------------------------------------- #
-
-
-def _settings(res: Mapping[str, Any]) -> list[tuple[str, str, Mapping[str, Any]]]:
-    """(key, label, entry with "offline"/"online"/"ratio") in table order."""
-    out: list[tuple[str, str, Mapping[str, Any]]] = [
-        ("local", "measured: local", res["measured"]["local"])]
-    sl = res["measured"].get("slurm", {})
-    if "skipped" not in sl and sl:
-        out.append(("slurm", "measured: SLURM", sl))
-    for name, entry in res.get("model", {}).get("loads", {}).items():
-        out.append((name, f"model: {name} load, ρ = {entry['rho']:g}", entry))
-    return out
-
-
-def result_table(res: Mapping[str, Any]) -> Any:
-    """A rich table: per setting × mode, mean ± sd and % of total; ratio per setting."""
-    from rich.table import Table
-
-    m = res.get("model", {})
-    cap = [f"{res['cycles']} cycles per mode, one submission per cycle; N_e = {res['members']},"
-           f" N_j = {res['jobs']}; running = total − queuing − I/O; mean ± sd over cycles "
-           "(model: cycles × draws); % of the mean total",
-           "queuing: measured = first task start − submission (locally: job start-up); "
-           "model = scheduler wait until the first job starts"]
-    if m:
-        p = m["params"]
-        cap.append(f"model: unit {p['unit']:.3g} s, base {p['base']:g}, per_node "
-                   f"{p['per_node']:g}, alpha {p['alpha']:g}, shape {p['shape']:g}; nodes "
-                   f"offline job {m['nodes']['offline_job']:g}, online job "
-                   f"{m['nodes']['online_job']:g}; {m['draws']} draws per cycle")
-    sl = res["measured"].get("slurm", {})
-    if "skipped" in sl:
-        cap.append(f"SLURM: skipped ({sl['skipped']})")
-    t = Table(title="ensio bench modes: time to solution per cycle, offline vs online",
-              caption="\n".join(cap))
-    for col in ("setting", "mode", "total s", "queuing s", "%", "running s", "%", "I/O s", "%",
-                "off/on"):
-        t.add_column(col, justify="left" if col in ("setting", "mode") else "right")
-    for _key, label, entry in _settings(res):
-        for i, mode in enumerate(MODES):
-            st = entry[mode]["stats"]
-            cells = [label if i == 0 else "", mode]
-            for part in PARTS:
-                cells.append(f"{st[part]['mean']:.2f} ± {st[part]['std']:.2f}")
-                if part != "total":
-                    pct = st[part]["percent"]
-                    cells.append("—" if not math.isfinite(pct) else f"{pct:.0f}")
-            cells.append(f"{entry['ratio']:.2f}" if i == 1 else "")
-            t.add_row(*cells, end_section=i == 1)
-    return t
-
-
-def markdown_table(res: Mapping[str, Any]) -> str:
-    """The table of :func:`result_table` as Markdown (for docs/benchmarks.md)."""
-    lines = ["| setting | mode | total s | queuing s (%) | running s (%) | I/O s (%) "
-             "| offline / online |", "|---|---|---|---|---|---|---|"]
-    for _key, label, entry in _settings(res):
-        for i, mode in enumerate(MODES):
-            st = entry[mode]["stats"]
-            cells = [label if i == 0 else "", mode,
-                     f"{st['total']['mean']:.2f} ± {st['total']['std']:.2f}"]
-            for part in PARTS[1:]:
-                pct = st[part]["percent"]
-                cells.append(f"{st[part]['mean']:.2f} ± {st[part]['std']:.2f} ("
-                             + ("—" if not math.isfinite(pct) else f"{pct:.0f}") + ")")
-            cells.append(f"**{entry['ratio']:.2f}**" if i == 1 else "")
-            lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def plot_result(res: Mapping[str, Any], path: str | Path) -> None:
-    """Stacked bars (queuing, running, I/O; mean per cycle) per setting and mode."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    settings = _settings(res)
-    fig, ax = plt.subplots(figsize=(1.9 * len(settings) + 2.5, 4.0))
-    width = 0.38
-    colours = {"queuing": "#bbbbbb", "running": "#4477aa", "io": "#ee6677"}
-    for s, (_key, _label, entry) in enumerate(settings):
-        for i, mode in enumerate(MODES):
-            x = s + (i - 0.5) * width
-            bottom = 0.0
-            for part in ("queuing", "running", "io"):
-                v = entry[mode]["stats"][part]["mean"]
-                ax.bar(x, v, width * 0.95, bottom=bottom, color=colours[part],
-                       label=part if s == 0 and i == 0 else None,
-                       edgecolor="black" if mode == "online" else "white",
-                       hatch="//" if mode == "online" else None)
-                bottom += v
-            ax.text(x, bottom, mode, ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(range(len(settings)))
-    ax.set_xticklabels([label.replace(" (", "\n(").replace(", ", "\n", 1)
-                        for _k, label, _e in settings], fontsize=8)
-    ax.set_ylabel("seconds per cycle (mean)")
-    ax.set_title("time to solution per cycle: offline (plain) vs online (hatched)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-# --------------------------------------------------------------------------- #
 # command line
 # --------------------------------------------------------------------------- #
 
@@ -854,6 +429,8 @@ def run_cli(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from .modes_output import plot_result, result_table
+
     err = Console(stderr=True)
     try:
         model = QueueModel(base=args.base, per_node=args.per_node, alpha=args.alpha,
@@ -886,3 +463,4 @@ def run_cli(args: argparse.Namespace) -> int:
     if args.plot is not None:
         plot_result(res, args.plot)
     return 0
+
