@@ -244,3 +244,37 @@ def test_resume_after_sigkill_of_the_driver_through_sbatch(plain_run, tmp_path):
     late = [r for r in map(json.loads, (run_dir / "records.jsonl").read_text().splitlines())
             if r.get("kind") == "job" and r["job"] in cycle1_jobs and r["started"] > cycle1_done]
     assert late == [], "jobs of cycle 1 left in the queue started after it was done"
+
+
+def test_online_mode_through_sbatch(plain_run, tmp_path):
+    """``--mode online`` with the SLURM back-end: one batch job of N_e ranks runs the cycles.
+
+    The 2-CPU test node cannot hold 4 tasks, so the job asks ``--overcommit``
+    (``workflow.slurm.extra``), as a user on an oversubscribed partition would.
+    """
+    run_dir = tmp_path / "online"
+    argv = cycle_argv(run_dir, *PLAIN, 'workflow.slurm.extra=["--overcommit"]')
+    argv += ["--mode", "online"]
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT, cwd=ROOT)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert "through SLURM" in proc.stdout and "submitted SLURM job" in proc.stdout
+        assert active_jobs_under(run_dir) == []  # the driver waited for its job to end
+    finally:
+        cancel_jobs_under(run_dir)
+    import netCDF4
+    import numpy as np
+
+    for c in range(1, CYCLES + 1):
+        assert (run_dir / f"cycle_{c:03d}" / ".done").exists()
+        for m in range(1, MEMBERS + 1):
+            rel = Path(f"cycle_{c:03d}") / "analysis" / f"mem{m:03d}.nc"
+            with netCDF4.Dataset(run_dir / rel) as a, netCDF4.Dataset(plain_run / rel) as b:
+                x, y = np.asarray(a["x"][:]), np.asarray(b["x"][:])
+                assert np.max(np.abs(x - y)) <= 1e-12 * np.max(np.abs(y)), rel
+    recs = task_records(run_dir)
+    assert {r["mode"] for r in recs} == {"online"}
+    (job,) = {r["job"] for r in recs}  # one coupled job, a SLURM job id
+    assert str(job).isdigit()
+    first = [r for r in recs if r["cycle"] == 1]
+    assert all(r["submitted"] <= r["started"] for r in first)

@@ -339,3 +339,15 @@ def test_adopt_keeps_only_live_jobs_with_the_recorded_name_and_workdir(monkeypat
     assert b.adopt(jobs[:1]) == {}
     calls.clear()
     assert b.adopt([{"id": "x"}]) == {} and calls == []
+
+
+def test_coupled_job_asks_for_its_ranks_on_any_nodes(tmp_path):
+    d = directives(job_script(spec(tmp_path, name="ensio-online-c001"), ntasks=16))
+    assert "--ntasks=16" in d and "--cpus-per-task=1" in d
+    assert not any(x.startswith("--nodes") for x in d)  # the scheduler places 16 ranks
+
+
+@pytest.mark.parametrize("ntasks", [0, -2, 2.0, True])
+def test_bad_ntasks_are_refused(tmp_path, ntasks):
+    with pytest.raises(ValueError, match="ntasks"):
+        job_script(spec(tmp_path), ntasks=ntasks)

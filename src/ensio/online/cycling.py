@@ -165,7 +165,8 @@ class CoupledRun:
             template=Path(pattern.format(member=1)),
         )  # fmt: skip
         self.initial_path = Path(pattern.format(member=self.ens.member))
-        self.job = os.environ.get("ENSIO_JOB_ID") or f"online-{os.getpid()}"
+        self.job = (os.environ.get("ENSIO_JOB_ID") or os.environ.get("SLURM_JOB_ID")
+                    or f"online-{os.getpid()}")
         self.host = socket.gethostname()
         self._submitted = _env_float("ENSIO_SUBMITTED")
         self._job_start = float(world.allreduce(process_start_time(), op=MPI.MIN))

@@ -14,10 +14,17 @@ the analysis members of the last complete cycle (``{initial}``). A coupled
 job that dies loses the cycle in flight, never a complete one: the filter
 writes every analysis file (temporary names, then rename) before ``.done``.
 
-Queueing: with ``workflow.start_delay`` the job waits that many seconds
-before it starts (the local back-end's queueing imitation, recorded as the
-first cycle's queuing). On a cluster, run ``ensio cycle --mode online``
-inside the allocation (an sbatch script): ``mpiexec`` then uses its nodes.
+Where the job runs follows ``workflow.backend``:
+
+* ``local``: ``mpiexec`` here; with ``workflow.start_delay`` the job waits
+  that many seconds first (the local back-end's queueing imitation, recorded
+  as the first cycle's queuing).
+* ``slurm``: one batch job of ``--ntasks=N_e*P`` (``workflow.slurm``
+  options, ``--time=workflow.time_limit``) whose script runs the same
+  ``mpiexec`` inside the allocation; the driver waits for it (``squeue``
+  every few seconds) and cancels it if it is interrupted itself. The queuing
+  of the first cycle is then the scheduler's. A job that hits its limit loses
+  the cycle in flight only; rerun the command to continue.
 """
 
 from __future__ import annotations
@@ -84,26 +91,70 @@ def run_online_cycles(
         cfg = _analysis_config(raw, config, workdir, c)
         _write_atomic(cycle_dir(workdir, c) / "analysis.yaml", yaml.safe_dump(cfg))
     argv = online_argv(config, _mpiexec(), workdir, first, cycles)
-    env = _env()
-    submitted = time.time()
-    env.update(ENSIO_JOB_ID=f"online-{os.getpid()}-{first:03d}",
-               ENSIO_SUBMITTED=repr(submitted), OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"))
+    extra_env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     if wf.online.timeout is not None:
-        env["ENSIO_ONLINE_TIMEOUT"] = repr(wf.online.timeout)
-    if wf.start_delay > 0:
-        time.sleep(wf.start_delay)  # the queueing imitation: the job is "pending"
+        extra_env["ENSIO_ONLINE_TIMEOUT"] = repr(wf.online.timeout)
+    where = " through SLURM" if wf.backend == "slurm" else ""
     log(f"cycles {first}..{cycles}: coupled job of {config.ensemble.size} members "
-        f"× {wf.online.tasks_per_member} ranks")
-    proc = subprocess.run(argv, cwd=workdir, env=env)
+        f"× {wf.online.tasks_per_member} ranks{where}")
+    if wf.backend == "slurm":
+        status = _run_slurm(config, argv, workdir, first, extra_env, log)
+    else:
+        env = {**_env(), **extra_env, "ENSIO_JOB_ID": f"online-{os.getpid()}-{first:03d}",
+               "ENSIO_SUBMITTED": repr(time.time())}
+        if wf.start_delay > 0:
+            time.sleep(wf.start_delay)  # the queueing imitation: the job is "pending"
+        status = subprocess.run(argv, cwd=workdir, env=env).returncode
     missing = [c for c in range(first, cycles + 1)
                if not (cycle_dir(workdir, c) / ".done").exists()]
-    if proc.returncode != 0 or missing:
+    if status != 0 or missing:
         done = [c for c in range(first, cycles + 1) if c not in missing]
         raise EnsioError(
-            f"the coupled job ended with exit status {proc.returncode}; cycles "
+            f"the coupled job ended with "
+            f"{status if isinstance(status, str) else f'exit status {status}'}; cycles "
             f"{', '.join(map(str, missing)) or 'none'} not done"
             + (f" ({', '.join(map(str, done))} done)" if done else "")
             + "; rerun the same command to resume"
         )
     for c in range(first, cycles + 1):
         log(f"cycle {c}: done ({config.ensemble.size} members, coupled)")
+
+
+def _run_slurm(
+    config: Config, argv: list[str], workdir: Path, first: int, env: dict[str, str], log: Any
+) -> int | str:
+    """Submit the coupled job to SLURM and wait for it; 0 or the job's final state."""
+    from .backends.base import JobSpec
+    from .backends.slurm import SlurmBackend
+
+    wf = config.workflow
+    assert wf is not None
+    try:
+        backend = SlurmBackend(
+            partition=wf.slurm.partition, account=wf.slurm.account, extra=wf.slurm.extra,
+            ntasks=config.ensemble.size * wf.online.tasks_per_member,
+        )  # fmt: skip
+    except ValueError as exc:
+        raise ConfigError(f"workflow.slurm: {exc}") from None
+    logs = workdir / "logs"
+    logs.mkdir(exist_ok=True)
+    spec = JobSpec(
+        name=f"ensio-online-c{first:03d}", argv=tuple(argv), time_limit=wf.time_limit_seconds,
+        workdir=str(logs), env=(("PATH", _env()["PATH"]), *sorted(env.items())),
+    )  # fmt: skip
+    job = backend.submit(spec)
+    log(f"submitted SLURM job {job} ({spec.name}); log {backend.log_path(job)}")
+    state = "pending"
+    try:
+        while True:
+            state = backend.states([job]).get(job, "unknown")
+            if state in ("done", "failed", "cancelled"):
+                break
+            time.sleep(backend.min_poll)  # one squeue per poll: the controller is shared
+    except BaseException:
+        backend.cancel([job])
+        raise
+    finally:
+        backend.close()
+    return 0 if state == "done" else f"SLURM state {state} (job {job})"
+

@@ -177,6 +177,9 @@ class SlurmBackend(Backend):
         limit, so that short jobs (e.g. a one-minute test limit) stay valid.
     cpus_per_task : int
         CPUs per worker job.
+    ntasks : int
+        Tasks (MPI ranks) per job: 1 for worker jobs; N_e × P for the coupled
+        job of the online mode.
     command_timeout : float
         Seconds any single sbatch/squeue/scancel call may take.
     submit_attempts : int
@@ -201,6 +204,7 @@ class SlurmBackend(Backend):
         extra: Sequence[str] = (),
         signal_lead: int | None = None,
         cpus_per_task: int = 1,
+        ntasks: int = 1,
         command_timeout: float = 60.0,
         submit_attempts: int = 3,
         min_poll: float = DEFAULT_MIN_POLL,
@@ -217,6 +221,7 @@ class SlurmBackend(Backend):
             _check_directive_value("account", account)
         self.signal_lead = signal_lead
         self.cpus_per_task = cpus_per_task
+        self.ntasks = ntasks
         self.command_timeout = command_timeout
         self.submit_attempts = max(1, submit_attempts)
         self._logs: dict[str, Path] = {}
@@ -239,6 +244,7 @@ class SlurmBackend(Backend):
             extra=self.extra,
             signal_lead=lead,
             cpus_per_task=self.cpus_per_task,
+            ntasks=self.ntasks,
         )
 
     def submit(self, spec: JobSpec) -> str:
