@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
-import shlex
 import statistics
 from pathlib import Path
 
@@ -198,10 +198,6 @@ def test_measured_rows_and_offline_inputs_by_hand():
     assert r["total"] == pytest.approx(104.02 - 100.0)
     assert r["io"] == pytest.approx(4 * 0.01 + 0.05)
     assert r["running"] == pytest.approx(r["total"] - 0.5 - r["io"])
-    # time queued before the records' submission (SLURM online) adds to queuing and total
-    r2 = modes.measured_rows(recs, queued={1: 2.0})[0]
-    assert r2["queuing"] == pytest.approx(2.5) and r2["total"] == pytest.approx(6.02)
-    assert r2["running"] == pytest.approx(r["running"])
     # a process start 5 ms before the submission (online records): queuing 0, not negative
     early = [dict(x, started=99.995) if x["member"] == 1 else x for x in recs]
     r3 = modes.measured_rows(early)[0]
@@ -263,22 +259,14 @@ def test_stats():
 # --------------------------------------------------------------------------- #
 
 
-def test_online_script_and_scontrol():
-    argv = ["/venv/bin/python", "-m", "ensio", "cycle", "/a b/c.yaml", "--mode", "online"]
-    text = modes_slurm.online_script(argv, name="ensio-online-c001", log="/w/o.%j.log",
-                                     cpus=2, started="/w/o b.started",
-                                     time_limit="0-00:10:00", partition="debug")
-    lines = text.splitlines()
-    assert lines[0] == "#!/bin/sh"
-    assert "#SBATCH --ntasks=1" in lines and "#SBATCH --cpus-per-task=2" in lines
-    assert "#SBATCH --partition=debug" in lines and "#SBATCH --time=0-00:10:00" in lines
-    assert shlex.split(lines[-1]) == ["exec", *argv]
-    assert shlex.split(lines[-2]) == ["date", "+%s.%N", ">", "/w/o b.started"]
-    kv = modes_slurm.parse_scontrol("JobId=12 JobName=x SubmitTime=2026-11-22T14:00:01 "
-                                    "StartTime=2026-11-22T14:00:03 EndTime=Unknown")
-    assert kv["JobId"] == "12" and kv["StartTime"] == "2026-11-22T14:00:03"
-    assert modes_slurm._epoch(kv["StartTime"]) - modes_slurm._epoch(kv["SubmitTime"]) == 2
-    assert modes_slurm._epoch(kv["EndTime"]) is None
+def test_overcommit_only_when_the_partition_is_too_small(tmp_path, monkeypatch):
+    sinfo = tmp_path / "sinfo"
+    sinfo.write_text("#!/bin/sh\necho 'n1 2'\necho 'n1 2'\necho 'n2 4'\n")  # n1 in 2 partitions
+    sinfo.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert modes_slurm.cpus_of_nodes() == 6
+    assert modes_slurm.overcommit_needed(10)
+    assert not modes_slurm.overcommit_needed(6)
 
 
 # --------------------------------------------------------------------------- #

@@ -33,28 +33,21 @@ three parts:
    median start-up of a worker job. ``replay_check`` in the JSON compares the
    zero-wait replay with the measured total of every cycle.
 3. **Measured, SLURM** (when ``sinfo`` works; else skipped with the reason):
-   the offline mode with ``--set workflow.backend=slurm`` (N_j worker jobs per
-   cycle through the SLURM back-end), and the online mode as one ``sbatch
-   --wait --ntasks=1 --cpus-per-task=R`` job per cycle (R =
-   ``workflow.analysis_ranks``) whose script runs ``ensio cycle --mode online``,
-   which itself calls ``mpiexec`` (oversubscribing the allocation). The
-   driver inside an online job only knows when *it* submitted the coupled
-   program, so the time from the ``sbatch`` call to the job script's first
-   command (the scheduler's wait and the job launch) is added to that cycle's
-   queuing and total; the driver's own start inside the job (Python, the
-   idempotent ``workflow.setup``) is left out, as the offline driver's is
-   (it runs before its jobs are submitted), and reported as ``pre_launch``.
-   ``scontrol show job`` gives the scheduler's SubmitTime/StartTime (whole
-   seconds) as a cross-check (``scheduler_wait``).
+   both modes with ``--set workflow.backend=slurm``: the offline pool submits
+   N_j worker jobs per cycle, the online driver one batch job of
+   ``--ntasks=N_e*P`` per cycle (``--overcommit`` added when the partition
+   has fewer CPUs than that, as on a one-node test machine). The records
+   carry each job's submission time, so queuing is measured the same way in
+   both modes; ``queue_length_before`` in the JSON is the length of the
+   queue (all users) before each cycle's submission.
 
 Output: a table per mode × setting (mean ± standard deviation over cycles,
 and for the model over cycles × draws; percentages of the mean total), the
 offline/online ratio of the mean time to solution per setting, the JSON of
 all numbers (``--json``) and a stacked bar chart (``--plot``).
 
-The SLURM part lives in :mod:`ensio.bench.modes_slurm` and the table,
-Markdown and plot in :mod:`ensio.bench.modes_output`; both import from this
-module, so it imports them only inside the functions that use them.
+The scheduler queries live in :mod:`ensio.bench.modes_slurm` and the table,
+Markdown and plot in :mod:`ensio.bench.modes_output`.
 """
 
 from __future__ import annotations
@@ -220,7 +213,7 @@ def bench_modes(config: str | Path, workdir: str | Path | None = None, *, cycles
     from ..config import load_config
     from ..workflow.backends.slurm import slurm_unavailable_reason
     from .machine import describe_machine
-    from .modes_slurm import _queue_length, _slurm_online
+    from .modes_slurm import overcommit_needed, queue_length
 
     if cycles < 1:
         raise EnsioError(f"bench modes: --cycles must be at least 1, got {cycles}")
@@ -315,32 +308,33 @@ def bench_modes(config: str | Path, workdir: str | Path | None = None, *, cycles
         # ---- SLURM
         if slurm_reason is None:
             so = [*overrides, "workflow.backend=slurm"]
+            ntasks = n_e * wf.online.tasks_per_member
+            so_online = list(so)
+            if overcommit_needed(ntasks, wf.slurm.partition):
+                so_online.append(
+                    "workflow.slurm.extra=" + json.dumps([*wf.slurm.extra, "--overcommit"]))
             others: dict[str, list[int | None]] = {"offline": [], "online": []}
 
             def slurm_step(mode: str) -> Callable[[str], None]:
                 def f(label: str) -> None:
-                    others[mode].append(_queue_length())
-                    step(label if label.startswith("SLURM") else f"SLURM {label}")
+                    others[mode].append(queue_length())
+                    step(f"SLURM {label}")
                 return f
 
             _run_mode(config, "offline", root / "slurm-offline", cycles, so, runner, log,
                       slurm_step("offline"))
-            queued, jobs = _slurm_online(config, root / "slurm-online", cycles, overrides,
-                                         cfg, log, slurm_step("online"))
+            _run_mode(config, "online", root / "slurm-online", cycles, so_online, runner, log,
+                      slurm_step("online"))
             sl: dict[str, Any] = {
-                "offline": _mode_result(measured_rows(read_records(
-                    root / "slurm-offline" / "records.jsonl"))),
-                "online": _mode_result(measured_rows(read_records(
-                    root / "slurm-online" / "records.jsonl"), queued=queued)),
-                "online_jobs": jobs,
-                "queue_length_before": others,
-                "commands": {"offline": _per_cycle_command(config, "offline",
-                                                           root / "slurm-offline", so),
-                             "online": "sbatch --parsable --wait SCRIPT (--ntasks=1 "
-                                       f"--cpus-per-task={wf.analysis_ranks}; SCRIPT runs "
-                                       + _per_cycle_command(config, "online",
-                                                            root / "slurm-online", overrides)
-                                       + ")"},
+                mode: _mode_result(measured_rows(read_records(
+                    root / f"slurm-{mode}" / "records.jsonl")))
+                for mode in MODES
+            }
+            sl["queue_length_before"] = others
+            sl["commands"] = {
+                "offline": _per_cycle_command(config, "offline", root / "slurm-offline", so),
+                "online": _per_cycle_command(config, "online", root / "slurm-online",
+                                             so_online),
             }
             sl["ratio"] = _ratio(sl)
             res["measured"]["slurm"] = sl

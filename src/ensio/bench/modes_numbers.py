@@ -39,18 +39,13 @@ MODES = ("offline", "online")
 # --------------------------------------------------------------------------- #
 
 
-def measured_rows(records: Iterable[Mapping[str, Any]],
-                  queued: Mapping[int, float] | None = None) -> list[dict[str, float]]:
+def measured_rows(records: Iterable[Mapping[str, Any]]) -> list[dict[str, float]]:
     """Per cycle: total, queuing, running and I/O seconds (``ensio report``'s meaning).
 
     Parameters
     ----------
     records : iterable of dict
         Records of one run directory.
-    queued : mapping cycle → seconds, optional
-        Time the cycle's job spent before the records' submission time (the
-        online jobs under SLURM, whose driver only starts once the job runs):
-        added to queuing and total.
 
     Returns
     -------
@@ -62,9 +57,8 @@ def measured_rows(records: Iterable[Mapping[str, Any]],
     rows = []
     for s in cycle_summaries(records):
         sub = s.submitted if s.submitted is not None else s.first_start
-        extra = 0.0 if queued is None else float(queued.get(s.cycle, 0.0))
-        queuing = max(0.0, s.first_start - sub) + extra
-        total = s.last_finish - sub + extra
+        queuing = max(0.0, s.first_start - sub)
+        total = s.last_finish - sub
         rows.append({"cycle": s.cycle, "total": total, "queuing": queuing,
                      "running": max(0.0, total - queuing - s.io), "io": s.io})
     return rows
