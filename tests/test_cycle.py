@@ -83,20 +83,27 @@ def test_layout_records_and_rmse(reference):
     assert (workdir / "report.png").stat().st_size > 0
 
 
-def test_resume_after_sigkill_is_bitwise_identical(reference, tmp_path):
-    ref, _ = reference
-    workdir = tmp_path / "run"
-    rng = np.random.default_rng()
-    proc = _cycle(workdir, 2)
-    # a random moment: the assertion below must hold whenever the kill lands
+def _kill_at_random_then_rerun(start, latest: float) -> None:
+    """SIGKILL the process group of ``start()`` at a random moment, then run it again to the end.
+
+    The moment is drawn afresh every run (2 s .. ``latest``): the caller's
+    assertions must hold wherever the kill lands, or when the run finished first.
+    """
+    proc = start()
     try:
-        proc.wait(timeout=float(rng.uniform(2.0, 10.0)))
+        proc.wait(timeout=float(np.random.default_rng().uniform(2.0, latest)))
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    again = _cycle(workdir, 2)
+    again = start()
     _, err = again.communicate(timeout=600)
-    assert again.returncode == 0, err
+    assert again.returncode == 0, err[-3000:]
+
+
+def test_resume_after_sigkill_is_bitwise_identical(reference, tmp_path):
+    ref, _ = reference
+    workdir = tmp_path / "run"
+    _kill_at_random_then_rerun(lambda: _cycle(workdir, 2), 10.0)
     for c in (1, 2):
         assert _digests(workdir, c) == _digests(ref, c), f"cycle {c} differs"
 
@@ -257,16 +264,7 @@ def test_online_mode_gives_the_offline_analyses(reference, tmp_path, p):
 def test_online_mode_resumes_after_sigkill(reference, tmp_path):
     ref, _ = reference
     workdir = tmp_path / "online"
-    rng = np.random.default_rng()
-    proc = _online(workdir, 2)
-    try:
-        proc.wait(timeout=float(rng.uniform(2.0, 12.0)))
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    again = _online(workdir, 2)
-    _, err = again.communicate(timeout=600)
-    assert again.returncode == 0, err[-3000:]
+    _kill_at_random_then_rerun(lambda: _online(workdir, 2), 12.0)
     _assert_same_analysis(workdir, ref)
 
 
