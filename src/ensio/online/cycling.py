@@ -55,20 +55,20 @@ from ..config.schema import Config
 from ..errors import EnsioError
 from ..parallel.agree import root_call
 from ..workflow.records import append_record
+from ..workflow.rundir import (
+    analysis_config_path,
+    done_marker,
+    forecast_pattern,
+    restart_pattern,
+)
 from .ensemble import Ensemble, OnlineReport
 
 __all__ = [
     "CoupledRun",
     "add_run_arguments",
-    "cycle_dir",
     "print_reports",
     "process_start_time",
 ]
-
-
-def cycle_dir(workdir: Path, cycle: int) -> Path:
-    """``DIR/cycle_CCC`` (the layout of :mod:`ensio.workflow.cycle`)."""
-    return Path(workdir) / f"cycle_{cycle:03d}"
 
 
 def process_start_time() -> float:
@@ -155,8 +155,7 @@ class CoupledRun:
         self.configs: dict[int, Config] = root_call(world, self._load_configs)
         if not forecast_files:
             for c in self.configs:
-                restart = pattern if c == first else str(
-                    cycle_dir(self.workdir, c - 1) / "analysis" / "mem{member:03d}.nc")
+                restart = pattern if c == first else restart_pattern(self.workdir, c, initial)
                 cfg = self.configs[c]
                 self.configs[c] = dataclasses.replace(
                     cfg, ensemble=dataclasses.replace(cfg.ensemble, members=restart))
@@ -177,7 +176,7 @@ class CoupledRun:
     def _load_configs(self) -> dict[int, Config]:
         out = {}
         for c in range(self.first, self.last + 1):
-            path = cycle_dir(self.workdir, c) / "analysis.yaml"
+            path = analysis_config_path(self.workdir, c)
             if not path.exists():
                 raise EnsioError(
                     f"{path}: missing; start coupled programs with "
@@ -204,7 +203,7 @@ class CoupledRun:
 
     def forecast_path(self, cycle: int) -> Path:
         """Where the offline mode keeps this member's forecast of ``cycle``."""
-        return cycle_dir(self.workdir, cycle) / "forecast" / f"mem{self.member:03d}.nc"
+        return Path(forecast_pattern(self.workdir, cycle).format(member=self.member))
 
     # --------------------------------------------------------------- cycles
 
@@ -253,7 +252,7 @@ class CoupledRun:
                 "io_seconds": s.get("write", 0.0) + s.get("products", 0.0), "attempt": 1,
                 "mode": "online", "seconds": s,
             })  # fmt: skip
-            (cycle_dir(self.workdir, cycle) / ".done").write_text("")
+            done_marker(self.workdir, cycle).write_text("")
         self._io = 0.0
         self._start = None
         return xa

@@ -42,14 +42,17 @@ from ..config.workflow import SETUP_PLACEHOLDERS, command_fields
 from ..errors import EnsioError
 from .backends.base import Backend, JobSpec
 from .pool import drain
+from .rundir import (
+    analysis_config_path,
+    analysis_pattern,
+    cycle_dir,
+    done_marker,
+    forecast_pattern,
+    restart_pattern,
+)
 from .spec import WorkerSpec, create_todo, worker_argv
 
-__all__ = ["cycle_dir", "prepare_run", "run_cycles"]
-
-
-def cycle_dir(workdir: Path, cycle: int) -> Path:
-    """``DIR/cycle_CCC``."""
-    return workdir / f"cycle_{cycle:03d}"
+__all__ = ["prepare_run", "run_cycles", "write_analysis_config"]
 
 
 def _env() -> dict[str, str]:
@@ -87,7 +90,7 @@ def _analysis_config(
     """The ``ensio analyse`` config of one cycle: members, observations and outputs set."""
     cdir = cycle_dir(workdir, cycle)
     out = {k: v for k, v in raw.items() if k != "workflow"}
-    out["ensemble"] = {**raw["ensemble"], "members": str(cdir / "forecast" / "mem{member:03d}.nc")}
+    out["ensemble"] = {**raw["ensemble"], "members": forecast_pattern(workdir, cycle)}
     obs = []
     for entry in config.observations:
         try:
@@ -100,16 +103,26 @@ def _analysis_config(
     out["observations"] = obs
     out["io"] = {**raw.get("io", {}), "in_place": False, "journal": False}
     out["output"] = {
-        "members": str(cdir / "analysis" / "mem{member:03d}.nc"),
+        "members": analysis_pattern(workdir, cycle),
         "mean": str(cdir / "analysis" / "mean.nc"),
         "spread": str(cdir / "analysis" / "spread.nc"),
     }
     return out
 
 
-def _analysed(cdir: Path, members: Sequence[int]) -> list[int]:
-    """Members of ``members`` that have an analysis file in cycle directory ``cdir``."""
-    return [m for m in members if (cdir / "analysis" / f"mem{m:03d}.nc").exists()]
+def write_analysis_config(
+    raw: dict[str, Any], config: Config, workdir: Path, cycle: int
+) -> Path:
+    """Write ``DIR/cycle_CCC/analysis.yaml`` (both modes) and return its path."""
+    path = analysis_config_path(workdir, cycle)
+    _write_atomic(path, yaml.safe_dump(_analysis_config(raw, config, workdir, cycle)))
+    return path
+
+
+def _analysed(workdir: Path, cycle: int, members: Sequence[int]) -> list[int]:
+    """Members of ``members`` that have an analysis file in ``cycle``."""
+    pattern = analysis_pattern(workdir, cycle)
+    return [m for m in members if Path(pattern.format(member=m)).exists()]
 
 
 def _members(workdir: Path, cycle: int, n: int, log: Any) -> list[int]:
@@ -122,10 +135,10 @@ def _members(workdir: Path, cycle: int, n: int, log: Any) -> list[int]:
     """
     if cycle == 1:
         return list(range(1, n + 1))
-    prev = cycle_dir(workdir, cycle - 1)
-    alive = _analysed(prev, range(1, n + 1))
+    alive = _analysed(workdir, cycle - 1, range(1, n + 1))
     if not alive:
-        raise EnsioError(f"{prev / 'analysis'}: no analysis members to start cycle {cycle} from")
+        raise EnsioError(f"{cycle_dir(workdir, cycle - 1) / 'analysis'}: no analysis members "
+                         f"to start cycle {cycle} from")
     if len(alive) < n:
         log(f"cycle {cycle}: {len(alive)} of {n} members (the others failed earlier)")
     return alive
@@ -197,23 +210,17 @@ def run_cycles(
     python, mpiexec = sys.executable, _mpiexec()
     for c in range(1, cycles + 1):
         cdir = cycle_dir(workdir, c)
-        if (cdir / ".done").exists():
+        if done_marker(workdir, c).exists():
             continue
-        cfg_path = cdir / "analysis.yaml"
-        _write_atomic(cfg_path, yaml.safe_dump(_analysis_config(raw, config, workdir, c)))
+        cfg_path = write_analysis_config(raw, config, workdir, c)
         analyse = [python, "-m", "ensio", "analyse", str(cfg_path), "--cycle", str(c),
                    "--members", "{members}"]  # the members that succeeded (min_members)
         if wf.analysis_ranks > 1:
             analyse = [mpiexec, "-n", "{analysis_ranks}", *analyse]
-        initial = (
-            str(workdir / wf.initial)
-            if c == 1
-            else str(cycle_dir(workdir, c - 1) / "analysis" / "mem{member:03d}.nc")
-        )
         spec = WorkerSpec(
             member_command=wf.member_command,
-            forecast=str(cdir / "forecast" / "mem{member:03d}.nc"),
-            analysis=initial,
+            forecast=forecast_pattern(workdir, c),
+            analysis=restart_pattern(workdir, c, wf.initial),
             workdir=str(cdir / "work" / "mem{member:03d}"),
             analysis_command=" ".join(shlex.quote(a) for a in analyse),
             analysis_workdir=str(cdir),
@@ -247,7 +254,7 @@ def run_cycles(
             backend.close()
         if res.error:
             raise EnsioError(res.error)
-        _write_atomic(cdir / ".done", "")
-        failed = sorted(set(members) - set(_analysed(cdir, members)))
+        _write_atomic(done_marker(workdir, c), "")
+        failed = sorted(set(members) - set(_analysed(workdir, c, members)))
         log(f"cycle {c}: done ({len(members) - len(failed)} of {len(members)} members + analysis"
             + (f"; failed: {', '.join(f'mem{m:03d}' for m in failed)})" if failed else ")"))

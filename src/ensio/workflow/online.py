@@ -36,12 +36,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ..config.schema import Config, ConfigError
 from ..config.workflow import ONLINE_PLACEHOLDERS, command_fields
 from ..errors import EnsioError
-from .cycle import _analysis_config, _env, _mpiexec, _write_atomic, cycle_dir, prepare_run
+from .cycle import _env, _mpiexec, prepare_run, write_analysis_config
+from .rundir import done_marker, restart_pattern
 
 __all__ = ["online_argv", "run_online_cycles"]
 
@@ -53,11 +52,7 @@ def online_argv(
     wf = config.workflow
     assert wf is not None and wf.online.command is not None
     p = wf.online.tasks_per_member
-    initial = (
-        str(workdir / wf.initial)
-        if first == 1
-        else str(cycle_dir(workdir, first - 1) / "analysis" / "mem{member:03d}.nc")
-    )
+    initial = restart_pattern(workdir, first, wf.initial)
     values = {
         "workdir": str(workdir), "first": first, "cycles": cycles, "initial": initial,
         "tasks_per_member": p, "members": config.ensemble.size,
@@ -83,13 +78,12 @@ def run_online_cycles(
     workdir, raw = prepare_run(config_path, config, workdir, cycles, overrides)
     assert wf is not None
     first = next((c for c in range(1, cycles + 1)
-                  if not (cycle_dir(workdir, c) / ".done").exists()), None)
+                  if not done_marker(workdir, c).exists()), None)
     if first is None:
         log(f"cycles 1..{cycles}: already done")
         return
     for c in range(first, cycles + 1):
-        cfg = _analysis_config(raw, config, workdir, c)
-        _write_atomic(cycle_dir(workdir, c) / "analysis.yaml", yaml.safe_dump(cfg))
+        write_analysis_config(raw, config, workdir, c)
     argv = online_argv(config, _mpiexec(), workdir, first, cycles)
     extra_env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     if wf.online.timeout is not None:
@@ -106,7 +100,7 @@ def run_online_cycles(
             time.sleep(wf.start_delay)  # the queueing imitation: the job is "pending"
         status = subprocess.run(argv, cwd=workdir, env=env).returncode
     missing = [c for c in range(first, cycles + 1)
-               if not (cycle_dir(workdir, c) / ".done").exists()]
+               if not done_marker(workdir, c).exists()]
     if status != 0 or missing:
         done = [c for c in range(first, cycles + 1) if c not in missing]
         raise EnsioError(
