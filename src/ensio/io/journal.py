@@ -44,6 +44,7 @@ from typing import Literal, NamedTuple
 
 import numpy as np
 
+from ..durable import fsync_path
 from ..errors import EnsioError
 
 __all__ = ["COMMITTED_NAME", "JOURNAL_DIRNAME", "JournalError", "RecoveryReport", "UndoLog",
@@ -109,11 +110,6 @@ def _close_target(fd: int, fsync: bool) -> None:
             os.close(fd)
 
 
-def _fsync(path: Path | str, flags: int = 0) -> None:
-    """fsync by name; ``flags=os.O_DIRECTORY`` makes renames/creations in a dir durable."""
-    _close_target(os.open(path, os.O_RDONLY | flags), True)
-
-
 def _write_all(fd: int, parts: Sequence[bytes | memoryview]) -> None:
     """One ``writev``; finish piecewise only after a short write (>2 GiB, signals)."""
     done = os.writev(fd, parts)
@@ -171,7 +167,7 @@ class UndoLog:
         # the fault points of a run do not depend on which task raced first
         _fault_point("journal-mkdir")
         if fsync:  # every task: its records must not outlive a lost directory entry
-            _fsync(root, os.O_DIRECTORY)
+            fsync_path(root, directory=True)
         hint = f"run `ensio recover {root}`"
         if (jdir / COMMITTED_NAME).exists():
             raise JournalError(f"stale committed journal in {jdir}: {hint}")
@@ -185,7 +181,7 @@ class UndoLog:
         _fault_point("log-create")
         if fsync:
             os.fsync(fd)
-            _fsync(jdir, os.O_DIRECTORY)
+            fsync_path(jdir, directory=True)
         return cls(jdir, task, fd, fsync)
 
     def _encode(self, path: Path | str) -> bytes:
@@ -249,11 +245,11 @@ class UndoLog:
             tmp = dst.with_name(name + ".tmp")  # a torn copy must never look like a backup
             shutil.copyfile(src, tmp)
             if self._fsync:
-                _fsync(tmp)
+                fsync_path(tmp)
             _fault_point("backup-copy")
             os.replace(tmp, dst)
         if self._fsync:
-            _fsync(self.dir, os.O_DIRECTORY)
+            fsync_path(self.dir, directory=True)
         self._dirs.add(os.path.dirname(src))
         self._append(_REC_FILE, enc, 0, memoryview(name.encode()))
 
@@ -270,9 +266,9 @@ class UndoLog:
             if self._fsync:
                 for target in sorted(self._targets):
                     with contextlib.suppress(FileNotFoundError):
-                        _fsync(target)
+                        fsync_path(target)
                 for d in sorted(self._dirs):
-                    _fsync(d, os.O_DIRECTORY)
+                    fsync_path(d, directory=True)
                 _fault_point("close-fsync")
         finally:
             os.close(self._fd)
@@ -300,7 +296,7 @@ def commit(root: Path, *, fsync: bool) -> None:
         if fsync:
             os.fsync(marker.fileno())
     if fsync:
-        _fsync(jdir, os.O_DIRECTORY)
+        fsync_path(jdir, directory=True)
         _fault_point("commit-fsync")
     _remove_journal(root, jdir, fsync)
 
@@ -392,7 +388,7 @@ def _restore_backup(backup: Path, target: str, fsync: bool) -> bool:
         tmp = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.ensio-restore")
         shutil.copyfile(backup, tmp)
         if fsync:
-            _fsync(tmp)
+            fsync_path(tmp)
         os.replace(tmp, target)
         os.unlink(backup)
     _fault_point("restore-backup")
@@ -447,7 +443,7 @@ def _remove_journal(root: Path, jdir: Path, fsync: bool) -> None:
     os.rename(jdir, trash)
     _fault_point("journal-rename")
     if fsync:
-        _fsync(root, os.O_DIRECTORY)
+        fsync_path(root, directory=True)
     shutil.rmtree(trash, ignore_errors=True)
     _fault_point("journal-remove")
 
@@ -497,7 +493,7 @@ def _rollback(root: Path, jdir: Path, fsync: bool) -> RecoveryReport:
         nbytes += b
     if fsync:
         for d in sorted(dirs):
-            _fsync(d, os.O_DIRECTORY)
+            fsync_path(d, directory=True)
     _fault_point("recover-synced")
     _remove_journal(root, jdir, fsync)
     return RecoveryReport("rolled_back", len(files), nranges, nbytes,

@@ -16,6 +16,7 @@ import shutil
 import numpy as np
 from mpi4py import MPI
 
+from ..durable import fsync_path
 from ..parallel.agree import ErrorNote
 from ..parallel.distribution import block_distribution
 from . import journal
@@ -92,11 +93,7 @@ def _rewrite_copy(
                     cur[v.active] = full
                     store.write_elements(name, 0, cur)
         if fsync:
-            fd = os.open(tmp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsync_path(tmp)
         journal._fault_point("library-replace")
         os.replace(tmp, path)
     finally:

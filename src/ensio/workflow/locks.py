@@ -52,6 +52,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
+from ..durable import fsync_path
+
 __all__ = [
     "LOCK_KINDS",
     "FileLock",
@@ -302,9 +304,5 @@ def write_atomic(path: Path, data: bytes, hook: Callable[[str], None] | None = N
     hook("synced")
     os.replace(tmp, path)
     hook("renamed")
-    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    fsync_path(path.parent, directory=True)
     hook("dir-synced")

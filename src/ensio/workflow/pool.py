@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..durable import fsync_path
 from ..errors import EnsioError
 from .backends.base import Backend, JobSpec
 from .todo import Summary, TodoList
@@ -114,11 +115,7 @@ def _append_job(path: Path, entry: dict[str, Any]) -> None:
     finally:
         os.close(fd)
     if new:
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        fsync_path(path.parent, directory=True)
 
 
 def drain(todo: TodoList, backend: Backend, job: JobSpec | Callable[[int], JobSpec],

@@ -29,6 +29,7 @@ from ..config.workflow import (
     check_placeholders,
     command_fields,
 )
+from ..durable import fsync_path
 from .todo import Lease, TodoList
 
 __all__ = [
@@ -249,18 +250,10 @@ def prepare_task(spec: WorkerSpec, lease: Lease, base: Path, job_id: str,
 def move_durably(src: Path, dst: Path, fsync: bool) -> None:
     """Move a staged output into place (atomic rename; fsynced file and directory)."""
     if fsync:
-        fd = os.open(src, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_path(src)
     os.replace(src, dst)
     if fsync:
-        fd = os.open(dst.parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_path(dst.parent, directory=True)
 
 
 def reported_io(path: Path) -> float | None:
