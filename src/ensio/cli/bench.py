@@ -8,6 +8,7 @@ register beside ``io`` by adding one entry to :data:`COMMANDS`. Run under
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -109,74 +110,67 @@ def run(args: argparse.Namespace) -> int:
 
 def run_io(args: argparse.Namespace) -> int:
     """``ensio bench io``: measure, print the table (rank 0), write the JSON (rank 0)."""
-    from mpi4py import MPI
-    from rich.console import Console
-
     from ensio.bench.io import bench_io, result_table
-    from ensio.config import load_config
 
-    comm = MPI.COMM_WORLD
-    config = load_config(args.config, args.overrides)
-    console = Console(stderr=True)
-    show = comm.rank == 0 and console.is_terminal
-    with console.status("ensio bench io", spinner="dots") if show else _nothing() as status:
-        def on_step(label: str) -> None:
-            if status is not None:
-                status.update(f"ensio bench io: {label}")
-
-        res = bench_io(config, comm, repeat=args.repeat, on_step=on_step)
-    if comm.rank == 0:
-        res["config"] = str(Path(args.config).resolve())
-        res["overrides"] = list(args.overrides)
-        Console().print(result_table(res))
-        if res["verified"] is False:
-            console.print("[bold red]warning:[/] ensio's matrix differs from the netCDF4 "
-                          "reference read (naive scheme)")
-        if args.json is not None:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps(res, indent=2) + "\n")
+    _run_mpi_bench(
+        args, "io", bench_io, result_table,
+        lambda res: "ensio's matrix differs from the netCDF4 reference read (naive scheme)"
+        if res["verified"] is False else None,
+    )  # fmt: skip
     return 0
 
 
 def run_analysis(args: argparse.Namespace) -> int:
     """``ensio bench analysis``: measure, print the table (rank 0), write the JSON (rank 0)."""
+    from ensio.bench.analysis import bench_analysis, result_table
+
+    res = _run_mpi_bench(
+        args, "analysis", bench_analysis, result_table,
+        lambda res: f"the kernels disagree by more than {res['tolerance']:.0e} (relative)"
+        if not res["agree"] else None,
+    )  # fmt: skip
+    return 0 if res["agree"] else 1
+
+
+def _run_mpi_bench(
+    args: argparse.Namespace,
+    name: str,
+    measure: Callable[..., dict[str, Any]],
+    table: Callable[[dict[str, Any]], Any],
+    warning: Callable[[dict[str, Any]], str | None],
+) -> dict[str, Any]:
+    """The shared shell of the MPI benchmarks: config, a status line, table, warning, JSON.
+
+    ``measure(config, comm, repeat=, on_step=)`` runs on every rank and returns
+    the result everywhere; only rank 0 prints and writes.
+    """
     from mpi4py import MPI
     from rich.console import Console
 
-    from ensio.bench.analysis import bench_analysis, result_table
     from ensio.config import load_config
 
     comm = MPI.COMM_WORLD
     config = load_config(args.config, args.overrides)
     console = Console(stderr=True)
     show = comm.rank == 0 and console.is_terminal
-    with console.status("ensio bench analysis", spinner="dots") if show else _nothing() as status:
+    title = f"ensio bench {name}"
+    with console.status(title, spinner="dots") if show else contextlib.nullcontext() as status:
         def on_step(label: str) -> None:
             if status is not None:
-                status.update(f"ensio bench analysis: {label}")
+                status.update(f"{title}: {label}")
 
-        res = bench_analysis(config, comm, repeat=args.repeat, on_step=on_step)
+        res = measure(config, comm, repeat=args.repeat, on_step=on_step)
     if comm.rank == 0:
         res["config"] = str(Path(args.config).resolve())
         res["overrides"] = list(args.overrides)
-        Console().print(result_table(res))
-        if not res["agree"]:
-            console.print("[bold red]warning:[/] the kernels disagree by more than "
-                          f"{res['tolerance']:.0e} (relative)")
+        Console().print(table(res))
+        message = warning(res)
+        if message is not None:
+            console.print(f"[bold red]warning:[/] {message}")
         if args.json is not None:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(res, indent=2) + "\n")
-    return 0 if res["agree"] else 1
-
-
-class _nothing:
-    """A context manager yielding ``None`` (no status display off a terminal)."""
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
+    return res
 
 
 def main(argv: Sequence[str] | None = None) -> int:
