@@ -15,6 +15,7 @@ import os
 import sys
 from pathlib import Path
 
+from ensio import faults
 from ensio.io import journal
 
 
@@ -30,15 +31,15 @@ def main(plan_file: str) -> None:
         for offset, length, task in f["ranges"]:
             logs[task].save(path, offset, os.pread(fd, length, offset))
             os.pwrite(fd, new[offset:offset + length], offset)
-            journal._fault_point("data-pwrite")
+            faults.point("data-pwrite")
         os.close(fd)
         if f["library"]:
             logs[0].save_file(path)
             tmp = path.with_name(path.name + ".tmp")
             tmp.write_bytes(new)
-            journal._fault_point("library-write")
+            faults.point("library-write")
             os.replace(tmp, path)
-            journal._fault_point("library-replace")
+            faults.point("library-replace")
     for log in logs:
         log.close()
     if plan["finish"] == "commit":

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ensio import faults
 from ensio.cli import recover as recover_cli
 from ensio.errors import EnsioError
 from ensio.io import journal
@@ -342,8 +343,14 @@ def crash_at(monkeypatch, k: int | None) -> list[str]:
         if len(hits) == k:
             raise Crash(label)
 
-    monkeypatch.setattr(journal, "_fault_point", point)
+    faults.set_hook(point)
     return hits
+
+
+@pytest.fixture(autouse=True)
+def _no_fault_hook_left():
+    yield
+    faults.set_hook(None)
 
 
 def test_crash_at_every_point_of_write_and_commit(tmp_path, monkeypatch):
@@ -361,7 +368,7 @@ def test_crash_at_every_point_of_write_and_commit(tmp_path, monkeypatch):
         with pytest.raises(Crash):
             scenario(root, 21, library=True, finish="commit", fsync=True)
         drop_open_logs()
-        monkeypatch.setattr(journal, "_fault_point", journal._fault_noop)
+        faults.set_hook(None)
         recover(root)
         assert digests(files) == (new if k >= marker else prior), (k, hits[k - 1])
         assert [p.name for p in root.iterdir() if p.name.startswith(".ensio")] == []
@@ -390,7 +397,7 @@ def test_crash_at_every_point_of_recovery(tmp_path, monkeypatch):
                     recover(root)
                 except Crash:
                     pass
-            monkeypatch.setattr(journal, "_fault_point", journal._fault_noop)
+            faults.set_hook(None)
             assert recover(root).state in ("rolled_back", "clean")
             assert digests(files) == prior, (k, second)
 

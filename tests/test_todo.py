@@ -306,6 +306,7 @@ def test_lock_kind_detection_falls_back(tmp_path, monkeypatch):
 # ---------------------------------------------------------------------- crash safety
 CHURN = LIGHT + r"""
 import os, random, signal, sys
+from ensio import faults
 from ensio.workflow import todo as T
 path, seed, kill_at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 calls = 0
@@ -314,7 +315,7 @@ def hook(stage):
     calls += 1
     if calls == kill_at:
         os.kill(os.getpid(), signal.SIGKILL)
-T._fault = hook
+faults.set_hook(hook)
 todo = T.TodoList(path)
 rng = random.Random(seed)
 clock, held = 1000.0, []
@@ -377,9 +378,9 @@ def test_crash_at_any_step_of_a_transition_leaves_old_or_new(tmp_path, kind):
             assert st["seq"] in (last, last + 1)  # the interrupted transition: old or new
         else:
             assert rc == 0 and st["seq"] == last
-        assert len(list(path.parent.glob("todo.json.tmp.*"))) <= 1
+        assert len(list(path.parent.glob(".todo.json.ensio-tmp.*"))) <= 1
         _finish(todo)  # later transitions work (the lock is recovered) ...
-        assert not list(path.parent.glob("todo.json.tmp.*"))  # ... and clean up
+        assert not list(path.parent.glob(".todo.json.ensio-tmp.*"))  # ... and clean up
         check_invariants(todo.snapshot(), ids)
     assert killed >= 2
 

@@ -51,6 +51,7 @@ from mpi4py import MPI
 from rich.table import Table
 
 from ..config.schema import Config
+from ..durable import fsync_path
 from ..errors import InputError
 from ..parallel.agree import ErrorNote, note_error, raise_if_any, root_call
 from ..parallel.distribution import block_distribution
@@ -236,18 +237,10 @@ def naive_write(config: Config, comm: MPI.Comm, layout: Any, data: np.ndarray) -
                         rows = full
                     var[:] = rows.reshape(v.shape)
             if config.io.fsync:
-                _fsync_path(path)
+                fsync_path(path)
         except Exception as exc:  # raised on every rank below: nobody hangs
             err = note_error(RuntimeError(f"naive write of {path}: {exc}"))
     raise_if_any(comm, err)
-
-
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _timed(comm: MPI.Comm, fn: Callable[[], T]) -> tuple[float, T]:

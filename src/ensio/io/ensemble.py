@@ -26,14 +26,15 @@ import os
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from mpi4py import MPI
 
+from .. import faults
 from ..config.schema import Config
-from ..layout.state import StateLayout
-from ..parallel.agree import ErrorNote, raise_if_any, root_call
+from ..layout.block import EnsembleBlock
+from ..parallel.agree import ErrorNote, agree, raise_if_any, rebuild, root_call
 from . import journal
 from .members import remember_written
 from .open import open_member
@@ -74,31 +75,6 @@ class IOStats:
         out = np.empty_like(vals)
         comm.Allreduce(vals, out, op=MPI.MAX)
         return IOStats(*out.tolist(), state_bytes=self.state_bytes)
-
-
-@dataclass
-class EnsembleBlock:
-    """This rank's rows of the ensemble matrix.
-
-    Attributes
-    ----------
-    layout : StateLayout
-    start, count : int
-        Rows ``[start, start + count)`` of the state vector.
-    data : numpy.ndarray, shape (N_e, count), float64
-        Member-major: one member's segment is contiguous.
-    stats : IOStats
-    """
-
-    layout: StateLayout
-    start: int
-    count: int
-    data: np.ndarray
-    stats: IOStats = field(default_factory=IOStats)
-
-    @property
-    def n_members(self) -> int:
-        return int(self.data.shape[0])
 
 
 # --------------------------------------------------------------------------- read
@@ -291,7 +267,7 @@ def _write_member(
             else:
                 new = scratch[1].get(info.dtype, seg.n_elems)
                 new[...] = rows
-            journal._fault_point("data-write")
+            faults.point("data-write")
             raw_write(fd, info, seg.elem_lo, new, path=path)
         if plan.fsync:
             os.fsync(fd)
@@ -349,11 +325,11 @@ def write_ensemble(
         plan.groups.free()
         if undo is not None:
             undo.close()
-    notes = comm.allgather(note)
-    if any(n is not None for n in notes):
+    note = agree(comm, note)
+    if note is not None:
         if config.io.journal:
             root_call(comm, lambda: journal.abort(root, fsync=fsync))
-        raise_if_any(comm, next(n for n in notes if n is not None))
+        raise rebuild(note)
     comm.Barrier()  # every rank's bytes are written before the journal is committed
     if config.io.journal:
         root_call(comm, lambda: journal.commit(root, fsync=fsync))

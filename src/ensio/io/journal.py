@@ -18,22 +18,15 @@ bytes would cost a third of the journal's time),
 ``COMMITTED``. The directory is renamed to a trash name before it is deleted,
 so a half-deleted journal can never be mistaken for an incomplete one.
 
-Kill tests: every survivable step calls :func:`_fault_point`.
-``ENSIO_FAULT_KILL_AT=k`` SIGKILLs the process at the k-th point;
-``ENSIO_FAULT_COUNT=<file>`` appends ``{"rank", "count", "labels"}`` as a JSON
-line at exit; ``ENSIO_FAULT_RANK=r`` limits both to MPI rank r. Unset, the hook
-is an empty function chosen at import.
+Kill tests: every survivable step calls :func:`ensio.faults.point`.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import errno
-import json
 import os
 import shutil
-import signal
 import struct
 import uuid
 import zlib
@@ -44,6 +37,7 @@ from typing import Literal, NamedTuple
 
 import numpy as np
 
+from .. import faults
 from ..durable import fsync_path
 from ..errors import EnsioError
 
@@ -64,40 +58,6 @@ _LINK_FALLBACK = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.E
 
 class JournalError(EnsioError):
     """The journal cannot be used as asked (stale journal, unknown log format)."""
-
-
-# --------------------------------------------------------------------------- faults
-_RANK = next((int(os.environ[v]) for v in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
-              if os.environ.get(v, "").isdigit()), 0)
-_FAULT_KILL_AT = int(os.environ.get("ENSIO_FAULT_KILL_AT") or 0)
-_FAULT_COUNT_FILE = os.environ.get("ENSIO_FAULT_COUNT") or None
-_FAULT_ACTIVE = bool(_FAULT_KILL_AT or _FAULT_COUNT_FILE) and (
-    os.environ.get("ENSIO_FAULT_RANK", "") in ("", str(_RANK)))
-_fault_labels: list[str] = []
-
-
-def _fault_noop(label: str) -> None:
-    """Production fault point: does nothing."""
-
-
-def _fault_hit(label: str) -> None:
-    """Test fault point: remember its label, die at the chosen one."""
-    _fault_labels.append(label)
-    if len(_fault_labels) == _FAULT_KILL_AT:
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _fault_report() -> None:
-    line = json.dumps({"rank": _RANK, "count": len(_fault_labels),
-                       "labels": _fault_labels}) + "\n"
-    with open(_FAULT_COUNT_FILE, "a") as f:  # one small O_APPEND write per process
-        f.write(line)
-
-
-#: Call at every survivable step (``ensemble.py`` calls it after its own pwrites).
-_fault_point = _fault_hit if _FAULT_ACTIVE else _fault_noop
-if _FAULT_ACTIVE and _FAULT_COUNT_FILE:
-    atexit.register(_fault_report)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -165,7 +125,7 @@ class UndoLog:
             os.mkdir(jdir)
         # every task passes this point once, whoever created the directory, so
         # the fault points of a run do not depend on which task raced first
-        _fault_point("journal-mkdir")
+        faults.point("journal-mkdir")
         if fsync:  # every task: its records must not outlive a lost directory entry
             fsync_path(root, directory=True)
         hint = f"run `ensio recover {root}`"
@@ -178,7 +138,7 @@ class UndoLog:
         except FileExistsError:
             raise JournalError(f"{log} exists: an earlier write was interrupted; {hint}") from None
         _write_all(fd, [_LOG_MAGIC])
-        _fault_point("log-create")
+        faults.point("log-create")
         if fsync:
             os.fsync(fd)
             fsync_path(jdir, directory=True)
@@ -198,18 +158,18 @@ class UndoLog:
         head = _HEAD.pack(kind, len(path), offset, data.nbytes) + path
         crc = zlib.crc32(head)
         crc = _CRC.pack(crc if kind == _REC_RANGE_FAST else zlib.crc32(data, crc))
-        if _FAULT_ACTIVE:  # split the record so that kills can tear it
+        if faults.active():  # split the record so that kills can tear it
             _write_all(self._fd, [head])
-            _fault_point("record-head")
+            faults.point("record-head")
             _write_all(self._fd, [data])
-            _fault_point("record-data")
+            faults.point("record-data")
             _write_all(self._fd, [crc])
         else:
             _write_all(self._fd, [head, data, crc])
-        _fault_point("record-written")
+        faults.point("record-written")
         if self._fsync:
             os.fdatasync(self._fd)
-            _fault_point("record-fsync")
+            faults.point("record-fsync")
 
     def save(self, path: Path, offset: int, prior: bytes | memoryview | np.ndarray) -> None:
         """Record ``prior``, the bytes now at ``[offset, offset+len)`` of ``path``.
@@ -238,7 +198,7 @@ class UndoLog:
         dst = self.dir / name
         try:
             os.link(src, dst)
-            _fault_point("backup-link")
+            faults.point("backup-link")
         except OSError as exc:
             if exc.errno not in _LINK_FALLBACK:
                 raise
@@ -246,7 +206,7 @@ class UndoLog:
             shutil.copyfile(src, tmp)
             if self._fsync:
                 fsync_path(tmp)
-            _fault_point("backup-copy")
+            faults.point("backup-copy")
             os.replace(tmp, dst)
         if self._fsync:
             fsync_path(self.dir, directory=True)
@@ -269,7 +229,7 @@ class UndoLog:
                         fsync_path(target)
                 for d in sorted(self._dirs):
                     fsync_path(d, directory=True)
-                _fault_point("close-fsync")
+                faults.point("close-fsync")
         finally:
             os.close(self._fd)
             self._fd = -1
@@ -292,12 +252,12 @@ def commit(root: Path, *, fsync: bool) -> None:
     if not jdir.is_dir():
         return
     with open(jdir / COMMITTED_NAME, "wb") as marker:
-        _fault_point("commit-marker")
+        faults.point("commit-marker")
         if fsync:
             os.fsync(marker.fileno())
     if fsync:
         fsync_path(jdir, directory=True)
-        _fault_point("commit-fsync")
+        faults.point("commit-fsync")
     _remove_journal(root, jdir, fsync)
 
 
@@ -391,7 +351,7 @@ def _restore_backup(backup: Path, target: str, fsync: bool) -> bool:
             fsync_path(tmp)
         os.replace(tmp, target)
         os.unlink(backup)
-    _fault_point("restore-backup")
+    faults.point("restore-backup")
     return True
 
 
@@ -427,7 +387,7 @@ def _replay(log: Path, records: list[_Record], fsync: bool,
             for pos in range(0, rec.length, _CHUNK):
                 chunk = os.pread(lfd, min(rec.length - pos, _CHUNK), rec.data_pos + pos)
                 os.pwrite(fd, chunk, rec.offset + pos)
-            _fault_point("restore-range")
+            faults.point("restore-range")
             touched.add(path)
             nranges += 1
             nbytes += rec.length
@@ -441,11 +401,11 @@ def _remove_journal(root: Path, jdir: Path, fsync: bool) -> None:
     """Atomically retire ``jdir`` (rename), then delete it at leisure."""
     trash = root / f"{_TRASH_PREFIX}{uuid.uuid4().hex}"
     os.rename(jdir, trash)
-    _fault_point("journal-rename")
+    faults.point("journal-rename")
     if fsync:
         fsync_path(root, directory=True)
     shutil.rmtree(trash, ignore_errors=True)
-    _fault_point("journal-remove")
+    faults.point("journal-remove")
 
 
 def recover(root: Path, *, fsync: bool = True) -> RecoveryReport:
@@ -494,7 +454,7 @@ def _rollback(root: Path, jdir: Path, fsync: bool) -> RecoveryReport:
     if fsync:
         for d in sorted(dirs):
             fsync_path(d, directory=True)
-    _fault_point("recover-synced")
+    faults.point("recover-synced")
     _remove_journal(root, jdir, fsync)
     return RecoveryReport("rolled_back", len(files), nranges, nbytes,
                           tuple(sorted(missing - files)))

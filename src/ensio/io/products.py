@@ -25,6 +25,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..config.schema import Config, ConfigError, Coordinates
+from ..durable import replacing
 from ..layout.state import StateLayout
 from ..parallel.agree import all_call, root_call
 from ..parallel.distribution import block_distribution
@@ -61,37 +62,37 @@ def write_field_file(
         Appended to the ``history`` global attribute.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.ensio-tmp")
-    coord_names = [n for n in (coordinates.lon, coordinates.lat, coordinates.level) if n]
-    with netCDF4.Dataset(template) as src, netCDF4.Dataset(tmp, "w", format="NETCDF4") as dst:
-        src.set_auto_maskandscale(False)
-        attrs = {a: src.getncattr(a) for a in src.ncattrs()}
-        old = str(attrs.get("history", ""))
-        attrs["history"] = (old + "\n" if old else "") + history
-        dst.setncatts(attrs)
-        needed = {d for v in layout.variables for d in v.dims}
-        needed |= {d for n in coord_names if n in src.variables for d in src[n].dimensions}
-        for name, dim in src.dimensions.items():
-            if name in needed:
-                dst.createDimension(name, None if dim.isunlimited() else len(dim))
-        for name in coord_names:
-            if name in src.variables:
-                var = src[name]
-                out = dst.createVariable(name, var.dtype, var.dimensions)
-                out.setncatts({a: var.getncattr(a) for a in var.ncattrs()})
-                out[...] = var[...]
-        for v in layout.variables:
-            var = src[v.name]
-            out = dst.createVariable(v.name, "f8", v.dims, fill_value=_FILL)
-            out.setncatts({a: var.getncattr(a) for a in var.ncattrs() if a not in ("_FillValue",)})
-            field = np.full(v.n_elements, _FILL)
-            seg = rows[v.offset : v.offset + v.size]
-            if v.active is None:
-                field[:] = seg
-            else:
-                field[v.active] = seg
-            out[...] = field.reshape(v.shape)
-    os.replace(tmp, path)
+    with replacing(path) as tmp:
+        coord_names = [n for n in (coordinates.lon, coordinates.lat, coordinates.level) if n]
+        with netCDF4.Dataset(template) as src, netCDF4.Dataset(tmp, "w", format="NETCDF4") as dst:
+            src.set_auto_maskandscale(False)
+            attrs = {a: src.getncattr(a) for a in src.ncattrs()}
+            old = str(attrs.get("history", ""))
+            attrs["history"] = (old + "\n" if old else "") + history
+            dst.setncatts(attrs)
+            needed = {d for v in layout.variables for d in v.dims}
+            needed |= {d for n in coord_names if n in src.variables for d in src[n].dimensions}
+            for name, dim in src.dimensions.items():
+                if name in needed:
+                    dst.createDimension(name, None if dim.isunlimited() else len(dim))
+            for name in coord_names:
+                if name in src.variables:
+                    var = src[name]
+                    out = dst.createVariable(name, var.dtype, var.dimensions)
+                    out.setncatts({a: var.getncattr(a) for a in var.ncattrs()})
+                    out[...] = var[...]
+            for v in layout.variables:
+                var = src[v.name]
+                out = dst.createVariable(v.name, "f8", v.dims, fill_value=_FILL)
+                attrs = {a: var.getncattr(a) for a in var.ncattrs() if a != "_FillValue"}
+                out.setncatts(attrs)
+                field = np.full(v.n_elements, _FILL)
+                seg = rows[v.offset : v.offset + v.size]
+                if v.active is None:
+                    field[:] = seg
+                else:
+                    field[v.active] = seg
+                out[...] = field.reshape(v.shape)
 
 
 def copy_members(sources: Sequence[Path], targets: Sequence[Path], rank: int, size: int) -> None:

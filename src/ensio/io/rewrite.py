@@ -10,13 +10,12 @@ into place; the journal keeps the original inode as a whole-file backup.
 
 from __future__ import annotations
 
-import os
 import shutil
 
 import numpy as np
 from mpi4py import MPI
 
-from ..durable import fsync_path
+from ..durable import replacing
 from ..parallel.agree import ErrorNote
 from ..parallel.distribution import block_distribution
 from . import journal
@@ -80,9 +79,8 @@ def _rewrite_copy(
     path = plan.paths[m]
     if undo is not None:
         undo.save_file(path)
-    tmp = path.with_name(f".{path.name}.ensio-tmp")
-    shutil.copyfile(path, tmp)
-    try:
+    with replacing(path, fsync=fsync, label="library") as tmp:
+        shutil.copyfile(path, tmp)
         with open_member(tmp, writable=True) as store:
             for name, full in values.items():
                 v = plan.layout.variable(name)
@@ -92,10 +90,3 @@ def _rewrite_copy(
                     cur = store.read_elements(name, 0, v.n_elements)
                     cur[v.active] = full
                     store.write_elements(name, 0, cur)
-        if fsync:
-            fsync_path(tmp)
-        journal._fault_point("library-replace")
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()

@@ -1,9 +1,11 @@
 """State layout: model variables ⇄ state-vector rows, row distribution over ranks."""
 
 from ..parallel.distribution import block_distribution
+from .block import EnsembleBlock
 from .state import Segment, StateLayout, VariableLayout, VarMeta, build_layout
 
 __all__ = [
+    "EnsembleBlock",
     "Segment",
     "StateLayout",
     "VarMeta",

@@ -26,7 +26,6 @@ forcing as an attribute.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time as _time
 from pathlib import Path
@@ -34,6 +33,7 @@ from pathlib import Path
 import netCDF4
 import numpy as np
 
+from ..durable import replacing
 from .lorenz96 import DT, FORCING, integrate
 
 __all__ = ["main", "read_state", "setup", "write_state"]
@@ -46,8 +46,7 @@ def write_state(path: Path, x: np.ndarray, model_time: float, forcing: float = F
     """Write a restart atomically (temporary file in the same directory, then rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with netCDF4.Dataset(tmp, "w", format="NETCDF4") as ds:
+    with replacing(path) as tmp, netCDF4.Dataset(tmp, "w", format="NETCDF4") as ds:
         ds.title = "Lorenz-96 restart (ensio example)"
         ds.forcing = float(forcing)
         ds.createDimension("i", x.size)
@@ -57,7 +56,6 @@ def write_state(path: Path, x: np.ndarray, model_time: float, forcing: float = F
         t = ds.createVariable("time", "f8", ())
         t.units = "model time units"
         t[...] = model_time
-    os.replace(tmp, path)
 
 
 def read_state(path: Path) -> tuple[np.ndarray, float]:
@@ -77,9 +75,8 @@ def _truth_path(workdir: Path, cycle: int) -> Path:
 
 def _write_obs(path: Path, values: np.ndarray, sigma: float) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     n = values.size
-    with netCDF4.Dataset(tmp, "w", format="NETCDF4") as ds:
+    with replacing(path) as tmp, netCDF4.Dataset(tmp, "w", format="NETCDF4") as ds:
         ds.createDimension("obs", n)
         for name, data in (
             ("lon", np.zeros(n)),
@@ -89,7 +86,6 @@ def _write_obs(path: Path, values: np.ndarray, sigma: float) -> None:
         ):
             ds.createVariable(name, "f8", ("obs",))[:] = data
         ds.createVariable("index", "i8", ("obs",))[:] = np.arange(n)
-    os.replace(tmp, path)
 
 
 def setup(

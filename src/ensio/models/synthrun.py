@@ -11,7 +11,6 @@ variable and attribute is carried forward.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import sys
 import time
@@ -20,22 +19,23 @@ from pathlib import Path
 import netCDF4
 import numpy as np
 
+from ..durable import replacing
+
 __all__ = ["main", "run"]
 
 
 def run(init: Path, out: Path, sleep: float = 0.0, shift: int = 0, variable: str = "state") -> None:
     """One forecast: copy, shift ``variable`` along its last (longitude) axis, rename into place."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
-    shutil.copyfile(init, tmp)
-    if sleep > 0:
-        time.sleep(sleep)  # imitates a longer model run
-    if shift:
-        with netCDF4.Dataset(tmp, "a") as ds:
-            v = ds[variable]
-            v.set_auto_maskandscale(False)
-            v[...] = np.roll(np.asarray(v[...]), shift, axis=-1)
-    os.replace(tmp, out)
+    with replacing(out) as tmp:
+        shutil.copyfile(init, tmp)
+        if sleep > 0:
+            time.sleep(sleep)  # imitates a longer model run
+        if shift:
+            with netCDF4.Dataset(tmp, "a") as ds:
+                v = ds[variable]
+                v.set_auto_maskandscale(False)
+                v[...] = np.roll(np.asarray(v[...]), shift, axis=-1)
 
 
 def main(argv: list[str] | None = None) -> int:

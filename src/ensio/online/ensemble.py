@@ -55,7 +55,7 @@ from ..config.schema import Config, ConfigError
 from ..errors import EnsioError
 from ..layout.state import StateLayout
 from ..obs import QCCounts
-from ..parallel.agree import ErrorNote, note_error
+from ..parallel.agree import ErrorNote, note_error, rebuild
 from ..parallel.comms import CommGroups
 from ..parallel.distribution import block_distribution
 from .failure import FailurePolicy, is_agreed, mark_agreed
@@ -472,9 +472,4 @@ class Ensemble:
 
 def _rebuild(note: tuple[type[BaseException], str]) -> BaseException:
     """The exception of a shared note, marked as raised on every rank."""
-    cls, msg = note
-    try:
-        exc = cls(msg)
-    except Exception:  # a class that does not take one message argument
-        exc = OnlineError(f"{cls.__name__}: {msg}")
-    return mark_agreed(exc)
+    return mark_agreed(rebuild(note, fallback=OnlineError))

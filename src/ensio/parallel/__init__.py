@@ -1,11 +1,12 @@
 """Communicator groups and small MPI helpers (the only place that splits communicators)."""
 
 from .comms import CommGroups, IOGroups, group_of_rank, io_groups, serial_comm
-from .distribution import block_distribution
+from .distribution import RowDistribution, block_distribution
 
 __all__ = [
     "CommGroups",
     "IOGroups",
+    "RowDistribution",
     "block_distribution",
     "group_of_rank",
     "io_groups",

@@ -12,7 +12,15 @@ from typing import TypeVar
 
 from mpi4py import MPI
 
-__all__ = ["ErrorNote", "all_call", "note_error", "raise_if_any", "root_call"]
+__all__ = [
+    "ErrorNote",
+    "agree",
+    "all_call",
+    "note_error",
+    "raise_if_any",
+    "rebuild",
+    "root_call",
+]
 
 T = TypeVar("T")
 
@@ -25,13 +33,32 @@ def note_error(exc: BaseException) -> ErrorNote:
     return (type(exc), str(exc))
 
 
+def agree(comm: MPI.Comm, note: ErrorNote) -> ErrorNote:
+    """Collective: the lowest rank's error note, the same on every rank (``None`` if none).
+
+    The one place where ranks agree on a failure; callers that must clean up
+    before raising (roll back a journal, abort a coupled job) call it
+    directly, the others use :func:`raise_if_any`.
+    """
+    return next((n for n in comm.allgather(note) if n is not None), None)
+
+
+def rebuild(
+    note: tuple[type[BaseException], str], fallback: type[BaseException] = RuntimeError
+) -> BaseException:
+    """The exception a shared note describes (``fallback`` if its class takes no message)."""
+    cls, msg = note
+    try:
+        return cls(msg)
+    except Exception:  # a class that does not take one message argument
+        return fallback(f"{cls.__name__}: {msg}")
+
+
 def raise_if_any(comm: MPI.Comm, note: ErrorNote) -> None:
     """Collective: if any rank noted an error, raise the lowest rank's on all ranks."""
-    notes = comm.allgather(note)
-    for n in notes:
-        if n is not None:
-            cls, msg = n
-            raise cls(msg)
+    agreed = agree(comm, note)
+    if agreed is not None:
+        raise rebuild(agreed)
 
 
 def root_call(comm: MPI.Comm, fn: Callable[[], T], root: int = 0) -> T:
@@ -45,8 +72,7 @@ def root_call(comm: MPI.Comm, fn: Callable[[], T], root: int = 0) -> T:
             note = note_error(exc)
     result, note = comm.bcast((result, note), root=root)
     if note is not None:
-        cls, msg = note
-        raise cls(msg)
+        raise rebuild(note)
     return result  # type: ignore[return-value]
 
 

@@ -39,6 +39,7 @@ import yaml
 from ..config.load import apply_overrides
 from ..config.schema import Config, ConfigError
 from ..config.workflow import SETUP_PLACEHOLDERS, command_fields
+from ..durable import atomic_write
 from ..errors import EnsioError
 from .backends.base import Backend, JobSpec
 from .pool import drain
@@ -146,9 +147,7 @@ def _members(workdir: Path, cycle: int, n: int, log: Any) -> list[int]:
 
 def _write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    atomic_write(path, text)
 
 
 def _backend(config: Config) -> Backend:

@@ -48,11 +48,8 @@ import shutil
 import socket
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
-
-from ..durable import fsync_path
 
 __all__ = [
     "LOCK_KINDS",
@@ -61,7 +58,6 @@ __all__ = [
     "LockUnsupported",
     "detect_lock_kind",
     "make_lock",
-    "write_atomic",
 ]
 
 LockKind = Literal["flock", "lockf", "mkdir"]
@@ -277,32 +273,3 @@ def detect_lock_kind(directory: str | Path) -> LockKind:
         os.close(fd)
         probe.unlink(missing_ok=True)
     return "mkdir"
-
-
-def write_atomic(path: Path, data: bytes, hook: Callable[[str], None] | None = None) -> None:
-    """Write ``data`` to ``path`` so that a crash at any instant leaves the old or the new file.
-
-    Temporary file in the same directory (unique name, so a writer whose lock
-    was broken cannot mix its bytes with another's), ``fsync``, ``rename``,
-    ``fsync`` of the directory. ``hook`` is called with the step name after
-    each step (crash tests).
-    """
-    hook = hook or (lambda stage: None)
-    tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}.{secrets.token_hex(4)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        hook("written")
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        tmp.unlink(missing_ok=True)
-        raise
-    os.close(fd)
-    hook("synced")
-    os.replace(tmp, path)
-    hook("renamed")
-    fsync_path(path.parent, directory=True)
-    hook("dir-synced")

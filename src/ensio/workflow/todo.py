@@ -50,6 +50,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+from .. import faults
+from ..durable import atomic_write
 from .leases import (
     Idle,
     Lease,
@@ -65,7 +67,6 @@ from .locks import (
     MkdirLock,
     detect_lock_kind,
     make_lock,
-    write_atomic,
 )
 from .summary import analysis_gate, summarize
 
@@ -109,15 +110,6 @@ class _Task(dict):
                 self.pop(k, None)
             else:
                 self[k] = v
-
-
-#: Test hook: called with a stage name at each step of a transition (crash tests).
-_fault: Callable[[str], None] | None = None
-
-
-def _hook(stage: str) -> None:
-    if _fault is not None:
-        _fault(stage)
 
 
 def member_task(member: int) -> str:
@@ -211,7 +203,7 @@ class TodoList:
         kind: LockKind = detect_lock_kind(path.parent) if lock == "auto" else lock
         if kind not in LOCK_KINDS:
             raise TodoError(f"unknown lock kind {kind!r}")
-        write_atomic(kind_file, (kind + "\n").encode(), _hook)
+        atomic_write(kind_file, kind + "\n", label="todo")
         tasks = [{"id": member_task(m), "kind": "member", "member": m, "state": "pending"}
                  for m in members]
         if analysis:
@@ -357,7 +349,7 @@ class TodoList:
     def _transact(self, step: Callable[[dict[str, Any], float], tuple[Any, bool]],
                   now: float | None) -> Any:
         with self._lock:
-            _hook("locked")
+            faults.point("todo-locked")
             now = time.time() if now is None else now
             st = self._load()
             changed = _reclaim(st, now)
@@ -393,7 +385,7 @@ class TodoList:
         return st
 
     def _store(self, st: dict[str, Any]) -> None:
-        write_atomic(self.path, json.dumps(st, separators=(",", ":")).encode(), _hook)
+        atomic_write(self.path, json.dumps(st, separators=(",", ":")), label="todo")
 
     def _remove_temporaries(self) -> None:
         """Delete temporary files of writers that died (only called under the lock)."""

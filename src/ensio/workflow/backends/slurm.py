@@ -46,6 +46,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ...durable import atomic_write
 from .base import Backend, JobSpec, JobState
 from .slurm_script import (
     DEFAULT_SIGNAL_LEAD,
@@ -266,9 +267,7 @@ class SlurmBackend(Backend):
         script = self.script_for(spec)
         path = Path(spec.workdir) / f"{spec.name}.sbatch"
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(script)
-        os.replace(tmp, path)
+        atomic_write(path, script, fsync=False)
         argv = ["sbatch", "--parsable", str(path)]
         err = ""
         for attempt in range(self.submit_attempts):
