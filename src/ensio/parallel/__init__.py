@@ -1,6 +1,6 @@
 """Communicator groups and small MPI helpers (the only place that splits communicators)."""
 
-from .comms import CommGroups, IOGroups, group_of_rank, io_groups, serial_comm
+from .comms import CommGroups, IOGroups, group_of_rank, io_groups
 from .distribution import RowDistribution, block_distribution
 
 __all__ = [
@@ -10,5 +10,4 @@ __all__ = [
     "block_distribution",
     "group_of_rank",
     "io_groups",
-    "serial_comm",
 ]

@@ -12,12 +12,7 @@ from mpi4py import MPI
 
 from .distribution import block_distribution
 
-__all__ = ["CommGroups", "IOGroups", "io_groups", "serial_comm"]
-
-
-def serial_comm() -> MPI.Comm:
-    """The communicator of a plain one-process run (no mpiexec needed)."""
-    return MPI.COMM_SELF
+__all__ = ["CommGroups", "IOGroups", "group_of_rank", "io_groups"]
 
 
 @dataclass(frozen=True)
@@ -81,11 +76,12 @@ def io_groups(comm: MPI.Comm, n_io: int) -> IOGroups:
 
 @dataclass(frozen=True)
 class CommGroups:
-    """The communicators of one ensio job.
+    """The communicators of one coupled (online) ensio job, built by :meth:`online`.
 
-    Offline, ``filter`` is the whole world. The online mode (coupled members)
-    adds ``model`` and ``coupled`` communicators (:meth:`online`); there,
-    ``filter`` is ``MPI.COMM_NULL`` on the ranks that are not filter ranks.
+    The offline analysis needs no such object: its filter communicator is the
+    one it is handed (the world of ``ensio analyse``). The online mode adds
+    ``model`` and ``coupled`` communicators; ``filter`` is ``MPI.COMM_NULL`` on
+    the ranks that are not filter ranks.
 
     Attributes
     ----------
@@ -106,10 +102,6 @@ class CommGroups:
     coupled: MPI.Comm | None = None
     tasks_per_member: int | None = None
     status: MPI.Comm | None = None
-
-    @classmethod
-    def offline(cls, comm: MPI.Comm) -> CommGroups:
-        return cls(world=comm, filter=comm)
 
     @classmethod
     def online(cls, world: MPI.Comm, tasks_per_member: int) -> CommGroups:
