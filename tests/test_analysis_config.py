@@ -17,7 +17,7 @@ from ensio.config.analysis import (
     ObservationFile,
     OutputSection,
 )
-from ensio.config.load import _convert
+from ensio.config.load import from_plain
 from ensio.config.schema import ConfigError
 
 ISSUE_EXAMPLE = """
@@ -39,9 +39,9 @@ output:
 
 def test_issue_example_converts():
     raw = yaml.safe_load(ISSUE_EXAMPLE)
-    obs = _convert(tuple[ObservationFile, ...], raw["observations"], "observations")
-    ana = _convert(AnalysisSection, raw["analysis"], "analysis")
-    out = _convert(OutputSection, raw["output"], "output")
+    obs = from_plain(tuple[ObservationFile, ...], raw["observations"], "observations")
+    ana = from_plain(AnalysisSection, raw["analysis"], "analysis")
+    out = from_plain(OutputSection, raw["output"], "output")
     assert obs == (ObservationFile("obs.nc"),)
     assert ana.filter == "letkf" and ana.localization.radius_km == 5000.0
     assert ana.localization.support_radius == 5000.0
@@ -50,7 +50,7 @@ def test_issue_example_converts():
 
 
 def test_other_forms_convert():
-    ana = _convert(
+    ana = from_plain(
         AnalysisSection,
         {
             "filter": "lenkf",
@@ -62,12 +62,12 @@ def test_other_forms_convert():
     )
     assert ana.localization.periodic == 40 and ana.localization.regulated
     assert ana.inflation.rtps == 0.5 and ana.seed == 3
-    ana = _convert(
+    ana = from_plain(
         AnalysisSection, {"filter": "estkf", "inflation": {"adaptive": True}}, "analysis"
     )
     assert ana.inflation.adaptive and ana.localization is None
     raw = yaml.safe_load("{filter: letkf, localization: {radius_km: .inf}}")
-    inf = _convert(AnalysisSection, raw, "analysis")
+    inf = from_plain(AnalysisSection, raw, "analysis")
     assert inf.localization.radius_km == float("inf")
 
 
@@ -119,7 +119,7 @@ def test_filter_names_are_complete():
 )
 def test_bad_analysis_config_names_the_key(data, key):
     with pytest.raises(ConfigError) as err:
-        _convert(AnalysisSection, data, "analysis")
+        from_plain(AnalysisSection, data, "analysis")
     assert str(err.value).startswith(key), str(err.value)
 
 

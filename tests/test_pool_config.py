@@ -11,7 +11,7 @@ import yaml
 from pool_support import LIGHT, PY
 
 from ensio.config.errors import ConfigError
-from ensio.config.load import _convert
+from ensio.config.load import from_plain
 from ensio.config.workflow import SlurmSection, WorkflowSection, parse_duration
 from ensio.workflow.records import (
     RecordTail,
@@ -36,7 +36,7 @@ workflow:
 
 
 def load(text: str) -> WorkflowSection:
-    return _convert(WorkflowSection, yaml.safe_load(text)["workflow"], "workflow")
+    return from_plain(WorkflowSection, yaml.safe_load(text)["workflow"], "workflow")
 
 
 def test_issue_example_loads():

@@ -9,7 +9,7 @@ from .analysis import (
     QCSection,
 )
 from .errors import ConfigError
-from .load import apply_overrides, config_from_dict, load_config, parse_override
+from .load import apply_overrides, config_from_dict, from_plain, load_config, parse_override
 from .schema import Config, Coordinates, EnsembleSection, IOSection, VariableSpec
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "VariableSpec",
     "apply_overrides",
     "config_from_dict",
+    "from_plain",
     "load_config",
     "parse_override",
 ]
