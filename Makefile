@@ -22,10 +22,10 @@ demo: $(STAMP)
 	rm -rf $(DEMO_DIR)/lorenz96
 	$(VENV)/bin/ensio cycle examples/lorenz96/cycle.yaml --workdir $(DEMO_DIR)/lorenz96 --cycles 4
 	$(VENV)/bin/ensio report $(DEMO_DIR)/lorenz96
-	$(PY) -m ensio.models.l96case rmse --workdir $(DEMO_DIR)/lorenz96
+	$(VENV)/bin/ensio model l96 rmse --workdir $(DEMO_DIR)/lorenz96
 	rm -rf $(DEMO_DIR)/lorenz96-online
 	$(VENV)/bin/ensio cycle examples/lorenz96/cycle.yaml --workdir $(DEMO_DIR)/lorenz96-online --cycles 4 --mode online
-	$(PY) -m ensio.models.l96case compare --workdir $(DEMO_DIR)/lorenz96-online --other $(DEMO_DIR)/lorenz96
+	$(VENV)/bin/ensio model l96 compare --workdir $(DEMO_DIR)/lorenz96-online --other $(DEMO_DIR)/lorenz96
 
 test: $(STAMP) test-serial test-mpi
 

@@ -114,7 +114,9 @@ def test_setup_is_reproducible(reference, tmp_path):
         [
             sys.executable,
             "-m",
-            "ensio.models.l96case",
+            "ensio",
+            "model",
+            "l96",
             "setup",
             "--workdir",
             str(tmp_path),
@@ -301,9 +303,9 @@ def test_synthetic_example_gives_the_same_analyses_both_ways(tmp_path):
     fast = [
         "--set", "ensemble.size=4", "--set", "workflow.jobs=2",
         "--set", "workflow.analysis_ranks=1",
-        "--set", "workflow.member_command=python -m ensio.models.synthrun --init {analysis} "
+        "--set", "workflow.member_command=ensio model synthrun --init {analysis} "
                  "--out {forecast} --shift 3",
-        "--set", "workflow.online.command=python -m ensio.online.synthetic --workdir {workdir} "
+        "--set", "workflow.online.command=ensio model synthetic-coupled --workdir {workdir} "
                  "--first {first} --cycles {cycles} --initial {initial} "
                  "--tasks-per-member {tasks_per_member} --shift 3",
         "--set", "workflow.online.tasks_per_member=2",

@@ -169,7 +169,7 @@ def test_time_limit_requeue_through_sbatch(plain_run, tmp_path):
         "e = os.environ\n"
         "if (e['ENSIO_CYCLE'], e['ENSIO_MEMBER'], e['ENSIO_ATTEMPT']) == ('1', '1', '1'):\n"
         "    time.sleep(600)  # only the first attempt: far beyond the job's limit\n"
-        "os.execv(sys.executable, [sys.executable, '-m', 'ensio.models.l96case', *sys.argv[1:]])\n"
+        "os.execv(sys.executable, [sys.executable, '-m', 'ensio', 'model', 'l96', *sys.argv[1:]])\n"
     )
     run_dir = tmp_path / "requeue"
     run_cycle(

@@ -1,8 +1,13 @@
 """The ``ensio`` command: thin argument parsing over the library.
 
 Each subcommand lives in its own module exposing ``add_parser(subparsers)``
-(which sets ``func``) and ``run(args) -> int``. Errors ensio understands
+(which sets ``func``, a callable ``(args) -> int``). Errors ensio understands
 (bad config, bad input files) are printed as one line on stderr, exit 2.
+
+When the command line names a sub-command, only that sub-command's module is
+imported: building every parser imports the whole library (MPI, the
+analysis), and commands started once per member and cycle (``ensio model
+synthrun``, ``ensio model l96 run``) must start fast.
 """
 
 from __future__ import annotations
@@ -16,23 +21,35 @@ from .. import __version__
 from ..errors import ConfigError, EnsioError
 
 #: Subcommand modules, in the order ``ensio --help`` lists them.
-COMMANDS = ("synth", "analyse", "cycle", "report", "worker", "bench", "recover")
+COMMANDS = ("synth", "analyse", "cycle", "report", "worker", "bench", "recover", "model")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(commands: Sequence[str] = COMMANDS) -> argparse.ArgumentParser:
+    """The ``ensio`` parser with the sub-commands ``commands`` (default: all)."""
     parser = argparse.ArgumentParser(
         prog="ensio",
         description="High-throughput ensemble data assimilation.",
     )
     parser.add_argument("--version", action="version", version=f"ensio {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMANDS:
+    for name in commands:
         importlib.import_module(f".{name}", __package__).add_parser(sub)
     return parser
 
 
+def commands_for(argv: Sequence[str]) -> tuple[str, ...]:
+    """The sub-commands whose parsers ``argv`` needs: the one it names, else all.
+
+    ``ensio --help``, ``ensio --version`` and a misspelt command get the full
+    parser (so its help and its error list every command).
+    """
+    first = next((a for a in argv if not a.startswith("-")), None)
+    return (first,) if first in COMMANDS else COMMANDS
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(commands_for(argv))
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -1,20 +1,21 @@
 """The Lorenz-96 cycling example as a real model with netCDF restarts.
 
-Three commands, each a plain process as a user's own model would be:
+Four commands of ``ensio model l96`` (parsed in :mod:`ensio.cli.model`), each a
+plain process as a user's own model would be:
 
-``python -m ensio.models.l96case setup --workdir DIR --members N --cycles K --seed S``
+``ensio model l96 setup --workdir DIR --members N --cycles K --seed S``
     The whole seeded set-up: truth run (after a spin-up), initial ensemble,
     synthetic observations of every variable at every cycle (R = σ² I). Run by
     ``ensio cycle`` (``workflow.setup``) on the first cycle into a fresh DIR,
     and again (idempotently, extending) when more cycles are asked for. The
     same seed gives the same files bit for bit.
-``python -m ensio.models.l96case run --init IN --out OUT [--steps S]``
+``ensio model l96 run --init IN --out OUT [--steps S]``
     One member forecast: read ``x`` from IN, integrate S RK4 steps, write OUT
     (atomically: temporary name, then rename — a task only succeeds if OUT
     exists, so a killed forecast leaves nothing behind).
-``python -m ensio.models.l96case rmse --workdir DIR``
+``ensio model l96 rmse --workdir DIR``
     Prior (forecast mean) and analysis RMSE against the truth, per cycle.
-``python -m ensio.models.l96case compare --workdir DIR --other DIR2``
+``ensio model l96 compare --workdir DIR --other DIR2``
     Largest relative difference of the analysis members of two runs, per
     cycle (e.g. the offline and the online mode of the same experiment).
 
@@ -25,8 +26,6 @@ forcing as an attribute.
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time as _time
 from pathlib import Path
 
@@ -36,7 +35,7 @@ import numpy as np
 from ..durable import replacing
 from .lorenz96 import DT, FORCING, integrate
 
-__all__ = ["main", "read_state", "setup", "write_state"]
+__all__ = ["compare", "read_state", "rmse_table", "run", "setup", "write_state"]
 
 N_VARS = 40
 SPINUP_TIME = 20.0
@@ -177,43 +176,3 @@ def compare(workdir: Path, other: Path) -> list[tuple[int, float]]:
         rows.append((c, diff / scale))
         c += 1
 
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ensio.models.l96case", description=__doc__)
-    sub = p.add_subparsers(dest="cmd", required=True)
-    s = sub.add_parser("setup", help="truth, observations, initial ensemble")
-    s.add_argument("--workdir", type=Path, required=True)
-    s.add_argument("--members", type=int, required=True)
-    s.add_argument("--cycles", type=int, required=True)
-    s.add_argument("--seed", type=int, default=1)
-    s.add_argument("--steps", type=int, default=1, help="RK4 steps per cycle")
-    s.add_argument("--sigma", type=float, default=1.0, help="observation error std")
-    r = sub.add_parser("run", help="one member forecast")
-    r.add_argument("--init", type=Path, required=True)
-    r.add_argument("--out", type=Path, required=True)
-    r.add_argument("--steps", type=int, default=1)
-    r.add_argument("--sleep", type=float, default=0.0, help="seconds to imitate a longer run")
-    e = sub.add_parser("rmse", help="RMSE against the truth per cycle")
-    e.add_argument("--workdir", type=Path, required=True)
-    d = sub.add_parser("compare", help="relative difference of two runs' analyses per cycle")
-    d.add_argument("--workdir", type=Path, required=True)
-    d.add_argument("--other", type=Path, required=True)
-    args = p.parse_args(argv)
-    if args.cmd == "setup":
-        setup(args.workdir, args.members, args.cycles, args.seed, args.steps, args.sigma)
-    elif args.cmd == "run":
-        run(args.init, args.out, args.steps, args.sleep)
-    elif args.cmd == "compare":
-        print(f"{'cycle':>5}  {'max rel. difference':>19}")
-        for c, rel in compare(args.workdir, args.other):
-            print(f"{c:>5}  {rel:>19.2e}")
-    else:
-        print(f"{'cycle':>5}  {'prior RMSE':>10}  {'analysis RMSE':>13}")
-        for c, prior, post in rmse_table(args.workdir):
-            post_s = "—" if post is None else f"{post:.4f}"
-            print(f"{c:>5}  {prior:>10.4f}  {post_s:>13}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

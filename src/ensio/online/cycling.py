@@ -4,7 +4,10 @@
 it will run (``DIR/cycle_CCC/analysis.yaml``, the same file the offline
 driver writes) and starts ``mpiexec -n N_e*P`` with ``workflow.online.command``.
 That program builds a :class:`CoupledRun` and, per cycle, integrates its
-member and calls :meth:`CoupledRun.assimilate`::
+member and calls :meth:`CoupledRun.assimilate` (the examples:
+:mod:`ensio.models.l96_coupled`, :mod:`ensio.models.synthetic_coupled`; their
+command-line arguments, the placeholders of ``workflow.online.command``, are
+parsed in :mod:`ensio.cli.model`)::
 
     run = CoupledRun(workdir, MPI.COMM_WORLD, first=first, last=cycles,
                      initial=initial, tasks_per_member=P)
@@ -39,7 +42,6 @@ queues once.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import socket
@@ -65,7 +67,6 @@ from .ensemble import Ensemble, OnlineReport
 
 __all__ = [
     "CoupledRun",
-    "add_run_arguments",
     "print_reports",
     "process_start_time",
 ]
@@ -260,22 +261,6 @@ class CoupledRun:
     def close(self) -> None:
         """Collective: release the coupled communicators."""
         self.ens.close()
-
-
-def add_run_arguments(p: argparse.ArgumentParser) -> None:
-    """The arguments every coupled program takes from ``workflow.online.command``.
-
-    ``--workdir``, ``--first``, ``--cycles``, ``--initial``,
-    ``--tasks-per-member`` and ``--timeout``, filled from the placeholders of
-    the same names (see :class:`CoupledRun`).
-    """
-    p.add_argument("--workdir", type=Path, required=True)
-    p.add_argument("--first", type=int, default=1, help="first cycle to run (default 1)")
-    p.add_argument("--cycles", type=int, required=True, help="last cycle, K")
-    p.add_argument("--initial", required=True,
-                   help="restarts of cycle FIRST, a pattern with {member}")
-    p.add_argument("--tasks-per-member", type=int, default=1, help="P (default 1)")
-    p.add_argument("--timeout", type=float, default=None, help="hang guard per cycle (s)")
 
 
 def print_reports(world: MPI.Comm, reports: list[OnlineReport]) -> None:

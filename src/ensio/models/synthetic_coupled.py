@@ -1,11 +1,12 @@
 """The seed paper's synthetic-field model coupled: ``ensio cycle --mode online``.
 
 ``workflow.online.command`` of ``examples/synthetic/cycle.yaml``; started by
-the driver as ``mpiexec -n N_e*P python -m ensio.online.synthetic --workdir
-DIR --first F --cycles K --initial PATTERN --tasks-per-member P [--sleep S]
-[--shift D] [--variable state]``.
+the driver as ``mpiexec -n N_e*P ensio model synthetic-coupled --workdir DIR
+--first F --cycles K --initial PATTERN --tasks-per-member P [--sleep S]
+[--shift D] [--variable state]`` (the arguments are parsed in
+:mod:`ensio.cli.model`).
 
-The coupled twin of ``python -m ensio.models.synthrun``: each member's model
+The coupled twin of ``ensio model synthrun``: each member's model
 rank 0 reads the state field of its restart (cycle F: ``PATTERN``) and
 scatters the rows to its P model ranks; per cycle every model rank sleeps S
 seconds (the cost of a forecast; all ranks of a member at once, like a real
@@ -19,12 +20,12 @@ replaced, and ``mean.nc``/``spread.nc``.
 
 The state vector is the single, unmasked variable ``--variable`` in C order
 (``ensemble.variables: [state]``), as ``ensio synth`` writes it.
+
+Like :mod:`ensio.models.l96_coupled`, an example *user* of :mod:`ensio.online`.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
 from pathlib import Path
 
@@ -32,10 +33,10 @@ import netCDF4
 import numpy as np
 from mpi4py import MPI
 
-from .cycling import CoupledRun, add_run_arguments, print_reports
-from .ensemble import OnlineReport
+from ..online.cycling import CoupledRun
+from ..online.ensemble import OnlineReport
 
-__all__ = ["main", "run_coupled"]
+__all__ = ["run_coupled"]
 
 
 def _read_field(path: Path, variable: str) -> np.ndarray:
@@ -94,22 +95,3 @@ def run_coupled(
     run.close()
     return run.reports
 
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ensio.online.synthetic", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_run_arguments(p)
-    p.add_argument("--sleep", type=float, default=0.0, help="seconds of 'forecast' per cycle")
-    p.add_argument("--shift", type=int, default=0, help="eastward advection per cycle (points)")
-    p.add_argument("--variable", default="state")
-    args = p.parse_args(argv)
-    world = MPI.COMM_WORLD
-    reports = run_coupled(world, args.workdir, args.first, args.cycles, args.initial,
-                          tasks_per_member=args.tasks_per_member, sleep=args.sleep,
-                          shift=args.shift, variable=args.variable, timeout=args.timeout)
-    print_reports(world, reports)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,8 +1,9 @@
 """The Lorenz-96 example coupled: cycles of ``ensio cycle --mode online`` in one MPI job.
 
 ``workflow.online.command`` of ``examples/lorenz96/cycle.yaml``; started by the
-driver as ``mpiexec -n N_e*P python -m ensio.online.l96 --workdir DIR --first F
---cycles K --initial PATTERN --steps S --tasks-per-member P``.
+driver as ``mpiexec -n N_e*P ensio model l96-coupled --workdir DIR --first F
+--cycles K --initial PATTERN --steps S --tasks-per-member P`` (the arguments are
+parsed in :mod:`ensio.cli.model`).
 
 Every member runs on P ranks (the 40-variable model is integrated redundantly
 on each of them, which costs nothing; each passes its block ``run.rows``); the
@@ -10,35 +11,34 @@ filter runs on the ranks of member 1. Per cycle c = F..K:
 
 1. forecast: integrate the member's state (cycle F: the restart ``PATTERN``,
    later: the analysis in memory) by ``--steps`` RK4 steps; model rank 0
-   writes ``DIR/cycle_CCC/forecast/memMMM.nc`` exactly as ``python -m
-   ensio.models.l96case run`` does (only for the run-directory layout and the
+   writes ``DIR/cycle_CCC/forecast/memMMM.nc`` exactly as ``ensio model l96
+   run`` does (only for the run-directory layout and the
    RMSE table: the filter never reads it);
 2. analysis: :meth:`ensio.online.cycling.CoupledRun.assimilate` with the
    cycle's ``analysis.yaml``: the filter writes ``DIR/cycle_CCC/analysis/``
    (members, ``mean.nc``, ``spread.nc``) as ``ensio analyse`` does offline.
 
-The offline cycle (``l96case run`` tasks + ``ensio analyse``) and this program
-start from the same files and give the same analyses.
+The offline cycle (``ensio model l96 run`` tasks + ``ensio analyse``) and this
+program start from the same files and give the same analyses.
 
-This module is an example *user* of :mod:`ensio.online` (a model program), so
-it also imports the example model of :mod:`ensio.models`.
+This module is an example *user* of :mod:`ensio.online` (a model program): it
+sits in :mod:`ensio.models`, beside the model it couples, and not in the
+library room :mod:`ensio.online`.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 
 import numpy as np
 from mpi4py import MPI
 
-from ..models.l96case import read_state, write_state
-from ..models.lorenz96 import DT, integrate
-from .cycling import CoupledRun, add_run_arguments, print_reports
-from .ensemble import OnlineReport
+from ..online.cycling import CoupledRun
+from ..online.ensemble import OnlineReport
+from .l96case import read_state, write_state
+from .lorenz96 import DT, integrate
 
-__all__ = ["main", "run_coupled"]
+__all__ = ["run_coupled"]
 
 
 def run_coupled(
@@ -68,7 +68,7 @@ def run_coupled(
     for c in run.cycles():
         x = integrate(x, steps)
         model_time = model_time + steps * DT
-        if run.ens.model_rank == 0:  # not counted as I/O: l96case run does not report it either
+        if run.ens.model_rank == 0:  # not counted as I/O: `l96 run` does not report it either
             write_state(run.forecast_path(c), x, model_time)
         xa = run.assimilate(c, x[run.rows])
         full = np.empty(run.ens.n_rows)
@@ -77,20 +77,3 @@ def run_coupled(
     run.close()
     return run.reports
 
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ensio.online.l96", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_run_arguments(p)
-    p.add_argument("--steps", type=int, default=1, help="RK4 steps per cycle")
-    args = p.parse_args(argv)
-    world = MPI.COMM_WORLD
-    reports = run_coupled(world, args.workdir, args.first, args.cycles, args.initial,
-                          tasks_per_member=args.tasks_per_member, steps=args.steps,
-                          timeout=args.timeout)
-    print_reports(world, reports)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
