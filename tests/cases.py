@@ -49,7 +49,11 @@ class EnsembleCase:
         return cfg
 
     def write(self, root: Path) -> list[Path]:
-        rng = np.random.default_rng(self.seed)
+        seed = self.seed
+        if seed is None:  # a fresh draw each run; printed, so pytest shows it on failure
+            seed = np.random.SeedSequence().entropy
+            print(f"EnsembleCase.write({root}): seed {seed}")
+        rng = np.random.default_rng(seed)
         root.mkdir(parents=True, exist_ok=True)
         land = rng.random((self.nlat, self.nlon)) < 0.4
         land[0, 0] = True
