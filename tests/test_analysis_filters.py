@@ -12,17 +12,21 @@ from ensio.analysis.filters import (
     FILTERS,
     LETKF,
     EnKF,
+    GlobalFilter,
     LEnKF,
+    LocalFilter,
     analyse,
     assimilate,
     make_filter,
 )
-from ensio.analysis.local import ObsSpace
+from ensio.analysis.local import KERNELS, ObsSpace
 from ensio.analysis.localization import Geometry, Localization
+from ensio.analysis.variants import VARIANTS, Variant, register
 from ensio.config.analysis import (
     AnalysisSection,
     FilterName,
     InflationSection,
+    KernelName,
     LocalizationSection,
     QCSection,
 )
@@ -224,3 +228,32 @@ def test_without_observations_the_analysis_is_the_prior(name, rng):
     assert np.allclose(assimilate(X, none, AnalysisSection(filter=name, localization=loc)), X)
     with pytest.raises(ValueError, match="at least 2 members"):
         assimilate(X[:1], none, AnalysisSection(filter=name, localization=loc))
+
+
+def test_filters_are_siblings_around_one_variant_each():
+    """ETKF, ESTKF and EnKF (and their local filters) share a driver, not each other."""
+    globals_ = [FILTERS[n] for n in ("etkf", "estkf", "enkf")]
+    locals_ = [FILTERS[n] for n in ("letkf", "lestkf", "lenkf")]
+    for group, driver in ((globals_, GlobalFilter), (locals_, LocalFilter)):
+        for a in group:
+            assert a.__bases__ == (driver,), a
+            assert all(a is b or not issubclass(a, b) for b in group)
+    assert {f.variant for f in globals_} == {f.variant for f in locals_} == set(VARIANTS.values())
+    assert [type(f.variant).__name__ for f in (ETKF, EnKF)] == ["ETKFVariant", "EnKFVariant"]
+    assert set(KERNELS) == set(typing.get_args(KernelName))
+
+
+def test_a_variant_must_be_listed_with_the_config_names():
+    class Unlisted(Variant):
+        name = "unlisted"
+        title = "Unlisted"
+
+        def transforms(self, C, rhs, rho, k, T):
+            raise NotImplementedError
+
+        def global_transform(self, obs, rho):
+            raise NotImplementedError
+
+    with pytest.raises(RuntimeError, match="VARIANT_NAMES"):
+        register(Unlisted)
+    assert "unlisted" not in VARIANTS

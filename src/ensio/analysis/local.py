@@ -37,10 +37,9 @@ radius of those rows, so the distributed version can call them per rank.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import numpy as np
 
+from ..config.analysis import KernelName as Kernel
 from ..stopwatch import Stopwatch
 from .basis import FactoredTransform
 from .batched import batched_kernel
@@ -50,10 +49,7 @@ from .pointwise import pointwise_kernel
 from .result import AnalysisResult
 from .variants import VARIANTS, Variant
 
-__all__ = ["KERNELS", "Kernel", "Method", "ObsSpace", "local_analysis", "run_local"]
-
-Method = Literal["etkf", "estkf", "enkf"]
-Kernel = Literal["batched", "pointwise"]
+__all__ = ["KERNELS", "Kernel", "ObsSpace", "local_analysis", "run_local"]
 
 #: The local kernels by ``analysis.kernel`` value.
 KERNELS = {"batched": batched_kernel, "pointwise": pointwise_kernel}
@@ -65,7 +61,7 @@ def local_analysis(
     obs: ObsSpace,
     loc: Localization,
     *,
-    method: Method | Variant = "etkf",
+    method: str | Variant = "etkf",
     forget: float | np.ndarray = 1.0,
     kernel: Kernel = "batched",
     tile_points: int = 128,
@@ -83,7 +79,7 @@ def local_analysis(
     obs : ObsSpace
         Must contain every observation within ``loc.radius`` of the rows.
     loc : Localization
-    method : {"etkf", "estkf", "enkf"} or Variant
+    method : str or Variant
         Square root in ensemble space (LETKF), in the error subspace
         (LESTKF), or perturbed observations (LEnKF; ``obs.perturbations``):
         a name of :data:`~ensio.analysis.variants.VARIANTS` or the variant.

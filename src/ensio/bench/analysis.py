@@ -99,6 +99,50 @@ def _gflops(t: dict[str, float]) -> float | None:
     return flops / sec / 1e9 if flops > 0 and sec > 0 else None
 
 
+def _measure(
+    kernels: dict[str, AnalysisSection],
+    block: EnsembleBlock,
+    obs: ObsBatch,
+    comm: MPI.Comm,
+    repeat: int,
+    step: Callable[[str], None],
+) -> tuple[dict[str, list[float]], dict[str, dict[str, float]], dict[str, Any]]:
+    """Collective: the kernels alternately, ``repeat`` times each.
+
+    Returns the seconds of every repeat, the timings (reduced over ranks) of
+    the best repeat and the result of the first, per kernel.
+    """
+    samples: dict[str, list[float]] = {name: [] for name in kernels}
+    best: dict[str, dict[str, float]] = {}
+    first: dict[str, Any] = {}
+    for r in range(1, repeat + 1):
+        for name, analysis in kernels.items():
+            step(f"repeat {r}/{repeat}: {analysis.kernel} kernel")
+            seconds, timings, res = _timed_analysis(block, obs, analysis, comm)
+            timings = _reduce_timings(comm, timings)
+            if not samples[name] or seconds < min(samples[name]):
+                best[name] = timings
+            samples[name].append(seconds)
+            first.setdefault(name, res)
+    return samples, best, first
+
+
+def _kernel_figures(ours: dict[str, float], ref: dict[str, float]) -> dict[str, Any]:
+    """Phases, GEMM figures and reduced-basis counts of both kernels' best repeats."""
+    reduced = ours.get("reduced_tiles_count", 0)
+    return {
+        "phases": _phases(ours),
+        "pointwise_phases": _phases(ref),
+        "gemm_flops": ours.get("gemm_flops", 0.0),
+        "tiles": int(ours.get("tiles_count", 0)),
+        "reduced_tiles": int(reduced),
+        "mean_basis_rank": ours.get("basis_rank_count", 0.0) / reduced if reduced else None,
+        "pointwise_gemm_flops": ref.get("gemm_flops", 0.0),
+        "gflops": _gflops(ours),
+        "pointwise_gflops": _gflops(ref),
+    }
+
+
 def bench_analysis(
     config: Config,
     comm: MPI.Comm,
@@ -149,18 +193,7 @@ def bench_analysis(
         "configured": config.analysis,
         "pointwise": dataclasses.replace(config.analysis, kernel="pointwise"),
     }
-    samples: dict[str, list[float]] = {name: [] for name in kernels}
-    best: dict[str, dict[str, float]] = {}
-    first: dict[str, Any] = {}
-    for r in range(1, repeat + 1):
-        for name, analysis in kernels.items():
-            step(f"repeat {r}/{repeat}: {analysis.kernel} kernel")
-            seconds, timings, res = _timed_analysis(block, obs, analysis, comm)
-            timings = _reduce_timings(comm, timings)
-            if not samples[name] or seconds < min(samples[name]):
-                best[name] = timings
-            samples[name].append(seconds)
-            first.setdefault(name, res)
+    samples, best, first = _measure(kernels, block, obs, comm, repeat, step)
     a, b = first["configured"].ensemble, first["pointwise"].ensemble
     diff = float(comm.allreduce(float(np.abs(a - b).max(initial=0.0)), op=MPI.MAX))
     scale = float(comm.allreduce(float(np.abs(b).max(initial=0.0)), op=MPI.MAX))
@@ -168,7 +201,6 @@ def bench_analysis(
     seconds, pw_seconds = min(samples["configured"]), min(samples["pointwise"])
     cfg = config.analysis
     loc = cfg.localization
-    reduced = best["configured"].get("reduced_tiles_count", 0)
     labels = {
         "configured": "configured" if cfg.kernel == "pointwise" else cfg.kernel,
         "pointwise": "pointwise",
@@ -185,17 +217,7 @@ def bench_analysis(
         "pointwise_seconds": pw_seconds,
         "speedup": pw_seconds / seconds if seconds > 0 else None,
         "kernel": cfg.kernel,
-        "phases": _phases(best["configured"]),
-        "pointwise_phases": _phases(best["pointwise"]),
-        "gemm_flops": best["configured"].get("gemm_flops", 0.0),
-        "tiles": int(best["configured"].get("tiles_count", 0)),
-        "reduced_tiles": int(reduced),
-        "mean_basis_rank": best["configured"].get("basis_rank_count", 0.0) / reduced
-        if reduced
-        else None,
-        "pointwise_gemm_flops": best["pointwise"].get("gemm_flops", 0.0),
-        "gflops": _gflops(best["configured"]),
-        "pointwise_gflops": _gflops(best["pointwise"]),
+        **_kernel_figures(best["configured"], best["pointwise"]),
         "max_rel_diff": max_rel,
         "tolerance": TOLERANCE,
         "agree": bool(max_rel <= TOLERANCE),
