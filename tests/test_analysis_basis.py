@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import ensio.analysis.local as local_mod
+import ensio.analysis.batched as batched_mod
 from ensio.analysis.basis import (
     FactoredTransform,
     anomaly_basis,
@@ -109,8 +109,7 @@ def degenerate_case(rng, n=300, m=250, k=12, modes=3):
 
 
 @pytest.mark.parametrize("method", ["etkf", "estkf"])
-def test_batched_on_a_degenerate_ensemble_equals_pointwise(monkeypatch, method):
-    rng = np.random.default_rng()
+def test_batched_on_a_degenerate_ensemble_equals_pointwise(monkeypatch, method, rng):
     X, pts, obs = degenerate_case(rng)
     # a second variable at the same points: several rows per point
     X2 = np.hstack([X, 2.0 * X - 1.0])
@@ -125,13 +124,13 @@ def test_batched_on_a_degenerate_ensemble_equals_pointwise(monkeypatch, method):
             ranks.append(found[0].shape[1])
         return found
 
-    monkeypatch.setattr(local_mod, "anomaly_basis", spy)
+    monkeypatch.setattr(batched_mod, "anomaly_basis", spy)
     a = local_analysis(X2, pts2, obs, loc, method=method, forget=forget, tile_points=16)
     assert ranks and max(ranks) <= 3  # the reduced form was used
     b = local_analysis(X2, pts2, obs, loc, method=method, forget=forget, kernel="pointwise")
     assert rel(a.ensemble, b.ensemble) <= 1e-10
     assert np.array_equal(a.n_obs, b.n_obs) and np.any(a.n_obs == 0)
     assert np.allclose(a.dRd, b.dRd, rtol=1e-10)
-    monkeypatch.setattr(local_mod, "BASIS_TOLERANCE", 0.0)  # the full-size form
+    monkeypatch.setattr(batched_mod, "BASIS_TOLERANCE", 0.0)  # the full-size form
     c = local_analysis(X2, pts2, obs, loc, method=method, forget=forget, tile_points=16)
     assert rel(a.ensemble, c.ensemble) <= 1e-12

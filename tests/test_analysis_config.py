@@ -137,3 +137,17 @@ def test_sections_are_frozen():
     with pytest.raises(AttributeError):
         s.forget = 0.5  # type: ignore[misc]
     assert LocalizationSection(radius=3.0).support_radius == 3.0
+
+
+def test_filter_names_load_without_numpy():
+    """Worker jobs load the config: the filter-name registry must not pull numpy in."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, typing; import ensio.config.analysis as a; "
+        "assert 'numpy' not in sys.modules, 'numpy imported'; "
+        "print(sorted(typing.get_args(a.FilterName)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(sorted(GLOBAL_FILTERS | LOCAL_FILTERS))

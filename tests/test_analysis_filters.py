@@ -12,17 +12,21 @@ from ensio.analysis.filters import (
     FILTERS,
     LETKF,
     EnKF,
+    GlobalFilter,
     LEnKF,
+    LocalFilter,
     analyse,
     assimilate,
     make_filter,
 )
-from ensio.analysis.local import ObsSpace
+from ensio.analysis.local import KERNELS, ObsSpace
 from ensio.analysis.localization import Geometry, Localization
+from ensio.analysis.variants import VARIANTS, Variant, register
 from ensio.config.analysis import (
     AnalysisSection,
     FilterName,
     InflationSection,
+    KernelName,
     LocalizationSection,
     QCSection,
 )
@@ -56,8 +60,7 @@ def index_case(rng, n=15, k=8, m=9):
 
 
 @pytest.mark.parametrize("name", ["etkf", "estkf"])
-def test_global_square_root_filters_through_the_api_are_kalman(name):
-    rng = np.random.default_rng()
+def test_global_square_root_filters_through_the_api_are_kalman(name, rng):
     X, idx, sigma, y, obs = index_case(rng)
     Xa = assimilate(X, obs, AnalysisSection(filter=name))
     k, n = X.shape
@@ -71,8 +74,7 @@ def test_global_square_root_filters_through_the_api_are_kalman(name):
     assert rel(Aa @ Aa.T / (k - 1), (np.eye(n) - K @ H) @ P) <= 1e-10
 
 
-def test_letkf_infinite_radius_through_the_api_equals_etkf():
-    rng = np.random.default_rng()
+def test_letkf_infinite_radius_through_the_api_equals_etkf(rng):
     X, idx, sigma, y, obs = index_case(rng)
     inf = LocalizationSection(radius=float("inf"), periodic=X.shape[1])
     infl = InflationSection(forget=0.9)
@@ -93,8 +95,7 @@ def grid_case(rng, k=10):
     return grid, X, ObsBatch(values=values, errors=np.full(m, 0.8), lon=lon, lat=lat)
 
 
-def test_letkf_on_a_grid_with_bilinear_observations():
-    rng = np.random.default_rng()
+def test_letkf_on_a_grid_with_bilinear_observations(rng):
     grid, X, obs = grid_case(rng)
     loc = LocalizationSection(radius_km=3000.0)
     res = {}
@@ -116,9 +117,8 @@ def test_letkf_on_a_grid_with_bilinear_observations():
     assert a.posterior.rms < a.prior.rms
 
 
-def test_stochastic_filters_do_not_depend_on_the_row_split():
+def test_stochastic_filters_do_not_depend_on_the_row_split(rng):
     """Rows split over "ranks", each with the observations it needs: same LEnKF."""
-    rng = np.random.default_rng()
     n, k = 60, 12
     X = rng.standard_normal((k, n))
     idx = np.sort(rng.choice(n, 40, replace=False))
@@ -144,8 +144,7 @@ def test_stochastic_filters_do_not_depend_on_the_row_split():
     assert rel(f.analyse(X, coords, space, cycle=4).ensemble, full) > 1e-6
 
 
-def test_global_enkf_does_not_depend_on_observation_order():
-    rng = np.random.default_rng()
+def test_global_enkf_does_not_depend_on_observation_order(rng):
     X = rng.standard_normal((10, 20))
     m = 15
     hx = X[:, :m] + 0.5
@@ -160,8 +159,7 @@ def test_global_enkf_does_not_depend_on_observation_order():
     assert rel(a, b) <= 1e-12
 
 
-def test_rotation_keeps_mean_and_covariance():
-    rng = np.random.default_rng()
+def test_rotation_keeps_mean_and_covariance(rng):
     X, idx, sigma, y, obs = index_case(rng)
     a = assimilate(X, obs, AnalysisSection(filter="etkf"))
     b = assimilate(X, obs, AnalysisSection(filter="etkf", rotate=True, seed=2), cycle=5)
@@ -170,8 +168,7 @@ def test_rotation_keeps_mean_and_covariance():
     assert not np.allclose(a, b)
 
 
-def test_relaxation_is_applied_after_the_analysis():
-    rng = np.random.default_rng()
+def test_relaxation_is_applied_after_the_analysis(rng):
     X, idx, sigma, y, obs = index_case(rng)
     plain = assimilate(X, obs, AnalysisSection(filter="etkf"))
     relaxed = assimilate(
@@ -181,8 +178,7 @@ def test_relaxation_is_applied_after_the_analysis():
     assert np.allclose(relaxed.mean(0), plain.mean(0))
 
 
-def test_adaptive_inflation_is_estimated_per_point_and_carried_over():
-    rng = np.random.default_rng()
+def test_adaptive_inflation_is_estimated_per_point_and_carried_over(rng):
     n, k = 40, 10
     X = rng.standard_normal((k, n))
     idx = np.arange(0, 20)  # no observations near 30
@@ -210,8 +206,7 @@ def test_adaptive_inflation_is_estimated_per_point_and_carried_over():
     assert np.all(g.inflation == g.inflation[0])
 
 
-def test_api_errors():
-    rng = np.random.default_rng()
+def test_api_errors(rng):
     X, idx, sigma, y, obs = index_case(rng)
     cfg = AnalysisSection(filter="letkf", localization=LocalizationSection(radius_km=100.0))
     with pytest.raises(ValueError, match="coords"):
@@ -226,11 +221,39 @@ def test_api_errors():
 
 
 @pytest.mark.parametrize("name", sorted(FILTERS))
-def test_without_observations_the_analysis_is_the_prior(name):
-    rng = np.random.default_rng()
+def test_without_observations_the_analysis_is_the_prior(name, rng):
     X = rng.standard_normal((5, 30))
     none = ObsBatch(np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0), index=np.zeros(0, int))
     loc = LocalizationSection(radius=3.0, periodic=30) if name.startswith("l") else None
     assert np.allclose(assimilate(X, none, AnalysisSection(filter=name, localization=loc)), X)
     with pytest.raises(ValueError, match="at least 2 members"):
         assimilate(X[:1], none, AnalysisSection(filter=name, localization=loc))
+
+
+def test_filters_are_siblings_around_one_variant_each():
+    """ETKF, ESTKF and EnKF (and their local filters) share a driver, not each other."""
+    globals_ = [FILTERS[n] for n in ("etkf", "estkf", "enkf")]
+    locals_ = [FILTERS[n] for n in ("letkf", "lestkf", "lenkf")]
+    for group, driver in ((globals_, GlobalFilter), (locals_, LocalFilter)):
+        for a in group:
+            assert a.__bases__ == (driver,), a
+            assert all(a is b or not issubclass(a, b) for b in group)
+    assert {f.variant for f in globals_} == {f.variant for f in locals_} == set(VARIANTS.values())
+    assert [type(f.variant).__name__ for f in (ETKF, EnKF)] == ["ETKFVariant", "EnKFVariant"]
+    assert set(KERNELS) == set(typing.get_args(KernelName))
+
+
+def test_a_variant_must_be_listed_with_the_config_names():
+    class Unlisted(Variant):
+        name = "unlisted"
+        title = "Unlisted"
+
+        def transforms(self, C, rhs, rho, k, T):
+            raise NotImplementedError
+
+        def global_transform(self, obs, rho):
+            raise NotImplementedError
+
+    with pytest.raises(RuntimeError, match="VARIANT_NAMES"):
+        register(Unlisted)
+    assert "unlisted" not in VARIANTS

@@ -57,8 +57,7 @@ def lonlat_case(rng, n=400, m=300, k=8):
 
 @pytest.mark.parametrize("method", ["etkf", "estkf", "enkf"])
 @pytest.mark.parametrize("taper", ["gaspari-cohn", "gaussian", "exponential", "step"])
-def test_batched_equals_pointwise_on_the_sphere(method, taper):
-    rng = np.random.default_rng()
+def test_batched_equals_pointwise_on_the_sphere(method, taper, rng):
     X, pts, obs = lonlat_case(rng)
     if method == "enkf":
         obs = ObsSpace(
@@ -76,8 +75,7 @@ def test_batched_equals_pointwise_on_the_sphere(method, taper):
     assert np.allclose(a.dRd, b.dRd, rtol=1e-10) and np.allclose(a.trace, b.trace, rtol=1e-10)
 
 
-def test_regulated_batched_equals_pointwise():
-    rng = np.random.default_rng()
+def test_regulated_batched_equals_pointwise(rng):
     X, pts, obs = lonlat_case(rng)
     loc = Localization(LONLAT, "gaspari-cohn", 2500.0, regulated=True)
     a = local_analysis(X, pts, obs, loc, kernel="batched", tile_points=32)
@@ -87,8 +85,7 @@ def test_regulated_batched_equals_pointwise():
     assert rel(a.ensemble, plain.ensemble) > 1e-6  # regulation changes the analysis
 
 
-def test_points_without_observations_keep_the_inflated_prior():
-    rng = np.random.default_rng()
+def test_points_without_observations_keep_the_inflated_prior(rng):
     X, pts, obs = lonlat_case(rng)
     loc = Localization(LONLAT, "gaspari-cohn", 1000.0)
     rho = 0.81
@@ -101,8 +98,7 @@ def test_points_without_observations_keep_the_inflated_prior():
 
 
 @pytest.mark.parametrize("geometry", [LONLAT, Geometry("periodic", 40.0)])
-def test_infinite_radius_is_the_global_filter(geometry):
-    rng = np.random.default_rng()
+def test_infinite_radius_is_the_global_filter(geometry, rng):
     if geometry.kind == "lonlat":
         X, pts, obs = lonlat_case(rng, n=150, m=60)
     else:
@@ -122,8 +118,7 @@ def test_infinite_radius_is_the_global_filter(geometry):
     assert rel(local.ensemble, apply_transform(X, G)) <= 1e-10
 
 
-def test_lestkf_equals_letkf():
-    rng = np.random.default_rng()
+def test_lestkf_equals_letkf(rng):
     X, pts, obs = lonlat_case(rng)
     loc = Localization(LONLAT, "gaspari-cohn", 2000.0)
     for kernel in ("batched", "pointwise"):
@@ -175,8 +170,7 @@ def plain_letkf(X, pts, hx, y, sigma, obs_pts, radius, rho):
     return out
 
 
-def test_batched_equals_a_plain_point_by_point_letkf():
-    rng = np.random.default_rng()
+def test_batched_equals_a_plain_point_by_point_letkf(rng):
     X, pts, obs = lonlat_case(rng, n=150, m=120, k=6)
     radius, rho = 2500.0, 0.9
     res = local_analysis(
@@ -186,10 +180,9 @@ def test_batched_equals_a_plain_point_by_point_letkf():
     assert rel(res.ensemble, expected) <= 1e-10
 
 
-def test_rows_split_like_ranks_give_the_same_analysis():
+def test_rows_split_like_ranks_give_the_same_analysis(rng):
     """Each "rank" gets a block of rows and only the observations within the
     radius of its rows; the union of the results equals the one-process analysis."""
-    rng = np.random.default_rng()
     X, pts, obs = lonlat_case(rng, n=500)
     radius = 2000.0
     loc = Localization(LONLAT, "gaspari-cohn", radius)
@@ -205,8 +198,7 @@ def test_rows_split_like_ranks_give_the_same_analysis():
     assert rel(np.hstack(parts), full) <= 1e-12
 
 
-def test_rows_at_one_location_share_the_transform():
-    rng = np.random.default_rng()
+def test_rows_at_one_location_share_the_transform(rng):
     X, pts, obs = lonlat_case(rng, n=120)
     loc = Localization(LONLAT, "gaspari-cohn", 2500.0)
     # a second variable at the same points, stored after the first
@@ -219,8 +211,7 @@ def test_rows_at_one_location_share_the_transform():
         assert rel(two[:, 120:], 3.0 * one + 1.0) <= 1e-12
 
 
-def test_periodic_batched_equals_pointwise():
-    rng = np.random.default_rng()
+def test_periodic_batched_equals_pointwise(rng):
     n, k = 40, 10
     X = rng.standard_normal((k, n))
     idx = np.sort(rng.choice(n, 30, replace=False))
@@ -231,8 +222,7 @@ def test_periodic_batched_equals_pointwise():
     assert rel(a.ensemble, b.ensemble) <= 1e-10
 
 
-def test_timings_are_reported_per_phase():
-    rng = np.random.default_rng()
+def test_timings_are_reported_per_phase(rng):
     X, pts, obs = lonlat_case(rng, n=100)
     tm: dict[str, float] = {}
     local_analysis(X, pts, obs, Localization(LONLAT, "gaspari-cohn", 2000.0), timings=tm)
@@ -241,23 +231,21 @@ def test_timings_are_reported_per_phase():
 
 
 @pytest.mark.parametrize("method", ["etkf", "enkf"])
-def test_per_tile_products_equal_the_cached_ones(monkeypatch, method):
-    import ensio.analysis.local as local_mod
+def test_per_tile_products_equal_the_cached_ones(monkeypatch, method, rng):
+    import ensio.analysis.batched as batched_mod
 
-    rng = np.random.default_rng()
     X, pts, obs = lonlat_case(rng, n=200)
     if method == "enkf":
         eps = rng.standard_normal(obs.hx.shape)
         obs = ObsSpace(obs.hx, obs.values, obs.errors, obs.coords, obs.ids, eps)
     loc = Localization(LONLAT, "gaspari-cohn", 2500.0)
     cached = local_analysis(X, pts, obs, loc, method=method).ensemble
-    monkeypatch.setattr(local_mod, "Z_CACHE_BYTES", 0)
+    monkeypatch.setattr(batched_mod, "Z_CACHE_BYTES", 0)
     built = local_analysis(X, pts, obs, loc, method=method).ensemble
     assert rel(built, cached) <= 1e-12
 
 
-def test_threads_do_not_change_the_result():
-    rng = np.random.default_rng()
+def test_threads_do_not_change_the_result(rng):
     X, pts, obs = lonlat_case(rng, n=600)
     loc = Localization(LONLAT, "gaspari-cohn", 2000.0)
     one = local_analysis(X, pts, obs, loc, tile_points=16)

@@ -47,8 +47,7 @@ def haversine_km(lon1, lat1, lon2, lat2):
     return 2 * 6371.0 * math.asin(math.sqrt(min(1.0, a)))
 
 
-def test_gaspari_cohn_matches_eq_4_10():
-    rng = np.random.default_rng()
+def test_gaspari_cohn_matches_eq_4_10(rng):
     radius = rng.uniform(10, 5000)
     d = np.concatenate([rng.uniform(0, 1.2 * radius, 2000), [0.0, radius / 2, radius, 2 * radius]])
     w = gaspari_cohn(d, radius)
@@ -89,8 +88,7 @@ def test_gaussian_and_exponential_length_scales():
     assert exponential_taper(np.array([30.0]), radius)[0] == pytest.approx(math.exp(-30.0 / Le))
 
 
-def test_great_circle_distances_match_haversine():
-    rng = np.random.default_rng()
+def test_great_circle_distances_match_haversine(rng):
     a = np.stack([rng.uniform(-180, 360, 30), rng.uniform(-90, 90, 30)], axis=1)
     b = np.stack([rng.uniform(-180, 360, 20), rng.uniform(-90, 90, 20)], axis=1)
     a[0] = (179.9, 0.0)
@@ -112,10 +110,9 @@ def test_periodic_and_euclidean_distances():
     assert E[0, 0] == 5.0
 
 
-def test_regulated_weight_reproduces_covariance_localization_for_one_observation():
+def test_regulated_weight_reproduces_covariance_localization_for_one_observation(rng):
     """For one observation, R⁻¹ weight ρ_reg gives the gain of the Schur-product
     localized covariance with weight ρ (Nerger et al. 2012)."""
-    rng = np.random.default_rng()
     rho = rng.uniform(0, 1, 50)
     sb2 = rng.uniform(0.1, 3.0, 50)  # HPHᵀ
     so2 = rng.uniform(0.1, 3.0, 50)
@@ -136,8 +133,7 @@ def test_localization_weights_and_validation():
 
 
 @pytest.mark.parametrize("kind", ["lonlat", "periodic", "euclidean"])
-def test_tiles_partition_points_and_candidates_cover_the_radius(kind):
-    rng = np.random.default_rng()
+def test_tiles_partition_points_and_candidates_cover_the_radius(kind, rng):
     if kind == "lonlat":
         g = Geometry("lonlat")
         pts = np.stack([rng.uniform(-180, 180, 700), rng.uniform(-90, 90, 700)], axis=1)

@@ -58,8 +58,7 @@ def inputs(X, H, sigma, y):
 
 @pytest.mark.parametrize("transform", [etkf_transform, estkf_transform])
 @pytest.mark.parametrize("trial", range(5))
-def test_square_root_filters_give_the_kalman_analysis(transform, trial):
-    rng = np.random.default_rng()
+def test_square_root_filters_give_the_kalman_analysis(transform, trial, rng):
     X, H, sigma, y = linear_gaussian_case(
         rng, n=int(rng.integers(5, 20)), k=int(rng.integers(3, 15))
     )
@@ -71,8 +70,7 @@ def test_square_root_filters_give_the_kalman_analysis(transform, trial):
 
 
 @pytest.mark.parametrize("transform", [etkf_transform, estkf_transform])
-def test_forgetting_factor_inflates_the_prior_covariance(transform):
-    rng = np.random.default_rng()
+def test_forgetting_factor_inflates_the_prior_covariance(transform, rng):
     X, H, sigma, y = linear_gaussian_case(rng)
     rho = 0.8
     Xa = apply_transform(X, transform(*inputs(X, H, sigma, y), forget=rho))
@@ -82,8 +80,7 @@ def test_forgetting_factor_inflates_the_prior_covariance(transform):
     assert rel(cov, Pa) <= 1e-10
 
 
-def test_etkf_and_estkf_agree_member_by_member():
-    rng = np.random.default_rng()
+def test_etkf_and_estkf_agree_member_by_member(rng):
     X, H, sigma, y = linear_gaussian_case(rng, k=17)
     args = inputs(X, H, sigma, y)
     a = apply_transform(X, etkf_transform(*args, forget=0.9))
@@ -91,10 +88,9 @@ def test_etkf_and_estkf_agree_member_by_member():
     assert rel(a, b) <= 1e-10
 
 
-def test_square_root_is_symmetric_and_keeps_the_members_close():
+def test_square_root_is_symmetric_and_keeps_the_members_close(rng):
     # the symmetric root is the transform closest to the identity: with no
     # observation information it must be exactly the identity
-    rng = np.random.default_rng()
     k, m = 6, 4
     Y = rng.standard_normal((k, m))
     Y -= Y.mean(axis=0)
@@ -117,8 +113,7 @@ def test_estkf_projection_properties():
     assert T[k - 1, 2] == pytest.approx(-1.0 / np.sqrt(k))
 
 
-def test_enkf_with_centred_perturbations_has_the_kalman_mean():
-    rng = np.random.default_rng()
+def test_enkf_with_centred_perturbations_has_the_kalman_mean(rng):
     X, H, sigma, y = linear_gaussian_case(rng)
     Y, d, rinv = inputs(X, H, sigma, y)
     eps = rng.standard_normal(Y.shape) * sigma
@@ -128,8 +123,7 @@ def test_enkf_with_centred_perturbations_has_the_kalman_mean():
     assert rel(Xa.mean(axis=0), xa) <= 1e-10
 
 
-def test_enkf_matches_the_perturbed_observation_update_in_state_space():
-    rng = np.random.default_rng()
+def test_enkf_matches_the_perturbed_observation_update_in_state_space(rng):
     X, H, sigma, y = linear_gaussian_case(rng)
     Y, d, rinv = inputs(X, H, sigma, y)
     eps = rng.standard_normal(Y.shape) * sigma
@@ -145,14 +139,13 @@ def test_enkf_matches_the_perturbed_observation_update_in_state_space():
     assert rel(Xa, expected) <= 1e-10
 
 
-def test_enkf_is_unbiased_with_the_expected_covariance():
+def test_enkf_is_unbiased_with_the_expected_covariance(rng):
     """Uncentred perturbations: over many draws the analysis mean is the Kalman
     mean and the analysis covariance is (I−KH)P in expectation.
 
     Tolerance: 5 standard errors of the Monte-Carlo average, computed from the
     draws themselves (fails by chance with probability < 1e-5 per entry).
     """
-    rng = np.random.default_rng()
     X, H, sigma, y = linear_gaussian_case(rng, n=6, k=8, m=5)
     Y, d, rinv = inputs(X, H, sigma, y)
     xa, Pa = kalman(X, H, sigma, y)
@@ -172,8 +165,7 @@ def test_enkf_is_unbiased_with_the_expected_covariance():
     assert np.all(np.abs(covs.mean(axis=0) - Pa) <= 5 * se_c + 1e-12)
 
 
-def test_perturbations_do_not_depend_on_how_observations_are_split():
-    rng = np.random.default_rng()
+def test_perturbations_do_not_depend_on_how_observations_are_split(rng):
     ids = np.arange(3 * PERTURBATION_BLOCK + 17)
     members = np.arange(5)
     full = obs_perturbations(3, 11, members, ids)
@@ -190,14 +182,13 @@ def test_perturbations_do_not_depend_on_how_observations_are_split():
     assert abs(full.mean()) < 0.05 and abs(full.std() - 1.0) < 0.05
 
 
-def test_random_rotation_is_orthogonal_mean_preserving_and_seeded():
+def test_random_rotation_is_orthogonal_mean_preserving_and_seeded(rng):
     k = 11
     L = random_rotation(k, seed=5, cycle=2)
     assert np.allclose(L @ L.T, np.eye(k), atol=1e-13)
     assert np.allclose(L @ np.ones(k), np.ones(k), atol=1e-13)
     assert np.array_equal(L, random_rotation(k, seed=5, cycle=2))
     assert not np.allclose(L, random_rotation(k, seed=5, cycle=3))
-    rng = np.random.default_rng()
     X = rng.standard_normal((k, 8))
     Xr = rotate(X, L)
     assert np.allclose(Xr.mean(axis=0), X.mean(axis=0), atol=1e-13)
@@ -205,8 +196,7 @@ def test_random_rotation_is_orthogonal_mean_preserving_and_seeded():
     assert not np.allclose(Xr, X)
 
 
-def test_apply_transform_per_row_equals_global():
-    rng = np.random.default_rng()
+def test_apply_transform_per_row_equals_global(rng):
     X = rng.standard_normal((5, 7))
     G = rng.standard_normal((5, 5))
     assert np.allclose(apply_transform(X, np.broadcast_to(G, (7, 5, 5))), apply_transform(X, G))

@@ -21,16 +21,14 @@ from ensio.models.lorenz96 import DT, FORCING, Lorenz96, integrate, rk4_step, te
 from ensio.obs import ObsBatch
 
 
-def test_tendency_matches_the_definition():
-    rng = np.random.default_rng()
+def test_tendency_matches_the_definition(rng):
     n = 11
     x = rng.standard_normal(n) * 3
     expected = np.array([(x[(i + 1) % n] - x[i - 2]) * x[i - 1] - x[i] + FORCING for i in range(n)])
     assert np.allclose(tendency(x), expected, rtol=1e-14)
 
 
-def test_rk4_step_is_fourth_order_and_vectorized():
-    rng = np.random.default_rng()
+def test_rk4_step_is_fourth_order_and_vectorized(rng):
     x = integrate(8.0 + rng.standard_normal(40), 200)  # on the attractor
     # against 256 small steps: halving the step divides the error by ~2^4
     fine = integrate(x, 256, DT / 256)

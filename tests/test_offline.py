@@ -36,7 +36,7 @@ from cases import (
 )
 from mpi4py import MPI
 
-from ensio.analysis.filters import Assimilation, analyse
+from ensio.analysis.filters import AnalysisResult, analyse
 from ensio.config import config_from_dict
 from ensio.config.analysis import (
     AnalysisSection,
@@ -127,7 +127,7 @@ def _batch(obs: ObsCase, keep: np.ndarray | None = None) -> ObsBatch:
     )
 
 
-def _reference(s: Setup, section: AnalysisSection, keep=None) -> Assimilation:
+def _reference(s: Setup, section: AnalysisSection, keep=None) -> AnalysisResult:
     return analyse(s.X, _batch(s.obs, keep), section, coords=s.coords, grid=s.grid, cycle=CYCLE)
 
 

@@ -3,7 +3,7 @@
 ``ensio analyse CONFIG`` (under ``mpiexec -n N`` or alone) calls
 :func:`run_analysis`. It composes the parallel ensemble I/O (``io``) and the
 distributed analysis (``analysis``); neither knows the other. The analysis
-step (:func:`ensio.analysis.inputs.assimilate_rows`) and the writers of the
+step (:func:`ensio.analysis.inputs.assimilate_block`) and the writers of the
 analysis members and products (:mod:`ensio.io.products`) are shared with the
 filter side of the online mode, so both modes produce the same files.
 """
@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 from mpi4py import MPI
 
-from .analysis.distributed import DistributedAssimilation
-from .analysis.inputs import assimilate_rows
+from .analysis.inputs import assimilate_block
+from .analysis.result import AnalysisResult
 from .config.schema import Config, ConfigError
 from .io.ensemble import EnsembleBlock, read_ensemble, write_ensemble
 from .io.products import write_member_copies, write_products
@@ -29,7 +29,7 @@ __all__ = ["AnalysisReport", "run_analysis"]
 class AnalysisReport:
     """What one offline analysis did (the same on every rank)."""
 
-    result: DistributedAssimilation
+    result: AnalysisResult
     seconds: dict[str, float] = field(default_factory=dict)
     n_obs_read: int = 0
 
@@ -37,6 +37,7 @@ class AnalysisReport:
         """The log lines ``ensio analyse`` prints."""
         r = self.result
         qc = r.qc
+        assert qc is not None and r.prior is not None and r.posterior is not None
         reasons = ", ".join(
             f"{k} {v}"
             for k, v in dataclasses.asdict(qc).items()
@@ -73,7 +74,8 @@ def run_analysis(config: Config, comm: MPI.Comm, *, cycle: int = 0) -> AnalysisR
     block = read_ensemble(config, comm)
     seconds["read"] = time.perf_counter() - t0
     layout = block.layout
-    result = assimilate_rows(config, comm, layout, block.data, block.start, cycle, seconds)
+    obs_files = [config.resolve(e.file) for e in config.observations]
+    result = assimilate_block(block, obs_files, config.analysis, comm, cycle=cycle, seconds=seconds)
     t = time.perf_counter()
     analysis = EnsembleBlock(layout, block.start, block.count, result.ensemble)
     _write_members(config, comm, analysis)
@@ -84,6 +86,7 @@ def run_analysis(config: Config, comm: MPI.Comm, *, cycle: int = 0) -> AnalysisR
     seconds["products"] = time.perf_counter() - t
     seconds["total"] = time.perf_counter() - t0
     seconds = {k: float(comm.allreduce(v, op=MPI.MAX)) for k, v in seconds.items()}
+    assert result.qc is not None
     return AnalysisReport(result=result, seconds=seconds, n_obs_read=result.qc.total)
 
 

@@ -1,32 +1,39 @@
-"""The analysis: ensemble-space kernels, localization, inflation, filters.
+"""The analysis: ensemble-space kernels, localization, inflation, filters, one pipeline.
 
-Works on arrays in memory (member-major ensemble blocks, ``(k, n)``); knows no
-files and no communicators.
+Kernels (``transforms``, ``basis``, ``batched``, ``pointwise``) work on
+arrays in memory (member-major ensemble blocks, ``(k, n)``) and know no
+files and no communicators; the filter variants (``variants``) and drivers
+(``filters``) compose them; :func:`~ensio.analysis.pipeline.analyse_rows`
+is the one pipeline, given communicators explicitly. ``inputs`` is the one
+module that reads (observation) files.
 """
 
 from .filters import (
     FILTERS,
-    AnalysisResult,
-    Assimilation,
-    InnovationStats,
     analyse,
     assimilate,
     localization_from_config,
     make_filter,
 )
-from .local import LocalResult, ObsSpace, local_analysis
+from .local import local_analysis
 from .localization import Geometry, Localization
+from .obsspace import ObsSpace
+from .pipeline import AnalysisSettings, analyse_rows
+from .result import AnalysisResult, InnovationStats
+from .variants import VARIANTS, Variant
 
 __all__ = [
     "FILTERS",
+    "VARIANTS",
     "AnalysisResult",
-    "Assimilation",
+    "AnalysisSettings",
     "InnovationStats",
+    "Variant",
     "analyse",
+    "analyse_rows",
     "assimilate",
     "localization_from_config",
     "make_filter",
-    "LocalResult",
     "ObsSpace",
     "local_analysis",
     "Geometry",

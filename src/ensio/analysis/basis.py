@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .transforms import _eig_analysis
+from .transforms import eig_analysis
 
 __all__ = [
     "FactoredTransform",
@@ -194,7 +194,7 @@ def sqrt_factors_in_basis(
     flags = np.full(p, centred)
     if r == 0:
         return FactoredTransform(s0, np.zeros((p, k, 0)), np.zeros((p, 0)), np.zeros((p, k)), flags)
-    lam, V = _eig_analysis(B, rho, k)
+    lam, V = eig_analysis(B, rho, k)
     M = Qk @ V  # (p, k, r): eigenvectors of A in member space
     u = (np.swapaxes(V, -1, -2) @ br[..., None])[..., 0] / lam  # (p, r)
     wbar = (M @ u[..., None])[..., 0]  # (p, k)

@@ -15,81 +15,44 @@ Each observation has one **owner** rank (the owner of the state row it reads
 with the largest weight; observations outside the state: ``id mod N_mpi``).
 Counts and innovation statistics are summed over owned observations only and
 all-reduced, so every observation counts once whatever the selection.
+
+The collectives of the pipeline (:func:`~ensio.analysis.pipeline.analyse_rows`)
+live here; who owns which row is one :class:`~ensio.parallel.RowDistribution`.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
-
 import numpy as np
 from mpi4py import MPI
 from scipy.spatial import cKDTree
-from threadpoolctl import threadpool_limits
 
-from ..config.analysis import AnalysisSection
-from ..obs import ObsBatch, ObsOperator, QCCounts, RegularGrid, build_operator, quality_control
-from ..parallel.distribution import block_distribution
-from .filters import InnovationStats, localization_from_config, make_filter
-from .local import ObsSpace
+from ..obs import ObsOperator, QCCounts
+from ..parallel.distribution import RowDistribution
 from .localization import Geometry
+from .result import InnovationStats
 from .tiles import chord_radius, embed
 
 __all__ = [
-    "DistributedAssimilation",
-    "analyse_rows",
     "fetch_rows",
+    "innovation_stats",
     "observation_owners",
     "observations_near",
+    "observe",
+    "sum_counts",
 ]
 
 
-@dataclass(frozen=True, eq=False)
-class DistributedAssimilation:
-    """Result of :func:`analyse_rows` on one rank.
-
-    Attributes
-    ----------
-    ensemble : ndarray, shape (k, count)
-        This rank's analysis rows.
-    inflation : ndarray, shape (count,), or None
-        Adaptive inflation estimate for the next cycle.
-    qc : QCCounts
-        Over all observations (summed over owners), same on every rank.
-    prior, posterior : InnovationStats
-        Over all accepted observations, same on every rank.
-    n_local_obs : int
-        Observations this rank used for its rows.
-    """
-
-    ensemble: np.ndarray
-    inflation: np.ndarray | None
-    qc: QCCounts
-    prior: InnovationStats
-    posterior: InnovationStats
-    n_local_obs: int
-
-
-def _starts(n_rows: int, size: int) -> np.ndarray:
-    return np.array([block_distribution(n_rows, size, r)[0] for r in range(size)])
-
-
-def row_owner(rows: np.ndarray, n_rows: int, size: int) -> np.ndarray:
-    """Rank owning each state row under the block distribution."""
-    return np.searchsorted(_starts(n_rows, size), rows, side="right") - 1
-
-
 def fetch_rows(
-    X: np.ndarray, start: int, n_rows: int, rows: np.ndarray, comm: MPI.Comm
+    X: np.ndarray, dist: RowDistribution, rows: np.ndarray, comm: MPI.Comm
 ) -> np.ndarray:
     """Collective: the values of arbitrary state rows, from the ranks that own them.
 
     Parameters
     ----------
     X : ndarray, shape (k, count)
-        This rank's rows ``[start, start + count)``.
-    n_rows : int
-        N_x.
+        This rank's rows ``[dist.start, dist.stop)``.
+    dist : RowDistribution
+        The rows of every rank of ``comm``.
     rows : ndarray of int, shape (r,)
         Rows this rank wants (any order).
 
@@ -98,12 +61,12 @@ def fetch_rows(
     ndarray, shape (k, r)
         Exact copies of the owners' values.
     """
-    k = X.shape[0]
+    k, start = X.shape[0], dist.start
     rows = np.asarray(rows, dtype=np.int64)
     if comm.size == 1:
         return X[:, rows - start]
     size = comm.size
-    owner = row_owner(rows, n_rows, size)
+    owner = dist.owner(rows)
     order = np.argsort(owner, kind="stable")
     send_counts = np.bincount(owner, minlength=size).astype(np.int64)
     recv_counts = np.empty(size, dtype=np.int64)
@@ -125,11 +88,11 @@ def fetch_rows(
     return out
 
 
-def _observe(X: np.ndarray, start: int, n_rows: int, op: ObsOperator, comm: MPI.Comm) -> np.ndarray:
-    """HX for this rank's observations (collective through :func:`fetch_rows`)."""
+def observe(X: np.ndarray, dist: RowDistribution, op: ObsOperator, comm: MPI.Comm) -> np.ndarray:
+    """Collective: HX ``(k, m)`` for this rank's observations (rows through :func:`fetch_rows`)."""
     used = op.weights != 0.0
     need = np.unique(op.rows[used])
-    vals = fetch_rows(X, start, n_rows, need, comm)
+    vals = fetch_rows(X, dist, need, comm)
     pos = np.searchsorted(need, op.rows)
     pos[~used] = 0
     V = vals[:, pos] if need.size else np.zeros((X.shape[0], *op.rows.shape))
@@ -138,12 +101,12 @@ def _observe(X: np.ndarray, start: int, n_rows: int, op: ObsOperator, comm: MPI.
 
 
 def observation_owners(
-    op: ObsOperator, inside: np.ndarray, ids: np.ndarray, n_rows: int, size: int
+    op: ObsOperator, inside: np.ndarray, ids: np.ndarray, dist: RowDistribution
 ) -> np.ndarray:
     """Owner rank of each observation (see the module docstring)."""
     main = op.rows[np.arange(len(op)), np.argmax(np.abs(op.weights), axis=1)]
-    owner = row_owner(main, n_rows, size)
-    return np.where(inside, owner, ids % size)
+    owner = dist.owner(main)
+    return np.where(inside, owner, ids % dist.size)
 
 
 def observations_near(
@@ -160,148 +123,19 @@ def observations_near(
     return np.isfinite(dist)
 
 
-def localization_coords(
-    config: AnalysisSection, start: int, count: int, row_lonlat: np.ndarray | None, obs: ObsBatch
-) -> tuple[np.ndarray | None, np.ndarray]:
-    """Row and observation coordinates in the localization geometry.
-
-    lon/lat (degrees) for ``radius_km`` and Euclidean ``radius``; the state
-    row index for ``periodic`` (1-D models whose rows are the grid).
-    """
-    loc = config.localization
-    if loc is not None and loc.periodic is not None:
-        if obs.index is None or np.any(obs.index < 0):
-            raise ValueError(
-                "analysis.localization.periodic: observations need an index (grid units)"
-            )
-        return np.arange(start, start + count, dtype=float)[:, None], obs.index.astype(float)[
-            :, None
-        ]
-    obs_coords = np.stack([obs.lon, obs.lat], axis=1)
-    if loc is None:
-        return None, obs_coords
-    if row_lonlat is None:
-        raise ValueError("a local filter needs the lon/lat of the state rows")
-    return np.asarray(row_lonlat, dtype=float), obs_coords
-
-
-def _stats(values: np.ndarray, hx: np.ndarray, own: np.ndarray, comm: MPI.Comm) -> InnovationStats:
+def innovation_stats(
+    values: np.ndarray, hx: np.ndarray, own: np.ndarray, comm: MPI.Comm
+) -> InnovationStats:
+    """Collective: innovation statistics over the observations each rank owns (``own``)."""
     d = values[own] - hx[:, own].mean(axis=0)
     s = np.array([d.sum(), (d**2).sum(), d.size], dtype=float)
     comm.Allreduce(MPI.IN_PLACE, s, op=MPI.SUM)
-    if s[2] == 0:
-        return InnovationStats(float("nan"), float("nan"), 0)
-    return InnovationStats(float(s[0] / s[2]), float(np.sqrt(s[1] / s[2])), int(s[2]))
+    return InnovationStats.from_sums(s[0], s[1], s[2])
 
 
-def _count(counts: QCCounts, comm: MPI.Comm) -> QCCounts:
+def sum_counts(counts: QCCounts, comm: MPI.Comm) -> QCCounts:
+    """Collective: quality-control counts summed over the ranks."""
     names = list(QCCounts.__dataclass_fields__)
     v = np.array([getattr(counts, n) for n in names], dtype=np.int64)
     comm.Allreduce(MPI.IN_PLACE, v, op=MPI.SUM)
     return QCCounts(**{n: int(x) for n, x in zip(names, v, strict=True)})
-
-
-def analyse_rows(
-    X: np.ndarray,
-    start: int,
-    n_rows: int,
-    row_lonlat: np.ndarray | None,
-    observations: ObsBatch,
-    config: AnalysisSection,
-    comm: MPI.Comm,
-    *,
-    grid: RegularGrid | None = None,
-    cycle: int = 0,
-    inflation: np.ndarray | float | None = None,
-    timings: dict[str, float] | None = None,
-) -> DistributedAssimilation:
-    """Collective: analyse this rank's rows of a distributed ensemble.
-
-    Parameters
-    ----------
-    X : ndarray, shape (k, count)
-        Prior rows ``[start, start + count)``, member-major.
-    start : int
-        First row of this rank.
-    n_rows : int
-        N_x, the length of the whole state vector.
-    row_lonlat : ndarray, shape (count, 2), or None
-        (lon, lat) in degrees of this rank's rows (unused with ``periodic``:
-        the row index is the coordinate there).
-    observations : ObsBatch
-        All observations, or (local filters) at least those within the
-        support radius of this rank's rows and those it owns
-        (:func:`observation_owners`); ids must be global.
-    config : AnalysisSection
-    comm : MPI.Comm
-        The filter communicator.
-    grid : RegularGrid, optional
-        For observations without an index (bilinear H).
-    cycle : int
-        Keys the random streams (EnKF perturbations, rotation).
-    inflation : float or ndarray, shape (count,), optional
-        Previous adaptive inflation estimate of these rows.
-    timings : dict, optional
-        Seconds per phase are added (``obs`` = H, row exchange and QC; the
-        filter's phases; ``posterior``).
-    """
-    t0 = time.perf_counter()
-    X = np.asarray(X, dtype=np.float64)
-    k, count = X.shape
-    op, inside = build_operator(observations, n_rows, grid)
-    hx = _observe(X, start, n_rows, op, comm)
-    own = observation_owners(op, inside, observations.ids, n_rows, comm.size) == comm.rank
-    ok, _ = quality_control(
-        observations.values,
-        observations.errors,
-        hx,
-        max_sigma=config.qc.max_sigma,
-        inside=inside,
-    )
-    _, own_counts = quality_control(
-        observations.values[own],
-        observations.errors[own],
-        hx[:, own],
-        max_sigma=config.qc.max_sigma,
-        inside=inside[own],
-    )
-    obs = observations.subset(ok)
-    hx_ok = hx[:, ok]
-    filt = make_filter(config)
-    row_coords, obs_coords = localization_coords(config, start, count, row_lonlat, obs)
-    if config.localization is None:
-        keep = np.ones(len(obs), dtype=bool)
-    else:
-        geometry = localization_from_config(config.localization).geometry
-        keep = observations_near(
-            geometry, row_coords, obs_coords, config.localization.support_radius
-        )
-    space = ObsSpace(
-        hx=hx_ok[:, keep],
-        values=obs.values[keep],
-        errors=obs.errors[keep],
-        coords=obs_coords[keep],
-        ids=obs.ids[keep],
-    )
-    if timings is not None:
-        timings["obs"] = timings.get("obs", 0.0) + time.perf_counter() - t0
-    # One BLAS thread per rank: ranks already fill the cores, and the many small
-    # k×k eigendecompositions of a local analysis run ~4× slower threaded.
-    limit = 1 if (comm.size > 1 or config.localization is not None) else None
-    with threadpool_limits(limits=limit, user_api="blas"):
-        res = filt.analyse(X, row_coords, space, cycle=cycle, inflation=inflation, timings=timings)
-    t1 = time.perf_counter()
-    hx_post = _observe(res.ensemble, start, n_rows, op, comm)[:, ok]
-    own_ok = own[ok]
-    prior = _stats(obs.values, hx_ok, own_ok, comm)
-    posterior = _stats(obs.values, hx_post, own_ok, comm)
-    if timings is not None:
-        timings["posterior"] = timings.get("posterior", 0.0) + time.perf_counter() - t1
-    return DistributedAssimilation(
-        ensemble=res.ensemble,
-        inflation=res.inflation,
-        qc=_count(own_counts, comm),
-        prior=prior,
-        posterior=posterior,
-        n_local_obs=int(keep.sum()),
-    )

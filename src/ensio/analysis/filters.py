@@ -1,80 +1,64 @@
-"""Filters: frozen dataclasses of hyper-parameters that orchestrate the kernels.
+"""Filters: frozen dataclasses of hyper-parameters around a variant object.
 
-``FILTERS`` maps the config name (``analysis.filter``) to its class; nothing
-here dispatches on substrings. A filter's :meth:`analyse` works on whatever
-rows it is given:
-
-* global filters (``etkf``, ``estkf``, ``enkf``) compute one transform from
-  the **full** observation set, so every rank that holds all observed
-  anomalies gets the same transform whatever rows it owns;
-* local filters (``letkf``, ``lestkf``, ``lenkf``) need, for their rows, the
-  row coordinates and every observation within the support radius.
+A filter is a driver (:class:`GlobalFilter`: one transform from the **full**
+observation set, so every rank holding all observed anomalies gets the same
+transform whatever rows it owns; :class:`LocalFilter`: one transform per
+analysis point from the observations within the support radius, which needs
+the row coordinates) and a :class:`~ensio.analysis.variants.Variant` (ETKF,
+ESTKF, EnKF) that both drivers call the same way. ``FILTERS`` maps every
+``analysis.filter`` value to its class; the classes are made from the
+variant registry, so the six filters are siblings of their driver and
+adding a variant adds its two filters.
 
 Order of operations per cycle: multiplicative prior inflation (forgetting
 factor or adaptive estimate) inside the transform → analysis → relaxation
 (RTPP/RTPS, row by row) → optional mean-preserving random rotation (one
 rotation for all rows, seeded by (seed, cycle)).
+
+:func:`analyse` is the in-memory API on one process: a thin wrapper over the
+one pipeline, :func:`~ensio.analysis.pipeline.analyse_rows` on
+``MPI.COMM_SELF``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
 
-from ..config.analysis import AnalysisSection, FilterName, InflationSection, KernelName
-from ..obs import ObsBatch, QCCounts, RegularGrid, build_operator, quality_control
+from ..config.analysis import AnalysisSection, InflationSection, KernelName, LocalizationSection
+from ..config.filters import local_name
+from ..obs import ObsBatch, RegularGrid
+from ..stopwatch import Stopwatch
 from .inflation import adaptive_inflation_update, rtpp, rtps
-from .local import LocalResult, Method, ObsSpace, local_analysis
+from .local import run_local
 from .localization import Geometry, Localization
-from .transforms import (
-    apply_transform,
-    enkf_transform,
-    estkf_transform,
-    etkf_transform,
-    obs_perturbations,
-    random_rotation,
-    rotate,
-)
+from .obsspace import ObsSpace
+from .result import AnalysisResult, InnovationStats
+from .transforms import apply_transform, obs_perturbations, random_rotation, rotate
+from .variants import VARIANTS, Variant
 
 __all__ = [
     "AnalysisResult",
     "ETKF",
     "ESTKF",
     "EnKF",
+    "FILTERS",
+    "Filter",
+    "GlobalFilter",
+    "InnovationStats",
     "LETKF",
     "LESTKF",
     "LEnKF",
-    "FILTERS",
-    "make_filter",
-    "localization_from_config",
-    "InnovationStats",
-    "Assimilation",
+    "LocalFilter",
     "analyse",
     "assimilate",
+    "localization_from_config",
+    "make_filter",
 ]
-
-
-@dataclass(frozen=True, eq=False)
-class AnalysisResult:
-    """Analysis rows and what the caller needs to keep or log.
-
-    Attributes
-    ----------
-    ensemble : ndarray, shape (k, n)
-    inflation : ndarray, shape (n,), or None
-        Adaptive inflation estimate (multiplies P) for the next cycle; None
-        when the inflation is not adaptive.
-    n_obs : ndarray of int, shape (n,)
-        Observations used at each row (all of them for global filters).
-    """
-
-    ensemble: np.ndarray
-    inflation: np.ndarray | None
-    n_obs: np.ndarray
 
 
 def _perturb(obs: ObsSpace, seed: int, cycle: int, center: bool) -> ObsSpace:
@@ -85,13 +69,31 @@ def _perturb(obs: ObsSpace, seed: int, cycle: int, center: bool) -> ObsSpace:
 
 
 @dataclass(frozen=True)
-class _Filter:
+class Filter(ABC):
+    """What every filter shares: inflation, rotation, the random streams.
+
+    ``center_perturbations`` matters for stochastic variants only: centring
+    the observation perturbations over the members makes the analysis mean
+    exactly the Kalman mean of the prior ensemble.
+    """
+
     inflation: InflationSection = field(default_factory=InflationSection)
     rotate: bool = False
     seed: int = 0
+    center_perturbations: bool = True
 
-    method: ClassVar[Method] = "etkf"
-    stochastic: ClassVar[bool] = False
+    variant: ClassVar[Variant]
+
+    @classmethod
+    @abstractmethod
+    def from_config(cls, cfg: AnalysisSection) -> Filter:
+        """The filter for a resolved ``analysis:`` section."""
+
+    @abstractmethod
+    def _transform(
+        self, X: np.ndarray, coords, obs: ObsSpace, forget: np.ndarray, sw: Stopwatch
+    ) -> AnalysisResult:
+        """Analysis rows, ``n_obs`` and the adaptive-inflation sums."""
 
     def _forget(self, n: int, inflation: np.ndarray | float | None) -> np.ndarray:
         infl = self.inflation
@@ -99,9 +101,6 @@ class _Filter:
             return np.full(n, infl.forget)
         alpha = infl.adaptive_initial if inflation is None else inflation
         return 1.0 / np.broadcast_to(np.asarray(alpha, dtype=float), (n,))
-
-    def _transform(self, X, coords, obs, forget, timings) -> LocalResult:
-        raise NotImplementedError
 
     def analyse(
         self,
@@ -111,7 +110,7 @@ class _Filter:
         *,
         cycle: int = 0,
         inflation: np.ndarray | float | None = None,
-        timings: dict[str, float] | None = None,
+        stopwatch: Stopwatch | None = None,
     ) -> AnalysisResult:
         """Analyse the rows ``X`` (k, n) with observations ``obs``.
 
@@ -128,69 +127,59 @@ class _Filter:
             Cycle number (keys the random streams together with ``seed``).
         inflation : float or ndarray, shape (n,), optional
             Previous adaptive inflation estimate (``adaptive`` only).
-        timings : dict, optional
-            Seconds per phase are added to it (see
-            :func:`~ensio.analysis.local.local_analysis`), plus ``relax``.
+        stopwatch : Stopwatch, optional
+            Receives the seconds per phase (see
+            :func:`~ensio.analysis.local.local_analysis`), ``perturb`` and
+            ``relax``.
         """
+        sw = stopwatch if stopwatch is not None else Stopwatch(enabled=False)
         X = np.asarray(X, dtype=float)
         k, n = X.shape
         if k < 2:
             raise ValueError(f"an ensemble analysis needs at least 2 members, got {k}")
         forget = self._forget(n, inflation)
-        if self.stochastic:
-            t0 = time.perf_counter()
-            obs = _perturb(obs, self.seed, cycle, getattr(self, "center_perturbations", True))
-            if timings is not None:
-                timings["perturb"] = timings.get("perturb", 0.0) + time.perf_counter() - t0
-        res = self._transform(X, coords, obs, forget, timings)
-        t0 = time.perf_counter()
-        Xa = res.ensemble
-        new_infl = None
-        if self.inflation.adaptive:
-            new_infl = adaptive_inflation_update(
-                1.0 / forget,
-                res.dRd,
-                res.trace,
-                res.weight_sum,
-                sigma=self.inflation.adaptive_sigma,
-            )
-        if self.inflation.rtpp is not None:
-            Xa = rtpp(X, Xa, self.inflation.rtpp)
-        elif self.inflation.rtps is not None:
-            Xa = rtps(X, Xa, self.inflation.rtps)
-        if self.rotate:
-            Xa = rotate(Xa, random_rotation(k, self.seed, cycle))
-        if timings is not None:
-            timings["relax"] = timings.get("relax", 0.0) + time.perf_counter() - t0
-        return AnalysisResult(ensemble=Xa, inflation=new_infl, n_obs=res.n_obs)
-
-
-_GLOBAL = {"etkf": etkf_transform, "estkf": estkf_transform}
+        if self.variant.stochastic:
+            with sw("perturb"):
+                obs = _perturb(obs, self.seed, cycle, self.center_perturbations)
+        res = self._transform(X, coords, obs, forget, sw)
+        with sw("relax"):
+            Xa, new_infl = res.ensemble, None
+            if self.inflation.adaptive:
+                new_infl = adaptive_inflation_update(
+                    1.0 / forget,
+                    res.dRd,
+                    res.trace,
+                    res.weight_sum,
+                    sigma=self.inflation.adaptive_sigma,
+                )
+            if self.inflation.rtpp is not None:
+                Xa = rtpp(X, Xa, self.inflation.rtpp)
+            elif self.inflation.rtps is not None:
+                Xa = rtps(X, Xa, self.inflation.rtps)
+            if self.rotate:
+                Xa = rotate(Xa, random_rotation(k, self.seed, cycle))
+        return dataclasses.replace(res, ensemble=Xa, inflation=new_infl)
 
 
 @dataclass(frozen=True)
-class ETKF(_Filter):
-    """Global ETKF (Hunt et al. 2007), symmetric square root."""
+class GlobalFilter(Filter):
+    """One transform from all observations, applied to every row."""
 
-    method: ClassVar[Method] = "etkf"
+    @classmethod
+    def from_config(cls, cfg: AnalysisSection) -> GlobalFilter:
+        return cls(inflation=cfg.inflation, rotate=cfg.rotate, seed=cfg.seed)
 
-    def _transform(self, X, coords, obs, forget, timings) -> LocalResult:
-        t0 = time.perf_counter()
+    def _transform(self, X, coords, obs, forget, sw) -> AnalysisResult:
         rho = float(forget[0]) if forget.size else 1.0
         if not np.all(forget == rho):
             raise ValueError("a global filter needs one inflation value for all rows")
         n = X.shape[1]
-        if self.method == "enkf":
-            G = enkf_transform(obs.Y, obs.d, obs.rinv, obs.perturbations, rho)
-        else:
-            G = _GLOBAL[self.method](obs.Y, obs.d, obs.rinv, rho)
-        t1 = time.perf_counter()
-        Xa = apply_transform(X, G)
-        if timings is not None:
-            timings["transform"] = timings.get("transform", 0.0) + t1 - t0
-            timings["update"] = timings.get("update", 0.0) + time.perf_counter() - t1
+        with sw("transform"):
+            G = self.variant.global_transform(obs, rho)
+        with sw("update"):
+            Xa = apply_transform(X, G)
         ones = np.ones(n)
-        return LocalResult(
+        return AnalysisResult(
             ensemble=Xa,
             n_obs=np.full(n, len(obs), dtype=np.int64),
             dRd=ones * float(obs.rinv @ obs.d**2),
@@ -200,88 +189,56 @@ class ETKF(_Filter):
 
 
 @dataclass(frozen=True)
-class ESTKF(ETKF):
-    """Global ESTKF (Nerger et al. 2012): ETKF analysis in the (k−1)-dim error subspace."""
-
-    method: ClassVar[Method] = "estkf"
-
-
-@dataclass(frozen=True)
-class EnKF(ETKF):
-    """Global stochastic EnKF with perturbed observations (Burgers et al. 1998).
-
-    Perturbations come from per-member streams keyed on (seed, cycle, member)
-    and indexed by global observation number; by default they are centred
-    over the members so the analysis mean is exactly the Kalman mean of the
-    prior ensemble.
-    """
-
-    center_perturbations: bool = True
-    method: ClassVar[Method] = "enkf"
-    stochastic: ClassVar[bool] = True
-
-
-@dataclass(frozen=True)
-class LETKF(_Filter):
-    """Local ETKF with R-localization; batched or pointwise kernel."""
+class LocalFilter(Filter):
+    """R-localized: one transform per analysis point; batched or pointwise kernel."""
 
     localization: Localization = field(default_factory=Localization)
     kernel: KernelName = "batched"
     tile_points: int = 128
     threads: int = 1
-    method: ClassVar[Method] = "etkf"
 
-    def _transform(self, X, coords, obs, forget, timings) -> LocalResult:
+    @classmethod
+    def from_config(cls, cfg: AnalysisSection) -> LocalFilter:
+        assert cfg.localization is not None  # enforced by AnalysisSection
+        return cls(
+            inflation=cfg.inflation,
+            rotate=cfg.rotate,
+            seed=cfg.seed,
+            localization=localization_from_config(cfg.localization),
+            kernel=cfg.kernel,
+            tile_points=cfg.tile_points,
+            threads=cfg.threads,
+        )
+
+    def _transform(self, X, coords, obs, forget, sw) -> AnalysisResult:
         if coords is None:
             raise ValueError("a local filter needs the coordinates of the rows")
-        return local_analysis(
-            X,
-            coords,
-            obs,
-            self.localization,
-            method=self.method,
-            forget=forget,
-            kernel=self.kernel,
-            tile_points=self.tile_points,
-            timings=timings,
-            threads=self.threads,
+        loc, variant = self.localization, self.variant
+        return run_local(
+            X, coords, obs, loc, variant, forget, self.kernel, self.tile_points, self.threads, sw
         )
 
 
-@dataclass(frozen=True)
-class LESTKF(LETKF):
-    """Local ESTKF (Nerger et al. 2012): LETKF analysis in the error subspace."""
-
-    method: ClassVar[Method] = "estkf"
-
-
-@dataclass(frozen=True)
-class LEnKF(LETKF):
-    """Local stochastic EnKF: perturbed observations, R-localization per point.
-
-    Each analysis point runs the ensemble-space EnKF update
-    ``x̄ + X'[e_j/√ρ + P̃ Y R_loc⁻¹ (d + ε_j − Y_j/√ρ)]`` with the tapered R⁻¹
-    of its observations (the same localization as the LETKF, batched the
-    same way), rather than a Schur product on the gain. Perturbations as in
-    :class:`EnKF`.
-    """
-
-    center_perturbations: bool = True
-    method: ClassVar[Method] = "enkf"
-    stochastic: ClassVar[bool] = True
+def _filter_class(driver: type[Filter], prefix: str, variant: Variant) -> type[Filter]:
+    """The filter class of ``variant`` run by ``driver`` (e.g. ``LETKF``)."""
+    name = prefix + variant.title
+    kind = "Local" if prefix else "Global"
+    doc = f"{kind} {variant.title}: {variant.__doc__}"
+    attrs = {"variant": variant, "__doc__": doc, "__module__": __name__, "__qualname__": name}
+    return type(name, (driver,), attrs)
 
 
-FILTERS: dict[FilterName, type[_Filter]] = {
-    "etkf": ETKF,
-    "estkf": ESTKF,
-    "enkf": EnKF,
-    "letkf": LETKF,
-    "lestkf": LESTKF,
-    "lenkf": LEnKF,
-}
+#: ``analysis.filter`` value → filter class, two per registered variant.
+FILTERS: dict[str, type[Filter]] = {}
+for _v in VARIANTS.values():
+    FILTERS[_v.name] = _filter_class(GlobalFilter, "", _v)
+    FILTERS[local_name(_v.name)] = _filter_class(LocalFilter, "L", _v)
+
+ETKF, ESTKF, EnKF = FILTERS["etkf"], FILTERS["estkf"], FILTERS["enkf"]
+LETKF, LESTKF, LEnKF = FILTERS["letkf"], FILTERS["lestkf"], FILTERS["lenkf"]
 
 
-def localization_from_config(section) -> Localization:
+def localization_from_config(section: LocalizationSection) -> Localization:
     """Build a :class:`Localization` from ``analysis.localization``.
 
     ``radius_km`` → great-circle distances on lon/lat; ``radius`` with
@@ -301,57 +258,9 @@ def localization_from_config(section) -> Localization:
     )
 
 
-def make_filter(cfg: AnalysisSection) -> _Filter:
+def make_filter(cfg: AnalysisSection) -> Filter:
     """The filter object for a resolved ``analysis:`` section."""
-    cls = FILTERS[cfg.filter]
-    common = {"inflation": cfg.inflation, "rotate": cfg.rotate, "seed": cfg.seed}
-    if issubclass(cls, LETKF):
-        assert cfg.localization is not None  # enforced by AnalysisSection
-        return cls(
-            localization=localization_from_config(cfg.localization),
-            kernel=cfg.kernel,
-            tile_points=cfg.tile_points,
-            threads=cfg.threads,
-            **common,
-        )
-    return cls(**common)
-
-
-@dataclass(frozen=True)
-class InnovationStats:
-    """Mean and root-mean-square of ``y − mean(HX)`` over the accepted observations."""
-
-    mean: float
-    rms: float
-    count: int
-
-    @staticmethod
-    def of(values: np.ndarray, hx: np.ndarray) -> InnovationStats:
-        d = values - hx.mean(axis=0)
-        if d.size == 0:
-            return InnovationStats(float("nan"), float("nan"), 0)
-        return InnovationStats(float(d.mean()), float(np.sqrt(np.mean(d**2))), int(d.size))
-
-
-@dataclass(frozen=True, eq=False)
-class Assimilation:
-    """Result of :func:`analyse`: the analysis and what the log reports."""
-
-    ensemble: np.ndarray
-    inflation: np.ndarray | None
-    n_obs: np.ndarray
-    qc: QCCounts
-    prior: InnovationStats
-    posterior: InnovationStats
-
-
-def _obs_coords(cfg: AnalysisSection, obs: ObsBatch, coords: np.ndarray | None) -> np.ndarray:
-    if cfg.localization is None or cfg.localization.radius_km is not None:
-        return np.stack([obs.lon, obs.lat], axis=1)
-    if obs.index is None or np.any(obs.index < 0):
-        raise ValueError("analysis.localization.radius: observations in index units need an index")
-    assert coords is not None
-    return np.asarray(coords, dtype=float).reshape(coords.shape[0], -1)[obs.index]
+    return FILTERS[cfg.filter].from_config(cfg)
 
 
 def _row_coords(cfg: AnalysisSection, n: int, coords, grid: RegularGrid | None):
@@ -380,8 +289,11 @@ def analyse(
     cycle: int = 0,
     inflation: np.ndarray | float | None = None,
     timings: dict[str, float] | None = None,
-) -> Assimilation:
+) -> AnalysisResult:
     """In-memory analysis on one process: H, quality control, filter.
+
+    The whole ensemble is one block of rows analysed by
+    :func:`~ensio.analysis.pipeline.analyse_rows` on ``MPI.COMM_SELF``.
 
     Parameters
     ----------
@@ -391,7 +303,8 @@ def analyse(
     config : AnalysisSection
     coords : ndarray, shape (n, d), optional
         Row locations: (lon, lat) degrees for ``radius_km``; the grid index
-        for ``periodic`` (default ``0..n-1``); any coordinates otherwise.
+        for ``periodic`` (default ``0..n-1``); any coordinates otherwise
+        (observations then sit at the coordinates of the row they index).
         Defaults to ``grid.coords()`` when the grid covers the whole state.
     grid : RegularGrid, optional
         For observations without an index (bilinear H).
@@ -401,40 +314,33 @@ def analyse(
         Previous adaptive inflation estimate.
     timings : dict, optional
         Seconds per phase are added to it (``obs`` for H and quality control,
-        then the filter's phases).
+        the filter's phases, ``posterior``); also in ``result.timings``.
     """
-    t0 = time.perf_counter()
+    # the pipeline imports this module (make_filter), so it is imported here
+    from mpi4py import MPI
+
+    from ..layout.block import EnsembleBlock
+    from ..layout.state import StateLayout
+    from .pipeline import AnalysisSettings, analyse_rows
+
     X = np.asarray(ensemble, dtype=float)
     if X.ndim != 2:
         raise ValueError(f"ensemble must be (members, rows), got shape {X.shape}")
-    k, n = X.shape
-    op, inside = build_operator(observations, n, grid)
-    hx = op.apply(X)
-    ok, counts = quality_control(
-        observations.values, observations.errors, hx, max_sigma=config.qc.max_sigma, inside=inside
+    n = X.shape[1]
+    settings = AnalysisSettings(
+        config,
+        coords=_row_coords(config, n, coords, grid),
+        grid=grid,
+        cycle=cycle,
+        inflation=inflation,
+        obs_at_rows=config.localization is not None and config.localization.radius_km is None,
     )
-    rc = _row_coords(config, n, coords, grid)
-    obs = observations.subset(ok)
-    space = ObsSpace(
-        hx=hx[:, ok],
-        values=obs.values,
-        errors=obs.errors,
-        coords=_obs_coords(config, obs, rc),
-        ids=obs.ids,
-    )
+    block = EnsembleBlock(StateLayout((), n), 0, n, X)
+    res = analyse_rows(block, observations, settings, MPI.COMM_SELF)
     if timings is not None:
-        timings["obs"] = timings.get("obs", 0.0) + time.perf_counter() - t0
-    res = make_filter(config).analyse(
-        X, rc, space, cycle=cycle, inflation=inflation, timings=timings
-    )
-    return Assimilation(
-        ensemble=res.ensemble,
-        inflation=res.inflation,
-        n_obs=res.n_obs,
-        qc=counts,
-        prior=InnovationStats.of(obs.values, hx[:, ok]),
-        posterior=InnovationStats.of(obs.values, op.subset(ok).apply(res.ensemble)),
-    )
+        for name, value in res.timings.items():
+            timings[name] = timings.get(name, 0.0) + value
+    return res
 
 
 def assimilate(

@@ -13,18 +13,11 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = [
-    "inflate",
     "forget_from_factor",
     "rtpp",
     "rtps",
     "adaptive_inflation_update",
 ]
-
-
-def inflate(X: np.ndarray, factor: float | np.ndarray) -> np.ndarray:
-    """Multiply the anomalies of ``X`` (k, n) by ``factor`` (scalar or (n,))."""
-    mean = X.mean(axis=0)
-    return mean + factor * (X - mean)
 
 
 def forget_from_factor(factor: float) -> float:

@@ -1,5 +1,10 @@
 """Local analysis (LETKF, LESTKF, LEnKF): batched per tile, or point by point.
 
+This module is the entry point and the row bookkeeping (points ⇄ rows,
+applying transforms); the kernels are :mod:`~ensio.analysis.batched` and
+:mod:`~ensio.analysis.pointwise`, the per-variant step
+:mod:`~ensio.analysis.variants`.
+
 Every analysis point (a distinct location of state rows; rows sharing a
 location share the transform) gets its own ensemble-space analysis using
 the observations within the support radius, with R⁻¹ multiplied by the
@@ -32,371 +37,22 @@ radius of those rows, so the distributed version can call them per rank.
 
 from __future__ import annotations
 
-import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Literal
-
 import numpy as np
 
-from .basis import FactoredTransform, anomaly_basis, expand, prior_transform, sqrt_factors_in_basis
-from .localization import Localization, as_coords, prepare
-from .tiles import CandidateFinder, make_tiles, taper_weights, tile_weights
-from .transforms import enkf_weights, estkf_projection, sqrt_weights, transform_from_weights
+from ..config.analysis import KernelName as Kernel
+from ..stopwatch import Stopwatch
+from .basis import FactoredTransform
+from .batched import batched_kernel
+from .localization import Localization, as_coords
+from .obsspace import ObsSpace
+from .pointwise import pointwise_kernel
+from .result import AnalysisResult
+from .variants import VARIANTS, Variant
 
-__all__ = ["ObsSpace", "LocalResult", "local_analysis", "Method", "Kernel"]
+__all__ = ["KERNELS", "Kernel", "ObsSpace", "local_analysis", "run_local"]
 
-Method = Literal["etkf", "estkf", "enkf"]
-Kernel = Literal["batched", "pointwise"]
-
-
-@dataclass(frozen=True, eq=False)
-class ObsSpace:
-    """Observations as the analysis sees them (after H and quality control).
-
-    Stored sorted by global id, so sums over observations run in the same
-    order whichever subset a rank holds.
-
-    Attributes
-    ----------
-    hx : ndarray, shape (k, m)
-        Observed prior ensemble.
-    values, errors : ndarray, shape (m,)
-    coords : ndarray, shape (m, d)
-        Locations in the localization geometry.
-    ids : ndarray of int, shape (m,)
-        Global observation numbers.
-    perturbations : ndarray, shape (k, m), optional
-        ε_j (scaled by σ_o) for the stochastic filters.
-    """
-
-    hx: np.ndarray
-    values: np.ndarray
-    errors: np.ndarray
-    coords: np.ndarray
-    ids: np.ndarray
-    perturbations: np.ndarray | None = None
-    mean: np.ndarray = field(init=False)
-    Y: np.ndarray = field(init=False)
-    d: np.ndarray = field(init=False)
-    rinv: np.ndarray = field(init=False)
-    var: np.ndarray = field(init=False)
-
-    def __post_init__(self) -> None:
-        ids = np.asarray(self.ids, dtype=np.int64).ravel()
-        for name in ("values", "errors"):
-            if np.shape(getattr(self, name)) != ids.shape:
-                raise ValueError(
-                    f"ObsSpace.{name}: shape {np.shape(getattr(self, name))}, ids {ids.shape}"
-                )
-        if np.ndim(self.hx) != 2 or np.shape(self.hx)[1] != ids.size:
-            raise ValueError(f"ObsSpace.hx: shape {np.shape(self.hx)}, expected (k, {ids.size})")
-        order = np.argsort(ids, kind="stable")
-        hx = np.asarray(self.hx, dtype=float)[:, order]
-        put = object.__setattr__
-        put(self, "ids", ids[order])
-        put(self, "hx", hx)
-        put(self, "values", np.asarray(self.values, dtype=float)[order])
-        put(self, "errors", np.asarray(self.errors, dtype=float)[order])
-        coords = np.asarray(self.coords, dtype=float)
-        if coords.ndim == 1:
-            coords = coords[:, None]
-        if coords.shape[0] != ids.size:
-            raise ValueError(f"{coords.shape[0]} observation coordinates for {ids.size} ids")
-        put(self, "coords", coords[order])
-        if self.perturbations is not None:
-            put(self, "perturbations", np.asarray(self.perturbations, dtype=float)[:, order])
-        mean = hx.mean(axis=0)
-        put(self, "mean", mean)
-        put(self, "Y", hx - mean)
-        put(self, "d", self.values - mean)
-        put(self, "rinv", 1.0 / self.errors**2)
-        k = hx.shape[0]
-        put(self, "var", (self.Y**2).sum(axis=0) / max(k - 1, 1))
-
-    def __len__(self) -> int:
-        return int(self.ids.size)
-
-    @property
-    def k(self) -> int:
-        return int(self.hx.shape[0])
-
-
-@dataclass(frozen=True, eq=False)
-class LocalResult:
-    """Analysis rows and per-row diagnostics.
-
-    Attributes
-    ----------
-    ensemble : ndarray, shape (k, n)
-    n_obs : ndarray of int, shape (n,)
-        Observations with non-zero weight at the row's point.
-    dRd, trace, weight_sum : ndarray, shape (n,)
-        ``Σρd²/σ²``, ``Σρ var(HX)/σ²``, ``Σρ`` (adaptive inflation inputs).
-    """
-
-    ensemble: np.ndarray
-    n_obs: np.ndarray
-    dRd: np.ndarray
-    trace: np.ndarray
-    weight_sum: np.ndarray
-
-
-def _taper(loc: Localization, pts, obs: ObsSpace, obs_pre, cand, rho: np.ndarray):
-    """Localization weights ``(p, c)`` of candidates ``cand`` (None: all) for prepared ``pts``."""
-    sel = slice(None) if cand is None else cand
-    reg = (obs.var[sel], obs.errors[sel] ** 2) if loc.regulated else None
-    return taper_weights(loc, pts, obs_pre[sel], rho, reg)
-
-
-def _finish(method: Method, C, rhs, rho, k: int, T):
-    """Member-space transforms ``(p, k, k)`` from ensemble-space sums."""
-    if method == "enkf":
-        return enkf_weights(C, rhs, rho, k)
-    wbar, W = sqrt_weights(C, rhs, rho, k)
-    return transform_from_weights(wbar, W, omega=T if method == "estkf" else None)
-
-
-def _empty_transform(rho: np.ndarray, k: int) -> np.ndarray:
-    return np.eye(k) / np.sqrt(rho)[:, None, None]
-
-
-#: Z of all observations is computed once when it is at most this large;
-#: otherwise it is built per tile from the candidates.
-Z_CACHE_BYTES = 256 * 2**20
-
-#: Relative residual up to which a tile's observed anomalies count as lying
-#: in a smaller basis (:func:`~ensio.analysis.basis.anomaly_basis`);
-#: 0 switches the reduced basis off.
-BASIS_TOLERANCE = 1e-14
-
-
-def _packed_index(q: int) -> np.ndarray:
-    """Indices that unpack a row-major packed upper triangle into a full q × q matrix."""
-    packed = np.zeros((q, q), dtype=np.int64)
-    packed[np.triu_indices(q)] = np.arange(q * (q + 1) // 2)
-    return (packed + np.triu(packed, 1).T).ravel()
-
-
-class _Columns:
-    """The Z matrix of the GEMM for a tile's candidate observations.
-
-    **Reduced** form (ETKF/ESTKF), when the tile's observed anomalies span
-    fewer than k−1 dimensions (:func:`~ensio.analysis.basis.anomaly_basis`):
-    Z holds the products of their r coordinates in an orthonormal basis, the
-    GEMM is ``r(r+1)/2`` instead of ``q(q+1)/2`` columns wide and each
-    eigenproblem r × r. Otherwise Z (one row per observation) does not depend
-    on the tile: it is computed once and gathered per tile when it fits in
-    :data:`Z_CACHE_BYTES` (several times cheaper than forming the products
-    again for every tile that sees the observation).
-    """
-
-    def __init__(self, obs: ObsSpace, method: Method, T: np.ndarray | None) -> None:
-        self.method = method
-        self.k = k = obs.k
-        self.Yq = (T.T @ obs.Y) if method == "estkf" else obs.Y  # (q, m)
-        q = self.Yq.shape[0]
-        self.q = q
-        self.T = T
-        self.reduce = method != "enkf" and BASIS_TOLERANCE > 0
-        if method == "enkf":
-            if obs.perturbations is None:
-                raise ValueError("the stochastic filter needs observation perturbations")
-            self.D = obs.d[None, :] + obs.perturbations  # (k, m)
-            self.nrhs = k * k
-        else:
-            self.nrhs = q
-        self.obs = obs
-        self.diag = np.stack([obs.d**2, obs.var, obs.errors**2])  # (3, m)
-        self._index: dict[int, np.ndarray] = {}
-        self._cache: np.ndarray | None = None
-        self._lock = threading.Lock()
-        self._cache_ok = len(obs) * (q * (q + 1) // 2 + self.nrhs + 3) * 8 <= Z_CACHE_BYTES
-
-    def basis(self, cand: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-        """Basis ``Q`` (q × r) of the candidates' anomalies and their coordinates, if r < k−1.
-
-        Only a span smaller than the k−1 dimensions of full-rank anomalies is
-        used: at r = k−1 the eigenproblems shrink by one row only, which does
-        not pay for the per-tile products (measured: no gain).
-        """
-        if not self.reduce:
-            return None
-        return anomaly_basis(self.Yq[:, cand], BASIS_TOLERANCE, max_rank=self.k - 2)
-
-    def products(
-        self, Wt: np.ndarray, cand: np.ndarray, basis: tuple[np.ndarray, np.ndarray] | None
-    ) -> np.ndarray:
-        """``S = W · Z`` for the candidates ``cand`` (in ``basis``): shape (p, ncols)."""
-        if basis is not None:
-            return Wt @ self._build(basis[1], cand).T
-        if self._cache is None and self._cache_ok:
-            with self._lock:  # built once, on first use (tile threads share it)
-                if self._cache is None:
-                    self._cache = np.ascontiguousarray(self._build(self.Yq, None).T)
-        if self._cache is not None:
-            return Wt @ self._cache[cand]
-        return Wt @ self._build(self.Yq[:, cand], cand).T
-
-    def _build(self, Yc: np.ndarray, cand: np.ndarray | None) -> np.ndarray:
-        """Zᵀ for coordinates ``Yc`` (r, c) of candidates ``cand`` (None: all), C-contiguous.
-
-        Stored transposed so that every block of products is written as
-        contiguous rows; the GEMM takes it as ``W @ Zt.T`` without a copy.
-        """
-        r, c = Yc.shape
-        npk = r * (r + 1) // 2
-        nrhs = self.nrhs if r == self.q else r
-        sel = slice(None) if cand is None else cand
-        d = self.obs.d[sel]
-        Zt = np.empty((npk + nrhs + 3, c))
-        start = 0
-        for a in range(r):  # row a of the upper triangle: y_a * y_b, b >= a
-            np.multiply(Yc[a:], Yc[a], out=Zt[start : start + r - a])
-            start += r - a
-        rhs = Zt[npk : npk + nrhs]
-        if self.method == "enkf":
-            np.multiply(Yc[:, None, :], self.D[:, sel][None, :, :], out=rhs.reshape(r, -1, c))
-        else:
-            np.multiply(Yc, d, out=rhs)
-        Zt[-3:] = self.diag[:, sel]
-        return Zt
-
-    def unpack(self, S: np.ndarray, r: int):
-        """``(C, rhs, extra)`` of each point from S, for a basis of size ``r`` (``q``: none)."""
-        p, npk = S.shape[0], r * (r + 1) // 2
-        if r not in self._index:
-            self._index[r] = _packed_index(r)
-        C = np.take(S, self._index[r], axis=1).reshape(p, r, r)
-        nrhs = self.nrhs if r == self.q else r
-        rhs = S[:, npk : npk + nrhs]
-        if self.method == "enkf":
-            rhs = rhs.reshape(p, r, -1)
-        return C, rhs, S[:, npk + nrhs :]
-
-    def transforms(self, Q, C, rhs, rho: np.ndarray, k: int) -> np.ndarray | FactoredTransform:
-        """Member-space transforms of the points from the unpacked sums.
-
-        Matrices ``(p, k, k)`` without a basis; factors in the reduced form.
-        """
-        if Q is None:
-            return _finish(self.method, C, rhs, rho, k, self.T)
-        Qk = Q if self.T is None else self.T @ Q
-        return sqrt_factors_in_basis(C, rhs, rho, k, Qk, centred=self.T is not None)
-
-
-class _Clock:
-    """Accumulates seconds per phase into ``sink`` (no-op when ``sink`` is None)."""
-
-    def __init__(self, sink: dict[str, float] | None) -> None:
-        self.sink = sink
-        self.t = time.perf_counter()
-
-    def lap(self, phase: str) -> None:
-        if self.sink is not None:
-            now = time.perf_counter()
-            self.sink[phase] = self.sink.get(phase, 0.0) + now - self.t
-            self.t = now
-
-    def count(self, name: str, value: float) -> None:
-        if self.sink is not None:
-            self.sink[name] = self.sink.get(name, 0.0) + value
-
-
-def _batched(pts, obs, loc, method, rho, T, apply, tile_points, clock, threads):
-    k = obs.k
-    tiles = make_tiles(loc.geometry, pts, max_points=tile_points, max_extent=0.5 * loc.radius)
-    finder = CandidateFinder(loc.geometry, obs.coords, loc.radius)
-    pts_pre, obs_pre = prepare(loc.geometry, pts), prepare(loc.geometry, obs.coords)
-    cols = _Columns(obs, method, T)
-    diag = np.zeros((pts.shape[0], 4))
-    clock.lap("select")
-
-    def work(chunk: list[np.ndarray]) -> dict[str, float] | None:
-        # tiles are independent: each writes only its own rows of diag/out
-        sink: dict[str, float] | None = None if clock.sink is None else {}
-        tclock = _Clock(sink)
-        for tile in chunk:
-            G: np.ndarray | FactoredTransform = prior_transform(rho[tile], k)
-            cand = finder(pts[tile])
-            tclock.lap("select")
-            if cand.size:
-                reg = (obs.var[cand], obs.errors[cand] ** 2) if loc.regulated else None
-                Wt, n_obs, used = tile_weights(
-                    loc, pts_pre[tile], obs_pre[cand], obs.rinv[cand], rho[tile], reg
-                )
-                has = n_obs > 0
-                if not has.any():
-                    tclock.lap("weights")
-                else:
-                    used = np.flatnonzero(used)
-                    cand, Wt = cand[used], np.take(Wt if has.all() else Wt[has], used, axis=1)
-                    diag[tile, 0] = n_obs
-                    tclock.lap("weights")
-                    basis = cols.basis(cand)
-                    Q = None if basis is None else basis[0]
-                    tclock.lap("basis")
-                    S = cols.products(Wt, cand, basis)
-                    C, rhs, extra = cols.unpack(S, cols.q if Q is None else Q.shape[1])
-                    tclock.count("gemm_flops", 2.0 * S.shape[0] * cand.size * S.shape[1])
-                    tclock.count("tiles_count", 1)
-                    tclock.count("reduced_tiles_count", Q is not None)
-                    tclock.count("basis_rank_count", 0 if Q is None else Q.shape[1])
-                    diag[tile[has], 1:] = extra
-                    tclock.lap("gemm")
-                    Gh = cols.transforms(Q, C, rhs, rho[tile][has], k)
-                    if isinstance(Gh, FactoredTransform):
-                        G = Gh if has.all() else expand(Gh, has, rho[tile])
-                    else:
-                        G = _empty_transform(rho[tile], k)
-                        G[has] = Gh
-                    tclock.lap("transform")
-            apply(tile, G)
-            tclock.lap("update")
-        return sink
-
-    if threads <= 1 or len(tiles) < 2:
-        sinks = [work(tiles)]
-    else:
-        with ThreadPoolExecutor(max_workers=threads) as pool:
-            sinks = list(pool.map(work, [tiles[i::threads] for i in range(threads)]))
-    for sink in sinks:
-        for name, value in (sink or {}).items():
-            clock.count(name, value)
-    clock.t = time.perf_counter()
-    return diag
-
-
-def _pointwise(pts, obs, loc, method, rho, T, apply, clock):
-    k = obs.k
-    Yq = (T.T @ obs.Y) if method == "estkf" else obs.Y
-    diag = np.zeros((pts.shape[0], 4))
-    pts_pre, obs_pre = prepare(loc.geometry, pts), prepare(loc.geometry, obs.coords)
-    for p in range(pts.shape[0]):
-        one = np.array([p])
-        G = _empty_transform(rho[one], k)
-        if len(obs):
-            taper = _taper(loc, pts_pre[one], obs, obs_pre, None, rho[one])[0]
-            sel = np.nonzero(taper)[0]
-            clock.lap("weights")
-            if sel.size:
-                w = taper[sel] * obs.rinv[sel]
-                Yl = Yq[:, sel]
-                Yw = Yl * w
-                C = Yw @ Yl.T
-                clock.count("gemm_flops", 2.0 * sel.size * Yl.shape[0] * (Yl.shape[0] + 1))
-                if method == "enkf":
-                    rhs = Yw @ (obs.d[sel][None, :] + obs.perturbations[:, sel]).T
-                else:
-                    rhs = Yw @ obs.d[sel]
-                diag[p] = (sel.size, w @ obs.d[sel] ** 2, w @ obs.var[sel], taper[sel].sum())
-                clock.lap("gemm")
-                G = _finish(method, C[None], rhs[None], rho[one], k, T)
-                clock.lap("transform")
-        apply(one, G)
-        clock.lap("update")
-    return diag
+#: The local kernels by ``analysis.kernel`` value.
+KERNELS = {"batched": batched_kernel, "pointwise": pointwise_kernel}
 
 
 def local_analysis(
@@ -405,13 +61,13 @@ def local_analysis(
     obs: ObsSpace,
     loc: Localization,
     *,
-    method: Method = "etkf",
+    method: str | Variant = "etkf",
     forget: float | np.ndarray = 1.0,
     kernel: Kernel = "batched",
     tile_points: int = 128,
     timings: dict[str, float] | None = None,
     threads: int = 1,
-) -> LocalResult:
+) -> AnalysisResult:
     """Local analysis of the rows ``X`` located at ``row_coords``.
 
     Parameters
@@ -423,9 +79,10 @@ def local_analysis(
     obs : ObsSpace
         Must contain every observation within ``loc.radius`` of the rows.
     loc : Localization
-    method : {"etkf", "estkf", "enkf"}
+    method : str or Variant
         Square root in ensemble space (LETKF), in the error subspace
-        (LESTKF), or perturbed observations (LEnKF; ``obs.perturbations``).
+        (LESTKF), or perturbed observations (LEnKF; ``obs.perturbations``):
+        a name of :data:`~ensio.analysis.variants.VARIANTS` or the variant.
     forget : float or ndarray, shape (n,)
         Forgetting factor ρ (per row; rows at one location must agree).
     kernel : {"batched", "pointwise"}
@@ -449,8 +106,32 @@ def local_analysis(
 
     Returns
     -------
-    LocalResult
+    AnalysisResult
+        ``ensemble``, ``n_obs`` and the adaptive-inflation sums ``dRd``,
+        ``trace``, ``weight_sum``.
     """
+    variant = VARIANTS[method] if isinstance(method, str) else method
+    sw = Stopwatch(enabled=timings is not None)
+    res = run_local(X, row_coords, obs, loc, variant, forget, kernel, tile_points, threads, sw)
+    if timings is not None:
+        for name, value in sw.as_dict().items():
+            timings[name] = timings.get(name, 0.0) + value
+    return res
+
+
+def run_local(
+    X: np.ndarray,
+    row_coords: np.ndarray,
+    obs: ObsSpace,
+    loc: Localization,
+    variant: Variant,
+    forget: float | np.ndarray,
+    kernel: Kernel,
+    tile_points: int,
+    threads: int,
+    sw: Stopwatch,
+) -> AnalysisResult:
+    """:func:`local_analysis` with a variant object and a :class:`Stopwatch` (filters use it)."""
     X = np.asarray(X, dtype=float)
     k, n = X.shape
     if obs.k != k:
@@ -458,17 +139,44 @@ def local_analysis(
     coords = as_coords(row_coords, loc.geometry)
     if coords.shape[0] != n:
         raise ValueError(f"{coords.shape[0]} row coordinates for {n} rows")
+    if kernel not in KERNELS:
+        raise ValueError(f"unknown kernel {kernel!r}")
     pts, first, inv = np.unique(coords, axis=0, return_index=True, return_inverse=True)
     inv = inv.ravel()
-    rho_rows = np.broadcast_to(np.asarray(forget, dtype=float), (n,))
-    rho = rho_rows[first]
-    T = estkf_projection(k) if method == "estkf" else None
+    rho = np.broadcast_to(np.asarray(forget, dtype=float), (n,))[first]
+    out = np.empty_like(X)
+    apply = _applier(X, inv, pts.shape[0], out)
+    diag = KERNELS[kernel](
+        pts,
+        obs,
+        loc,
+        variant,
+        rho,
+        variant.projection(k),
+        apply,
+        sw,
+        tile_points=tile_points,
+        threads=threads,
+    )
+    d = diag[inv]
+    return AnalysisResult(
+        ensemble=out,
+        n_obs=d[:, 0].astype(np.int64),
+        dRd=d[:, 1],
+        trace=d[:, 2],
+        weight_sum=d[:, 3],
+    )
 
+
+def _applier(X: np.ndarray, inv: np.ndarray, n_points: int, out: np.ndarray):
+    """``apply(points, G)``: write ``x̄ + X'G`` of the rows at ``points`` into ``out``.
+
+    Rows sharing a location (``inv``: the point of each row) share the transform.
+    """
     mean = X.mean(axis=0)
     Xp = X - mean
-    out = np.empty_like(X)
     order = np.argsort(inv, kind="stable")
-    starts = np.searchsorted(inv[order], np.arange(pts.shape[0] + 1))
+    starts = np.searchsorted(inv[order], np.arange(n_points + 1))
 
     def apply(points: np.ndarray, G: np.ndarray | FactoredTransform) -> None:
         counts = starts[points + 1] - starts[points]
@@ -484,18 +192,4 @@ def local_analysis(
             upd = (Xr[:, None, :] @ Grow)[:, 0, :]
         out[:, rows] = mean[rows] + upd.T
 
-    clock = _Clock(timings)
-    if kernel == "batched":
-        diag = _batched(pts, obs, loc, method, rho, T, apply, tile_points, clock, threads)
-    elif kernel == "pointwise":
-        diag = _pointwise(pts, obs, loc, method, rho, T, apply, clock)
-    else:
-        raise ValueError(f"unknown kernel {kernel!r}")
-    d = diag[inv]
-    return LocalResult(
-        ensemble=out,
-        n_obs=d[:, 0].astype(np.int64),
-        dRd=d[:, 1],
-        trace=d[:, 2],
-        weight_sum=d[:, 3],
-    )
+    return apply

@@ -27,8 +27,8 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = [
-    "observed_anomalies",
     "ensemble_space_sums",
+    "eig_analysis",
     "sqrt_weights",
     "etkf_transform",
     "estkf_projection",
@@ -48,24 +48,6 @@ _STREAM_OBS_PERTURBATION = 0x6F627370  # "obsp"
 _STREAM_ROTATION = 0x726F7421  # "rot!"
 #: Observations per counter block of a member's perturbation stream.
 PERTURBATION_BLOCK = 1024
-
-
-def observed_anomalies(hx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Split the observed ensemble into mean and anomalies.
-
-    Parameters
-    ----------
-    hx : ndarray, shape (k, m)
-        Observation operator applied to every member.
-
-    Returns
-    -------
-    mean : ndarray, shape (m,)
-    Y : ndarray, shape (k, m)
-    """
-    hx = np.asarray(hx, dtype=float)
-    mean = hx.mean(axis=0)
-    return mean, hx - mean
 
 
 def ensemble_space_sums(
@@ -88,8 +70,22 @@ def ensemble_space_sums(
     return Yr @ Y.T, Yr @ d
 
 
-def _eig_analysis(C: np.ndarray, forget: np.ndarray | float, k: int):
-    """Eigendecomposition of ``A = (k−1)ρ I + C`` for a stack ``(..., q, q)``."""
+def eig_analysis(
+    C: np.ndarray, forget: np.ndarray | float, k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Eigendecomposition of ``A = (k−1)ρ I + C`` for a stack ``(..., q, q)``.
+
+    The one place the prior precision ``(k−1)ρ`` enters the ensemble-space
+    matrix, shared by the dense transforms here and the factored ones of
+    :mod:`~ensio.analysis.basis`.
+
+    Returns
+    -------
+    lam : ndarray, shape (..., q)
+        Eigenvalues, ascending.
+    U : ndarray, shape (..., q, q)
+        Eigenvectors (columns).
+    """
     C = np.asarray(C, dtype=float)
     rho = np.broadcast_to(np.asarray(forget, dtype=float), C.shape[:-2])
     A = np.array(C, dtype=float)  # a copy: the shift goes on its diagonal in place
@@ -125,7 +121,7 @@ def sqrt_weights(
     wbar : ndarray, shape (..., q)
     W : ndarray, shape (..., q, q)
     """
-    lam, U = _eig_analysis(C, forget, k)
+    lam, U = eig_analysis(C, forget, k)
     Ut = np.swapaxes(U, -1, -2)
     Ub = (Ut @ b[..., None])[..., 0]
     wbar = (U @ (Ub / lam)[..., None])[..., 0]
@@ -236,7 +232,7 @@ def enkf_weights(C: np.ndarray, B: np.ndarray, forget: np.ndarray | float, k: in
     -------
     G : ndarray, shape (..., k, k)
     """
-    lam, U = _eig_analysis(C, forget, k)
+    lam, U = eig_analysis(C, forget, k)
     isr = 1.0 / np.sqrt(np.asarray(forget, dtype=float))[..., None, None]
     rhs = B - C * isr
     Pa_rhs = U @ ((np.swapaxes(U, -1, -2) @ rhs) / lam[..., :, None])

@@ -4,15 +4,15 @@ Why both kernels in one run: a speed-up only means something when both sides
 see the same machine at the same moment (the benchmark machines are shared),
 the same ensemble and the same observations. The members are therefore read
 once (:func:`ensio.io.ensemble.read_ensemble`, not timed), the observations
-loaded once, and then :func:`ensio.analysis.distributed.analyse_rows` runs with
+loaded once, and then :func:`ensio.analysis.pipeline.analyse_rows` runs with
 the configured kernel and with ``kernel: pointwise`` on the very same rows,
 alternating per repeat so that drift hits both alike.
 
 What is timed: the whole ``analyse_rows`` call (H, HX exchange, quality
 control, observation selection, the local analyses, relaxation, posterior
 HX), between a barrier and the slowest rank's return — file I/O is not in
-it. Per phase, the ``timings`` dict the kernels fill (seconds; maximum over
-ranks): ``obs`` (H, exchange, QC, per-rank selection), ``select`` (tiles and
+it. Per phase, the result's ``timings`` (seconds; maximum over ranks):
+``obs`` (H, exchange, QC, per-rank selection), ``select`` (tiles and
 candidate observations), ``weights`` (distances and taper), ``basis`` (the
 tile's anomaly basis, :mod:`ensio.analysis.basis`), ``gemm`` (the
 products ``W·Z``; one small product per point for pointwise), ``transform``
@@ -36,7 +36,11 @@ import numpy as np
 from mpi4py import MPI
 from rich.table import Table
 
+from ..config.analysis import AnalysisSection
 from ..config.schema import Config, ConfigError
+from ..layout.block import EnsembleBlock
+from ..obs import ObsBatch
+from ..stopwatch import Stopwatch
 from .machine import describe_machine
 
 __all__ = ["PHASES", "TOLERANCE", "bench_analysis", "result_table"]
@@ -60,28 +64,17 @@ TOLERANCE = 1e-10
 
 
 def _timed_analysis(
-    block: Any, obs: Any, analysis: Any, comm: MPI.Comm, grid: Any, row_lonlat: Any
+    block: EnsembleBlock, obs: ObsBatch, analysis: AnalysisSection, comm: MPI.Comm
 ) -> tuple[float, dict[str, float], Any]:
     """Collective: one ``analyse_rows``; (slowest rank's seconds, this rank's timings, result)."""
-    from ..analysis.distributed import analyse_rows
+    from ..analysis.pipeline import AnalysisSettings, analyse_rows
 
-    timings: dict[str, float] = {}
+    sw = Stopwatch()
     comm.Barrier()
-    t0 = time.perf_counter()
-    res = analyse_rows(
-        block.data,
-        block.start,
-        block.layout.n_rows,
-        row_lonlat,
-        obs,
-        analysis,
-        comm,
-        grid=grid,
-        cycle=0,
-        timings=timings,
-    )
-    seconds = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
-    return float(seconds), timings, res
+    with sw("analysis"):
+        res = analyse_rows(block, obs, AnalysisSettings(analysis, cycle=0), comm)
+    seconds = comm.allreduce(sw["analysis"], op=MPI.MAX)
+    return float(seconds), res.timings, res
 
 
 def _reduce_timings(comm: MPI.Comm, timings: dict[str, float]) -> dict[str, float]:
@@ -104,6 +97,50 @@ def _phases(t: dict[str, float]) -> dict[str, float]:
 def _gflops(t: dict[str, float]) -> float | None:
     flops, sec = t.get("gemm_flops", 0.0), t.get("gemm", 0.0)
     return flops / sec / 1e9 if flops > 0 and sec > 0 else None
+
+
+def _measure(
+    kernels: dict[str, AnalysisSection],
+    block: EnsembleBlock,
+    obs: ObsBatch,
+    comm: MPI.Comm,
+    repeat: int,
+    step: Callable[[str], None],
+) -> tuple[dict[str, list[float]], dict[str, dict[str, float]], dict[str, Any]]:
+    """Collective: the kernels alternately, ``repeat`` times each.
+
+    Returns the seconds of every repeat, the timings (reduced over ranks) of
+    the best repeat and the result of the first, per kernel.
+    """
+    samples: dict[str, list[float]] = {name: [] for name in kernels}
+    best: dict[str, dict[str, float]] = {}
+    first: dict[str, Any] = {}
+    for r in range(1, repeat + 1):
+        for name, analysis in kernels.items():
+            step(f"repeat {r}/{repeat}: {analysis.kernel} kernel")
+            seconds, timings, res = _timed_analysis(block, obs, analysis, comm)
+            timings = _reduce_timings(comm, timings)
+            if not samples[name] or seconds < min(samples[name]):
+                best[name] = timings
+            samples[name].append(seconds)
+            first.setdefault(name, res)
+    return samples, best, first
+
+
+def _kernel_figures(ours: dict[str, float], ref: dict[str, float]) -> dict[str, Any]:
+    """Phases, GEMM figures and reduced-basis counts of both kernels' best repeats."""
+    reduced = ours.get("reduced_tiles_count", 0)
+    return {
+        "phases": _phases(ours),
+        "pointwise_phases": _phases(ref),
+        "gemm_flops": ours.get("gemm_flops", 0.0),
+        "tiles": int(ours.get("tiles_count", 0)),
+        "reduced_tiles": int(reduced),
+        "mean_basis_rank": ours.get("basis_rank_count", 0.0) / reduced if reduced else None,
+        "pointwise_gemm_flops": ref.get("gemm_flops", 0.0),
+        "gflops": _gflops(ours),
+        "pointwise_gflops": _gflops(ref),
+    }
 
 
 def bench_analysis(
@@ -137,8 +174,7 @@ def bench_analysis(
         ``agree``, the case (``n_mpi``, ``points``, ``observations``,
         ``members``, …) and ``machine``.
     """
-    from ..analysis.inputs import load_observations, state_grid
-    from ..analysis.inputs import lonlat_of_rows as _row_lonlat
+    from ..analysis.inputs import load_observations
     from ..io.ensemble import read_ensemble
 
     if repeat < 1:
@@ -149,25 +185,15 @@ def bench_analysis(
     step("reading members (not timed)")
     block = read_ensemble(config, comm)
     layout = block.layout
-    grid = state_grid(layout)
-    row_lonlat = _row_lonlat(layout, block.start, block.count)
-    obs = load_observations(config, comm, layout, block.start, block.count, row_lonlat)
+    if not config.observations:
+        raise ConfigError("observations: at least one observation file is needed for an analysis")
+    obs_files = [config.resolve(e.file) for e in config.observations]
+    obs = load_observations(obs_files, config.analysis, block, comm)
     kernels = {
         "configured": config.analysis,
         "pointwise": dataclasses.replace(config.analysis, kernel="pointwise"),
     }
-    samples: dict[str, list[float]] = {name: [] for name in kernels}
-    best: dict[str, dict[str, float]] = {}
-    first: dict[str, Any] = {}
-    for r in range(1, repeat + 1):
-        for name, analysis in kernels.items():
-            step(f"repeat {r}/{repeat}: {analysis.kernel} kernel")
-            seconds, timings, res = _timed_analysis(block, obs, analysis, comm, grid, row_lonlat)
-            timings = _reduce_timings(comm, timings)
-            if not samples[name] or seconds < min(samples[name]):
-                best[name] = timings
-            samples[name].append(seconds)
-            first.setdefault(name, res)
+    samples, best, first = _measure(kernels, block, obs, comm, repeat, step)
     a, b = first["configured"].ensemble, first["pointwise"].ensemble
     diff = float(comm.allreduce(float(np.abs(a - b).max(initial=0.0)), op=MPI.MAX))
     scale = float(comm.allreduce(float(np.abs(b).max(initial=0.0)), op=MPI.MAX))
@@ -175,7 +201,6 @@ def bench_analysis(
     seconds, pw_seconds = min(samples["configured"]), min(samples["pointwise"])
     cfg = config.analysis
     loc = cfg.localization
-    reduced = best["configured"].get("reduced_tiles_count", 0)
     labels = {
         "configured": "configured" if cfg.kernel == "pointwise" else cfg.kernel,
         "pointwise": "pointwise",
@@ -192,17 +217,7 @@ def bench_analysis(
         "pointwise_seconds": pw_seconds,
         "speedup": pw_seconds / seconds if seconds > 0 else None,
         "kernel": cfg.kernel,
-        "phases": _phases(best["configured"]),
-        "pointwise_phases": _phases(best["pointwise"]),
-        "gemm_flops": best["configured"].get("gemm_flops", 0.0),
-        "tiles": int(best["configured"].get("tiles_count", 0)),
-        "reduced_tiles": int(reduced),
-        "mean_basis_rank": best["configured"].get("basis_rank_count", 0.0) / reduced
-        if reduced
-        else None,
-        "pointwise_gemm_flops": best["pointwise"].get("gemm_flops", 0.0),
-        "gflops": _gflops(best["configured"]),
-        "pointwise_gflops": _gflops(best["pointwise"]),
+        **_kernel_figures(best["configured"], best["pointwise"]),
         "max_rel_diff": max_rel,
         "tolerance": TOLERANCE,
         "agree": bool(max_rel <= TOLERANCE),

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from .errors import ConfigError
+from .filters import FILTER_NAMES, GLOBAL_FILTERS, LOCAL_FILTERS
 
 __all__ = [
     "FilterName",
@@ -26,12 +27,10 @@ __all__ = [
     "OutputSection",
 ]
 
-FilterName = Literal["etkf", "estkf", "letkf", "lestkf", "enkf", "lenkf"]
+#: Allowed ``analysis.filter`` values, derived from the registry in :mod:`.filters`.
+FilterName = Literal[FILTER_NAMES]  # type: ignore[valid-type]
 TaperName = Literal["gaspari-cohn", "gaussian", "exponential", "step"]
 KernelName = Literal["batched", "pointwise"]
-
-GLOBAL_FILTERS: frozenset[str] = frozenset({"etkf", "estkf", "enkf"})
-LOCAL_FILTERS: frozenset[str] = frozenset({"letkf", "lestkf", "lenkf"})
 
 
 @dataclass(frozen=True)

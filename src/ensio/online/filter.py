@@ -5,8 +5,8 @@ coupled communicators, exactly the rows ``block_distribution(N_x, P, p)`` of
 all members that rank p of an offline run with P ranks would have read from
 the files. From there :func:`run_filter` does what
 :func:`ensio.offline.run_analysis` does after its read: the same analysis step
-(:func:`ensio.analysis.inputs.assimilate_rows`: observation handling and
-:func:`~ensio.analysis.distributed.analyse_rows`) and the same writers of the
+(:func:`ensio.analysis.inputs.assimilate_block`: observation handling and
+:func:`~ensio.analysis.pipeline.analyse_rows`) and the same writers of the
 analysis members and products (:func:`ensio.io.products.write_member_copies`,
 :func:`ensio.io.products.write_products`). So the online and offline analyses
 agree to rounding (the distributed analysis does not depend on the number of
@@ -25,9 +25,10 @@ from pathlib import Path
 import numpy as np
 from mpi4py import MPI
 
-from ..analysis.distributed import DistributedAssimilation
-from ..analysis.inputs import assimilate_rows
+from ..analysis.inputs import assimilate_block
+from ..analysis.result import AnalysisResult
 from ..config.schema import Config, ConfigError
+from ..layout.block import EnsembleBlock
 from ..layout.state import StateLayout
 
 __all__ = ["run_filter"]
@@ -42,7 +43,7 @@ def run_filter(
     *,
     cycle: int,
     template: Path | None,
-) -> tuple[DistributedAssimilation, dict[str, float]]:
+) -> tuple[AnalysisResult, dict[str, float]]:
     """Collective over the filter communicator: analyse, write members and products.
 
     Parameters
@@ -65,17 +66,18 @@ def run_filter(
 
     Returns
     -------
-    (DistributedAssimilation, dict)
+    (AnalysisResult, dict)
         The analysis of this rank's rows, and seconds per phase
         (``obs``, ``analysis``, ``write``, ``products``), maximum over ranks.
     """
-    from ..io.ensemble import EnsembleBlock
     from ..io.products import write_member_copies, write_products
 
     if config.analysis is None:
         raise ConfigError("analysis: section required (at least analysis.filter)")
     seconds: dict[str, float] = {}
-    result = assimilate_rows(config, comm, layout, X, start, cycle, seconds)
+    prior = EnsembleBlock(layout, start, X.shape[1], X)
+    obs_files = [config.resolve(e.file) for e in config.observations]
+    result = assimilate_block(prior, obs_files, config.analysis, comm, cycle=cycle, seconds=seconds)
     t = time.perf_counter()
     if not config.io.in_place:
         assert config.output.members is not None

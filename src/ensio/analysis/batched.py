@@ -1,0 +1,249 @@
+"""The batched local-analysis kernel: one GEMM per tile of analysis points.
+
+For a tile of points (DESIGN.md, "Batched local analysis") the kernel forms
+
+``S = W · Z``   — one dense GEMM,
+
+with ``W`` (points × candidates) the taper divided by σ_o² and ``Z``
+(candidates × columns) the packed outer products ``y_a y_b`` (a ≤ b) of the
+observed anomalies, the right-hand-side products ``y_a D_s`` (the
+variant's :meth:`~ensio.analysis.variants.Variant.innovations`: ``d`` for
+the square-root filters, ``d + ε_j`` for every member j for the stochastic
+one) and three diagnostic columns. Unpacking ``S`` gives ``C = Y R_loc⁻¹ Yᵀ``
+and the right-hand sides of every point; one batched symmetric
+eigendecomposition (the variant's finishing step) then yields all
+transforms. For a :attr:`~ensio.analysis.variants.Variant.reducible`
+variant, ``Y`` is first expressed in an orthonormal basis of its span when
+that is smaller than the ensemble space (:mod:`~ensio.analysis.basis`;
+exact): the GEMM and the eigenproblems shrink to its size and the transforms
+are applied as factors.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from ..stopwatch import Stopwatch
+from .basis import FactoredTransform, anomaly_basis, expand, prior_transform, sqrt_factors_in_basis
+from .localization import Localization, prepare
+from .obsspace import ObsSpace
+from .tiles import CandidateFinder, make_tiles, tile_weights
+from .variants import Variant
+
+__all__ = ["BASIS_TOLERANCE", "Z_CACHE_BYTES", "Columns", "batched_kernel"]
+
+#: Z of all observations is computed once when it is at most this large;
+#: otherwise it is built per tile from the candidates.
+Z_CACHE_BYTES = 256 * 2**20
+
+#: Relative residual up to which a tile's observed anomalies count as lying
+#: in a smaller basis (:func:`~ensio.analysis.basis.anomaly_basis`);
+#: 0 switches the reduced basis off.
+BASIS_TOLERANCE = 1e-14
+
+#: Applies the transforms ``G`` of the given points to their rows.
+Apply = Callable[[np.ndarray, "np.ndarray | FactoredTransform"], None]
+
+
+def empty_transform(rho: np.ndarray, k: int) -> np.ndarray:
+    """Transforms ``(p, k, k)`` of points without observations: the inflated prior."""
+    return np.eye(k) / np.sqrt(rho)[:, None, None]
+
+
+def _packed_index(q: int) -> np.ndarray:
+    """Indices that unpack a row-major packed upper triangle into a full q × q matrix."""
+    packed = np.zeros((q, q), dtype=np.int64)
+    packed[np.triu_indices(q)] = np.arange(q * (q + 1) // 2)
+    return (packed + np.triu(packed, 1).T).ravel()
+
+
+class Columns:
+    """The Z matrix of the GEMM for a tile's candidate observations.
+
+    **Reduced** form (reducible variants), when the tile's observed anomalies
+    span fewer than k−1 dimensions (:func:`~ensio.analysis.basis.anomaly_basis`):
+    Z holds the products of their r coordinates in an orthonormal basis, the
+    GEMM is ``r(r+1)/2`` instead of ``q(q+1)/2`` columns wide and each
+    eigenproblem r × r. Otherwise Z (one row per observation) does not depend
+    on the tile: it is computed once and gathered per tile when it fits in
+    :data:`Z_CACHE_BYTES` (several times cheaper than forming the products
+    again for every tile that sees the observation).
+    """
+
+    def __init__(self, obs: ObsSpace, variant: Variant, T: np.ndarray | None) -> None:
+        self.variant = variant
+        self.k = obs.k
+        self.Yq = obs.Y if T is None else T.T @ obs.Y  # (q, m)
+        self.q = q = self.Yq.shape[0]
+        self.T = T
+        self.reduce = variant.reducible and BASIS_TOLERANCE > 0
+        self.D = variant.innovations(obs)  # (s, m)
+        self.s = self.D.shape[0]
+        self.obs = obs
+        self.diag = np.stack([obs.d**2, obs.var, obs.errors**2])  # (3, m)
+        self._index: dict[int, np.ndarray] = {}
+        self._cache: np.ndarray | None = None
+        self._lock = threading.Lock()
+        ncols = q * (q + 1) // 2 + q * self.s + 3
+        self._cache_ok = len(obs) * ncols * 8 <= Z_CACHE_BYTES
+
+    def basis(self, cand: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """Basis ``Q`` (q × r) of the candidates' anomalies and their coordinates, if r < k−1.
+
+        Only a span smaller than the k−1 dimensions of full-rank anomalies is
+        used: at r = k−1 the eigenproblems shrink by one row only, which does
+        not pay for the per-tile products (measured: no gain).
+        """
+        if not self.reduce:
+            return None
+        return anomaly_basis(self.Yq[:, cand], BASIS_TOLERANCE, max_rank=self.k - 2)
+
+    def products(
+        self, Wt: np.ndarray, cand: np.ndarray, basis: tuple[np.ndarray, np.ndarray] | None
+    ) -> np.ndarray:
+        """``S = W · Z`` for the candidates ``cand`` (in ``basis``): shape (p, ncols)."""
+        if basis is not None:
+            return Wt @ self._build(basis[1], cand).T
+        if self._cache is None and self._cache_ok:
+            with self._lock:  # built once, on first use (tile threads share it)
+                if self._cache is None:
+                    self._cache = np.ascontiguousarray(self._build(self.Yq, None).T)
+        if self._cache is not None:
+            return Wt @ self._cache[cand]
+        return Wt @ self._build(self.Yq[:, cand], cand).T
+
+    def _build(self, Yc: np.ndarray, cand: np.ndarray | None) -> np.ndarray:
+        """Zᵀ for coordinates ``Yc`` (r, c) of candidates ``cand`` (None: all), C-contiguous.
+
+        Stored transposed so that every block of products is written as
+        contiguous rows; the GEMM takes it as ``W @ Zt.T`` without a copy.
+        """
+        r, c = Yc.shape
+        npk = r * (r + 1) // 2
+        sel = slice(None) if cand is None else cand
+        Zt = np.empty((npk + r * self.s + 3, c))
+        start = 0
+        for a in range(r):  # row a of the upper triangle: y_a * y_b, b >= a
+            np.multiply(Yc[a:], Yc[a], out=Zt[start : start + r - a])
+            start += r - a
+        rhs = Zt[npk : npk + r * self.s].reshape(r, self.s, c)
+        np.multiply(Yc[:, None, :], self.D[:, sel][None, :, :], out=rhs)
+        Zt[-3:] = self.diag[:, sel]
+        return Zt
+
+    def unpack(self, S: np.ndarray, r: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(C, rhs, extra)`` of each point from S, for a basis of size ``r`` (``q``: none).
+
+        Shapes (p, r, r), (p, r, s) and (p, 3).
+        """
+        p, npk = S.shape[0], r * (r + 1) // 2
+        if r not in self._index:
+            self._index[r] = _packed_index(r)
+        C = np.take(S, self._index[r], axis=1).reshape(p, r, r)
+        nrhs = r * self.s
+        rhs = S[:, npk : npk + nrhs].reshape(p, r, self.s)
+        return C, rhs, S[:, npk + nrhs :]
+
+    def transforms(self, Q, C, rhs, rho: np.ndarray) -> np.ndarray | FactoredTransform:
+        """Member-space transforms of the points from the unpacked sums.
+
+        Matrices ``(p, k, k)`` without a basis (the variant's finishing step);
+        factors in the reduced form.
+        """
+        if Q is None:
+            return self.variant.transforms(C, rhs, rho, self.k, self.T)
+        Qk = Q if self.T is None else self.T @ Q
+        return sqrt_factors_in_basis(C, rhs[..., 0], rho, self.k, Qk, centred=self.T is not None)
+
+
+def _tile(cols: Columns, cand, loc, pts_pre, obs_pre, tile, rho, diag, sw: Stopwatch):
+    """Transforms of one tile's points from its candidate observations ``cand``.
+
+    Writes the tile's rows of ``diag``; ``pts_pre`` and ``rho`` are the tile's.
+    """
+    obs, k = cols.obs, cols.k
+    G: np.ndarray | FactoredTransform = prior_transform(rho, k)
+    sw.lap("select")
+    if not cand.size:
+        return G
+    reg = (obs.var[cand], obs.errors[cand] ** 2) if loc.regulated else None
+    Wt, n_obs, used = tile_weights(loc, pts_pre, obs_pre[cand], obs.rinv[cand], rho, reg)
+    has = n_obs > 0
+    if not has.any():
+        sw.lap("weights")
+        return G
+    used = np.flatnonzero(used)
+    cand, Wt = cand[used], np.take(Wt if has.all() else Wt[has], used, axis=1)
+    diag[tile, 0] = n_obs
+    sw.lap("weights")
+    basis = cols.basis(cand)
+    Q = None if basis is None else basis[0]
+    sw.lap("basis")
+    S = cols.products(Wt, cand, basis)
+    C, rhs, extra = cols.unpack(S, cols.q if Q is None else Q.shape[1])
+    sw.add("gemm_flops", 2.0 * S.shape[0] * cand.size * S.shape[1])
+    sw.add("tiles_count", 1)
+    sw.add("reduced_tiles_count", Q is not None)
+    sw.add("basis_rank_count", 0 if Q is None else Q.shape[1])
+    diag[tile[has], 1:] = extra
+    sw.lap("gemm")
+    Gh = cols.transforms(Q, C, rhs, rho[has])
+    if isinstance(Gh, FactoredTransform):
+        G = Gh if has.all() else expand(Gh, has, rho)
+    else:
+        G = empty_transform(rho, k)
+        G[has] = Gh
+    sw.lap("transform")
+    return G
+
+
+def batched_kernel(
+    pts: np.ndarray,
+    obs: ObsSpace,
+    loc: Localization,
+    variant: Variant,
+    rho: np.ndarray,
+    T: np.ndarray | None,
+    apply: Apply,
+    sw: Stopwatch,
+    *,
+    tile_points: int,
+    threads: int,
+) -> np.ndarray:
+    """Transforms of all points ``pts`` (p, d), tile by tile, handed to ``apply``.
+
+    Returns
+    -------
+    ndarray, shape (p, 4)
+        Per point: observations used, ``Σρd²/σ²``, ``Σρ var/σ²``, ``Σρ``.
+    """
+    tiles = make_tiles(loc.geometry, pts, max_points=tile_points, max_extent=0.5 * loc.radius)
+    pts_pre, obs_pre = prepare(loc.geometry, pts), prepare(loc.geometry, obs.coords)
+    finder = CandidateFinder(loc.geometry, obs.coords, loc.radius)
+    cols = Columns(obs, variant, T)
+    diag = np.zeros((pts.shape[0], 4))
+    sw.lap("select")
+
+    def work(chunk: list[np.ndarray]) -> Stopwatch:
+        # tiles are independent: each writes only its own rows of diag/out;
+        # each thread laps its own stopwatch, merged below
+        tsw = Stopwatch(sw.enabled)
+        for tile in chunk:
+            cand = finder(pts[tile])
+            G = _tile(cols, cand, loc, pts_pre[tile], obs_pre, tile, rho[tile], diag, tsw)
+            apply(tile, G)
+            tsw.lap("update")
+        return tsw
+
+    if threads <= 1 or len(tiles) < 2:
+        clocks = [work(tiles)]
+    else:
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            clocks = list(pool.map(work, [tiles[i::threads] for i in range(threads)]))
+    for clock in clocks:
+        sw.merge(clock)
+    return diag

@@ -1,0 +1,104 @@
+"""Where rows and observations are, in the localization geometry.
+
+The rows of a block are placed by the state layout (lon/lat of every row),
+by the row index (1-D periodic models whose rows are the grid) or by
+coordinates the caller gives; observations by their lon/lat, by the row
+they index (``periodic``), or (the in-memory API's ``radius``) at the
+coordinates of that row. Pure functions of the layout and the arrays.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..config.analysis import AnalysisSection
+from ..layout.state import StateLayout
+from ..obs import ObsBatch, RegularGrid
+
+__all__ = ["lonlat_of_rows", "obs_coordinates", "row_coordinates", "state_grid"]
+
+
+def state_grid(layout: StateLayout) -> RegularGrid | None:
+    """The regular lon/lat grid of the first state variable, for bilinear H (if it has one).
+
+    Observations without an ``index`` are interpolated bilinearly, which needs
+    a regular grid: only a 2-D, unmasked first variable stored as (lat, lon)
+    with 1-D coordinates qualifies; otherwise ``None`` (index H only).
+    """
+    lon, lat = layout.coords.get("lon"), layout.coords.get("lat")
+    if lon is None or lat is None or len(lon[0]) != 1 or len(lat[0]) != 1:
+        return None
+    v = layout.variables[0]
+    if v.active is not None or v.dims[-2:] != (lat[0][0], lon[0][0]) or len(v.dims) != 2:
+        return None
+    return RegularGrid(lon=lon[1], lat=lat[1], offset=v.offset)
+
+
+def lonlat_of_rows(layout: StateLayout, start: int, count: int) -> np.ndarray | None:
+    """Lon/lat of the rows ``[start, start + count)``, for localization and obs selection.
+
+    Returns
+    -------
+    ndarray, shape (count, 2), or None
+        Columns lon, lat in degrees; ``None`` if the layout has no lon/lat
+        coordinates (then localization uses row indices).
+    """
+    if "lon" not in layout.coords or "lat" not in layout.coords:
+        return None
+    c = layout.coordinates(start, start + count)
+    return np.stack([c["lon"], c["lat"]], axis=1)
+
+
+def row_coordinates(
+    config: AnalysisSection,
+    layout: StateLayout,
+    start: int,
+    count: int,
+    coords: np.ndarray | None = None,
+) -> np.ndarray | None:
+    """Coordinates of the rows ``[start, start + count)`` in the localization geometry.
+
+    ``coords`` when given; else the row index for ``periodic``; else lon/lat
+    of the layout. None for a global filter.
+    """
+    loc = config.localization
+    if loc is None:
+        return None
+    if coords is not None:
+        return np.asarray(coords, dtype=float)
+    if loc.periodic is not None:
+        return np.arange(start, start + count, dtype=float)[:, None]
+    lonlat = lonlat_of_rows(layout, start, count)
+    if lonlat is None:
+        raise ValueError("a local filter needs the lon/lat of the state rows")
+    return lonlat
+
+
+def obs_coordinates(
+    config: AnalysisSection,
+    obs: ObsBatch,
+    row_coords: np.ndarray | None = None,
+    at_rows: bool = False,
+) -> np.ndarray:
+    """Coordinates of the observations in the localization geometry, shape (m, d).
+
+    lon/lat (degrees) for ``radius_km``, global filters and a Euclidean
+    ``radius``; the state row index for ``periodic``. With ``at_rows`` (and
+    a ``radius`` in coordinate units) each observation takes the coordinates
+    of the row it indexes: ``row_coords`` must then cover the whole state.
+    """
+    loc = config.localization
+    if loc is not None and loc.radius_km is None and at_rows:
+        if obs.index is None or np.any(obs.index < 0):
+            raise ValueError(
+                "analysis.localization.radius: observations in index units need an index"
+            )
+        assert row_coords is not None
+        return np.asarray(row_coords, dtype=float).reshape(row_coords.shape[0], -1)[obs.index]
+    if loc is not None and loc.periodic is not None:
+        if obs.index is None or np.any(obs.index < 0):
+            raise ValueError(
+                "analysis.localization.periodic: observations need an index (grid units)"
+            )
+        return obs.index.astype(float)[:, None]
+    return np.stack([obs.lon, obs.lat], axis=1)
