@@ -177,6 +177,8 @@ def check_extra(line: str) -> str:
     return text
 
 
+# job_script is ~110 lines, half of them its docstring: the checks and the
+# directives read best in one place, in the order they appear in the script.
 def job_script(
     spec: JobSpec,
     *,
