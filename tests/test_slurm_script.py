@@ -253,7 +253,7 @@ def test_script_fails_loudly_without_workdir(tmp_path):
     path = tmp_path / "job.sh"
     path.write_text(s)
     proc = subprocess.run(["bash", str(path)], capture_output=True, text=True, timeout=60)
-    assert proc.returncode != 0
+    assert proc.returncode == 1  # the script's own `cd … || exit 1`
     assert "ran" not in proc.stdout
 
 
