@@ -4,8 +4,9 @@
 # them. Called by .ci/run before `make test`.
 #
 # Contract:
-#   * never fails CI: every problem prints "WARNING: ..." and the script exits 0;
-#     the slurm tests then skip with a visible reason;
+#   * a problem prints "setup-slurm: ERROR: <reason>" and the script exits 1;
+#     .ci/run then fails CI with that reason when CI=true (the SLURM tests are
+#     required there), and elsewhere warns and lets the SLURM tests skip;
 #   * idempotent: if SLURM already answers and the node is usable, it only
 #     prints the summary; a half-started cluster is completed;
 #   * bounded: apt has a timeout, readiness is polled for at most
@@ -78,9 +79,9 @@ NODE=${NODE%%.*}
 CLUSTER=ensio-ci
 PARTITION=debug
 
-warn() {
-  echo "WARNING: setup-slurm: $*; the SLURM tests will be skipped" >&2
-  exit 0
+die() {
+  echo "setup-slurm: ERROR: $*" >&2
+  exit 1
 }
 info() { echo "setup-slurm: $*"; }
 
@@ -111,20 +112,20 @@ if command -v sinfo >/dev/null && usable; then
 fi
 
 if [ "$(id -u)" != 0 ]; then
-  warn "not root, cannot install or start SLURM"
+  die "not root, cannot install or start SLURM"
 fi
 
 # --- packages ------------------------------------------------------------------
 if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null \
    || ! command -v munged >/dev/null || ! command -v sbatch >/dev/null; then
-  command -v apt-get >/dev/null || warn "no apt-get (not Debian?), cannot install slurm-wlm"
+  command -v apt-get >/dev/null || die "no apt-get (not Debian?), cannot install slurm-wlm"
   info "installing slurm-wlm and munge (apt)"
   export DEBIAN_FRONTEND=noninteractive
   timeout 300 apt-get update -qq </dev/null >/dev/null 2>&1 || info "apt-get update failed, trying the cached lists"
   timeout 600 apt-get install -y -qq --no-install-recommends slurm-wlm munge </dev/null >/tmp/setup-slurm-apt.log 2>&1 \
-    || { tail -n 20 /tmp/setup-slurm-apt.log >&2; warn "apt-get install slurm-wlm munge failed"; }
+    || { tail -n 20 /tmp/setup-slurm-apt.log >&2; die "apt-get install slurm-wlm munge failed"; }
   command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null \
-    || warn "slurmctld/slurmd/munged still missing after apt-get install"
+    || die "slurmctld/slurmd/munged still missing after apt-get install"
 fi
 
 # --- configuration -------------------------------------------------------------
@@ -132,7 +133,7 @@ CPUS=$(nproc)
 MEM_KB=$(awk '/^MemTotal:/ {print $2}' /proc/meminfo)
 REAL_MB=$(( MEM_KB / 1024 * 95 / 100 ))
 mkdir -p "$CONF_DIR" "$LOG_DIR" /var/spool/slurmctld /var/spool/slurmd /run/slurm \
-  || warn "cannot create SLURM directories"
+  || die "cannot create SLURM directories"
 
 NEW_CONF=$(cat <<EOF
 # Written by ensio .ci/setup-slurm.sh: one-node CI cluster on $NODE.
@@ -174,7 +175,7 @@ EOF
 )
 CONF_CHANGED=0
 if [ ! -f "$CONF" ] || [ "$(cat "$CONF")" != "$NEW_CONF" ]; then
-  printf '%s\n' "$NEW_CONF" >"$CONF" || warn "cannot write $CONF"
+  printf '%s\n' "$NEW_CONF" >"$CONF" || die "cannot write $CONF"
   CONF_CHANGED=1
 fi
 
@@ -188,7 +189,7 @@ if [ ! -s /etc/munge/munge.key ]; then
     dd if=/dev/urandom of=/etc/munge/munge.key bs=1 count=128 status=none
   fi
   chown munge:munge /etc/munge/munge.key && chmod 400 /etc/munge/munge.key \
-    || warn "cannot create the munge key"
+    || die "cannot create the munge key"
 fi
 mkdir -p /run/munge /var/lib/munge /var/log/munge
 chown munge:munge /run/munge /var/lib/munge /var/log/munge
@@ -196,13 +197,13 @@ chmod 755 /run/munge
 if ! timeout 5 munge -n </dev/null 2>/dev/null | timeout 5 unmunge >/dev/null 2>&1; then
   info "starting munged"
   runuser -u munge -- /usr/sbin/munged </dev/null >>"$LOG_DIR/munged.out" 2>&1 \
-    || warn "munged failed to start (see /var/log/munge/munged.log)"
+    || die "munged failed to start (see /var/log/munge/munged.log)"
   for _ in $(seq 1 20); do
     timeout 5 munge -n </dev/null 2>/dev/null | timeout 5 unmunge >/dev/null 2>&1 && break
     sleep 0.5
   done
   timeout 5 munge -n </dev/null 2>/dev/null | timeout 5 unmunge >/dev/null 2>&1 \
-    || warn "munge does not work (munge -n | unmunge fails)"
+    || die "munge does not work (munge -n | unmunge fails)"
 fi
 
 # --- slurmctld / slurmd --------------------------------------------------------
@@ -219,12 +220,12 @@ fi
 if ! running /run/slurm/slurmctld.pid; then
   info "starting slurmctld"
   slurmctld </dev/null >>"$LOG_DIR/slurmctld.out" 2>&1 \
-    || { tail -n 20 "$LOG_DIR/slurmctld.log" >&2 2>/dev/null; warn "slurmctld failed to start"; }
+    || { tail -n 20 "$LOG_DIR/slurmctld.log" >&2 2>/dev/null; die "slurmctld failed to start"; }
 fi
 if ! running /run/slurm/slurmd.pid; then
   info "starting slurmd"
   slurmd -N "$NODE" </dev/null >>"$LOG_DIR/slurmd.out" 2>&1 \
-    || { tail -n 20 "$LOG_DIR/slurmd.log" >&2 2>/dev/null; warn "slurmd failed to start"; }
+    || { tail -n 20 "$LOG_DIR/slurmd.log" >&2 2>/dev/null; die "slurmd failed to start"; }
 fi
 
 # --- wait until the node is idle (bounded) -------------------------------------
@@ -247,4 +248,4 @@ done
   echo "--- slurmctld.log:"; tail -n 15 "$LOG_DIR/slurmctld.log" 2>&1
   echo "--- slurmd.log:"; tail -n 15 "$LOG_DIR/slurmd.log" 2>&1
 } >&2
-warn "node $NODE not idle after ${WAIT}s (state: '$(node_state)')"
+die "node $NODE not idle after ${WAIT}s (state: '$(node_state)')"

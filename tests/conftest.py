@@ -34,3 +34,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     seeds = [v for k, v in item.user_properties if k == SEED_ENV]
     if report.failed and seeds:
         report.sections.append(("random seed", f"rerun with {SEED_ENV}={seeds[0]}"))
+
+
+def pytest_runtest_setup(item):
+    # SLURM tests skip without a cluster, and fail with the reason when CI=true.
+    if item.get_closest_marker("slurm") is not None:
+        from pool_support import require_slurm
+
+        require_slurm()

@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from ensio.workflow.backends.base import JobSpec
 from ensio.workflow.spec import WorkerSpec
 
@@ -138,3 +140,21 @@ def make_fifo(ctl: Path, name: str = "fifo") -> Path:
     p = ctl / name
     os.mkfifo(p)
     return p
+
+
+def require_slurm() -> None:
+    """Skip a test marked ``slurm`` when no cluster answers, with the reason.
+
+    With ``CI=true`` in the environment the test FAILS with the reason instead:
+    CI starts a cluster (``.ci/setup-slurm.sh``) and the SLURM tests may not
+    silently turn into skips there. Called by ``tests/conftest.py`` for every
+    test marked ``slurm``.
+    """
+    from ensio.workflow.backends.slurm import slurm_unavailable_reason
+
+    reason = slurm_unavailable_reason()
+    if reason is None:
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI=true requires SLURM: {reason}", pytrace=False)
+    pytest.skip(reason)

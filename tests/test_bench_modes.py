@@ -318,7 +318,8 @@ def test_bench_modes_end_to_end(tmp_path):
     cfg.write_text(CONFIG)
     runner = StubRunner()
     steps = []
-    res = modes.bench_modes(cfg, tmp_path / "w", cycles=3, draws=50, slurm="no",
+    res = modes.bench_modes(cfg, tmp_path / "w", modes.ModesSettings(cycles=3, draws=50,
+                                                                      slurm="no"),
                             runner=runner, on_step=lambda *a: steps.append(a))
     # one submission per cycle and mode, offline first, no start delay
     assert [(c[c.index("--mode") + 1], c[c.index("--cycles") + 1]) for c in runner.calls] == [
@@ -361,7 +362,8 @@ def test_bench_modes_end_to_end(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # same seed, same model numbers; the run directories must be fresh
     with pytest.raises(modes.EnsioError, match="not empty"):
-        modes.bench_modes(cfg, tmp_path / "w", cycles=1, slurm="no", runner=runner)
+        modes.bench_modes(cfg, tmp_path / "w", modes.ModesSettings(cycles=1, slurm="no"),
+                          runner=runner)
 
 
 def test_bench_modes_needs_online_command(tmp_path):
@@ -369,16 +371,20 @@ def test_bench_modes_needs_online_command(tmp_path):
     cfg.write_text(CONFIG.replace('  online: {command: "coupled --workdir {workdir} --first '
                                   '{first} --cycles {cycles}"}\n', ""))
     with pytest.raises(modes.EnsioError, match="workflow.online.command"):
-        modes.bench_modes(cfg, tmp_path / "w", cycles=1, slurm="no", runner=StubRunner())
+        modes.bench_modes(cfg, tmp_path / "w", modes.ModesSettings(cycles=1, slurm="no"),
+                          runner=StubRunner())
 
 
 def test_cli_registered():
+    from ensio.cli import bench_modes as cli_modes
     from ensio.cli.main import build_parser
 
     args = build_parser().parse_args(["bench", "modes", "c.yaml", "--cycles", "2", "--loads",
-                                      "quiet=0.2,busy=0.95", "--slurm", "no"])
-    assert args.bench_run is modes.run_cli
+                                      "quiet=0.2,busy=0.95", "--slurm", "no", "--draws", "7"])
+    assert args.bench_run is cli_modes.run
     assert args.loads == {"quiet": 0.2, "busy": 0.95} and args.cycles == 2
+    st = cli_modes.settings_from_args(args)
+    assert (st.cycles, st.draws, st.slurm, st.loads) == (2, 7, "no", args.loads)
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "modes", "c.yaml", "--loads", "x=1.5"])
 
@@ -398,8 +404,10 @@ def test_slurm_yes_without_slurm_is_an_error(tmp_path, monkeypatch):
     cfg = tmp_path / "cycle.yaml"
     cfg.write_text(CONFIG)
     with pytest.raises(modes.EnsioError, match="no sinfo"):
-        modes.bench_modes(cfg, tmp_path / "w", cycles=1, slurm="yes", runner=StubRunner())
-    res = modes.bench_modes(cfg, tmp_path / "w2", cycles=1, draws=5, slurm="auto",
+        modes.bench_modes(cfg, tmp_path / "w", modes.ModesSettings(cycles=1, slurm="yes"),
+                          runner=StubRunner())
+    res = modes.bench_modes(cfg, tmp_path / "w2",
+                            modes.ModesSettings(cycles=1, draws=5, slurm="auto"),
                             runner=StubRunner())
     assert res["measured"]["slurm"] == {"skipped": "no sinfo"}
     assert "SLURM: skipped (no sinfo)" in str(modes_output.result_table(res).caption)

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import random
 import signal
 import subprocess
 import sys
+import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from ensio.models.l96case import rmse_table
+from ensio.workflow.todo import TodoError, TodoList
 
 EXAMPLE = Path(__file__).parents[1] / "examples" / "lorenz96" / "cycle.yaml"
 SMALL = [
@@ -83,27 +88,110 @@ def test_layout_records_and_rmse(reference):
     assert (workdir / "report.png").stat().st_size > 0
 
 
-def _kill_at_random_then_rerun(start, latest: float) -> None:
-    """SIGKILL the process group of ``start()`` at a random moment, then run it again to the end.
+def _groups_of_run(workdir: Path, driver: subprocess.Popen) -> set[int]:
+    """Process groups of the driver and of every process working in ``workdir``.
 
-    The moment is drawn afresh every run (2 s .. ``latest``): the caller's
-    assertions must hold wherever the kill lands, or when the run finished first.
+    Local worker jobs run in their own sessions, and so may their commands:
+    killing the driver's group alone would leave them running. They are found
+    by a scan of ``/proc``: every worker, member, analysis and coupled rank
+    has a path inside the run directory on its command line.
     """
+    groups, ours, needle = {driver.pid}, os.getpgrp(), str(workdir).encode()
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            if needle in (d / "cmdline").read_bytes():
+                groups.add(os.getpgid(int(d.name)))
+        except OSError:  # it ended meanwhile
+            continue
+    return groups - {ours}
+
+
+def _signal_run(workdir: Path, driver: subprocess.Popen, sig: int) -> None:
+    """``sig`` to every group of the run, scanning again until no new group shows up."""
+    done: set[int] = set()
+    while new := _groups_of_run(workdir, driver) - done:
+        for g in new:
+            try:
+                os.killpg(g, sig)
+            except ProcessLookupError:
+                pass
+        done |= new
+
+
+def _kill_mid_cycle_then_rerun(start, workdir: Path, mid_cycle, cycles=(1, 2)) -> None:
+    """SIGKILL the run (driver and jobs) mid-cycle, check that it was, then run it again.
+
+    The moment comes from the state on disk, drawn afresh every run with a
+    printed seed (``ENSIO_TEST_SEED`` replays one): a cycle ``c`` and a number
+    ``k`` of finished members;
+    ``mid_cycle(c, k)`` tells when the run is there. Then every process of the
+    run is stopped (SIGSTOP) and ``mid_cycle`` asked again: with nothing
+    moving, a yes proves the kill lands mid-cycle, and everything is killed;
+    a no (the cycle ended in between) lets the run go on to the next cycle.
+    """
+    seed = int(os.environ.get("ENSIO_TEST_SEED") or int.from_bytes(os.urandom(4), "little"))
+    rng = random.Random(seed)
+    k = rng.randrange(0, 6)
+    chances = [c for c in cycles if c >= rng.choice(cycles)]
+    print(f"kill seed {seed}: cycles {chances}, after {k} finished members")
     proc = start()
+    killed = None
     try:
-        proc.wait(timeout=float(np.random.default_rng().uniform(2.0, latest)))
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        deadline = time.monotonic() + 600
+        for c in chances:
+            while killed is None and proc.poll() is None:
+                assert time.monotonic() < deadline, f"seed {seed}: never mid-cycle"
+                if mid_cycle(c, k):
+                    _signal_run(workdir, proc, signal.SIGSTOP)
+                    if mid_cycle(c, k):  # nothing moves: the kill lands here
+                        _signal_run(workdir, proc, signal.SIGKILL)
+                        killed = c
+                        break
+                    _signal_run(workdir, proc, signal.SIGCONT)
+                    break  # cycle c ended meanwhile: try the next
+                if (workdir / f"cycle_{c:03d}" / ".done").exists():
+                    break
+                time.sleep(0.01)
+    finally:
+        if killed is None:
+            _signal_run(workdir, proc, signal.SIGKILL)
+        proc.communicate()
+    assert killed is not None, f"seed {seed}: the kill never landed mid-cycle"
+    assert not (workdir / f"cycle_{killed:03d}" / ".done").exists()
     again = start()
     _, err = again.communicate(timeout=600)
-    assert again.returncode == 0, err[-3000:]
+    assert again.returncode == 0, f"seed {seed}: " + err[-3000:]
+    _exactly_once(workdir, cycles, seed)
+
+
+def _exactly_once(workdir: Path, cycles, seed: int) -> None:
+    """One "done" record per (cycle, task): the README's "without redoing finished work"."""
+    recs = [json.loads(x) for x in (workdir / "records.jsonl").read_text().splitlines()]
+    done = Counter((r["cycle"], r["task"]) for r in recs
+                   if r.get("kind") in ("member", "analysis") and r["status"] == "done")
+    tasks = [f"mem{m:03d}" for m in range(1, 7)] + ["analysis"]
+    assert done == Counter((c, t) for c in cycles for t in tasks), f"seed {seed}: {done}"
+
+
+def _offline_mid_cycle(workdir: Path):
+    """``mid_cycle`` of the offline run: cycle c's list has ≥ k members done, a task leased."""
+    def mid_cycle(c: int, k: int) -> bool:
+        path = workdir / f"cycle_{c:03d}" / "todo.json"
+        try:
+            tasks = TodoList(path).tasks() if path.exists() else []
+        except TodoError:  # being created
+            return False
+        done = sum(t.state == "done" and t.kind == "member" for t in tasks)
+        return done >= k and any(t.state == "leased" for t in tasks)
+    return mid_cycle
 
 
 def test_resume_after_sigkill_is_bitwise_identical(reference, tmp_path):
     ref, _ = reference
     workdir = tmp_path / "run"
-    _kill_at_random_then_rerun(lambda: _cycle(workdir, 2), 10.0)
+    _kill_mid_cycle_then_rerun(lambda: _cycle(workdir, 2), workdir, _offline_mid_cycle(workdir))
     for c in (1, 2):
         assert _digests(workdir, c) == _digests(ref, c), f"cycle {c} differs"
 
@@ -164,7 +252,7 @@ def _run_flaky(workdir: Path, *extra: str) -> subprocess.CompletedProcess:
 
 def test_failed_member_refuses_the_analysis_without_min_members(tmp_path):
     res = _run_flaky(tmp_path / "run")
-    assert res.returncode != 0
+    assert res.returncode == 2  # an ensio error: one line, exit status 2 (README)
     last = res.stderr.strip().splitlines()[-1]
     assert "min_members" in last and "mem003" in last, res.stderr
     assert not (tmp_path / "run" / "cycle_001" / "analysis" / "mean.nc").exists()
@@ -266,7 +354,15 @@ def test_online_mode_gives_the_offline_analyses(reference, tmp_path, p):
 def test_online_mode_resumes_after_sigkill(reference, tmp_path):
     ref, _ = reference
     workdir = tmp_path / "online"
-    _kill_at_random_then_rerun(lambda: _online(workdir, 2), 12.0)
+
+    def mid_cycle(c: int, k: int) -> bool:
+        """The coupled job runs cycle c: its forecasts are written (at least k + 1
+        of them), its analysis is not complete (``.done`` is written last)."""
+        cdir = workdir / f"cycle_{c:03d}"
+        return (len(list((cdir / "forecast").glob("mem*.nc"))) > k
+                and not (cdir / ".done").exists())
+
+    _kill_mid_cycle_then_rerun(lambda: _online(workdir, 2), workdir, mid_cycle)
     _assert_same_analysis(workdir, ref)
 
 

@@ -28,3 +28,21 @@ def test_bench_pool_small(tmp_path, monkeypatch):
     assert res["machine"]["filesystem"]["mount"] and res["workdir"] == str(tmp_path / "b")
     json.dumps(res)  # JSON-ready
     assert result_table(res).row_count >= 10
+
+
+def test_bench_pool_from_the_command_line(tmp_path):
+    """``ensio bench pool`` as users type it: real ``ensio worker`` jobs, table and JSON."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "pool.json"
+    res = subprocess.run(
+        [sys.executable, "-m", "ensio", "bench", "pool", "--jobs", "2", "--noop-tasks", "12",
+         "--sleep-tasks", "4", "--sleep-seconds", "0.05", "--repeat", "1",
+         "--workdir", str(tmp_path / "w"), "--json", str(out)],
+        capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "ensio bench pool" in res.stdout
+    got = json.loads(out.read_text())
+    assert got["jobs"] == 2 and got["noop"]["tasks"] == 12 and got["sleep"]["tasks"] == 4
+    assert got["sleep"]["ideal"] == 4 * 0.05 / 2 and got["sleep"]["repeat"] == 1

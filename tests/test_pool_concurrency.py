@@ -1,9 +1,10 @@
 """Acceptance (issue 4): 8 workers, 200 tasks with side effects, random SIGKILLs.
 
-Every task must be done exactly once — a killed worker's member may have run
-(its side-effect line exists) but only the attempt holding the current
-fencing token commits, so counting side effects by committed token gives
-exactly one per task — and the analysis runs strictly after all members.
+Every task must be done exactly once, however many of the (up to 10) kills
+land — a killed worker's member may have run (its side-effect line exists)
+but only the attempt holding the current fencing token commits, so counting
+side effects by committed token gives exactly one per task — and the
+analysis runs strictly after all members.
 """
 
 from __future__ import annotations
@@ -62,7 +63,9 @@ def test_eight_workers_random_sigkills_every_task_exactly_once(tmp_path):
     assert "error" not in out, out.get("error")
     result = out["result"]
     assert result.error is None and result.summary.finished
-    assert kills == N_KILLS and len(jobs) > N_JOBS  # killed workers were replaced
+    # some workers died mid-task (else this tested nothing) and were replaced; how
+    # many depends on how fast the list drains, so only what must hold is checked
+    assert kills >= 1 and len(jobs) > N_JOBS, (kills, len(jobs))
 
     st = todo.snapshot()
     committed = {t["id"]: t["done_token"] for t in st["tasks"]}
@@ -81,4 +84,5 @@ def test_eight_workers_random_sigkills_every_task_exactly_once(tmp_path):
     redone = sum(t.get("expiries", 0) for t in st["tasks"])
     print(f"jobs {len(jobs)}, side-effect lines {len(effects)}, expiries {redone}, "
           f"{result.seconds:.1f} s")
-    assert redone >= N_KILLS // 2  # killed mid-task: leases expired, tasks were re-run
+    assert redone >= kills // 2  # killed mid-task: leases expired, tasks were re-run
+    assert all(t["state"] == "done" for t in st["tasks"])  # no task lost

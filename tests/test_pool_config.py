@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 
 import pytest
@@ -149,4 +148,6 @@ def test_cycle_summaries():
 
 def test_empty_records(tmp_path):
     assert read_records(tmp_path / "none.jsonl") == [] and cycle_summaries([]) == []
-    assert os.path.exists(tmp_path)
+    assert not (tmp_path / "none.jsonl").exists()  # reading never creates the file
+    (tmp_path / "empty.jsonl").write_text("")
+    assert read_records(tmp_path / "empty.jsonl") == []

@@ -253,7 +253,7 @@ def test_script_fails_loudly_without_workdir(tmp_path):
     path = tmp_path / "job.sh"
     path.write_text(s)
     proc = subprocess.run(["bash", str(path)], capture_output=True, text=True, timeout=60)
-    assert proc.returncode != 0
+    assert proc.returncode == 1  # the script's own `cd … || exit 1`
     assert "ran" not in proc.stdout
 
 
@@ -264,7 +264,9 @@ def test_backend_script_uses_its_settings(tmp_path):
     assert b.script_for(sp) == job_script(
         sp, partition="p1", account="a1", extra=["--mem=1G"], signal_lead=45, cpus_per_task=2
     )
-    assert SlurmBackend.job_script is job_script or SlurmBackend.job_script(sp) == job_script(sp)
+    # without options the back-end writes exactly the pure function's script
+    # (a 1200 s limit keeps the default 60 s lead)
+    assert SlurmBackend().script_for(sp) == job_script(sp)
 
 
 @pytest.mark.parametrize(
@@ -325,10 +327,10 @@ def test_adopt_keeps_only_live_jobs_with_the_recorded_name_and_workdir(monkeypat
         calls.append(list(argv))
         return subprocess.CompletedProcess(argv, answer["rc"], answer["out"], answer["err"])
 
-    monkeypatch.setattr("ensio.workflow.backends.slurm._run", fake_run)
+    b = SlurmBackend()
+    monkeypatch.setattr(b, "call", fake_run)
     jobs = [{"id": str(i), "name": "ensio-c001", "workdir": logs} for i in range(11, 17)]
     jobs.append({"id": "local-1-1", "name": "ensio-c001", "workdir": logs})  # not SLURM's
-    b = SlurmBackend()
     assert b.adopt(jobs) == {"11": "pending", "12": "running"}
     assert calls == [["squeue", "-h", "--states=all", "-o", "%i|%j|%T|%Z", "-j",
                       "11,12,13,14,15,16"]]

@@ -118,7 +118,10 @@ def test_time_limit_requeues_at_front_and_another_job_completes_it(tmp_path):
     assert b.wait(60) == 0
     ra, rb = task_records(ctl, "A"), task_records(ctl, "B")
     assert [(r["task"], r["status"], r["token"]) for r in ra] == [("mem001", "interrupted", 1)]
-    assert ra[0]["exit"] == -signal.SIGTERM and ra[0]["ended"] - ra[0]["started"] < 1.0
+    assert ra[0]["exit"] == -signal.SIGTERM
+    # stopped before its 1 s sleep ended: A's attempt (token 1) never reached the
+    # member's side effect, which follows the sleep
+    assert ("mem001", 1) not in [(task, token) for task, token, _ in side_effects(ctl)]
     # tokens count leases in order: A took 1 (mem001) and maybe 2 (mem002, leased ahead
     # and given back unstarted); the first lease after A is B's mem001
     a_leases = todo.snapshot()["token"] - len(rb)
@@ -301,7 +304,9 @@ def test_stalled_zombie_cannot_commit(tmp_path):
     with open(go, "w") as f:
         f.write("go\n")
     staged = ctl / "forecast" / ".ensio-stage" / "t1" / "mem001.nc"
+    deadline = time.monotonic() + 60
     while not (staged.exists() and staged.read_text() == "1"):
+        assert time.monotonic() < deadline, "the member never wrote its output"
         time.sleep(0.01)  # wait for the member's output file
     block.unlink()
     wait_until(todo.tasks()[0].deadline)

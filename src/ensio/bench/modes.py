@@ -46,13 +46,13 @@ and for the model over cycles × draws; percentages of the mean total), the
 offline/online ratio of the mean time to solution per setting, the JSON of
 all numbers (``--json``) and a stacked bar chart (``--plot``).
 
-The scheduler queries live in :mod:`ensio.bench.modes_slurm` and the table,
-Markdown and plot in :mod:`ensio.bench.modes_output`.
+The scheduler queries live in :mod:`ensio.bench.modes_slurm`, the table,
+Markdown and plot in :mod:`ensio.bench.modes_output`, the command line in
+:mod:`ensio.cli.bench_modes`. What to run is one frozen :class:`ModesSettings`.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -64,9 +64,9 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import EnsioError
 from ..workflow.records import mean_std, read_records
@@ -82,16 +82,19 @@ from .modes_numbers import (
 )
 from .queueing import LOADS, QueueModel, replay_offline
 
+if TYPE_CHECKING:
+    from ..config.workflow import WorkflowSection
+
 __all__ = [
     "PARTS",
+    "ModesSettings",
     "OfflineCycle",
-    "add_arguments",
     "bench_modes",
     "cycle_argv",
     "measured_rows",
     "model_cycles",
     "offline_inputs",
-    "run_cli",
+    "run_command",
     "stats",
 ]
 
@@ -99,6 +102,78 @@ __all__ = [
 Runner = Callable[[Sequence[str], Path], None]
 #: ``(label, done, total) -> None``: progress of the driver.
 OnStep = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True)
+class ModesSettings:
+    """What ``ensio bench modes`` runs (all but the config, the directory and the hooks).
+
+    Attributes
+    ----------
+    cycles : int
+        K, cycles per mode (one submission each).
+    overrides : tuple of str
+        ``--set`` values for both modes (``workflow.start_delay=0`` is appended).
+    model : QueueModel
+        Queue-model parameters; its ``unit`` is replaced by ``unit`` or, by
+        default, the measured mean time to solution of an online cycle.
+    loads : mapping name → ρ
+        Load presets (default :data:`ensio.bench.queueing.LOADS`).
+    unit : float or None
+        Seconds per model time unit.
+    nodes_per_member : float or None
+        Nodes of one member (default ``workflow.online.tasks_per_member``).
+    draws : int
+        Replays of every measured cycle per load.
+    seed : int
+        Seed of the waits.
+    slurm : {"auto", "yes", "no"}
+        Run the SLURM part when SLURM answers (auto), always (yes: an error if
+        it does not), or never.
+    keep : bool
+        Keep the temporary run directories.
+    """
+
+    cycles: int = 4
+    overrides: tuple[str, ...] = ()
+    model: QueueModel = field(default_factory=QueueModel)
+    loads: Mapping[str, float] = field(default_factory=lambda: dict(LOADS))
+    unit: float | None = None
+    nodes_per_member: float | None = None
+    draws: int = 200
+    seed: int = 1
+    slurm: Literal["auto", "yes", "no"] = "auto"
+    keep: bool = False
+
+    def __post_init__(self) -> None:
+        if self.cycles < 1:
+            raise EnsioError(f"bench modes: --cycles must be at least 1, got {self.cycles}")
+        if self.slurm not in _SLURM_PART:
+            raise EnsioError(f"bench modes: --slurm must be one of {sorted(_SLURM_PART)}, "
+                             f"got {self.slurm!r}")
+        object.__setattr__(self, "overrides", tuple(self.overrides))
+
+
+def _slurm_no() -> str | None:
+    return "not asked for (--slurm no)"
+
+
+def _slurm_auto() -> str | None:
+    from ..workflow.backends.slurm import slurm_unavailable_reason
+
+    return slurm_unavailable_reason()
+
+
+def _slurm_yes() -> str | None:
+    reason = _slurm_auto()
+    if reason is not None:
+        raise EnsioError(f"bench modes: --slurm yes: {reason}")
+    return None
+
+
+#: ``--slurm`` → why the SLURM part is skipped (``None``: it runs).
+_SLURM_PART: dict[str, Callable[[], str | None]] = {
+    "no": _slurm_no, "auto": _slurm_auto, "yes": _slurm_yes}
 
 
 # --------------------------------------------------------------------------- #
@@ -169,11 +244,8 @@ def _mode_result(rows: list[dict[str, float]]) -> dict[str, Any]:
     return {"cycles": rows, "stats": stats(rows)}
 
 
-def bench_modes(config: str | Path, workdir: str | Path | None = None, *, cycles: int = 4,
-                overrides: Sequence[str] = (), model: QueueModel | None = None,
-                loads: Mapping[str, float] | None = None, unit: float | None = None,
-                nodes_per_member: float | None = None, draws: int = 200, seed: int = 1,
-                slurm: str = "auto", keep: bool = False, runner: Runner = run_command,
+def bench_modes(config: str | Path, workdir: str | Path | None = None,
+                settings: ModesSettings | None = None, *, runner: Runner = run_command,
                 on_step: OnStep | None = None) -> dict[str, Any]:
     """Run the experiment in both modes, replay it under the queue model; a JSON-ready dict.
 
@@ -184,69 +256,29 @@ def bench_modes(config: str | Path, workdir: str | Path | None = None, *, cycles
     workdir : path, optional
         Parent of the run directories (``offline``, ``online``, ``slurm-offline``,
         ``slurm-online``, ``logs``); must not hold them already. Default: a
-        temporary directory, removed unless ``keep``.
-    cycles : int
-        K, cycles per mode (one submission each).
-    overrides : sequence of str
-        ``--set`` values for both modes (``workflow.start_delay=0`` is appended).
-    model : QueueModel, optional
-        Queue-model parameters; its ``unit`` is replaced by ``unit`` or, by
-        default, the measured mean time to solution of an online cycle.
-    loads : mapping name → ρ, optional
-        Load presets (default :data:`ensio.bench.queueing.LOADS`).
-    unit : float, optional
-        Seconds per model time unit.
-    nodes_per_member : float, optional
-        Nodes of one member (default ``workflow.online.tasks_per_member``).
-    draws : int
-        Replays of every measured cycle per load.
-    seed : int
-        Seed of the waits.
-    slurm : {"auto", "yes", "no"}
-        Run the SLURM part when SLURM answers (auto), always (yes: an error if
-        it does not), or never.
+        temporary directory, removed unless ``settings.keep``.
+    settings : ModesSettings, optional
+        Cycles, overrides, queue model, draws, seed, SLURM part (defaults).
     runner : callable
         Runs one command (tests replace it).
     on_step : callable, optional
         ``(label, done, total)`` before each submission.
     """
     from ..config import load_config
-    from ..workflow.backends.slurm import slurm_unavailable_reason
     from .machine import describe_machine
-    from .modes_slurm import overcommit_needed, queue_length
 
-    if cycles < 1:
-        raise EnsioError(f"bench modes: --cycles must be at least 1, got {cycles}")
+    st = settings or ModesSettings()
     config = Path(config).resolve()
-    overrides = [*overrides, "workflow.start_delay=0"]
-    cfg = load_config(config, overrides)
+    st = replace(st, overrides=(*st.overrides, "workflow.start_delay=0"))
+    cfg = load_config(config, list(st.overrides))
     wf = cfg.workflow
     if wf is None:
         raise EnsioError(f"{config}: bench modes needs a workflow section")
     if wf.online.command is None:
         raise EnsioError(f"{config}: bench modes needs workflow.online.command (the coupled "
                          "program of --mode online)")
-    n_e, p = cfg.ensemble.size, wf.online.tasks_per_member
-    npm = float(p if nodes_per_member is None else nodes_per_member)
-    loads = dict(LOADS if loads is None else loads)
-    model = model or QueueModel()
-
-    slurm_reason: str | None = None
-    if slurm == "no":
-        slurm_reason = "not asked for (--slurm no)"
-    else:
-        slurm_reason = slurm_unavailable_reason()
-        if slurm_reason is not None and slurm == "yes":
-            raise EnsioError(f"bench modes: --slurm yes: {slurm_reason}")
-    steps_total = cycles * (2 if slurm_reason else 4)
-    done = 0
-
-    def step(label: str) -> None:
-        nonlocal done
-        if on_step is not None:
-            on_step(label, done, steps_total)
-        done += 1
-
+    slurm_reason = _SLURM_PART[st.slurm]()
+    step = _Steps(on_step, st.cycles * (2 if slurm_reason else 4))
     made = workdir is None
     root = Path(tempfile.mkdtemp(prefix="ensio-bench-modes-")) if made else Path(workdir)
     root = root.resolve()
@@ -255,96 +287,132 @@ def bench_modes(config: str | Path, workdir: str | Path | None = None, *, cycles
         d = root / sub
         if d.exists() and any(d.iterdir()):
             raise EnsioError(f"bench modes: {d} is not empty; use a fresh --workdir")
-    log = root / "logs" / "bench-modes.log"
+    run = _Experiment(config, root, st, runner, step)
     res: dict[str, Any] = {
-        "config": str(config), "overrides": list(overrides), "cycles": cycles,
-        "members": n_e, "jobs": wf.jobs, "tasks_per_member": p,
+        "config": str(config), "overrides": list(st.overrides), "cycles": st.cycles,
+        "members": cfg.ensemble.size, "jobs": wf.jobs,
+        "tasks_per_member": wf.online.tasks_per_member,
         "analysis_ranks": wf.analysis_ranks, "machine": describe_machine(root),
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "commands": {m: _per_cycle_command(config, m, root / m, overrides) for m in MODES},
+        "commands": {m: _per_cycle_command(config, m, root / m, st.overrides) for m in MODES},
     }
     try:
+        res["measured"] = {"local": run.local()}
+        res.update(_modelled(root, res["measured"]["local"], st, wf.jobs, cfg.ensemble.size,
+                             wf.online.tasks_per_member))
+        res["measured"]["slurm"] = ({"skipped": slurm_reason} if slurm_reason is not None
+                                    else run.slurm(wf, cfg.ensemble.size
+                                                   * wf.online.tasks_per_member))
+    finally:
+        if made and not st.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    res["workdir"] = str(root) if st.keep or not made else None
+    return res
+
+
+class _Steps:
+    """Progress: ``on_step(label, done, total)`` before each submission."""
+
+    def __init__(self, on_step: OnStep | None, total: int) -> None:
+        self.on_step, self.total, self.done = on_step, total, 0
+
+    def __call__(self, label: str) -> None:
+        if self.on_step is not None:
+            self.on_step(label, self.done, self.total)
+        self.done += 1
+
+
+class _Experiment:
+    """The measured parts: both modes locally, then through SLURM."""
+
+    def __init__(self, config: Path, root: Path, st: ModesSettings, runner: Runner,
+                 step: _Steps) -> None:
+        self.config, self.root, self.st, self.runner, self.step = config, root, st, runner, step
+        self.log = root / "logs" / "bench-modes.log"
+
+    def _mode(self, mode: str, sub: str, overrides: Sequence[str],
+              step: Callable[[str], None]) -> dict[str, Any]:
+        _run_mode(self.config, mode, self.root / sub, self.st.cycles, overrides, self.runner,
+                  self.log, step)
+        return _mode_result(measured_rows(read_records(self.root / sub / "records.jsonl")))
+
+    def local(self) -> dict[str, Any]:
+        """Both modes here, one submission per cycle; their rows, statistics and ratio."""
         local: dict[str, Any] = {}
         for mode in MODES:
-            _run_mode(config, mode, root / mode, cycles, overrides, runner, log, step)
-            local[mode] = _mode_result(measured_rows(read_records(root / mode
-                                                                  / "records.jsonl")))
-            if len(local[mode]["cycles"]) != cycles:
-                raise EnsioError(f"bench modes: {root / mode}/records.jsonl has "
-                                 f"{len(local[mode]['cycles'])} complete cycles, not {cycles}")
+            local[mode] = self._mode(mode, mode, self.st.overrides, self.step)
+            if len(local[mode]["cycles"]) != self.st.cycles:
+                raise EnsioError(f"bench modes: {self.root / mode}/records.jsonl has "
+                                 f"{len(local[mode]['cycles'])} complete cycles, "
+                                 f"not {self.st.cycles}")
         local["ratio"] = _ratio(local)
-        res["measured"] = {"local": local}
+        return local
 
-        # ---- the queue model
-        inputs = offline_inputs(read_records(root / "offline" / "records.jsonl"))
-        online_rows = local["online"]["cycles"]
-        u = unit if unit is not None else mean_std(r["total"] for r in online_rows)[0]
-        if not (u > 0 and math.isfinite(u)):
-            raise EnsioError(f"bench modes: model unit must be > 0 s, got {u}")
-        model = QueueModel(base=model.base, per_node=model.per_node, alpha=model.alpha,
-                           shape=model.shape, unit=u)
-        res["replay_check"] = [{"cycle": oc.cycle, "measured_total": oc.measured_total,
-                                "replay_total": replay_offline(
-                                    oc.members, oc.analysis, [0.0] * wf.jobs,
-                                    startup=oc.startup, analysis_lag=oc.lag, io=oc.io).total}
-                               for oc in inputs]
-        res["offline_inputs"] = [asdict(oc) for oc in inputs]
-        modelled: dict[str, Any] = {}
-        for k, (name, rho) in enumerate(loads.items()):
-            reps = model_cycles(inputs, online_rows, model, rho, jobs=wf.jobs,
-                                nodes_per_member=npm, members=n_e, draws=draws, seed=seed,
-                                stream=k)
-            entry: dict[str, Any] = {"rho": rho}
-            for mode in MODES:
-                entry[mode] = {"stats": stats(reps[mode]),
-                               "cycles": _per_cycle_means(reps[mode])}
-            entry["ratio"] = _ratio(entry)
-            modelled[name] = entry
-        res["model"] = {"params": asdict(model), "unit_source": "--unit" if unit is not None
-                        else "mean measured online time to solution per cycle",
-                        "nodes": {"offline_job": npm, "online_job": n_e * npm},
-                        "jobs": wf.jobs, "draws": draws, "seed": seed, "loads": modelled}
+    def slurm(self, wf: WorkflowSection, ntasks: int) -> dict[str, Any]:
+        """Both modes through SLURM (the coupled job: ``ntasks`` = N_e × P ranks);
+        the queue length before each submission."""
+        from .modes_slurm import overcommit_needed, queue_length
 
-        # ---- SLURM
-        if slurm_reason is None:
-            so = [*overrides, "workflow.backend=slurm"]
-            ntasks = n_e * wf.online.tasks_per_member
-            so_online = list(so)
-            if overcommit_needed(ntasks, wf.slurm.partition):
-                so_online.append(
-                    "workflow.slurm.extra=" + json.dumps([*wf.slurm.extra, "--overcommit"]))
-            others: dict[str, list[int | None]] = {"offline": [], "online": []}
+        so = [*self.st.overrides, "workflow.backend=slurm"]
+        so_online = list(so)
+        if overcommit_needed(ntasks, wf.slurm.partition):
+            so_online.append(
+                "workflow.slurm.extra=" + json.dumps([*wf.slurm.extra, "--overcommit"]))
+        others: dict[str, list[int | None]] = {"offline": [], "online": []}
 
-            def slurm_step(mode: str) -> Callable[[str], None]:
-                def f(label: str) -> None:
-                    others[mode].append(queue_length())
-                    step(f"SLURM {label}")
-                return f
+        def slurm_step(mode: str) -> Callable[[str], None]:
+            def f(label: str) -> None:
+                others[mode].append(queue_length())
+                self.step(f"SLURM {label}")
+            return f
 
-            _run_mode(config, "offline", root / "slurm-offline", cycles, so, runner, log,
-                      slurm_step("offline"))
-            _run_mode(config, "online", root / "slurm-online", cycles, so_online, runner, log,
-                      slurm_step("online"))
-            sl: dict[str, Any] = {
-                mode: _mode_result(measured_rows(read_records(
-                    root / f"slurm-{mode}" / "records.jsonl")))
-                for mode in MODES
-            }
-            sl["queue_length_before"] = others
-            sl["commands"] = {
-                "offline": _per_cycle_command(config, "offline", root / "slurm-offline", so),
-                "online": _per_cycle_command(config, "online", root / "slurm-online",
-                                             so_online),
-            }
-            sl["ratio"] = _ratio(sl)
-            res["measured"]["slurm"] = sl
-        else:
-            res["measured"]["slurm"] = {"skipped": slurm_reason}
-    finally:
-        if made and not keep:
-            shutil.rmtree(root, ignore_errors=True)
-    res["workdir"] = str(root) if keep or not made else None
-    return res
+        sl: dict[str, Any] = {
+            "offline": self._mode("offline", "slurm-offline", so, slurm_step("offline")),
+            "online": self._mode("online", "slurm-online", so_online, slurm_step("online")),
+        }
+        sl["queue_length_before"] = others
+        sl["commands"] = {
+            "offline": _per_cycle_command(self.config, "offline", self.root / "slurm-offline",
+                                          so),
+            "online": _per_cycle_command(self.config, "online", self.root / "slurm-online",
+                                         so_online),
+        }
+        sl["ratio"] = _ratio(sl)
+        return sl
+
+
+def _modelled(root: Path, local: Mapping[str, Any], st: ModesSettings, jobs: int,
+              members: int, tasks_per_member: int) -> dict[str, Any]:
+    """The queue model: replay check, inputs, and every load's statistics."""
+    inputs = offline_inputs(read_records(root / "offline" / "records.jsonl"))
+    online_rows = local["online"]["cycles"]
+    u = st.unit if st.unit is not None else mean_std(r["total"] for r in online_rows)[0]
+    if not (u > 0 and math.isfinite(u)):
+        raise EnsioError(f"bench modes: model unit must be > 0 s, got {u}")
+    model = replace(st.model, unit=u)
+    npm = float(tasks_per_member if st.nodes_per_member is None else st.nodes_per_member)
+    out: dict[str, Any] = {}
+    out["replay_check"] = [{"cycle": oc.cycle, "measured_total": oc.measured_total,
+                            "replay_total": replay_offline(
+                                oc.members, oc.analysis, [0.0] * jobs,
+                                startup=oc.startup, analysis_lag=oc.lag, io=oc.io).total}
+                           for oc in inputs]
+    out["offline_inputs"] = [asdict(oc) for oc in inputs]
+    modelled: dict[str, Any] = {}
+    for k, (name, rho) in enumerate(st.loads.items()):
+        reps = model_cycles(inputs, online_rows, model, rho, jobs=jobs,
+                            nodes_per_member=npm, members=members, draws=st.draws,
+                            seed=st.seed, stream=k)
+        entry: dict[str, Any] = {"rho": rho}
+        for mode in MODES:
+            entry[mode] = {"stats": stats(reps[mode]), "cycles": _per_cycle_means(reps[mode])}
+        entry["ratio"] = _ratio(entry)
+        modelled[name] = entry
+    out["model"] = {"params": asdict(model), "unit_source": "--unit" if st.unit is not None
+                    else "mean measured online time to solution per cycle",
+                    "nodes": {"offline_job": npm, "online_job": members * npm},
+                    "jobs": jobs, "draws": st.draws, "seed": st.seed, "loads": modelled}
+    return out
 
 
 def _per_cycle_means(rows: Sequence[Mapping[str, float]]) -> list[dict[str, float]]:
@@ -353,108 +421,3 @@ def _per_cycle_means(rows: Sequence[Mapping[str, float]]) -> list[dict[str, floa
         by.setdefault(int(r["cycle"]), []).append(r)
     return [{"cycle": c, **{p: statistics.fmean(r[p] for r in rs) for p in PARTS}}
             for c, rs in sorted(by.items())]
-
-
-# --------------------------------------------------------------------------- #
-# command line
-# --------------------------------------------------------------------------- #
-
-
-def _loads_arg(text: str) -> dict[str, float]:
-    out = {}
-    for item in text.split(","):
-        name, eq, value = item.partition("=")
-        if not eq or not name.strip():
-            raise argparse.ArgumentTypeError(f"expected NAME=RHO[,NAME=RHO…], got {text!r}")
-        try:
-            rho = float(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name}: ρ must be a number, got {value!r}") \
-                from None
-        if not 0 <= rho < 1:
-            raise argparse.ArgumentTypeError(f"{name}: ρ must be in [0, 1), got {rho}")
-        out[name.strip()] = rho
-    return out
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Arguments of ``ensio bench modes``."""
-    d = QueueModel()
-    p.add_argument("config", type=Path, metavar="CONFIG",
-                   help="ensio cycle config with workflow.online.command "
-                        "(e.g. examples/lorenz96/cycle.yaml)")
-    p.add_argument("--cycles", type=int, default=4, metavar="K",
-                   help="cycles per mode, one submission each (default 4)")
-    p.add_argument("--workdir", type=Path, default=None, metavar="DIR",
-                   help="parent of the run directories (default: a temporary directory)")
-    p.add_argument("--json", type=Path, default=None, metavar="FILE",
-                   help="write all numbers as JSON")
-    p.add_argument("--plot", type=Path, default=None, metavar="PNG",
-                   help="stacked bar chart (queuing, running, I/O) per mode and setting")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key in both modes (repeatable)")
-    p.add_argument("--loads", type=_loads_arg, default=dict(LOADS), metavar="NAME=RHO,…",
-                   help="load presets of the queue model (default "
-                        + ",".join(f"{k}={v:g}" for k, v in LOADS.items()) + ")")
-    p.add_argument("--base", type=float, default=d.base,
-                   help=f"model: size-independent wait in cycle units (default {d.base:g})")
-    p.add_argument("--per-node", type=float, default=d.per_node,
-                   help=f"model: wait per node**alpha in cycle units (default {d.per_node:g})")
-    p.add_argument("--alpha", type=float, default=d.alpha,
-                   help=f"model: growth exponent with the node count (default {d.alpha:g})")
-    p.add_argument("--shape", type=float, default=d.shape,
-                   help=f"model: Gamma shape of the random factor, 1 = exponential "
-                        f"(default {d.shape:g})")
-    p.add_argument("--unit", type=float, default=None, metavar="SECONDS",
-                   help="model time unit (default: measured mean online cycle time)")
-    p.add_argument("--nodes-per-member", type=float, default=None, metavar="N",
-                   help="nodes of one member (default workflow.online.tasks_per_member)")
-    p.add_argument("--draws", type=int, default=200, metavar="N",
-                   help="replays of every measured cycle per load (default 200)")
-    p.add_argument("--seed", type=int, default=1, help="seed of the queue waits (default 1)")
-    p.add_argument("--slurm", choices=("auto", "yes", "no"), default="auto",
-                   help="also run both modes through SLURM (auto: when sinfo answers)")
-    p.add_argument("--keep", action="store_true",
-                   help="keep the temporary run directories")
-
-
-def run_cli(args: argparse.Namespace) -> int:
-    """``ensio bench modes``: run, print the table, write JSON and plot."""
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from .modes_output import plot_result, result_table
-
-    err = Console(stderr=True)
-    try:
-        model = QueueModel(base=args.base, per_node=args.per_node, alpha=args.alpha,
-                           shape=args.shape)
-    except ValueError as exc:
-        raise EnsioError(f"bench modes: {exc}") from None
-    with Progress(TextColumn("ensio bench modes: {task.description}"), BarColumn(),
-                  TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
-                  console=err, transient=False, disable=not err.is_terminal) as progress:
-        task = progress.add_task("starting", total=None)
-
-        def on_step(label: str, done: int, total: int) -> None:
-            progress.update(task, description=label, completed=done, total=total)
-            if not err.is_terminal:
-                err.print(f"ensio bench modes: {label}")
-
-        res = bench_modes(args.config, args.workdir, cycles=args.cycles,
-                          overrides=args.overrides, model=model, loads=args.loads,
-                          unit=args.unit, nodes_per_member=args.nodes_per_member,
-                          draws=args.draws, seed=args.seed, slurm=args.slurm, keep=args.keep,
-                          on_step=on_step)
-        progress.update(task, description="done", completed=progress.tasks[0].total or 0)
-    out = Console()
-    if not out.is_terminal:
-        out = Console(width=150)
-    out.print(result_table(res))
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(res, indent=2) + "\n")
-    if args.plot is not None:
-        plot_result(res, args.plot)
-    return 0
-

@@ -56,7 +56,7 @@ def _add_analysis(sub: Any) -> None:
 
 
 def _add_pool(sub: Any) -> None:
-    from ..bench.pool import add_arguments, run_cli
+    from .bench_pool import add_arguments, run
 
     p = sub.add_parser(
         "pool", help="dynamic job pool: per-task overhead and makespan / ideal",
@@ -65,11 +65,11 @@ def _add_pool(sub: Any) -> None:
                     "No MPI needed.",
     )
     add_arguments(p)
-    p.set_defaults(bench_run=run_cli)
+    p.set_defaults(bench_run=run)
 
 
 def _add_modes(sub: Any) -> None:
-    from ..bench.modes import add_arguments, run_cli
+    from .bench_modes import add_arguments, run
 
     p = sub.add_parser(
         "modes", help="offline vs online mode: time to solution, measured and under a queue model",
@@ -80,7 +80,7 @@ def _add_modes(sub: Any) -> None:
                     "No mpiexec needed around it.",
     )
     add_arguments(p)
-    p.set_defaults(bench_run=run_cli)
+    p.set_defaults(bench_run=run)
 
 
 #: Sub-commands of ``ensio bench``: name → function adding its parser.

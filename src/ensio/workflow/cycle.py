@@ -41,7 +41,7 @@ from ..config.schema import Config, ConfigError
 from ..config.workflow import SETUP_PLACEHOLDERS, command_fields
 from ..durable import atomic_write
 from ..errors import EnsioError
-from .backends.base import Backend, JobSpec
+from .backends import JobShape, JobSpec, backend_from_config
 from .pool import drain
 from .rundir import (
     analysis_config_path,
@@ -150,27 +150,6 @@ def _write_atomic(path: Path, text: str) -> None:
     atomic_write(path, text)
 
 
-def _backend(config: Config) -> Backend:
-    wf = config.workflow
-    assert wf is not None
-    if wf.backend == "slurm":
-        from .backends.slurm import SlurmBackend
-
-        try:
-            return SlurmBackend(
-                partition=wf.slurm.partition,
-                account=wf.slurm.account,
-                extra=wf.slurm.extra,
-                cpus_per_task=wf.analysis_ranks,  # any job may run the analysis
-            )
-        except ValueError as exc:
-            raise ConfigError(f"workflow.slurm: {exc}") from None
-    from .backends.local import LocalBackend, StartDelay
-
-    delay = StartDelay(base=wf.start_delay) if wf.start_delay > 0 else None
-    return LocalBackend(delay)
-
-
 def prepare_run(
     config_path: Path, config: Config, workdir: Path, cycles: int, overrides: Sequence[str]
 ) -> tuple[Path, dict[str, Any]]:
@@ -246,7 +225,8 @@ def run_cycles(
             env=(("PATH", _env()["PATH"]),),
         )
         Path(job.workdir).mkdir(exist_ok=True)
-        backend = _backend(config)
+        # any job may run the analysis: every job asks for its ranks
+        backend = backend_from_config(wf, JobShape(cpus_per_task=wf.analysis_ranks))
         try:
             res = drain(todo, backend, job, wf.jobs, poll=0.5, job_file=cdir / "jobs.jsonl")
         finally:

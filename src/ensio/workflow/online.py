@@ -14,23 +14,26 @@ the analysis members of the last complete cycle (``{initial}``). A coupled
 job that dies loses the cycle in flight, never a complete one: the filter
 writes every analysis file (temporary names, then rename) before ``.done``.
 
-Where the job runs follows ``workflow.backend``:
+The job is submitted through the back-end ``workflow.backend`` names (the
+registry of :mod:`ensio.workflow.backends`, job shape ``ntasks=N_e*P``,
+``coupled``), like the worker jobs of the offline mode; the driver waits for
+it (one state query every ``min_poll`` seconds) and cancels it if it is
+interrupted itself. Its output goes to ``DIR/logs``.
 
-* ``local``: ``mpiexec`` here; with ``workflow.start_delay`` the job waits
-  that many seconds first (the local back-end's queueing imitation, recorded
-  as the first cycle's queuing).
+* ``local``: ``mpiexec`` here, in the driver's process group and without a
+  time limit; with ``workflow.start_delay`` the job is pending that many
+  seconds first (the local back-end's queueing imitation, recorded as the
+  first cycle's queuing).
 * ``slurm``: one batch job of ``--ntasks=N_e*P`` (``workflow.slurm``
   options, ``--time=workflow.time_limit``) whose script runs the same
-  ``mpiexec`` inside the allocation; the driver waits for it (``squeue``
-  every few seconds) and cancels it if it is interrupted itself. The queuing
-  of the first cycle is then the scheduler's. A job that hits its limit loses
-  the cycle in flight only; rerun the command to continue.
+  ``mpiexec`` inside the allocation. The queuing of the first cycle is then
+  the scheduler's. A job that hits its limit loses the cycle in flight only;
+  rerun the command to continue.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,6 +42,7 @@ from typing import Any
 from ..config.schema import Config, ConfigError
 from ..config.workflow import ONLINE_PLACEHOLDERS, command_fields
 from ..errors import EnsioError
+from .backends import Backend, JobShape, JobSpec, backend_from_config
 from .cycle import _env, _mpiexec, prepare_run, write_analysis_config
 from .rundir import done_marker, restart_pattern
 
@@ -88,17 +92,18 @@ def run_online_cycles(
     extra_env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     if wf.online.timeout is not None:
         extra_env["ENSIO_ONLINE_TIMEOUT"] = repr(wf.online.timeout)
-    where = " through SLURM" if wf.backend == "slurm" else ""
+    backend = backend_from_config(
+        wf, JobShape(ntasks=config.ensemble.size * wf.online.tasks_per_member, coupled=True))
+    where = f" through {backend.label}" if backend.label else ""
     log(f"cycles {first}..{cycles}: coupled job of {config.ensemble.size} members "
         f"× {wf.online.tasks_per_member} ranks{where}")
-    if wf.backend == "slurm":
-        status = _run_slurm(config, argv, workdir, first, extra_env, log)
-    else:
-        env = {**_env(), **extra_env, "ENSIO_JOB_ID": f"online-{os.getpid()}-{first:03d}",
-               "ENSIO_SUBMITTED": repr(time.time())}
-        if wf.start_delay > 0:
-            time.sleep(wf.start_delay)  # the queueing imitation: the job is "pending"
-        status = subprocess.run(argv, cwd=workdir, env=env).returncode
+    logs = workdir / "logs"
+    logs.mkdir(exist_ok=True)
+    spec = JobSpec(
+        name=f"ensio-online-c{first:03d}", argv=tuple(argv), time_limit=wf.time_limit_seconds,
+        workdir=str(logs), env=(("PATH", _env()["PATH"]), *sorted(extra_env.items())),
+    )  # fmt: skip
+    status = _run_job(backend, spec, log)
     missing = [c for c in range(first, cycles + 1)
                if not done_marker(workdir, c).exists()]
     if status != 0 or missing:
@@ -114,41 +119,23 @@ def run_online_cycles(
         log(f"cycle {c}: done ({config.ensemble.size} members, coupled)")
 
 
-def _run_slurm(
-    config: Config, argv: list[str], workdir: Path, first: int, env: dict[str, str], log: Any
-) -> int | str:
-    """Submit the coupled job to SLURM and wait for it; 0 or the job's final state."""
-    from .backends.base import JobSpec
-    from .backends.slurm import SlurmBackend
-
-    wf = config.workflow
-    assert wf is not None
-    try:
-        backend = SlurmBackend(
-            partition=wf.slurm.partition, account=wf.slurm.account, extra=wf.slurm.extra,
-            ntasks=config.ensemble.size * wf.online.tasks_per_member,
-        )  # fmt: skip
-    except ValueError as exc:
-        raise ConfigError(f"workflow.slurm: {exc}") from None
-    logs = workdir / "logs"
-    logs.mkdir(exist_ok=True)
-    spec = JobSpec(
-        name=f"ensio-online-c{first:03d}", argv=tuple(argv), time_limit=wf.time_limit_seconds,
-        workdir=str(logs), env=(("PATH", _env()["PATH"]), *sorted(env.items())),
-    )  # fmt: skip
-    job = backend.submit(spec)
-    log(f"submitted SLURM job {job} ({spec.name}); log {backend.log_path(job)}")
+def _run_job(backend: Backend, spec: JobSpec, log: Any) -> int | str:
+    """Submit the coupled job and wait for it; 0 or how it ended."""
     state = "pending"
     try:
-        while True:
-            state = backend.states([job]).get(job, "unknown")
-            if state in ("done", "failed", "cancelled"):
-                break
-            time.sleep(backend.min_poll)  # one squeue per poll: the controller is shared
-    except BaseException:
-        backend.cancel([job])
-        raise
+        job = backend.submit(spec)
+        log(f"submitted {backend.label or backend.name} job {job} ({spec.name}); "
+            f"log {backend.log_path(job)}")
+        try:
+            while True:
+                state = backend.states([job]).get(job, "unknown")
+                if state in ("done", "failed", "cancelled"):
+                    break
+                # one state query per poll: a scheduler's controller is shared
+                time.sleep(max(backend.min_poll, 0.1))
+        except BaseException:
+            backend.cancel([job])
+            raise
+        return 0 if state == "done" else backend.ending(job, state)
     finally:
         backend.close()
-    return 0 if state == "done" else f"SLURM state {state} (job {job})"
-

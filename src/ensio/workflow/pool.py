@@ -204,8 +204,17 @@ def drain(todo: TodoList, backend: Backend, job: JobSpec | Callable[[int], JobSp
         time.sleep(poll)
 
     result.error = s.error
+    _wind_down(result, backend, live, poll, settle)
+    result.seconds = time.monotonic() - t0
+    return result
+
+
+def _wind_down(result: PoolResult, backend: Backend, live: set[str], poll: float,
+               settle: float) -> None:
+    """The list ended: cancel what still waits (everything, if it failed), let the rest exit."""
     states = backend.states(sorted(live)) if live else {}
-    ending = [j for j, st in states.items() if st == "pending" or (s.error and st == "running")]
+    ending = [j for j, st in states.items()
+              if st == "pending" or (result.error and st == "running")]
     if ending:
         backend.cancel(ending)
         result.cancelled = ending
@@ -217,5 +226,3 @@ def drain(todo: TodoList, backend: Backend, job: JobSpec | Callable[[int], JobSp
         now = backend.states(running)
         running = [j for j in running if now[j] in ("running", "unknown")]
     result.running = running
-    result.seconds = time.monotonic() - t0
-    return result

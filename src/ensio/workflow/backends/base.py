@@ -2,8 +2,10 @@
 
 A back-end only starts, follows and cancels *jobs*; what a job does is always
 the same worker command (``ensio worker …``), which drains the shared to-do
-list. So the pool logic is tested once, locally, and SLURM adds no logic of
-its own beyond job scripts and scheduler calls.
+list. So the pool logic is tested once, locally, and a batch scheduler adds no
+logic of its own beyond its script function and the spelling of its commands
+(:class:`~ensio.workflow.backends.batch.BatchBackend`). Back-ends are chosen
+by ``workflow.backend`` through the registry of :mod:`ensio.workflow.backends`.
 """
 
 from __future__ import annotations
@@ -11,9 +13,12 @@ from __future__ import annotations
 import abc
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-__all__ = ["Backend", "JobSpec", "JobState"]
+if TYPE_CHECKING:
+    from ...config.workflow import WorkflowSection
+
+__all__ = ["Backend", "JobShape", "JobSpec", "JobState"]
 
 #: Scheduler-neutral job states.
 JobState = Literal["pending", "running", "done", "failed", "cancelled", "unknown"]
@@ -44,10 +49,35 @@ class JobSpec:
     env: tuple[tuple[str, str], ...] = ()
 
 
+@dataclass(frozen=True)
+class JobShape:
+    """What every job of one back-end object asks for.
+
+    Attributes
+    ----------
+    ntasks : int
+        Tasks (MPI ranks) per job: 1 for a worker job, N_e × P for the coupled
+        job of the online mode.
+    cpus_per_task : int
+        CPUs per task (a worker job that may run the analysis needs its ranks).
+    coupled : bool
+        The one coupled job of ``ensio cycle --mode online``: it runs as long
+        as the run needs and no later driver could adopt it, so a local one
+        is not cut at the time limit and dies with its driver.
+    """
+
+    ntasks: int = 1
+    cpus_per_task: int = 1
+    coupled: bool = False
+
+
 class Backend(abc.ABC):
     """Starts worker jobs and tells their state; never runs pool logic itself."""
 
+    #: Registry key (``workflow.backend``) and the ``backend`` of job-file entries.
     name: str
+    #: The scheduler's name in messages ("through SLURM"); ``None``: this machine.
+    label: str | None = None
 
     #: Shortest interval (seconds) between two :meth:`states` calls of the pool
     #: driver. Local job states cost nothing; a real scheduler's cost a request
@@ -92,6 +122,19 @@ class Backend(abc.ABC):
         if not ids:
             return {}
         return {j: st for j, st in self.states(ids).items() if st in ("pending", "running")}
+
+    @classmethod
+    def from_config(cls, wf: WorkflowSection, shape: JobShape) -> Backend:
+        """The back-end of the ``workflow`` section for jobs of ``shape``.
+
+        The default takes no options; back-ends with options read their own
+        keys of ``wf``. Raises ``ValueError`` on options the scheduler cannot take.
+        """
+        return cls()
+
+    def ending(self, job_id: str, state: JobState) -> str:
+        """How a job that ended in ``state`` ended, for messages."""
+        return f"{self.label or self.name} state {state} (job {job_id})"
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources (e.g. reap local processes)."""

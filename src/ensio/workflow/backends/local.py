@@ -17,6 +17,11 @@ small scheduler so the pool logic can be tested without one:
 
 Each job's output goes to ``WORKDIR/NAME.JOBID.log``; the job's environment
 carries ``ENSIO_JOB_ID`` and ``ENSIO_SUBMITTED`` (epoch seconds) for the records.
+
+The coupled job of the online mode (``own_session=False``) stays in the
+driver's process group instead, so it dies with the driver: no later driver
+could adopt it, and a second coupled job on the same run directory must never
+run beside it.
 """
 
 from __future__ import annotations
@@ -31,8 +36,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .base import Backend, JobSpec, JobState
+from .base import Backend, JobShape, JobSpec, JobState
+
+if TYPE_CHECKING:
+    from ...config.workflow import WorkflowSection
 
 __all__ = ["LocalBackend", "StartDelay"]
 
@@ -79,21 +88,33 @@ class LocalBackend(Backend):
         Seconds between SIGTERM and SIGKILL (time limit and cancel).
     enforce_time_limit : bool
         Signal jobs at their time limit like a scheduler would.
+    own_session : bool
+        Start each job in its own session (process group); ``False`` keeps it
+        in the driver's group (see the module docstring).
     """
 
     name = "local"
 
     def __init__(self, delay: StartDelay | None = None, *, nodes: int = 1,
-                 kill_wait: float = 5.0, enforce_time_limit: bool = True) -> None:
+                 kill_wait: float = 5.0, enforce_time_limit: bool = True,
+                 own_session: bool = True) -> None:
         self.delay = delay
         self.nodes = nodes
         self.kill_wait = kill_wait
         self.enforce_time_limit = enforce_time_limit
+        self.own_session = own_session
         self._rng = random.Random(delay.seed if delay else 0)
         self._jobs: dict[str, _Job] = {}
         self._ids = itertools.count(1)
         self._lock = threading.RLock()
         self._closed = False
+
+    @classmethod
+    def from_config(cls, wf: WorkflowSection, shape: JobShape) -> LocalBackend:
+        """``workflow.start_delay`` as the queueing imitation; a coupled job keeps
+        the driver's process group and is not cut at the time limit."""
+        delay = StartDelay(base=wf.start_delay) if wf.start_delay > 0 else None
+        return cls(delay, enforce_time_limit=not shape.coupled, own_session=not shape.coupled)
 
     # ------------------------------------------------------------------ Backend
     def submit(self, spec: JobSpec) -> str:
@@ -102,6 +123,7 @@ class LocalBackend(Backend):
             if self._closed:
                 raise RuntimeError("LocalBackend is closed")
             job = _Job(f"local-{os.getpid()}-{next(self._ids)}", spec, time.time())
+            job.log = Path(spec.workdir) / f"{spec.name}.{job.id}.log"
             self._jobs[job.id] = job
             wait = self.sample_delay()
             if wait > 0:
@@ -179,6 +201,12 @@ class LocalBackend(Backend):
                     return False
         return True
 
+    def ending(self, job_id: str, state: JobState) -> str:
+        """``exit status N`` of a job that ran, else its state."""
+        job = self._jobs.get(job_id)
+        rc = None if job is None or job.proc is None else job.proc.poll()
+        return f"exit status {rc}" if rc is not None else super().ending(job_id, state)
+
     def pid(self, job_id: str) -> int | None:
         """Process id of a started job (its process group id too)."""
         job = self._jobs.get(job_id)
@@ -213,15 +241,16 @@ class LocalBackend(Backend):
             spec = job.spec
             workdir = Path(spec.workdir)
             workdir.mkdir(parents=True, exist_ok=True)
-            job.log = workdir / f"{spec.name}.{job.id}.log"
             env = dict(os.environ)
             env.update(spec.env)
             env.update(ENSIO_JOB_ID=job.id, ENSIO_SUBMITTED=repr(job.submitted))
+            assert job.log is not None
             with open(job.log, "ab") as out:
                 try:
                     job.proc = subprocess.Popen(
                         list(spec.argv), cwd=workdir, env=env, stdin=subprocess.DEVNULL,
-                        stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                        stdout=out, stderr=subprocess.STDOUT,
+                        start_new_session=self.own_session)
                 except OSError as exc:
                     out.write(f"ensio local back-end: cannot start {spec.argv[0]}: {exc}\n"
                               .encode())
@@ -240,6 +269,9 @@ class LocalBackend(Backend):
             if job.proc is None or job.proc.poll() is not None:
                 return  # never signal a reaped pid (it may have been reused)
             try:
-                os.killpg(job.proc.pid, sig)
+                if self.own_session:
+                    os.killpg(job.proc.pid, sig)
+                else:  # in the driver's group: the job's own process only
+                    job.proc.send_signal(sig)
             except (ProcessLookupError, PermissionError):
                 pass

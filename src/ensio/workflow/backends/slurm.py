@@ -1,18 +1,19 @@
 """SLURM back-end: worker jobs are batch jobs (sbatch / squeue / scancel).
 
 Everything SLURM-specific lives here and is thin on purpose: the pool logic is
-the same worker command as with the local back-end; this module only
+the same worker command as with the local back-end, and the scheduler calls
+(submit with retries, states, adoption, cancel, the chunking of id lists) are
+:class:`~ensio.workflow.backends.batch.BatchBackend`'s. SLURM is only
 
-* generates the batch script (:func:`job_script`, a pure function in
+* class attributes: ``sbatch --parsable`` / ``squeue`` / ``scancel`` argv
+  templates, the job-id patterns, the state map, the messages that mean
+  "that job is already gone", the transient sbatch errors, file names;
+* its script function (:func:`job_script`, a pure function in
   :mod:`ensio.workflow.backends.slurm_script`, re-exported here, so the part
-  that must be exactly right is unit-tested without a scheduler),
-* submits it with ``sbatch --parsable``,
-* follows jobs with ``squeue``, and
-* cancels them with ``scancel``, and
-* adopts the live jobs of a killed driver (:meth:`SlurmBackend.adopt`).
-
-Every scheduler call is an argv list with a timeout; no shell is ever involved,
-so job names, paths and ids can never be interpreted by one.
+  that must be exactly right is unit-tested without a scheduler), fed with
+  the ``workflow.slurm`` options by :meth:`SlurmBackend.script_for`;
+* :func:`slurm_unavailable_reason`, for a clear message (and the tests' skip
+  or, on CI, failure) instead of a failing ``sbatch``.
 
 Job states without accounting
 -----------------------------
@@ -36,27 +37,27 @@ confine jobs, a worker that may run the analysis needs ``cpus_per_task`` ≥ R.
 
 from __future__ import annotations
 
-import logging
-import os
 import re
 import shutil
 import subprocess
-import time
-from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, ClassVar
 
-from ...durable import atomic_write
-from .base import Backend, JobSpec, JobState
+from .base import JobShape, JobSpec, JobState
+from .batch import IDS, IDS_COMMA, SCRIPT, BatchBackend, BatchError, run_command
 from .slurm_script import (
     DEFAULT_SIGNAL_LEAD,
-    _check_directive_value,
-    _check_extra,
-    _granted_seconds,
+    STATE_MAP,
+    check_directive_value,
+    check_extra,
     format_time_limit,
+    granted_seconds,
     job_script,
     slurm_state,
 )
+
+if TYPE_CHECKING:
+    from ...config.workflow import WorkflowSection
 
 __all__ = [
     "DEFAULT_MIN_POLL",
@@ -69,62 +70,19 @@ __all__ = [
     "slurm_unavailable_reason",
 ]
 
-_log = logging.getLogger(__name__)
-
 #: Default :attr:`SlurmBackend.min_poll`: seconds between two squeue calls of the driver.
 DEFAULT_MIN_POLL = 2.0
 
-#: What ``sbatch --parsable`` answers and the only ids passed to squeue/scancel.
-_JOB_ID_RE = re.compile(r"^\d+$")
 
-#: sbatch errors after which a new attempt may succeed (busy controller).
-_TRANSIENT = (
-    "Socket timed out",
-    "temporarily unavailable",
-    "Unable to contact slurm controller",
-    "Connection refused",
-    "try again",
-)
-
-
-class SlurmError(RuntimeError):
+class SlurmError(BatchError):
     """A SLURM command failed in a way the caller has to know about."""
-
-
-def _same_dir(a: str, b: object) -> bool:
-    """Whether squeue's working directory ``a`` is the recorded one ``b``."""
-    if not isinstance(b, str) or not a.strip():
-        return False
-    a = a.strip()
-    return os.path.normpath(a) == os.path.normpath(b) or os.path.realpath(a) == os.path.realpath(b)
-
-
-# --------------------------------------------------------------------------- #
-# scheduler calls
-# --------------------------------------------------------------------------- #
-
-
-def _run(argv: Sequence[str], *, timeout: float, stdin: str | None = None,
-         cwd: str | None = None,
-         env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run one SLURM command (argv list, never a shell) with a timeout."""
-    return subprocess.run(
-        list(argv),
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=cwd,
-        env=env,
-        check=False,
-    )
 
 
 def slurm_unavailable_reason(timeout: float = 10.0) -> str | None:
     """Why SLURM cannot run jobs here, or ``None`` if it can.
 
-    Used to skip the SLURM tests with a visible reason and to give the driver a
-    clear message instead of a failing ``sbatch``.
+    Used to skip the SLURM tests with a visible reason (to fail them on CI)
+    and to give the driver a clear message instead of a failing ``sbatch``.
 
     Parameters
     ----------
@@ -142,14 +100,14 @@ def slurm_unavailable_reason(timeout: float = 10.0) -> str | None:
             return f"SLURM not running: {tool} not found"
     # `scontrol ping` answers at once when slurmctld is down; sinfo retries ~10 s.
     try:
-        ping = _run(["scontrol", "ping"], timeout=timeout)
+        ping = run_command(["scontrol", "ping"], timeout=timeout)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"SLURM not running: scontrol ping failed ({exc})"
     if ping.returncode != 0 or " is UP" not in ping.stdout:
         first = (ping.stdout.strip() or ping.stderr.strip() or "scontrol ping").splitlines()[0]
         return f"SLURM not running: slurmctld does not answer ({first})"
     try:
-        proc = _run(["sinfo", "-h", "-N", "-o", "%T"], timeout=timeout)
+        proc = run_command(["sinfo", "-h", "-N", "-o", "%T"], timeout=timeout)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"SLURM not running: sinfo failed ({exc})"
     if proc.returncode != 0:
@@ -162,7 +120,7 @@ def slurm_unavailable_reason(timeout: float = 10.0) -> str | None:
     return None
 
 
-class SlurmBackend(Backend):
+class SlurmBackend(BatchBackend):
     """Worker jobs as SLURM batch jobs.
 
     Parameters
@@ -181,21 +139,34 @@ class SlurmBackend(Backend):
     ntasks : int
         Tasks (MPI ranks) per job: 1 for worker jobs; N_e × P for the coupled
         job of the online mode.
-    command_timeout : float
-        Seconds any single sbatch/squeue/scancel call may take.
-    submit_attempts : int
-        Attempts of ``sbatch`` on transient controller errors (busy clusters
-        answer "Socket timed out"); a duplicate job from a retried submission
-        is harmless, since it only drains the same to-do list.
-    min_poll : float
-        Shortest interval between two job-state queries of the pool driver
-        (:attr:`Backend.min_poll`). Each is an RPC to slurmctld, shared by every
-        user of the cluster; the to-do list, not the job states, tells the
-        driver when a cycle is finished, so job states are only needed to
-        replace jobs that ended and a few seconds of delay cost nothing.
+    command_timeout, submit_attempts, min_poll
+        See :class:`~ensio.workflow.backends.batch.BatchBackend`.
     """
 
     name = "slurm"
+    label = "SLURM"
+
+    submit_argv = ("sbatch", "--parsable", SCRIPT)
+    # One listing serves states and adoption; purged jobs are simply not listed
+    # (a lone purged id makes squeue fail with "Invalid job id").
+    status_argv = ("squeue", "-h", "--states=all", "-o", "%i|%j|%T|%Z", "-j", IDS_COMMA)
+    status_columns = ("id", "name", "state", "workdir")
+    cancel_argv = ("scancel", IDS)
+    #: ``--parsable`` prints "jobid" or "jobid;cluster".
+    submitted_id = re.compile(r"(\d+)(?:;.*)?", re.DOTALL)
+    job_id = re.compile(r"^\d+$")
+    state_map: ClassVar[dict[str, JobState]] = STATE_MAP
+    gone_messages = ("invalid job id", "already completing or completed")
+    transient_messages = (
+        "socket timed out",
+        "temporarily unavailable",
+        "unable to contact slurm controller",
+        "connection refused",
+        "try again",
+    )
+    script_name = "{name}.sbatch"
+    log_name = "{name}-{id}.out"
+    script = staticmethod(job_script)
 
     def __init__(
         self,
@@ -210,32 +181,36 @@ class SlurmBackend(Backend):
         submit_attempts: int = 3,
         min_poll: float = DEFAULT_MIN_POLL,
     ) -> None:
-        if not min_poll >= 1.0:
-            raise ValueError(f"min_poll must be at least 1 s for a real scheduler, got {min_poll}")
-        self.min_poll = float(min_poll)
+        super().__init__(command_timeout=command_timeout, submit_attempts=submit_attempts,
+                         min_poll=min_poll)
         self.partition = partition
         self.account = account
-        self.extra = tuple(_check_extra(x) for x in extra)
+        self.extra = tuple(check_extra(x) for x in extra)
         if partition:
-            _check_directive_value("partition", partition)
+            check_directive_value("partition", partition)
         if account:
-            _check_directive_value("account", account)
+            check_directive_value("account", account)
         self.signal_lead = signal_lead
         self.cpus_per_task = cpus_per_task
         self.ntasks = ntasks
-        self.command_timeout = command_timeout
-        self.submit_attempts = max(1, submit_attempts)
-        self._logs: dict[str, Path] = {}
 
-    #: The pure script generator, also reachable as ``SlurmBackend.job_script``.
-    job_script = staticmethod(job_script)
+    @classmethod
+    def from_config(cls, wf: WorkflowSection, shape: JobShape) -> SlurmBackend:
+        """``workflow.slurm`` options, and the CPUs and tasks each job of ``shape`` needs."""
+        return cls(partition=wf.slurm.partition, account=wf.slurm.account,
+                   extra=wf.slurm.extra, cpus_per_task=shape.cpus_per_task,
+                   ntasks=shape.ntasks)
+
+    def error(self, message: str) -> SlurmError:
+        """SLURM's command failures are :class:`SlurmError`."""
+        return SlurmError(message)
 
     def script_for(self, spec: JobSpec) -> str:
         """The batch script of *spec* with this back-end's settings."""
         lead = self.signal_lead
         if lead is None:
             try:
-                lead = min(DEFAULT_SIGNAL_LEAD, _granted_seconds(spec.time_limit) // 2)
+                lead = min(DEFAULT_SIGNAL_LEAD, granted_seconds(spec.time_limit) // 2)
             except ValueError:
                 lead = DEFAULT_SIGNAL_LEAD  # job_script reports the bad limit
         return job_script(
@@ -247,156 +222,3 @@ class SlurmBackend(Backend):
             cpus_per_task=self.cpus_per_task,
             ntasks=self.ntasks,
         )
-
-    def submit(self, spec: JobSpec) -> str:
-        """Write ``<workdir>/<name>.sbatch`` and submit it; return the job id.
-
-        The script is kept in the workdir next to the job's logs so a failed
-        job can be inspected and resubmitted by hand. The submission time goes
-        to the job as ``ENSIO_SUBMITTED`` (epoch seconds, as with the local
-        back-end) through sbatch's environment, which jobs inherit by default
-        (``--export=ALL``), so the records can tell queuing time; the script
-        itself stays a pure function of the spec.
-
-        Raises
-        ------
-        SlurmError
-            If sbatch fails (after retries on transient errors) or answers
-            something that is not a job id.
-        """
-        script = self.script_for(spec)
-        path = Path(spec.workdir) / f"{spec.name}.sbatch"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, script, fsync=False)
-        argv = ["sbatch", "--parsable", str(path)]
-        err = ""
-        for attempt in range(self.submit_attempts):
-            if attempt:
-                time.sleep(min(2.0**attempt, 10.0))  # back off from a busy controller
-            env = {**os.environ, "ENSIO_SUBMITTED": repr(time.time())}
-            try:
-                proc = _run(argv, timeout=self.command_timeout, cwd=spec.workdir, env=env)
-            except subprocess.TimeoutExpired:
-                err = f"sbatch timed out after {self.command_timeout:g} s"
-                continue
-            except OSError as exc:
-                raise SlurmError(f"cannot run sbatch: {exc}") from exc
-            if proc.returncode == 0:
-                # --parsable prints "jobid" or "jobid;cluster".
-                job_id = proc.stdout.strip().split(";", 1)[0]
-                if not _JOB_ID_RE.match(job_id):
-                    raise SlurmError(f"sbatch answered {proc.stdout.strip()!r}, not a job id")
-                _log.debug("submitted %s as SLURM job %s", spec.name, job_id)
-                self._logs[job_id] = Path(spec.workdir) / f"{spec.name}-{job_id}.out"
-                return job_id
-            err = proc.stderr.strip() or f"exit status {proc.returncode}"
-            if not any(t.lower() in err.lower() for t in _TRANSIENT):
-                break
-        raise SlurmError(f"sbatch {path} failed: {err}")
-
-    def log_path(self, job_id: str) -> Path | None:
-        """Where the job's standard output goes (stderr: same name, ``.err``)."""
-        return self._logs.get(job_id)
-
-    def states(self, job_ids: Sequence[str]) -> dict[str, JobState]:
-        """State of each job from ``squeue --states=all``.
-
-        Jobs the controller no longer lists (purged ``MinJobAge`` after they
-        ended) are ``"done"``; if squeue itself fails, all are ``"unknown"``.
-        """
-        ids = [str(j) for j in job_ids]
-        for j in ids:
-            if not _JOB_ID_RE.match(j):
-                raise ValueError(f"not a SLURM job id: {j!r}")
-        result: dict[str, JobState] = {}
-        for start in range(0, len(ids), 500):  # keep the command line short
-            chunk = ids[start : start + 500]
-            argv = ["squeue", "-h", "--states=all", "-o", "%i %T", "-j", ",".join(chunk)]
-            try:
-                proc = _run(argv, timeout=self.command_timeout)
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                _log.warning("squeue failed: %s", exc)
-                result.update(dict.fromkeys(chunk, "unknown"))
-                continue
-            if proc.returncode != 0:
-                if "invalid job id" in proc.stderr.lower():
-                    # A lone purged id makes squeue fail; several are just omitted.
-                    result.update(dict.fromkeys(chunk, "done"))
-                else:
-                    _log.warning("squeue failed: %s", proc.stderr.strip())
-                    result.update(dict.fromkeys(chunk, "unknown"))
-                continue
-            seen: dict[str, JobState] = {}
-            for line in proc.stdout.splitlines():
-                parts = line.split()
-                if len(parts) == 2:
-                    seen[parts[0]] = slurm_state(parts[1])
-            for j in chunk:
-                result[j] = seen.get(j, "done")
-        return result
-
-    def adopt(self, jobs: Sequence[Mapping[str, Any]]) -> dict[str, JobState]:
-        """Pending or running jobs of an earlier driver, checked against squeue.
-
-        A job is adopted only if squeue lists it under the recorded job name
-        *and* working directory: a job id alone could name an unrelated job
-        (ids restart when a test cluster's state is wiped), and the driver
-        cancels what it adopts. If squeue fails, nothing is adopted: the jobs
-        then drain the list or, finding it finished, exit by themselves.
-        """
-        wanted = {str(j.get("id")): j for j in jobs if _JOB_ID_RE.match(str(j.get("id")))}
-        ids = sorted(wanted, key=int)
-        adopted: dict[str, JobState] = {}
-        for start in range(0, len(ids), 500):
-            chunk = ids[start : start + 500]
-            argv = ["squeue", "-h", "--states=all", "-o", "%i|%j|%T|%Z", "-j", ",".join(chunk)]
-            try:
-                proc = _run(argv, timeout=self.command_timeout)
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                _log.warning("squeue failed, jobs of an earlier driver not adopted: %s", exc)
-                continue
-            if proc.returncode != 0:  # "invalid job id": a lone id that was purged
-                if "invalid job id" not in proc.stderr.lower():
-                    _log.warning("squeue failed, jobs of an earlier driver not adopted: %s",
-                                 proc.stderr.strip())
-                continue
-            for line in proc.stdout.splitlines():
-                parts = line.split("|", 3)
-                if len(parts) != 4 or parts[0] not in wanted:
-                    continue
-                jid, name, state, workdir = parts
-                entry, st = wanted[jid], slurm_state(state)
-                if (st in ("pending", "running") and name == entry.get("name")
-                        and _same_dir(workdir, entry.get("workdir"))):
-                    adopted[jid] = st
-        return adopted
-
-    def cancel(self, job_ids: Sequence[str]) -> None:
-        """``scancel`` the jobs; pending ones are removed before they start.
-
-        Jobs that already ended are ignored (scancel reports them as errors).
-
-        Raises
-        ------
-        SlurmError
-            If scancel fails for another reason (e.g. the controller is down).
-        """
-        ids = [str(j) for j in job_ids]
-        for j in ids:
-            if not _JOB_ID_RE.match(j):
-                raise ValueError(f"not a SLURM job id: {j!r}")
-        for start in range(0, len(ids), 500):
-            chunk = ids[start : start + 500]
-            try:
-                proc = _run(["scancel", *chunk], timeout=self.command_timeout)
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                raise SlurmError(f"scancel failed: {exc}") from exc
-            if proc.returncode == 0:
-                continue
-            benign = ("invalid job id", "already completing or completed")
-            errors = [
-                ln for ln in proc.stderr.splitlines()
-                if ln.strip() and not any(b in ln.lower() for b in benign)
-            ]
-            if errors:
-                raise SlurmError("scancel failed: " + "; ".join(errors))

@@ -18,7 +18,16 @@ from collections.abc import Sequence
 
 from .base import JobSpec, JobState
 
-__all__ = ["DEFAULT_SIGNAL_LEAD", "format_time_limit", "job_script", "slurm_state"]
+__all__ = [
+    "DEFAULT_SIGNAL_LEAD",
+    "STATE_MAP",
+    "check_directive_value",
+    "check_extra",
+    "format_time_limit",
+    "granted_seconds",
+    "job_script",
+    "slurm_state",
+]
 
 #: Seconds before the time limit at which SLURM sends SIGUSR1 to the worker.
 #: SLURM checks limits only every ~30 s, so the warning can come up to ~60 s
@@ -51,7 +60,7 @@ _EXTRA_RE = re.compile(r"^(--[A-Za-z][A-Za-z0-9_-]*)(?:[= ](.*))?$")
 _VALUE_RE = re.compile(r"^[^\s\"\\#]+$")
 
 #: SLURM's long job states (``squeue -o %T``) -> the back-end-neutral states.
-_STATE_MAP: dict[str, JobState] = {
+STATE_MAP: dict[str, JobState] = {
     "PENDING": "pending",
     "CONFIGURING": "pending",
     "REQUEUED": "pending",
@@ -79,7 +88,7 @@ _STATE_MAP: dict[str, JobState] = {
 }
 
 
-def _granted_seconds(seconds: float) -> int:
+def granted_seconds(seconds: float) -> int:
     """The limit SLURM grants for *seconds*: whole minutes, rounded up, >= 1."""
     if (isinstance(seconds, bool) or not isinstance(seconds, int | float)
             or not math.isfinite(seconds) or seconds <= 0):
@@ -109,13 +118,13 @@ def format_time_limit(seconds: float) -> str:
     ValueError
         If *seconds* is not a positive finite number.
     """
-    minutes = _granted_seconds(seconds) // 60
+    minutes = granted_seconds(seconds) // 60
     days, rest = divmod(minutes, 24 * 60)
     hours, mins = divmod(rest, 60)
     return f"{days}-{hours:02d}:{mins:02d}:00"
 
 
-def _check_directive_value(what: str, value: str) -> None:
+def check_directive_value(what: str, value: str) -> None:
     """Refuse values that cannot be written safely on a ``#SBATCH`` line.
 
     sbatch splits directive lines at blanks, honours double quotes and drops
@@ -141,7 +150,7 @@ def _check_path(what: str, path: str) -> None:
         )
 
 
-def _check_extra(line: str) -> str:
+def check_extra(line: str) -> str:
     """Validate one user-supplied ``#SBATCH`` option and return it stripped."""
     if not isinstance(line, str):
         raise ValueError(f"workflow.slurm.extra entries must be strings, got {line!r}")
@@ -168,6 +177,8 @@ def _check_extra(line: str) -> str:
     return text
 
 
+# job_script is ~110 lines, half of them its docstring: the checks and the
+# directives read best in one place, in the order they appear in the script.
 def job_script(
     spec: JobSpec,
     *,
@@ -231,7 +242,7 @@ def job_script(
         raise ValueError("job argv is empty")
     _check_path("job workdir", spec.workdir)
     time_str = format_time_limit(spec.time_limit)
-    limit_s = _granted_seconds(spec.time_limit)
+    limit_s = granted_seconds(spec.time_limit)
     if isinstance(signal_lead, bool) or not isinstance(signal_lead, int):
         raise ValueError(f"signal_lead must be an integer number of seconds, got {signal_lead!r}")
     if not 0 < signal_lead <= _MAX_SIGNAL_LEAD or signal_lead >= limit_s:
@@ -266,12 +277,12 @@ def job_script(
         f'#SBATCH --error="{log_base}-%j.err"',
     ]
     if partition:
-        _check_directive_value("partition", partition)
+        check_directive_value("partition", partition)
         lines.append(f"#SBATCH --partition={partition}")
     if account:
-        _check_directive_value("account", account)
+        check_directive_value("account", account)
         lines.append(f"#SBATCH --account={account}")
-    lines.extend(f"#SBATCH {_check_extra(x)}" for x in extra)
+    lines.extend(f"#SBATCH {check_extra(x)}" for x in extra)
     lines.extend(f"export {key}={shlex.quote(value)}" for key, value in spec.env)
     # --chdir falls back to /tmp silently if the directory is missing: fail loudly.
     lines.append(f"cd -- {shlex.quote(workdir)} || exit 1")
@@ -281,4 +292,4 @@ def job_script(
 
 def slurm_state(state: str) -> JobState:
     """Map a SLURM job state (``squeue -o %T``) to a back-end-neutral state."""
-    return _STATE_MAP.get(state.strip().upper().rstrip("+"), "unknown")
+    return STATE_MAP.get(state.strip().upper().rstrip("+"), "unknown")
