@@ -22,7 +22,8 @@ import pytest
 from ensio.errors import InputError
 from ensio.io import MemberStore, VarInfo, open_member
 from ensio.io.classic import ClassicStore
-from ensio.io.netcdf4 import NetCDF4Store, flat_boxes
+from ensio.io.library import flat_boxes
+from ensio.io.netcdf4 import NetCDF4Store
 from ensio.io.raw import raw_read, raw_write
 
 # name: (netCDF4 format, storage keywords for the fixed-size variables)
