@@ -38,7 +38,7 @@ def _real_io() -> Any:
     try:
         return importlib.import_module("ensio.io.ensemble")
     except ImportError as exc:
-        pytest.skip(f"ensio.io.ensemble (read_ensemble/write_ensemble) not importable yet: {exc}")
+        pytest.skip(f"ensio.io.ensemble (open_ensemble) not importable yet: {exc}")
 
 
 def _case(tmp_path: Path, **kw: Any) -> Config:
@@ -84,10 +84,10 @@ class _Stats:
     journal_seconds: float = 0.0
 
 
-def _stub_layout(config: Config) -> SimpleNamespace:
-    with netCDF4.Dataset(config.member_paths()[0]) as ds:
+def _stub_layout(paths: list[Path], ensemble: Any) -> SimpleNamespace:
+    with netCDF4.Dataset(paths[0]) as ds:
         variables, offset = [], 0
-        for spec in config.ensemble.variables:
+        for spec in ensemble.variables:
             var = ds[spec.name]
             size = int(np.prod(var.shape))
             variables.append(SimpleNamespace(name=spec.name, shape=var.shape, offset=offset,
@@ -96,34 +96,53 @@ def _stub_layout(config: Config) -> SimpleNamespace:
     return SimpleNamespace(variables=variables, n_rows=offset)
 
 
-def _stub_reader(corrupt: bool = False) -> Any:
-    """A serial stand-in for read_ensemble: netCDF4 reads, optional corruption."""
+class _StubIO:
+    """A serial stand-in for the ensemble-I/O object: netCDF4 reads, optional corruption."""
 
-    def read(config: Config, comm: MPI.Comm, out: Any = None) -> SimpleNamespace:
-        layout = _stub_layout(config)
-        data = np.empty((config.ensemble.size, layout.n_rows))
-        for m, path in enumerate(config.member_paths()):
+    n_io = 1
+
+    def __init__(self, paths: Any, ensemble: Any, io: Any, comm: MPI.Comm,
+                 corrupt: bool = False) -> None:
+        self.paths, self.corrupt = list(paths), corrupt
+        self.layout = _stub_layout(self.paths, ensemble)
+        self.stats: _Stats | None = None
+
+    def __enter__(self) -> _StubIO:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.paths = []
+
+    def read(self, out: Any = None, overlap: bool = True) -> SimpleNamespace:
+        layout = self.layout
+        data = np.empty((len(self.paths), layout.n_rows))
+        for m, path in enumerate(self.paths):
             with netCDF4.Dataset(path) as ds:
                 for v in layout.variables:
                     data[m, v.offset : v.offset + v.size] = np.asarray(ds[v.name][:]).ravel()
-        if corrupt:
+        if self.corrupt:
             data[0, 0] += 1.0
-        nbytes = sum(v.size * v.itemsize for v in layout.variables) * config.ensemble.size
-        return SimpleNamespace(layout=layout, start=0, count=layout.n_rows, data=data,
-                               stats=_Stats(state_bytes=nbytes))
+        nbytes = sum(v.size * v.itemsize for v in layout.variables) * len(self.paths)
+        self.stats = _Stats(state_bytes=nbytes)
+        return SimpleNamespace(layout=layout, start=0, count=layout.n_rows, data=data)
 
-    return read
+    def write(self, block: Any, overlap: bool = True, journal: bool | None = None) -> _Stats:
+        assert self.stats is not None
+        self.stats = _Stats(state_bytes=self.stats.state_bytes, write_seconds=1e-3)
+        return self.stats
 
 
-def _stub_writer(config: Config, comm: MPI.Comm, block: SimpleNamespace) -> _Stats:
-    return _Stats(state_bytes=block.stats.state_bytes, write_seconds=1e-3)
+def _stub_opener(corrupt: bool = False) -> Any:
+    return lambda paths, ensemble, io, comm: _StubIO(paths, ensemble, io, comm, corrupt)
 
 
 def test_baselines_with_stand_in_io(tmp_path: Path) -> None:
     config = _case(tmp_path)
     before = _state_and_aux(config)
-    res = bench_io(config, MPI.COMM_SELF, repeat=2, reader=_stub_reader(),
-                   writer=_stub_writer)
+    res = bench_io(config, MPI.COMM_SELF, repeat=2, opener=_stub_opener())
     _check_result(res, config)
     assert res["raw_bytes"] == res["state_bytes"] == 3 * 24 * 12 * 8
     assert all(len(v) == 2 for v in res["samples_seconds"].values())
@@ -135,14 +154,13 @@ def test_baselines_with_stand_in_io(tmp_path: Path) -> None:
 
 def test_wrong_reader_is_not_verified(tmp_path: Path) -> None:
     config = _case(tmp_path)
-    res = bench_io(config, MPI.COMM_SELF, repeat=1, reader=_stub_reader(corrupt=True),
-                   writer=_stub_writer)
+    res = bench_io(config, MPI.COMM_SELF, repeat=1, opener=_stub_opener(corrupt=True))
     assert res["verified"] is False
 
 
 def test_raw_ranges_cover_state_variables(tmp_path: Path) -> None:
     config = _case(tmp_path, format="cdf5", dtype="float32", levels=2)
-    raw = raw_ranges(config)
+    raw = raw_ranges(config.member_paths(), [v.name for v in config.ensemble.variables])
     assert raw is not None and len(raw.ranges) == 3
     for path, rs in zip(raw.paths, raw.ranges, strict=True):
         ((off, n),) = rs
@@ -156,8 +174,7 @@ def test_raw_ranges_cover_state_variables(tmp_path: Path) -> None:
 
 def test_result_table_and_machine_markdown(tmp_path: Path) -> None:
     config = _case(tmp_path)
-    res = bench_io(config, MPI.COMM_SELF, repeat=1, reader=_stub_reader(),
-                   writer=_stub_writer)
+    res = bench_io(config, MPI.COMM_SELF, repeat=1, opener=_stub_opener())
     out = io.StringIO()
     Console(file=out, width=80).print(result_table(res))
     text = out.getvalue()
@@ -179,8 +196,7 @@ def test_bench_io_real_serial(tmp_path: Path, fmt: str, dtype: str, journal: boo
     _case(tmp_path, format=fmt, dtype=dtype)
     config = load_config(tmp_path / "ensio.yaml", [f"io.journal={str(journal).lower()}"])
     before = _state_and_aux(config)
-    res = bench_io(config, MPI.COMM_SELF, repeat=1, reader=ens.read_ensemble,
-                   writer=ens.write_ensemble)
+    res = bench_io(config, MPI.COMM_SELF, repeat=1, opener=ens.open_ensemble)
     _check_result(res, config)
     assert res["n_io"] == 1
     after = _state_and_aux(config)

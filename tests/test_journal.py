@@ -79,9 +79,7 @@ OPEN_LOGS: list[UndoLog] = []
 def drop_open_logs() -> None:
     """Close the fds of logs a simulated crash left open, as the kernel would."""
     for log in OPEN_LOGS:
-        if log._fd >= 0:
-            os.close(log._fd)
-            log._fd = -1
+        log.abandon()
     OPEN_LOGS.clear()
 
 

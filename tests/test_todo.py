@@ -6,6 +6,7 @@ import errno
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import threading
@@ -305,7 +306,7 @@ def test_lock_kind_detection_falls_back(tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------------- crash safety
 CHURN = LIGHT + r"""
-import os, random, signal, sys
+import json, os, random, signal, sys
 from ensio import faults
 from ensio.workflow import todo as T
 path, seed, kill_at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -341,7 +342,8 @@ while True:
                 break
     except T.StaleLease:
         pass
-    print(todo.snapshot()["seq"], flush=True)
+    st = todo.snapshot()
+    print(st["seq"], json.dumps(st["tasks"], sort_keys=True, separators=(",", ":")), flush=True)
 """
 
 
@@ -357,7 +359,31 @@ def _finish(todo: TodoList) -> None:
 def _churn(path: Path, seed: int, kill_at: int) -> tuple[int, list[int]]:
     p = subprocess.run([PY, "-c", CHURN, str(path), str(seed), str(kill_at)],
                        capture_output=True, text=True, timeout=60)
-    return p.returncode, [int(x) for x in p.stdout.split()]
+    return p.returncode, [int(line.split()[0]) for line in p.stdout.splitlines()]
+
+
+def _history(path: Path, seed: int) -> dict[int, list]:
+    """Tasks after every transition of an uninterrupted churn from a copy of ``path``.
+
+    The churn is deterministic (its clock and choices come from ``seed``), so
+    a killed run's file must hold exactly one of these states: the one it
+    last reported, or the next (its interrupted transition took effect).
+    """
+    replay = path.parent.with_name(path.parent.name + "-replay") / path.name
+    shutil.copytree(path.parent, replay.parent)  # the list and its lock-kind file
+    states = {TodoList(path).snapshot()["seq"]: TodoList(path).snapshot()["tasks"]}
+    p = subprocess.run([PY, "-c", CHURN, str(replay), str(seed), "0"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    for line in p.stdout.splitlines():
+        seq, tasks = line.split(" ", 1)
+        states[int(seq)] = json.loads(tasks)
+    shutil.rmtree(replay.parent)
+    return states
+
+
+def _canonical(tasks: list) -> list:
+    return json.loads(json.dumps(tasks, sort_keys=True))
 
 
 @pytest.mark.parametrize("kind", ["flock", "mkdir"])
@@ -368,6 +394,7 @@ def test_crash_at_any_step_of_a_transition_leaves_old_or_new(tmp_path, kind):
         path = tmp_path / f"run{run}" / "todo.json"
         TodoList.create(path, range(1, 6), retries=2, lock=kind, lease_seconds=4.0)
         ids = {t["id"] for t in TodoList(path).snapshot()["tasks"]}
+        history = _history(path, seed=run)
         rc, seqs = _churn(path, seed=run, kill_at=rng.randrange(1, 80))
         todo = TodoList(path, stale_after=0.2)
         st = todo.snapshot()  # parses: never a torn file
@@ -378,6 +405,7 @@ def test_crash_at_any_step_of_a_transition_leaves_old_or_new(tmp_path, kind):
             assert st["seq"] in (last, last + 1)  # the interrupted transition: old or new
         else:
             assert rc == 0 and st["seq"] == last
+        assert _canonical(st["tasks"]) == history[st["seq"]]  # ... and exactly its content
         assert len(list(path.parent.glob(".todo.json.ensio-tmp.*"))) <= 1
         _finish(todo)  # later transitions work (the lock is recovered) ...
         assert not list(path.parent.glob(".todo.json.ensio-tmp.*"))  # ... and clean up
@@ -391,17 +419,20 @@ def test_random_sigkill_of_a_busy_process(tmp_path):
     ids = {t["id"] for t in TodoList(path).snapshot()["tasks"]}
     rng = random.Random(11)
     for seed in range(4):
+        history = _history(path, seed=100 + seed)
         p = subprocess.Popen([PY, "-c", CHURN, str(path), str(100 + seed), "0"],
                              stdout=subprocess.PIPE, text=True)
-        last = 0
+        last = TodoList(path).snapshot()["seq"]
         for _ in range(rng.randrange(3, 25)):  # after a random number of transitions
             line = p.stdout.readline()
             if not line:
                 break
-            last = int(line)
+            last = int(line.split()[0])
         p.kill()
-        last = max([last, *map(int, p.stdout.read().split())])  # lines still in the pipe
+        rest = [int(line.split()[0]) for line in p.stdout.read().splitlines()]
+        last = max([last, *rest])  # lines still in the pipe
         p.wait()
         st = TodoList(path).snapshot()
         check_invariants(st, ids)
         assert st["seq"] in (last, last + 1)
+        assert _canonical(st["tasks"]) == history[st["seq"]]

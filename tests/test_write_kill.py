@@ -2,10 +2,15 @@
 
 Writers (serial, and two ranks under mpiexec) are killed at a point drawn
 uniformly over every fault point of the write (journal records, data writes,
-library-path replace, commit), or from outside at a random moment. Then
-``ensio recover DIR`` — or, in some trials, simply the next read — must leave
-every member file entirely prior, or entirely analysis exactly when the
-COMMITTED marker had been written. Never a mix.
+library-path replace, commit), or from outside at a random moment while they
+write: the child reports its fault points on a pipe, the parent sends SIGKILL
+after a randomly drawn one, and a trial counts only if the kill landed
+mid-write (the child died and its journal was still there); otherwise it is
+drawn again. Then ``ensio recover DIR`` — or, in some trials, simply the next
+read — must leave every member file entirely prior, or entirely analysis
+exactly when the COMMITTED marker had been written. Never a mix.
+
+Seeds of every random draw are printed (pytest shows them on failure).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ CHILD = Path(__file__).with_name("write_kill_child.py")
 MPIEXEC = Path(sys.executable).with_name("mpiexec")
 CASE = EnsembleCase(
     members=4,
+    seed=9,
     nlat=6,
     nlon=10,
     variables=[
@@ -83,17 +89,9 @@ def ensemble(tmp_path_factory):
     return root, prior_dir, [p.name for p in paths], prior, new, counts
 
 
-def _trial(
-    ensemble,
-    work: Path,
-    ranks: int,
-    env: dict[str, str],
-    external_kill: bool,
-    rng: np.random.Generator,
-    via_read: bool,
-    expect: str | None = None,
-) -> str:
-    root, prior_dir, names, prior, new, _ = ensemble
+def _start(ensemble, work: Path, ranks: int, env: dict[str, str]) -> tuple[subprocess.Popen, Path]:
+    """A fresh copy of the prior files in ``work`` and a writer child on them."""
+    _, prior_dir, _, _, _, _ = ensemble
     if work.exists():
         shutil.rmtree(work)
     shutil.copytree(prior_dir, work)
@@ -107,14 +105,23 @@ def _trial(
         text=True,
         start_new_session=True,
     )
-    if external_kill:
-        assert proc.stdout.readline().strip() == "ready"  # writing is about to start
-        # a random extra delay only moves the kill point; the check holds at any point
-        try:
-            proc.wait(timeout=float(rng.uniform(0.0, 0.15)))
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=120)
+    return proc, cfg
+
+
+def _kill_after_point(proc: subprocess.Popen, k: int) -> None:
+    """SIGKILL the child's process group once rank 0 has reported its k-th write point."""
+    assert proc.stdout.readline().strip() == "ready"  # writing is about to start
+    seen = 0
+    for line in proc.stdout:  # ends at EOF if the child finished first
+        seen += line.startswith("point ")
+        if seen == k:
+            break
+    os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _check(ensemble, work: Path, cfg: Path, via_read: bool, expect: str | None = None) -> str:
+    """Recover ``work`` (command or next read); all prior or all analysis, as the journal says."""
+    _, _, names, prior, new, _ = ensemble
     journal_dir = work / ".ensio-journal"
     committed = (journal_dir / "COMMITTED").exists()
     pending = journal_dir.exists() and not committed
@@ -143,10 +150,16 @@ def _trial(
     return state
 
 
+def _seeded() -> tuple[int, np.random.Generator]:
+    seed = int(np.random.SeedSequence().entropy)
+    print(f"rng seed {seed}")  # shown by pytest on failure, to reproduce the draws
+    return seed, np.random.default_rng(seed)
+
+
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_sigkill_at_random_fault_points(ensemble, tmp_path, ranks):
     _, _, _, _, _, counts = ensemble
-    rng = np.random.default_rng()
+    _, rng = _seeded()
     outcomes = []
     trials = 40 if ranks == 1 else 16
     for i in range(trials):
@@ -158,23 +171,32 @@ def test_sigkill_at_random_fault_points(ensemble, tmp_path, ranks):
         commit_at = labels.index("commit-marker") + 1 if "commit-marker" in labels else n + 1
         expect = "new" if k >= commit_at else "prior"
         env = _env(ENSIO_FAULT_KILL_AT=str(k), ENSIO_FAULT_RANK=str(rank))
-        outcomes.append(
-            _trial(
-                ensemble,
-                tmp_path / f"w{i}",
-                ranks,
-                env,
-                False,
-                rng,
-                via_read=(i % 4 == 3),
-                expect=expect,
-            )
-        )
+        proc, cfg = _start(ensemble, tmp_path / f"w{i}", ranks, env)
+        proc.wait(timeout=120)
+        outcomes.append(_check(ensemble, tmp_path / f"w{i}", cfg, i % 4 == 3, expect))
     assert "prior" in outcomes  # kill points before the commit were hit
 
 
 def test_sigkill_from_outside(ensemble, tmp_path):
-    rng = np.random.default_rng()
+    """Kill at a random moment of the write; every trial must land mid-write."""
+    _, _, _, _, _, counts = ensemble
+    seed, rng = _seeded()
+    draws = 0
     for i in range(8):
         ranks = 1 + i % 2
-        _trial(ensemble, tmp_path / f"x{i}", ranks, _env(), True, rng, via_read=False)
+        labels = counts[ranks][0]["labels"]  # rank 0's write points (it reports them)
+        last = labels.index("commit-marker") + 1  # later, the journal is already gone
+        for _attempt in range(6):
+            draws += 1
+            k = int(rng.integers(1, last + 1))
+            work = tmp_path / f"x{i}"
+            proc, cfg = _start(ensemble, work, ranks, _env(ENSIO_TEST_REPORT_POINTS="1"))
+            _kill_after_point(proc, k)
+            proc.wait(timeout=120)
+            if proc.returncode != 0 and (work / ".ensio-journal").exists():
+                break  # caught mid-write: the child died with its journal in place
+            print(f"trial {i}: kill after point {k} landed after the write; drawn again")
+        else:
+            pytest.fail(f"trial {i}: 6 kills in a row landed after the write (seed {seed})")
+        _check(ensemble, work, cfg, via_read=False)
+    print(f"{draws} draws for 8 trials")

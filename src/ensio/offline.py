@@ -19,8 +19,9 @@ from mpi4py import MPI
 from .analysis.inputs import assimilate_block
 from .analysis.result import AnalysisResult
 from .config.schema import Config, ConfigError
-from .io.ensemble import EnsembleBlock, read_ensemble, write_ensemble
-from .io.products import write_member_copies, write_products
+from .io.ensemble import EnsembleIO, open_ensemble
+from .io.products import product_paths, write_member_copies, write_products
+from .layout.block import EnsembleBlock
 
 __all__ = ["AnalysisReport", "run_analysis"]
 
@@ -71,18 +72,25 @@ def run_analysis(config: Config, comm: MPI.Comm, *, cycle: int = 0) -> AnalysisR
         raise ConfigError("analysis: section required (at least analysis.filter)")
     t0 = time.perf_counter()
     seconds: dict[str, float] = {}
-    block = read_ensemble(config, comm)
-    seconds["read"] = time.perf_counter() - t0
-    layout = block.layout
     obs_files = [config.resolve(e.file) for e in config.observations]
-    result = assimilate_block(block, obs_files, config.analysis, comm, cycle=cycle, seconds=seconds)
-    t = time.perf_counter()
-    analysis = EnsembleBlock(layout, block.start, block.count, result.ensemble)
-    _write_members(config, comm, analysis)
+    # Built once for the read and the write of this analysis; freed on any error.
+    with open_ensemble(config.member_paths(), config.ensemble, config.io, comm) as ens:
+        block = ens.read()
+        seconds["read"] = time.perf_counter() - t0
+        layout = block.layout
+        result = assimilate_block(
+            block, obs_files, config.analysis, comm, cycle=cycle, seconds=seconds
+        )
+        t = time.perf_counter()
+        analysis = EnsembleBlock(layout, block.start, block.count, result.ensemble)
+        _write_members(config, comm, ens, analysis)
     seconds["write"] = time.perf_counter() - t
     t = time.perf_counter()
     template = config.output_member_paths()[0]
-    write_products(config, comm, layout, analysis.data, template, "ensio analyse")
+    write_products(
+        comm, layout, analysis.data, template, "ensio analyse",
+        product_paths(config.output, config.base_dir), config.ensemble.coordinates,
+    )  # fmt: skip
     seconds["products"] = time.perf_counter() - t
     seconds["total"] = time.perf_counter() - t0
     seconds = {k: float(comm.allreduce(v, op=MPI.MAX)) for k, v in seconds.items()}
@@ -90,10 +98,12 @@ def run_analysis(config: Config, comm: MPI.Comm, *, cycle: int = 0) -> AnalysisR
     return AnalysisReport(result=result, seconds=seconds, n_obs_read=result.qc.total)
 
 
-def _write_members(config: Config, comm: MPI.Comm, analysis: EnsembleBlock) -> None:
-    """Collective: the analysis in place (journaled) or as copies at ``output.members``."""
+def _write_members(
+    config: Config, comm: MPI.Comm, ens: EnsembleIO, analysis: EnsembleBlock
+) -> None:
+    """Collective: the analysis in place (journaled, through ``ens``) or as copies."""
     if config.io.in_place:
-        write_ensemble(config, comm, analysis)
+        ens.write(analysis)
         return
-    assert config.output.members is not None
-    write_member_copies(config, comm, analysis, config.member_paths(), config.output.members)
+    paths = config.output_member_paths()
+    write_member_copies(config.io, comm, analysis, config.member_paths(), paths)

@@ -13,12 +13,13 @@ from cases import (
 )
 
 from ensio.config import config_from_dict
-from ensio.io.ensemble import read_ensemble, write_ensemble
+from ensio.io.ensemble import open_ensemble, read_ensemble, write_ensemble
 from ensio.parallel import block_distribution
 
 CASES = {
     "nc4-mixed": EnsembleCase(
         members=6,
+        seed=61,
         variables=[
             VarCase("state", ("lat", "lon")),
             VarCase("temp", ("lev", "lat", "lon"), dtype="f4", endian="big"),
@@ -28,6 +29,7 @@ CASES = {
     ),
     "cdf5": EnsembleCase(
         members=5,
+        seed=51,
         fmt="NETCDF3_64BIT_DATA",
         variables=[VarCase("state", ("lat", "lon")), VarCase("t", ("lev", "lat", "lon"), "f4")],
     ),
@@ -85,3 +87,26 @@ def test_write_analysis_in_place(name, comm, shared_dir):
     # float32 variables round to float32
     np.testing.assert_allclose(new, expect, rtol=1e-6, atol=1e-6)
     assert [variable_bytes(p, "aux") for p in paths] == aux
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_one_object_reads_and_writes_for_every_n_io(name, comm, shared_dir):
+    """The object built once: read, write the analysis, read it back, free its groups."""
+    case = CASES[name]
+    paths = _make(case, shared_dir, comm)
+    ref = reference_matrix(paths, case.variables)
+    for n_io in range(1, comm.size + 1):
+        cfg = config_from_dict(case.config(shared_dir, tasks=n_io))
+        with open_ensemble(cfg.member_paths(), cfg.ensemble, cfg.io, comm) as ens:
+            assert ens.n_io == n_io and ens.group_rows.size == ens.groups.group_comm.size
+            block = ens.read()
+            start, count = block_distribution(ref.shape[1], comm.size, comm.rank)
+            assert (block.start, block.count) == (start, count)
+            block.data[...] = -block.data  # exact in float32 and float64
+            ens.write(block)
+            again = ens.read()
+            np.testing.assert_array_equal(again.data, -ref[:, start : start + count])
+            block.data[...] = ref[:, start : start + count]
+            ens.write(block, overlap=False)
+        comm.Barrier()
+        np.testing.assert_array_equal(reference_matrix(paths, case.variables), ref)

@@ -191,7 +191,7 @@ def test_explicit_layouts_must_agree(comm, shared_dir):
     root = shared_dir / "layout"
     _case(root, comm, comm.size)
     cfg = _config(root, comm.size, "online")
-    layout = layout_from_member(cfg, cfg.member_paths()[0])
+    layout = layout_from_member(cfg.ensemble, cfg.member_paths()[0])
     if comm.rank == comm.size - 1:
         v = layout.variables[-1]
         shorter = dataclasses.replace(v, size=v.size - 1)

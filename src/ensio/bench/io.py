@@ -5,9 +5,10 @@ about whether the implementation is good. Every repeat therefore measures, on
 the same files and the same byte ranges, interleaved so that drift of the
 machine affects all three alike:
 
-1. **ensio** — :func:`ensio.io.ensemble.read_ensemble` into the distributed
-   matrix, then :func:`~ensio.io.ensemble.write_ensemble` of the same block
-   back in place (an identity analysis; journal and fsync as configured);
+1. **ensio** — one ensemble-I/O object (:func:`ensio.io.ensemble.open_ensemble`,
+   built once, before the first repeat, as a run builds it once) reads into
+   the distributed matrix, then writes the same block back in place (an
+   identity analysis; journal and fsync as configured);
 2. **raw limit** — rank 0 alone does plain sequential ``os.preadv`` of exactly
    the state variables' byte ranges of every member, then ``os.pwritev`` of the
    same bytes back: no MPI, no netCDF, no dtype conversion. One process
@@ -18,6 +19,8 @@ machine affects all three alike:
    state variables and ``Scatterv``s the rows to all ranks (contiguous block
    distribution); writing is ``Gatherv`` to rank 0, then a netCDF4 write. This
    is the one-reader-then-scatter scheme of DART and Miyoshi's LETKF.
+
+The baselines live in :mod:`ensio.bench.io_baselines`.
 
 Timing: every measurement starts after a barrier and ends when the slowest
 rank returns (maximum over ranks). The figure used is the **best** (minimum
@@ -35,32 +38,39 @@ system-call bandwidth, not disk bandwidth.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
-import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-import netCDF4
 import numpy as np
 from mpi4py import MPI
 from rich.table import Table
 
-from ..config.schema import Config
-from ..durable import fsync_path
-from ..errors import InputError
-from ..parallel.agree import ErrorNote, note_error, raise_if_any, root_call
-from ..parallel.distribution import block_distribution
+from ..config.schema import Config, EnsembleSection, IOSection
+from ..parallel.agree import root_call
+from .io_baselines import (
+    RawRanges,
+    naive_read,
+    naive_write,
+    raw_append,
+    raw_ranges,
+    raw_read,
+    raw_write,
+    warm_page_cache,
+)
 from .machine import describe_machine
 
-__all__ = ["RawRanges", "bench_io", "naive_read", "naive_write", "raw_ranges", "result_table"]
+__all__ = ["Opener", "RawRanges", "bench_io", "naive_read", "naive_write", "raw_ranges",
+           "result_table"]
 
-Reader = Callable[[Config, MPI.Comm], Any]
-Writer = Callable[[Config, MPI.Comm, Any], Any]
+#: Builds the ensemble-I/O object measured: ``(paths, ensemble, io, comm)`` →
+#: an object with ``read(out=, overlap=)``, ``write(block, overlap=, journal=)``,
+#: ``stats``, ``n_io`` and ``close()`` (:func:`ensio.io.ensemble.open_ensemble`).
+Opener = Callable[[Sequence[Path], EnsembleSection, IOSection, MPI.Comm], Any]
 T = TypeVar("T")
 
 #: IOStats field → name of the part in reports.
@@ -76,171 +86,6 @@ PAGE_CACHE_NOTE = (
     "page cache not dropped (needs root); all member files are read once before the "
     "first repeat, so ensio, raw and naive all see hot files"
 )
-_CHUNK = 1 << 24
-
-
-@dataclass(frozen=True)
-class RawRanges:
-    """Byte ranges ``(offset, nbytes)`` of the state variables, per member file."""
-
-    paths: tuple[Path, ...]
-    ranges: tuple[tuple[tuple[int, int], ...], ...]
-
-    @property
-    def nbytes(self) -> int:
-        return sum(n for rs in self.ranges for _, n in rs)
-
-
-def raw_ranges(config: Config) -> RawRanges | None:
-    """The state variables' byte ranges in every member (``None`` if one has no raw offset).
-
-    Offsets come from :func:`ensio.io.open.open_member` (HDF5 dataset offset,
-    classic ``begin``), the same metadata the real implementation uses. Ranges
-    are sorted by offset so the raw limit reads each file front to back.
-    """
-    from ..io.open import open_member
-
-    names = [v.name for v in config.ensemble.variables]
-    ranges = []
-    paths = config.member_paths()
-    for path in paths:
-        with open_member(path) as store:
-            infos = store.variables()
-        rs = []
-        for name in names:
-            info = infos[name]
-            if info.raw_offset is None:
-                return None
-            rs.append((int(info.raw_offset), int(info.nbytes)))
-        ranges.append(tuple(sorted(rs)))
-    return RawRanges(tuple(paths), tuple(ranges))
-
-
-def raw_read(raw: RawRanges, buf: np.ndarray) -> None:
-    """Sequential ``preadv`` of every range into the byte buffer ``buf`` (one process)."""
-    view = memoryview(buf).cast("B")
-    pos = 0
-    for path, rs in zip(raw.paths, raw.ranges, strict=True):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            for off, n in rs:
-                done = 0
-                while done < n:
-                    got = os.preadv(fd, [view[pos + done : pos + n]], off + done)
-                    if got <= 0:
-                        raise OSError(f"{path}: unexpected end of file at byte {off + done}")
-                    done += got
-                pos += n
-        finally:
-            os.close(fd)
-
-
-def raw_write(raw: RawRanges, buf: np.ndarray, fsync: bool) -> None:
-    """Sequential ``pwritev`` of ``buf`` back into every range (the mirror of :func:`raw_read`)."""
-    view = memoryview(buf).cast("B")
-    pos = 0
-    for path, rs in zip(raw.paths, raw.ranges, strict=True):
-        fd = os.open(path, os.O_WRONLY)
-        try:
-            for off, n in rs:
-                done = 0
-                while done < n:
-                    done += os.pwritev(fd, [view[pos + done : pos + n]], off + done)
-                pos += n
-            if fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def raw_append(raw: RawRanges, buf: np.ndarray, fsync: bool) -> None:
-    """One extra write of the state bytes: append them to a new file, then delete it.
-
-    This is what the undo journal adds to an in-place write (its log is new
-    data, deleted at commit), measured with no journal logic at all.
-    """
-    view = memoryview(buf).cast("B")
-    target = raw.paths[0].parent / ".ensio-bench-extra-write"
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        pos = 0
-        for rs in raw.ranges:
-            for _, n in rs:
-                done = 0
-                while done < n:
-                    done += os.write(fd, view[pos + done : pos + n])
-                pos += n
-        if fsync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-        os.unlink(target)
-
-
-def _member_vector(ds: netCDF4.Dataset, layout: Any, out: np.ndarray) -> None:
-    """Fill ``out`` (N_x, float64) with one member's state, in layout order."""
-    for v in layout.variables:
-        flat = np.asarray(ds.variables[v.name][:]).reshape(-1)
-        active = getattr(v, "active", None)
-        out[v.offset : v.offset + v.size] = flat if active is None else flat[active]
-
-
-def _distribution(n_rows: int, comm: MPI.Comm) -> tuple[np.ndarray, np.ndarray]:
-    bounds = [block_distribution(n_rows, comm.size, r) for r in range(comm.size)]
-    return (np.array([c for _, c in bounds], dtype=np.int64),
-            np.array([s for s, _ in bounds], dtype=np.int64))
-
-
-def naive_read(config: Config, comm: MPI.Comm, layout: Any) -> np.ndarray:
-    """Collective: rank 0 reads each member with netCDF4 and scatters its rows.
-
-    Returns this rank's ``(N_e, count)`` float64 block, same distribution as ensio's.
-    """
-    counts, displs = _distribution(layout.n_rows, comm)
-    data = np.empty((config.ensemble.size, int(counts[comm.rank])), dtype=np.float64)
-    vec = np.empty(layout.n_rows, dtype=np.float64) if comm.rank == 0 else None
-    err: ErrorNote = None
-    for m, path in enumerate(config.member_paths()):
-        if vec is not None and err is None:
-            try:
-                with netCDF4.Dataset(path, "r") as ds:
-                    ds.set_auto_maskandscale(False)
-                    _member_vector(ds, layout, vec)
-            except Exception as exc:  # raised on every rank below: nobody hangs
-                err = note_error(RuntimeError(f"naive read of {path}: {exc}"))
-        send = [vec, counts, displs, MPI.DOUBLE] if vec is not None else None
-        comm.Scatterv(send, data[m], root=0)
-    raise_if_any(comm, err)
-    return data
-
-
-def naive_write(config: Config, comm: MPI.Comm, layout: Any, data: np.ndarray) -> None:
-    """Collective: gather each member's rows to rank 0, which writes them with netCDF4."""
-    counts, displs = _distribution(layout.n_rows, comm)
-    vec = np.empty(layout.n_rows, dtype=np.float64) if comm.rank == 0 else None
-    err: ErrorNote = None
-    for m, path in enumerate(config.member_paths()):
-        recv = [vec, counts, displs, MPI.DOUBLE] if vec is not None else None
-        comm.Gatherv(np.ascontiguousarray(data[m]), recv, root=0)
-        if vec is None or err is not None:
-            continue
-        try:
-            with netCDF4.Dataset(path, "r+") as ds:
-                ds.set_auto_maskandscale(False)
-                for v in layout.variables:
-                    var = ds.variables[v.name]
-                    rows = vec[v.offset : v.offset + v.size]
-                    active = getattr(v, "active", None)
-                    if active is not None:
-                        full = np.asarray(var[:]).reshape(-1).astype(np.float64)
-                        full[active] = rows
-                        rows = full
-                    var[:] = rows.reshape(v.shape)
-            if config.io.fsync:
-                fsync_path(path)
-        except Exception as exc:  # raised on every rank below: nobody hangs
-            err = note_error(RuntimeError(f"naive write of {path}: {exc}"))
-    raise_if_any(comm, err)
 
 
 def _timed(comm: MPI.Comm, fn: Callable[[], T]) -> tuple[float, T]:
@@ -264,36 +109,92 @@ def _root_timed(comm: MPI.Comm, fn: Callable[[], None]) -> float:
     return float(root_call(comm, timed))
 
 
-def _warm_page_cache(paths: Sequence[Path]) -> None:
-    """Read every file once so all schemes start from the same (hot) page cache."""
-    buf = bytearray(_CHUNK)
-    for path in paths:
-        try:
-            with open(path, "rb", buffering=0) as f:
-                while f.readinto(buf):
-                    pass
-        except FileNotFoundError:
-            raise InputError(f"{path}: member file not found") from None
-        except OSError as exc:
-            raise InputError(f"{path}: cannot read member file ({exc.strerror})") from None
-
-
 def _digest(a: np.ndarray) -> str:
     return hashlib.sha256(memoryview(np.ascontiguousarray(a)).cast("B")).hexdigest()
 
 
-def _default_io() -> tuple[Reader, Writer]:
-    from ..io.ensemble import read_ensemble, write_ensemble
+@dataclass
+class _Run:
+    """One benchmark run: what is measured, and the samples so far."""
 
-    return read_ensemble, write_ensemble
+    config: Config
+    comm: MPI.Comm
+    ens: Any
+    raw: RawRanges | None
+    measure_overlap: bool
+    step: Callable[[str], None]
+    samples: dict[str, list[float]] = field(
+        default_factory=lambda: {n: [] for n in ("ensio_read", "ensio_write", "raw_read",
+                                                 "raw_write", "naive_read", "naive_write")}
+    )
+    stats: dict[str, list[Any]] = field(default_factory=lambda: {"read": [], "write": []})
+    verified: bool | None = None
+    prev: Any = None
+
+    def add(self, name: str, seconds: float) -> None:
+        self.samples.setdefault(name, []).append(seconds)
+
+    def ensio(self, tag: str) -> Any:
+        """ensio's read and write (and their variants); returns the block read."""
+        comm, ens = self.comm, self.ens
+        self.step(f"{tag}: ensio read")
+        # Repeats after the first read into the previous matrix, as a cycling
+        # filter does: the first-touch cost of a fresh array is not I/O.
+        t, block = _timed(comm, lambda: ens.read(out=self.prev))
+        self.add("ensio_read", t)
+        self.stats["read"].append(ens.stats)
+        self.step(f"{tag}: ensio write")
+        t, wstats = _timed(comm, lambda: ens.write(block))
+        self.add("ensio_write", t)
+        self.stats["write"].append(wstats)
+        self.prev = block
+        if self.config.io.journal:
+            # The same write without the journal: the journal's extra cost.
+            self.step(f"{tag}: ensio write without journal")
+            self.add("unjournaled_write", _timed(comm, lambda: ens.write(block, journal=False))[0])
+        if self.measure_overlap:
+            # The same scheme without overlap (read/scatter and gather/write in
+            # turn): what the reader/writer threads gain.
+            self.step(f"{tag}: ensio without overlap")
+            t, _ = _timed(comm, lambda: ens.read(out=block, overlap=False))
+            self.add("sequential_read", t)
+            self.add("sequential_write", _timed(comm, lambda: ens.write(block, overlap=False))[0])
+        return block
+
+    def raw_limit(self, tag: str) -> None:
+        """The raw limit on rank 0 (and one extra write of the bytes, with a journal)."""
+        raw, comm, fsync = self.raw, self.comm, self.config.io.fsync
+        if raw is None:
+            return
+        self.step(f"{tag}: raw read")
+        buf = np.empty(raw.nbytes if comm.rank == 0 else 0, dtype=np.uint8)
+        buf.fill(0)  # touch the pages outside the timing: the raw limit is a best case
+        self.add("raw_read", _root_timed(comm, lambda: raw_read(raw, buf)))
+        self.step(f"{tag}: raw write")
+        self.add("raw_write", _root_timed(comm, lambda: raw_write(raw, buf, fsync)))
+        if self.config.io.journal:
+            self.step(f"{tag}: one extra write of the state bytes")
+            self.add("extra_write", _root_timed(comm, lambda: raw_append(raw, buf, fsync)))
+
+    def naive(self, tag: str, layout: Any, digest: str | None) -> None:
+        """The naive scheme; the first repeat also checks ensio's matrix against it."""
+        comm, paths = self.comm, self.config.member_paths()
+        self.step(f"{tag}: naive read")
+        t, data = _timed(comm, lambda: naive_read(paths, comm, layout))
+        self.add("naive_read", t)
+        if digest is not None:
+            self.verified = bool(comm.allreduce(_digest(data) == digest, op=MPI.LAND))
+        self.step(f"{tag}: naive write")
+        fsync = self.config.io.fsync
+        self.add("naive_write", _timed(comm, lambda: naive_write(paths, comm, layout, data,
+                                                                 fsync))[0])
 
 
 def bench_io(
     config: Config,
     comm: MPI.Comm,
     repeat: int = 3,
-    reader: Reader | None = None,
-    writer: Writer | None = None,
+    opener: Opener | None = None,
     on_step: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Collective: measure ensio's read/write against the raw limit and the naive scheme.
@@ -307,9 +208,9 @@ def bench_io(
         Filter communicator (``MPI.COMM_SELF`` for a serial run).
     repeat : int
         Number of repeats; the best (minimum) time of each measurement is used.
-    reader, writer : callable, optional
-        Replace :func:`~ensio.io.ensemble.read_ensemble` /
-        :func:`~ensio.io.ensemble.write_ensemble` (tests use stand-ins).
+    opener : callable, optional
+        Replaces :func:`~ensio.io.ensemble.open_ensemble` (tests use stand-ins);
+        the no-overlap variant is measured only with the real one.
     on_step : callable, optional
         Called on rank 0 with a label before each measurement (progress display).
 
@@ -321,90 +222,56 @@ def bench_io(
     """
     if repeat < 1:
         raise ValueError(f"--repeat must be at least 1, got {repeat}")
-    default_io = reader is None or writer is None
-    if default_io:
-        reader, writer = _default_io()
     step = on_step if (on_step is not None and comm.rank == 0) else (lambda _label: None)
+    paths = config.member_paths()
+    names = [v.name for v in config.ensemble.variables]
 
     def prepare() -> RawRanges | None:
-        _warm_page_cache(config.member_paths())
-        return raw_ranges(config)
+        warm_page_cache(paths)
+        return raw_ranges(paths, names)
 
     raw = root_call(comm, prepare)
+    real = opener is None
+    if opener is None:
+        from ..io.ensemble import open_ensemble as opener
+    with opener(paths, config.ensemble, config.io, comm) as ens:
+        run = _Run(config, comm, ens, raw, real and ens.n_io < comm.size, step)
+        for r in range(1, repeat + 1):
+            tag = f"repeat {r}/{repeat}"
+            block = run.ensio(tag)
+            digest = _digest(block.data) if r == 1 else None
+            run.raw_limit(tag)
+            run.naive(tag, block.layout, digest)
+        n_io = ens.n_io
+    state_bytes = int(run.stats["read"][0].state_bytes)
+    head = {
+        "benchmark": "io",
+        "n_mpi": comm.size,
+        "n_io": n_io,
+        "members": config.ensemble.size,
+        "variables": names,
+        "n_rows": int(block.layout.n_rows),
+        "state_bytes": state_bytes,
+        "raw_bytes": raw.nbytes if raw is not None else None,
+        "journal": config.io.journal,
+        "fsync": config.io.fsync,
+        "repeat": repeat,
+        "statistic": "best (minimum time) of the repeats, per measurement",
+        "verified": run.verified,
+        "page_cache": PAGE_CACHE_NOTE,
+        **_variants(run.samples, run.measure_overlap),
+    }
+    return _summarise(
+        samples=run.samples, stats=run.stats, state_bytes=state_bytes,
+        raw_bytes=raw.nbytes if raw is not None else None, head=head, data_dir=paths[0].parent,
+    )  # fmt: skip
 
-    names = ("ensio_read", "ensio_write", "raw_read", "raw_write", "naive_read", "naive_write")
-    samples: dict[str, list[float]] = {n: [] for n in names}
-    stats: dict[str, list[Any]] = {"read": [], "write": []}
-    verified: bool | None = None
-    state_bytes = n_rows = 0
-    prev = None
-    n_io = config.io.tasks if config.io.tasks is not None else min(comm.size,
-                                                                   config.ensemble.size)
-    measure_overlap = default_io and n_io < comm.size
-    no_journal = dataclasses.replace(config, io=dataclasses.replace(config.io, journal=False))
-    for r in range(1, repeat + 1):
-        tag = f"repeat {r}/{repeat}"
-        step(f"{tag}: ensio read")
-        # Repeats after the first read into the previous matrix, as a cycling
-        # filter does: the first-touch cost of a fresh array is not I/O.
-        t, block = _timed(
-            comm, lambda prev=prev: reader(config, comm, **({} if prev is None else {"out": prev}))
-        )
-        samples["ensio_read"].append(t)
-        stats["read"].append(block.stats)
-        layout, n_rows = block.layout, block.layout.n_rows
-        state_bytes = int(block.stats.state_bytes)
-        ours_digest = _digest(block.data) if r == 1 else None
-        step(f"{tag}: ensio write")
-        t, wstats = _timed(comm, lambda block=block: writer(config, comm, block))
-        samples["ensio_write"].append(t)
-        stats["write"].append(wstats)
-        prev = block
-        if config.io.journal:
-            # The same write without the journal: the journal's extra cost.
-            step(f"{tag}: ensio write without journal")
-            t, _ = _timed(comm, lambda b=block: writer(no_journal, comm, b))
-            samples.setdefault("unjournaled_write", []).append(t)
-        if measure_overlap:
-            # The same scheme without overlap (read/scatter and gather/write in
-            # turn): what the reader/writer threads gain.
-            step(f"{tag}: ensio without overlap")
-            t, _ = _timed(comm, lambda b=block: reader(config, comm, out=b, overlap=False))
-            samples.setdefault("sequential_read", []).append(t)
-            t, _ = _timed(comm, lambda b=block: writer(config, comm, b, overlap=False))
-            samples.setdefault("sequential_write", []).append(t)
 
-        if raw is not None:
-            step(f"{tag}: raw read")
-            buf = np.empty(raw.nbytes if comm.rank == 0 else 0, dtype=np.uint8)
-            buf.fill(0)  # touch the pages outside the timing: the raw limit is a best case
-            samples["raw_read"].append(_root_timed(comm, lambda buf=buf: raw_read(raw, buf)))
-            step(f"{tag}: raw write")
-            samples["raw_write"].append(
-                _root_timed(comm, lambda buf=buf: raw_write(raw, buf, config.io.fsync))
-            )
-            if config.io.journal:
-                step(f"{tag}: one extra write of the state bytes")
-                samples.setdefault("extra_write", []).append(
-                    _root_timed(comm, lambda buf=buf: raw_append(raw, buf, config.io.fsync))
-                )
-            del buf
-
-        step(f"{tag}: naive read")
-        t, naive = _timed(comm, lambda layout=layout: naive_read(config, comm, layout))
-        samples["naive_read"].append(t)
-        if ours_digest is not None:
-            verified = bool(comm.allreduce(_digest(naive) == ours_digest, op=MPI.LAND))
-        step(f"{tag}: naive write")
-        t, _ = _timed(comm, lambda naive=naive, layout=layout:
-                      naive_write(config, comm, layout, naive))
-        samples["naive_write"].append(t)
-        del naive
-
+def _variants(samples: dict[str, list[float]], measure_overlap: bool) -> dict[str, Any]:
+    """``overlap`` and ``journal_cost`` of the result; pops their raw samples."""
     journal_cost = None
     if "unjournaled_write" in samples:
-        extra = _best(samples.pop("unjournaled_write"))
-        extra = _best(samples["ensio_write"]) - extra
+        extra = _best(samples["ensio_write"]) - _best(samples.pop("unjournaled_write"))
         one_write = _best(samples.pop("extra_write", []))
         journal_cost = {
             "extra_seconds": extra,
@@ -420,29 +287,7 @@ def bench_io(
             for d in ("read", "write")
         }
         overlap["note"] = "time without overlap / time with (N_io < N_mpi only)"
-    return _summarise(
-        samples=samples, stats=stats, state_bytes=state_bytes,
-        raw_bytes=raw.nbytes if raw is not None else None,
-        head={
-            "benchmark": "io",
-            "n_mpi": comm.size,
-            "n_io": n_io,
-            "members": config.ensemble.size,
-            "variables": [v.name for v in config.ensemble.variables],
-            "n_rows": int(n_rows),
-            "state_bytes": state_bytes,
-            "raw_bytes": raw.nbytes if raw is not None else None,
-            "journal": config.io.journal,
-            "fsync": config.io.fsync,
-            "repeat": repeat,
-            "statistic": "best (minimum time) of the repeats, per measurement",
-            "verified": verified,
-            "page_cache": PAGE_CACHE_NOTE,
-            "overlap": overlap,
-            "journal_cost": journal_cost,
-        },
-        data_dir=config.member_paths()[0].parent,
-    )
+    return {"overlap": overlap, "journal_cost": journal_cost}
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from .analysis import AnalysisSection, ObservationFile, OutputSection
 from .errors import ConfigError
@@ -97,14 +98,21 @@ class EnsembleSection:
         return [self.member_path(m, base) for m in self.numbers]
 
 
+#: Implementations of the ensemble I/O (``io.mode``); :data:`ensio.io.ensemble.ENSEMBLE_IO`
+#: maps each to its class. ``files``: N_io readers of the member files + scatter.
+IOMode = Literal["files"]
+
+
 @dataclass(frozen=True)
 class IOSection:
     """``io:`` — the parallel ensemble I/O.
 
     ``tasks`` is N_io; ``None`` means ``min(N_mpi, N_e)``, resolved at run time
-    because N_mpi is only known then.
+    because N_mpi is only known then. ``mode`` selects the implementation
+    (only ``files`` today; a tiled ``shuffle`` mode will plug in beside it).
     """
 
+    mode: IOMode = "files"
     tasks: int | None = None
     journal: bool = True
     fsync: bool = False

@@ -36,8 +36,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..errors import InputError
-from .netcdf4 import LibraryBackedStore
-from .store import VarInfo
+from .store import LibraryBackedStore, VarInfo
 
 __all__ = ["CLASSIC_DTYPES", "ClassicStore", "read_classic_header"]
 
@@ -265,6 +264,10 @@ class ClassicStore(LibraryBackedStore):
     """
 
     format_name: ClassVar[str] = "classic"
+    #: Fixed-size variables: one byte range at their ``begin``.
+    raw_byte_ranges: ClassVar[bool] = True
+    #: Record variables (interleaved by record): written through the netCDF library.
+    library_writes: ClassVar[bool] = True
 
     def __init__(self, path: Path, writable: bool = False) -> None:
         super().__init__(path, writable)

@@ -234,6 +234,16 @@ class UndoLog:
             os.close(self._fd)
             self._fd = -1
 
+    def abandon(self) -> None:
+        """Drop the log as a crash would: close its descriptor, nothing made durable.
+
+        For crash simulations in one process (the kernel closes the files of a
+        killed process; no :meth:`close` step runs).
+        """
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
     def __enter__(self) -> UndoLog:
         return self
 

@@ -5,42 +5,73 @@ a bad member must be reported before the first byte moves (and before anything
 is written). The scan spreads the N_e opens over all ranks, checks every file
 against the layout, and shares the small per-file results (raw offsets and
 on-disk dtypes), so the data pipeline itself only issues ``pread``/``pwrite``.
+
+The scan is an object (:class:`MemberScan`) that lives as long as the
+ensemble-I/O object holding it: a repeated read or write (read then write of
+one cycle, a benchmark's repeats) then costs one ``stat`` per file instead of
+an open, and nothing is remembered between objects.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from mpi4py import MPI
 
-from ..config.schema import Config, ConfigError, Coordinates, VariableSpec
+from ..config.schema import ConfigError, EnsembleSection, IOSection
 from ..errors import InputError
 from ..layout.state import StateLayout, VarMeta, build_layout
 from ..parallel.agree import ErrorNote, note_error, raise_if_any, root_call
 from .open import open_member
 from .store import VarInfo
 
-__all__ = ["FileMeta", "layout_from_member", "resolve_io_tasks", "scan_members"]
-
-#: Per member: state-variable name → its VarInfo in that file.
-FileMeta = dict[str, VarInfo]
+__all__ = ["MemberMeta", "MemberScan", "check_member", "layout_from_member", "resolve_io_tasks",
+           "root_layout"]
 
 
-def resolve_io_tasks(config: Config, n_mpi: int) -> int:
+@dataclass(frozen=True)
+class MemberMeta:
+    """One member file as the data path sees it, checked against the layout.
+
+    Attributes
+    ----------
+    infos : Mapping[str, VarInfo]
+        State-variable name → its description in this file.
+    raw_byte_ranges, library_writes : bool
+        The capabilities of the file's format (class attributes of its
+        :class:`~ensio.io.store.MemberStore`).
+    """
+
+    infos: Mapping[str, VarInfo]
+    raw_byte_ranges: bool
+    library_writes: bool
+
+    def raw(self, name: str) -> bool:
+        """Whether state variable ``name`` moves as a plain byte range (else: library path)."""
+        return self.raw_byte_ranges and self.infos[name].raw_offset is not None
+
+    @property
+    def all_raw(self) -> bool:
+        """Every state variable moves as a byte range (a write leaves the file in place)."""
+        return all(self.raw(n) for n in self.infos)
+
+
+def resolve_io_tasks(io: IOSection, n_members: int, n_mpi: int) -> int:
     """N_io: ``io.tasks`` if set (1 ≤ N_io ≤ N_mpi), else ``min(N_mpi, N_e)``."""
-    n_io = config.io.tasks
+    n_io = io.tasks
     if n_io is None:
-        return max(1, min(n_mpi, config.ensemble.size))
+        return max(1, min(n_mpi, n_members))
     if n_io > n_mpi:
         raise ConfigError(f"io.tasks: N_io = {n_io} exceeds the number of ranks N_mpi = {n_mpi}")
     return n_io
 
 
-def layout_from_member(config: Config, path: Path) -> StateLayout:
-    """Build the state layout from one member file (normally member 1)."""
+def layout_from_member(ensemble: EnsembleSection, path: Path) -> StateLayout:
+    """Build the state layout of the ``ensemble`` section from one member file (normally 1)."""
     with open_member(path) as store:
         infos = store.variables()
         metas = {n: VarMeta(n, i.dims, i.shape, i.dtype) for n, i in infos.items()}
@@ -49,16 +80,20 @@ def layout_from_member(config: Config, path: Path) -> StateLayout:
             info = infos[name]
             return store.read_elements(name, 0, info.size).reshape(info.shape)
 
-        return build_layout(
-            config.ensemble.variables, metas, read_var, config.ensemble.coordinates, str(path)
-        )
+        return build_layout(ensemble.variables, metas, read_var, ensemble.coordinates, str(path))
 
 
-def check_member(path: Path, layout: StateLayout) -> FileMeta:
+def root_layout(ensemble: EnsembleSection, first: Path, comm: MPI.Comm) -> StateLayout:
+    """Collective: rank 0 builds the layout from member file ``first`` and shares it."""
+    return root_call(comm, lambda: layout_from_member(ensemble, first))
+
+
+def check_member(path: Path, layout: StateLayout) -> MemberMeta:
     """Open one member and check its state variables against the layout."""
     with open_member(path) as store:
         infos = store.variables()
-    out: FileMeta = {}
+        caps = (type(store).raw_byte_ranges, type(store).library_writes)
+    out: dict[str, VarInfo] = {}
     for v in layout.variables:
         info = infos.get(v.name)
         if info is None:
@@ -74,18 +109,11 @@ def check_member(path: Path, layout: StateLayout) -> FileMeta:
                 f"expected {v.dtype.name} as in the first member"
             )
         out[v.name] = info
-    return out
+    return MemberMeta(out, *caps)
 
 
-#: Validated metadata by path, with the file identity and the layout signature
-#: it was checked against. A repeated scan (read then write of one cycle, a
-#: benchmark's repeats) then costs one ``stat`` per file instead of an open.
-_CACHE: dict[Path, tuple[tuple[int, ...], tuple, FileMeta]] = {}
-#: Layouts built by this process, by member-1 path and identity.
-_LAYOUTS: dict[tuple, StateLayout] = {}
-
-
-def _identity(path: Path) -> tuple[int, ...]:
+def file_identity(path: Path) -> tuple[int, ...]:
+    """What changes when a file is replaced or written: device, inode, size, times."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -93,83 +121,74 @@ def _identity(path: Path) -> tuple[int, ...]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def _signature(layout: StateLayout) -> tuple:
-    return tuple((v.name, v.dims, v.shape, v.dtype.str) for v in layout.variables)
+class MemberScan:
+    """Collective: the validated metadata of every member file, kept current.
 
+    Rank r checks members r, r + N, ... (N = ``comm.size``) and remembers the
+    identity (:func:`file_identity`) of each file when it checked it;
+    :meth:`refresh` re-opens only the files whose identity changed since.
 
-def _checked(path: Path, layout: StateLayout) -> FileMeta:
-    ident, sig = _identity(path), _signature(layout)
-    hit = _CACHE.get(path)
-    if hit is not None and hit[:2] == (ident, sig):
-        return hit[2]
-    meta = check_member(path, layout)
-    _CACHE[path] = (ident, sig, meta)
-    return meta
+    Parameters
+    ----------
+    paths : sequence of Path
+        The member files, in matrix order.
+    layout : StateLayout
+        What every member must match.
+    comm : MPI.Comm
+        The ranks sharing the opens.
 
-
-def remember_written(paths: Sequence[Path], metas: Sequence[FileMeta], comm: MPI.Comm) -> None:
-    """After our own raw in-place writes: the files changed, their metadata did not.
-
-    Only the bytes of contiguous state variables were rewritten, so the cached
-    metadata stays valid under the files' new identity. Files that had
-    library-path variables were replaced by a rewritten copy: not refreshed.
+    Raises
+    ------
+    InputError
+        The same on every rank (the lowest member's problem) if a file is
+        missing, not netCDF, or does not match the layout.
     """
-    for m in range(comm.rank, len(paths), comm.size):
-        if not all(i.raw_offset is not None for i in metas[m].values()):
-            continue
-        ident = _identity(paths[m])
-        hit = _CACHE.get(paths[m])
-        if hit is not None:
-            _CACHE[paths[m]] = (ident, hit[1], hit[2])
-        for key in [k for k in _LAYOUTS if k[0] == paths[m]]:
-            layout = _LAYOUTS.pop(key)
-            state = {v.name for v in layout.variables}
-            if not state & (_mask_names(key[2]) | _coord_names(key[3])):
-                _LAYOUTS[(key[0], ident, *key[2:])] = layout
 
+    def __init__(self, paths: Sequence[Path], layout: StateLayout, comm: MPI.Comm) -> None:
+        self.paths = list(paths)
+        self.layout = layout
+        self.comm = comm
+        self._seen: dict[int, tuple[int, ...]] = {}
+        self.metas: list[MemberMeta] = []
+        self.refresh()
 
-def _mask_names(specs: Sequence[VariableSpec]) -> set[str]:
-    return {s.mask for s in specs if s.mask}
+    def _mine(self) -> range:
+        return range(self.comm.rank, len(self.paths), self.comm.size)
 
+    def refresh(self) -> list[MemberMeta]:
+        """Collective: re-check the members that changed; the metadata of all, on all ranks."""
+        changed: dict[int, MemberMeta] = {}
+        note: ErrorNote = None
+        for m in self._mine():
+            try:
+                ident = file_identity(self.paths[m])
+                if self._seen.get(m) != ident:
+                    changed[m] = check_member(self.paths[m], self.layout)
+                    self._seen[m] = ident
+            except Exception as exc:
+                note = note_error(exc)
+                self._seen.pop(m, None)
+                break
+        raise_if_any(self.comm, note)
+        merged = dict(enumerate(self.metas))
+        for part in self.comm.allgather(changed):
+            merged.update(part)
+        self.metas = [merged[m] for m in range(len(self.paths))]
+        return self.metas
 
-def _coord_names(coords: Coordinates) -> set[str]:
-    return {n for n in (coords.lon, coords.lat, coords.level) if n}
+    def written(self) -> None:
+        """After our own in-place write: the files changed, their metadata did not.
 
-
-def scan_members(paths: Sequence[Path], layout: StateLayout, comm: MPI.Comm) -> list[FileMeta]:
-    """Collective: validate every member file; return the metadata of all of them on all ranks.
-
-    Raises the same :class:`InputError` on every rank (the lowest member's
-    problem) if any file is missing, not netCDF, or does not match the layout.
-    """
-    mine: dict[int, FileMeta] = {}
-    note: ErrorNote = None
-    for m in range(comm.rank, len(paths), comm.size):
-        try:
-            mine[m] = _checked(paths[m], layout)
-        except Exception as exc:
-            note = note_error(exc)
-            break
-    raise_if_any(comm, note)
-    merged: dict[int, FileMeta] = {}
-    for part in comm.allgather(mine):
-        merged.update(part)
-    return [merged[m] for m in range(len(paths))]
-
-
-def root_layout(config: Config, comm: MPI.Comm) -> StateLayout:
-    """Collective: rank 0 builds the layout from member 1 and shares it."""
-    first = config.member_paths()[0]
-
-    def build() -> StateLayout:
-        key = (first, _identity(first), config.ensemble.variables, config.ensemble.coordinates)
-        layout = _LAYOUTS.get(key)
-        if layout is None:
-            _LAYOUTS.clear()
-            layout = _LAYOUTS[key] = layout_from_member(config, first)
-        return layout
-
-    return root_call(comm, build)
+        Only the bytes of byte-range state variables were rewritten, so the
+        metadata stays valid under the files' new identity. Files with
+        library-path variables were replaced by a rewritten copy: checked
+        again by the next :meth:`refresh`.
+        """
+        for m in self._mine():
+            if self.metas[m].all_raw:
+                self._seen[m] = file_identity(self.paths[m])
+            else:
+                self._seen.pop(m, None)
 
 
 def _dims(dims: tuple[str, ...], shape: tuple[int, ...]) -> str:

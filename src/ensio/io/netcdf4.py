@@ -1,4 +1,4 @@
-"""netCDF-4/HDF5 member files, and the netCDF-library element path shared by all formats.
+"""netCDF-4/HDF5 member files.
 
 Metadata comes from h5py, not from the netCDF library: opening a file with
 netCDF-C reads and indexes *all* of its metadata (every attribute, every
@@ -9,7 +9,7 @@ handle is opened with ``locking=False`` (a concurrent library-path writer of
 the same member must not make metadata reads fail) and closed before the
 constructor returns, so no HDF5 handle stays open behind the raw path.
 
-The library path (:class:`NetCDFLibrary`) uses the netCDF library
+The library path (:class:`~ensio.io.library.NetCDFLibrary`) uses the netCDF library
 (netCDF4-python), opened lazily on first use, with auto mask/scale and
 char-to-string conversion off. h5py would also do, and writing identical
 values through either library was measured to leave netCDF-4 files
@@ -34,21 +34,17 @@ reuses the old space. Such writes are not confined to the variable's bytes.
 
 from __future__ import annotations
 
-import io
-import math
-from collections.abc import Iterator, Mapping
 from pathlib import Path
-from types import MappingProxyType
 from typing import ClassVar
 
 import h5py
-import netCDF4
 import numpy as np
 
 from ..errors import InputError
-from .store import MemberStore, VarInfo
+from .library import one_line
+from .store import LibraryBackedStore, VarInfo
 
-__all__ = ["HDF5_SIGNATURE", "LibraryBackedStore", "NetCDF4Store", "NetCDFLibrary", "flat_boxes"]
+__all__ = ["HDF5_SIGNATURE", "NetCDF4Store", "read_hdf5_metadata"]
 
 #: HDF5 superblock signature; it sits at 0 or, after a user block, at 512·2^k.
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
@@ -57,170 +53,6 @@ _SIGNATURE_OFFSETS = (0, 512, 1024, 2048)
 _PURE_DIMENSION = b"This is a netCDF dimension but not a netCDF variable"
 #: netCDF-C stores a non-coordinate variable named like a dimension under this prefix.
 _NON_COORD_PREFIX = "_nc4_non_coord_"
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
-
-
-def flat_boxes(shape: tuple[int, ...], lo: int, hi: int) -> Iterator[tuple[tuple[slice, ...], int]]:
-    """Split the flat C-order range ``[lo, hi)`` into hyperslabs, in order.
-
-    The netCDF library reads and writes rectangular boxes, the ensemble I/O
-    speaks flat element ranges. A flat range of an ``n``-D array is a partial
-    row at each level at the start, a block of full rows, and partial rows at
-    the end: at most ``2n - 1`` boxes.
-
-    Parameters
-    ----------
-    shape : tuple of int
-    lo, hi : int
-        ``0 <= lo <= hi <= prod(shape)``.
-
-    Yields
-    ------
-    selection : tuple of slice
-        One slice per dimension (empty tuple for a scalar).
-    count : int
-        Number of elements in the box; boxes are consecutive in flat order.
-    """
-    if lo >= hi:
-        return
-    if not shape:
-        yield (), 1
-        return
-    if len(shape) == 1:
-        yield (slice(lo, hi),), hi - lo
-        return
-    inner = shape[1:]
-    row = math.prod(inner)
-    i0, r0 = divmod(lo, row)
-    i1, r1 = divmod(hi, row)
-    if i0 == i1:
-        for sel, count in flat_boxes(inner, r0, r1):
-            yield (slice(i0, i0 + 1), *sel), count
-        return
-    if r0:
-        for sel, count in flat_boxes(inner, r0, row):
-            yield (slice(i0, i0 + 1), *sel), count
-        i0 += 1
-    if i1 > i0:
-        yield (slice(i0, i1), *(slice(0, n) for n in inner)), (i1 - i0) * row
-    if r1:
-        for sel, count in flat_boxes(inner, 0, r1):
-            yield (slice(i1, i1 + 1), *sel), count
-
-
-def _check_range(info: VarInfo, lo: int, hi: int) -> None:
-    if not 0 <= lo <= hi <= info.size:
-        raise ValueError(
-            f"element range [{lo}, {hi}) outside variable {info.name!r} of size {info.size}"
-        )
-
-
-class NetCDFLibrary:
-    """Element I/O through the netCDF library, for one file, opened on first use.
-
-    Parameters
-    ----------
-    path : Path
-    writable : bool
-        Open ``r+`` (netCDF-4 files then hold an exclusive HDF5 file lock
-        until :meth:`close`, so the caller keeps one writer per file).
-    """
-
-    def __init__(self, path: Path, writable: bool) -> None:
-        self.path = path
-        self.writable = writable
-        self._ds: netCDF4.Dataset | None = None
-
-    def _variable(self, name: str) -> netCDF4.Variable:
-        if self._ds is None:
-            try:
-                ds = netCDF4.Dataset(self.path, "r+" if self.writable else "r")
-            except OSError as exc:
-                raise InputError(
-                    f"{self.path}: the netCDF library cannot open the file ({_one_line(exc)})"
-                ) from None
-            ds.set_auto_maskandscale(False)
-            ds.set_auto_chartostring(False)
-            self._ds = ds
-        try:
-            return self._ds[name]
-        except (KeyError, IndexError):
-            msg = f"{self.path}: the netCDF library finds no variable {name!r}"
-            raise InputError(msg) from None
-
-    def read(self, info: VarInfo, lo: int, hi: int) -> np.ndarray:
-        """Flat elements ``[lo, hi)`` of ``info.name``, native byte order, as stored."""
-        _check_range(info, lo, hi)
-        out = np.empty(hi - lo, dtype=info.dtype.newbyteorder("="))
-        if hi == lo:
-            return out
-        var = self._variable(info.name)
-        pos = 0
-        for sel, count in flat_boxes(info.shape, lo, hi):
-            out[pos : pos + count] = np.asarray(var[sel if sel else ...]).reshape(-1)
-            pos += count
-        return out
-
-    def write(self, info: VarInfo, lo: int, values: np.ndarray) -> None:
-        """Overwrite flat elements from ``lo`` with ``values`` (cast to the on-disk dtype).
-
-        The cast is numpy's ``astype``, the same as the raw path's, so both
-        paths store identical bytes for identical input.
-        """
-        if not self.writable:
-            raise io.UnsupportedOperation(f"{self.path}: member store opened read-only")
-        flat = np.asarray(values).reshape(-1)
-        _check_range(info, lo, lo + flat.size)
-        if flat.size == 0:
-            return
-        data = flat.astype(info.dtype.newbyteorder("="), copy=False)
-        var = self._variable(info.name)
-        pos = 0
-        for sel, count in flat_boxes(info.shape, lo, lo + flat.size):
-            box = tuple(s.stop - s.start for s in sel)
-            var[sel if sel else ...] = data[pos : pos + count].reshape(box)
-            pos += count
-
-    def close(self) -> None:
-        """Close the dataset if it was opened (flushes writes)."""
-        if self._ds is not None:
-            ds, self._ds = self._ds, None
-            ds.close()
-
-
-class LibraryBackedStore(MemberStore):
-    """Common part of the stores: a parsed variable table plus the library path.
-
-    Subclasses parse their format's metadata into ``self._vars`` in
-    ``__init__`` and implement :meth:`sniff`.
-    """
-
-    _vars: dict[str, VarInfo]
-
-    def __init__(self, path: Path, writable: bool = False) -> None:
-        super().__init__(path, writable)
-        self._lib = NetCDFLibrary(self.path, writable)
-
-    def variables(self) -> Mapping[str, VarInfo]:
-        return MappingProxyType(self._vars)
-
-    def _info(self, name: str) -> VarInfo:
-        try:
-            return self._vars[name]
-        except KeyError:
-            raise InputError(f"{self.path}: no variable {name!r}") from None
-
-    def read_elements(self, name: str, lo: int, hi: int) -> np.ndarray:
-        return self._lib.read(self._info(name), lo, hi)
-
-    def write_elements(self, name: str, lo: int, values: np.ndarray) -> None:
-        self._lib.write(self._info(name), lo, values)
-
-    def close(self) -> None:
-        self._lib.close()
 
 
 # --------------------------------------------------------------------------- HDF5 metadata
@@ -446,12 +278,12 @@ def read_hdf5_metadata(path: Path) -> dict[str, VarInfo]:
     except FileNotFoundError:
         raise InputError(f"{path}: member file not found") from None
     except OSError as exc:
-        raise InputError(f"{path}: not a readable netCDF-4/HDF5 file ({_one_line(exc)})") from None
+        raise InputError(f"{path}: not a readable netCDF-4/HDF5 file ({one_line(exc)})") from None
     try:
         scan = _Scan(f)
         return scan.resolve(scan.root)
     except (OSError, RuntimeError, KeyError, ValueError, TypeError) as exc:
-        raise InputError(f"{path}: corrupt netCDF-4/HDF5 metadata ({_one_line(exc)})") from None
+        raise InputError(f"{path}: corrupt netCDF-4/HDF5 metadata ({one_line(exc)})") from None
     finally:
         f.close()
 
@@ -467,6 +299,10 @@ class NetCDF4Store(LibraryBackedStore):
     """
 
     format_name: ClassVar[str] = "netcdf4"
+    #: Contiguous, unfiltered, allocated datasets: ``H5Dget_offset``.
+    raw_byte_ranges: ClassVar[bool] = True
+    #: Chunked/compressed datasets: written through the netCDF library.
+    library_writes: ClassVar[bool] = True
 
     def __init__(self, path: Path, writable: bool = False) -> None:
         super().__init__(path, writable)

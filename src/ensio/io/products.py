@@ -17,21 +17,24 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import netCDF4
 import numpy as np
 from mpi4py import MPI
 
-from ..config.schema import Config, ConfigError, Coordinates
+from ..config.analysis import OutputSection
+from ..config.schema import ConfigError, Coordinates, IOSection
 from ..durable import replacing
+from ..layout.block import EnsembleBlock
 from ..layout.state import StateLayout
 from ..parallel.agree import all_call, root_call
-from ..parallel.distribution import block_distribution
-from .ensemble import EnsembleBlock, write_ensemble
+from ..parallel.distribution import RowDistribution
+from .ensemble import open_ensemble
 
-__all__ = ["copy_members", "write_field_file", "write_member_copies", "write_products"]
+__all__ = ["copy_members", "partial_path", "product_paths", "write_field_file",
+           "write_member_copies", "write_products"]
 
 _FILL = netCDF4.default_fillvals["f8"]
 
@@ -102,78 +105,84 @@ def copy_members(sources: Sequence[Path], targets: Sequence[Path], rank: int, si
         shutil.copyfile(sources[m], targets[m])
 
 
+def partial_path(target: Path) -> Path:
+    """Where a member copy is written before it is renamed to ``target``."""
+    return target.parent / f".{target.name}.ensio-partial"
+
+
 def write_member_copies(
-    config: Config,
+    io: IOSection,
     comm: MPI.Comm,
     block: EnsembleBlock,
     sources: Sequence[Path],
-    targets: str,
+    targets: Sequence[Path],
 ) -> None:
     """Collective: analysis member m = a copy of ``sources[m]`` with the state replaced.
 
     Every file is copied complete under a temporary name
-    (``.<name>.ensio-partial`` beside its target), its state variables are
-    written in place by :func:`~ensio.io.ensemble.write_ensemble`, and only
-    then is it renamed to its target, so an interrupted run never leaves a
-    file that looks finished. The sources are not touched, so no journal is
-    needed. Errors (a missing source, a full disk) are raised on every rank.
+    (:func:`partial_path`, beside its target), its state variables are
+    written in place by the ensemble-I/O object, and only then is it renamed
+    to its target, so an interrupted run never leaves a file that looks
+    finished. The sources are not touched, so no journal is needed. Errors
+    (a missing source, a full disk) are raised on every rank.
 
     Parameters
     ----------
-    config : Config
-        ``ensemble`` (the layout, N_e) and ``io`` of the run; ``io.tasks`` is
-        capped at the size of ``comm`` (the online filter has fewer ranks
-        than the job).
+    io : IOSection
+        The run's ``io`` section; ``io.tasks`` is capped at the size of
+        ``comm`` (the online filter has fewer ranks than the job).
     comm : MPI.Comm
         The ranks holding ``block``; member files are copied and renamed
         round-robin over them.
     block : EnsembleBlock
-        This rank's rows of the analysis, ``data`` of shape (N_e, count).
+        This rank's rows of the analysis, ``data`` of shape (N_e, count);
+        its layout is what every copy must match.
     sources : sequence of Path, length N_e
         The file each member is a copy of: its member file, or a template
         for members that have none (online).
-    targets : str
-        Member path pattern with ``{member}`` (1-based), relative to
-        ``config.base_dir`` (normally ``output.members``). A pattern and not
-        a list, because the writer addresses member files by pattern.
+    targets : sequence of Path, length N_e
+        The analysis member files (``config.output_member_paths()``).
     """
-    pattern = Path(targets)
-    partial = str(pattern.parent / f".{pattern.name}.ensio-partial")
-    tasks = config.io.tasks
-    out_cfg = dataclasses.replace(
-        config,
-        ensemble=dataclasses.replace(config.ensemble, members=partial),
-        io=dataclasses.replace(
-            config.io, journal=False, tasks=None if tasks is None else min(tasks, comm.size)
-        ),
+    tasks = io.tasks
+    out_io = dataclasses.replace(
+        io, journal=False, tasks=None if tasks is None else min(tasks, comm.size)
     )
-    temps = out_cfg.member_paths()
-    finals = [config.resolve(targets.format(member=m)) for m in config.ensemble.numbers]
-    mine = range(comm.rank, len(finals), comm.size)
+    temps = [partial_path(t) for t in targets]
+    mine = range(comm.rank, len(targets), comm.size)
     all_call(comm, lambda: copy_members(sources, temps, comm.rank, comm.size))
-    write_ensemble(out_cfg, comm, block)
-    all_call(comm, lambda: [os.replace(temps[m], finals[m]) for m in mine])
+    with open_ensemble(temps, block.layout, out_io, comm) as ens:
+        ens.write(block)
+    all_call(comm, lambda: [os.replace(temps[m], targets[m]) for m in mine])
+
+
+def product_paths(output: OutputSection, base_dir: Path) -> dict[str, Path]:
+    """The configured products (``"mean"``, ``"spread"``) and their resolved paths."""
+    named = {"mean": output.mean, "spread": output.spread}
+    return {
+        k: (Path(v) if Path(v).is_absolute() else base_dir / v)
+        for k, v in named.items()
+        if v is not None
+    }
 
 
 def write_products(
-    config: Config,
     comm: MPI.Comm,
     layout: StateLayout,
     rows: np.ndarray,
     template: Path | None,
     program: str,
+    targets: Mapping[str, Path],
+    coordinates: Coordinates,
 ) -> None:
-    """Collective: ``output.mean`` / ``output.spread`` of the analysis, if configured.
+    """Collective: the analysis mean and spread files named in ``targets``, if any.
 
     The fields are gathered whole to rank 0, which writes them with
     :func:`write_field_file` (temporary name, then rename).
 
     Parameters
     ----------
-    config : Config
-        ``output`` (which products, where) and ``ensemble.coordinates``.
     comm : MPI.Comm
-        Rank r holds the rows ``block_distribution(N_x, comm.size, r)``.
+        Rank r holds the rows ``RowDistribution.of(N_x, comm)`` gives it.
     layout : StateLayout
     rows : ndarray, shape (N_e, count)
         This rank's rows of the analysis ensemble, member-major.
@@ -182,40 +191,38 @@ def write_products(
         is an error only if a product is configured.
     program : str
         Names the writer in the ``history`` attribute (``"ensio analyse"``).
+    targets : mapping
+        ``"mean"`` and/or ``"spread"`` → output file (:func:`product_paths`).
+    coordinates : Coordinates
+        Coordinate variables to carry over (``ensemble.coordinates``).
     """
-    out = config.output
     fields = []
-    if out.mean is not None:
-        fields.append((out.mean, rows.mean(axis=0), "analysis ensemble mean"))
-    if out.spread is not None:
+    if "mean" in targets:
+        fields.append((targets["mean"], rows.mean(axis=0), "analysis ensemble mean"))
+    if "spread" in targets:
         ddof = 1 if rows.shape[0] > 1 else 0
-        fields.append((out.spread, rows.std(axis=0, ddof=ddof), "analysis ensemble spread (std)"))
+        fields.append(
+            (targets["spread"], rows.std(axis=0, ddof=ddof), "analysis ensemble spread (std)")
+        )
     if fields and template is None:
         raise ConfigError(
             "output.mean/output.spread: no member file to take the structure from; "
             "give the Ensemble a template file"
         )
-    for name, field, what in fields:
-        full = _gather_rows(comm, layout.n_rows, field)
+    dist = RowDistribution.of(layout.n_rows, comm)
+    for path, field, what in fields:
+        full = _gather_rows(comm, dist, field)
         root_call(
             comm,
-            lambda name=name, full=full, what=what: write_field_file(
-                config.resolve(name),
-                template,
-                layout,
-                full,
-                config.ensemble.coordinates,
-                f"{program}: {what}",
+            lambda path=path, full=full, what=what: write_field_file(
+                path, template, layout, full, coordinates, f"{program}: {what}"
             ),
         )
 
 
-def _gather_rows(comm: MPI.Comm, n_rows: int, rows: np.ndarray) -> np.ndarray | None:
+def _gather_rows(comm: MPI.Comm, dist: RowDistribution, rows: np.ndarray) -> np.ndarray | None:
     """Collective: the block-distributed field ``rows`` (count,) whole on rank 0 (N_x,)."""
-    counts = np.array([block_distribution(n_rows, comm.size, r)[1] for r in range(comm.size)])
-    displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    full = np.empty(n_rows) if comm.rank == 0 else None
-    comm.Gatherv(
-        np.ascontiguousarray(rows), [full, counts, displs, MPI.DOUBLE] if full is not None else None
-    )
+    full = np.empty(dist.n_rows) if comm.rank == 0 else None
+    recv = [full, dist.counts, dist.starts, MPI.DOUBLE] if full is not None else None
+    comm.Gatherv(np.ascontiguousarray(rows), recv)
     return full

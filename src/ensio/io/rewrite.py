@@ -11,54 +11,64 @@ into place; the journal keeps the original inode as a whole-file backup.
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from mpi4py import MPI
 
 from ..durable import replacing
+from ..layout.state import StateLayout, VariableLayout
 from ..parallel.agree import ErrorNote
-from ..parallel.distribution import block_distribution
+from ..parallel.distribution import RowDistribution
+from ..stopwatch import Stopwatch
 from . import journal
 from .open import open_member
-from .plan import IOPlan, Timer, guard
+from .pipeline import guard
+from .store import MemberStore
 
-__all__ = ["write_library"]
+if TYPE_CHECKING:  # files.py imports this module
+    from .files import FileEnsembleIO
+
+__all__ = ["rewrite_copy", "variable_counts", "write_library"]
+
+
+def variable_counts(rows: RowDistribution, offset: int, size: int) -> np.ndarray:
+    """Rows of each rank inside the state rows ``[offset, offset + size)``, shape (size,).
+
+    The counts of a ``Gatherv`` of one variable; its displacements are their
+    running sum, because the ranks' blocks are contiguous and in order.
+    """
+    lo = np.maximum(rows.starts + rows.offset, offset)
+    hi = np.minimum(rows.starts + rows.offset + rows.counts, offset + size)
+    return np.maximum(hi - lo, 0)
 
 
 def write_library(
-    plan: IOPlan,
-    data: np.ndarray,
-    comm: MPI.Comm,
-    undo: journal.UndoLog | None,
-    fsync: bool,
-    t_write: Timer,
-    t_comm: Timer,
+    ens: FileEnsembleIO, data: np.ndarray, undo: journal.UndoLog | None, sw: Stopwatch
 ) -> ErrorNote:
     """Library-path variables: gather each whole to one owner per file, rewrite a copy, rename.
 
-    Collective over ``comm``; every rank walks the same (member, variable)
-    list, derived from metadata all ranks share, so the gathers match.
+    Collective over ``ens.comm``; every rank walks the same (member, variable)
+    list, derived from metadata all ranks share, so the gathers match. Gathers
+    are timed as ``"comm"``, the rewrite as ``"write"``.
     """
+    comm, rows, layout = ens.comm, ens.rows, ens.layout
     comm.Barrier()  # raw in-place writes are finished before files are copied
-    layout = plan.layout
-    bounds = [block_distribution(layout.n_rows, comm.size, r) for r in range(comm.size)]
     note: ErrorNote = None
-    for m in range(plan.n_members):
-        lib = [v for v in layout.variables if plan.metas[m][v.name].raw_offset is None]
+    for m, meta in enumerate(ens.scan.metas):
+        lib = [v for v in layout.variables if not meta.raw(v.name)]
         if not lib:
             continue
         owner = m % comm.size
         gathered: dict[str, np.ndarray] = {}
         for v in lib:
-            counts = np.array(
-                [max(0, min(s + c, v.offset + v.size) - max(s, v.offset)) for s, c in bounds]
-            )
+            counts = variable_counts(rows, v.offset, v.size)
             displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
-            a = max(plan.start, v.offset)
-            b = min(plan.start + plan.count, v.offset + v.size)
-            mine = data[m, a - plan.start : b - plan.start] if b > a else data[m, :0]
+            a, b = max(rows.start, v.offset), min(rows.stop, v.offset + v.size)
+            mine = data[m, a - rows.start : b - rows.start] if b > a else data[m, :0]
             full = np.empty(v.size) if comm.rank == owner else None
-            with t_comm():
+            with sw("comm"):
                 comm.Gatherv(
                     np.ascontiguousarray(mine),
                     [full, counts, displs, MPI.DOUBLE] if full is not None else None,
@@ -67,26 +77,37 @@ def write_library(
             if full is not None:
                 gathered[v.name] = full
         if comm.rank == owner and note is None:
-            with t_write():
-                note = guard(lambda m=m, g=gathered: _rewrite_copy(plan, m, g, undo, fsync))
+            with sw("write"):
+                note = guard(
+                    lambda m=m, g=gathered: rewrite_copy(
+                        ens.paths[m], layout, g, undo, ens.io.fsync
+                    )
+                )
     return note
 
 
-def _rewrite_copy(
-    plan: IOPlan, m: int, values: dict[str, np.ndarray], undo: journal.UndoLog | None, fsync: bool
+def rewrite_copy(
+    path: Path,
+    layout: StateLayout,
+    values: dict[str, np.ndarray],
+    undo: journal.UndoLog | None,
+    fsync: bool,
 ) -> None:
-    """Write library-path variables into a copy of member ``m`` and rename it into place."""
-    path = plan.paths[m]
+    """Write library-path variables into a copy of ``path`` and rename it into place."""
     if undo is not None:
         undo.save_file(path)
     with replacing(path, fsync=fsync, label="library") as tmp:
         shutil.copyfile(path, tmp)
         with open_member(tmp, writable=True) as store:
             for name, full in values.items():
-                v = plan.layout.variable(name)
-                if v.active is None:
-                    store.write_elements(name, 0, full)
-                else:
-                    cur = store.read_elements(name, 0, v.n_elements)
-                    cur[v.active] = full
-                    store.write_elements(name, 0, cur)
+                _store_variable(store, layout.variable(name), full)
+
+
+def _store_variable(store: MemberStore, v: VariableLayout, full: np.ndarray) -> None:
+    """The state rows of ``v`` into its file variable (masked points keep their values)."""
+    if v.active is None:
+        store.write_elements(v.name, 0, full)
+    else:
+        cur = store.read_elements(v.name, 0, v.n_elements)
+        cur[v.active] = full
+        store.write_elements(v.name, 0, cur)

@@ -15,6 +15,13 @@ A store answers two questions for the parallel ensemble I/O
   go through the netCDF library for chunked, compressed or record variables.
   Library writes are done by one writer per file (the caller guarantees it).
 
+What a format can do is declared once, as class attributes
+(:attr:`MemberStore.raw_byte_ranges`, :attr:`MemberStore.library_writes`);
+the ensemble I/O consults them, never the format's name. A new format is one
+module with a ``MemberStore`` subclass, an entry in
+:data:`ensio.io.open.BACKENDS`, and a subclass of the contract test
+``tests/store_contract.py``.
+
 Element ranges are in flat C order of the variable as stored
 (``[lo, hi)`` of ``np.ravel(var)``).
 """
@@ -25,11 +32,15 @@ import abc
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import ClassVar
 
 import numpy as np
 
-__all__ = ["MemberStore", "VarInfo"]
+from ..errors import InputError
+from .library import NetCDFLibrary
+
+__all__ = ["LibraryBackedStore", "MemberStore", "VarInfo"]
 
 
 @dataclass(frozen=True)
@@ -83,6 +94,16 @@ class MemberStore(abc.ABC):
 
     #: Short name used in messages and benchmarks, e.g. ``"netcdf4"``.
     format_name: ClassVar[str]
+    #: Whether :meth:`variables` may report a ``raw_offset``: the format stores
+    #: (some) variables as one plain byte range that many tasks may ``pread`` /
+    #: ``pwrite`` at once, without the library. ``False``: every variable takes
+    #: the library path, whatever ``raw_offset`` says.
+    raw_byte_ranges: ClassVar[bool] = False
+    #: Whether :meth:`write_elements` works (opened ``writable``): variables
+    #: without a raw byte range can then be written through the library by one
+    #: writer per file. ``False``: such variables are read-only, and writing an
+    #: ensemble that holds one is an error before any byte is written.
+    library_writes: ClassVar[bool] = False
 
     def __init__(self, path: Path, writable: bool = False) -> None:
         self.path = Path(path)
@@ -122,3 +143,39 @@ class MemberStore(abc.ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class LibraryBackedStore(MemberStore):
+    """Common part of the netCDF stores: a parsed variable table plus the library path.
+
+    Subclasses parse their format's metadata into ``self._vars`` in
+    ``__init__`` and implement :meth:`sniff`. Element I/O goes through
+    :class:`~ensio.io.library.NetCDFLibrary` (opened on first use).
+    """
+
+    raw_byte_ranges: ClassVar[bool] = True
+    library_writes: ClassVar[bool] = True
+
+    _vars: dict[str, VarInfo]
+
+    def __init__(self, path: Path, writable: bool = False) -> None:
+        super().__init__(path, writable)
+        self._lib = NetCDFLibrary(self.path, writable)
+
+    def variables(self) -> Mapping[str, VarInfo]:
+        return MappingProxyType(self._vars)
+
+    def _info(self, name: str) -> VarInfo:
+        try:
+            return self._vars[name]
+        except KeyError:
+            raise InputError(f"{self.path}: no variable {name!r}") from None
+
+    def read_elements(self, name: str, lo: int, hi: int) -> np.ndarray:
+        return self._lib.read(self._info(name), lo, hi)
+
+    def write_elements(self, name: str, lo: int, values: np.ndarray) -> None:
+        self._lib.write(self._info(name), lo, values)
+
+    def close(self) -> None:
+        self._lib.close()

@@ -227,7 +227,7 @@ class Ensemble:
                     "not exist; write it before building the Ensemble, or pass template= "
                     "or layout="
                 )
-            return layout_from_member(self.config, self.template)
+            return layout_from_member(self.config.ensemble, self.template)
 
         layout = None
         note: ErrorNote = None

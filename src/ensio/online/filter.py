@@ -70,7 +70,7 @@ def run_filter(
         The analysis of this rank's rows, and seconds per phase
         (``obs``, ``analysis``, ``write``, ``products``), maximum over ranks.
     """
-    from ..io.products import write_member_copies, write_products
+    from ..io.products import product_paths, write_member_copies, write_products
 
     if config.analysis is None:
         raise ConfigError("analysis: section required (at least analysis.filter)")
@@ -84,12 +84,15 @@ def run_filter(
         rows = result.ensemble
         block = EnsembleBlock(layout, start, rows.shape[1], rows)
         sources = _copy_sources(config, template)
-        write_member_copies(config, comm, block, sources, config.output.members)
+        write_member_copies(config.io, comm, block, sources, config.output_member_paths())
     seconds["write"] = time.perf_counter() - t
     t = time.perf_counter()
     first = config.output_member_paths()[0]
     product_template = first if first.exists() else template
-    write_products(config, comm, layout, result.ensemble, product_template, "ensio online")
+    write_products(
+        comm, layout, result.ensemble, product_template, "ensio online",
+        product_paths(config.output, config.base_dir), config.ensemble.coordinates,
+    )  # fmt: skip
     seconds["products"] = time.perf_counter() - t
     seconds = {k: float(comm.allreduce(v, op=MPI.MAX)) for k, v in seconds.items()}
     return result, seconds
