@@ -7,8 +7,6 @@ Python API build and consume it without any file.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
 import numpy as np
 
 from .state import StateLayout
@@ -27,15 +25,12 @@ class EnsembleBlock:
         Rows ``[start, start + count)`` of the state vector.
     data : numpy.ndarray, shape (N_e, count), float64
         Member-major: one member's segment is contiguous.
-    stats : object, optional
-        What the producer measured (``ensio.io.IOStats`` for a file read).
     """
 
     layout: StateLayout
     start: int
     count: int
     data: np.ndarray
-    stats: Any = None
 
     @property
     def n_members(self) -> int:
