@@ -7,6 +7,7 @@ Python API build and consume it without any file.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 import numpy as np
 
 from .state import StateLayout
