@@ -175,7 +175,7 @@ def bench_analysis(
         ``members``, …) and ``machine``.
     """
     # Over ~80 lines only through its docstring (every parameter documented); the body is
-    # one short loop, kept whole so its control flow reads top to bottom.
+    # about 64 lines, kept whole so it reads top to bottom.
     from ..analysis.inputs import load_observations
     from ..io.ensemble import read_ensemble
 

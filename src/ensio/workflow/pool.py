@@ -155,7 +155,7 @@ def drain(todo: TodoList, backend: Backend, job: JobSpec | Callable[[int], JobSp
         (see the module docstring). Keep it next to the list.
     """
     # Over ~80 lines only through its docstring (every parameter documented); the body is
-    # one short loop, kept whole so its control flow reads top to bottom.
+    # about 53 lines, kept whole so it reads top to bottom.
     t0 = time.monotonic()
     limit = 2 * jobs + 2 if max_failed_jobs is None else max_failed_jobs
     result = PoolResult(summary=todo.summary(), error=None)

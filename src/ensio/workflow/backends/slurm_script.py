@@ -235,7 +235,7 @@ def job_script(
         unparsable workdir, bad environment name, bad extra line, bad lead).
     """
     # Over ~80 lines only through its docstring (every parameter documented); the body is
-    # one short loop, kept whole so its control flow reads top to bottom.
+    # about 54 lines, kept whole so it reads top to bottom.
     if not _NAME_RE.match(spec.name):
         raise ValueError(
             f"job name {spec.name!r} must be letters, digits, '.', '_', '+' or '-'"
