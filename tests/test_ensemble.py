@@ -188,6 +188,14 @@ def test_io_mode_selects_the_implementation(tmp_path):
         config_from_dict(raw)
 
 
+def test_every_io_mode_has_an_implementation_and_a_config_value():
+    from typing import get_args
+
+    from ensio.config.schema import IOMode
+
+    assert set(ENSEMBLE_IO) == set(get_args(IOMode))
+
+
 def test_object_reads_and_writes_without_reopening(tmp_path, monkeypatch):
     """Built once: later calls check each file with one stat, re-open only changed files."""
     case = _case("NETCDF4", "f8")
