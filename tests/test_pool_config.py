@@ -151,3 +151,33 @@ def test_empty_records(tmp_path):
     assert not (tmp_path / "none.jsonl").exists()  # reading never creates the file
     (tmp_path / "empty.jsonl").write_text("")
     assert read_records(tmp_path / "empty.jsonl") == []
+
+
+def test_reconcile_restores_exactly_the_lost_done_records(tmp_path):
+    """A worker killed between committing a task and writing its record loses the record;
+    the driver restores it from the list once, and never duplicates a present one."""
+    from ensio.workflow.records import read_records, reconcile_done
+
+    path = tmp_path / "records.jsonl"
+    append_record(path, {"kind": "member", "task": "mem001", "member": 1, "cycle": 2,
+                         "status": "done", "started": 1.0, "ended": 2.0, "finished": 2.5})
+    append_record(path, {"kind": "member", "task": "mem002", "member": 2, "cycle": 1,
+                         "status": "done", "started": 1.0, "ended": 2.0, "finished": 2.5})
+    append_record(path, {"kind": "member", "task": "mem002", "member": 2, "cycle": 2,
+                         "status": "failed", "started": 1.0, "ended": 2.0, "finished": 2.5})
+    done = [
+        {"id": "mem001", "kind": "member", "member": 1, "done_at": 3.0, "done_by": "a",
+         "done_token": 4},
+        {"id": "mem002", "kind": "member", "member": 2, "done_at": 5.0, "done_by": "b",
+         "done_token": 7},
+        {"id": "analysis", "kind": "analysis", "member": None, "done_at": 6.0, "done_by": "b",
+         "done_token": 8},
+    ]
+    assert reconcile_done(path, 2, done) == 2
+    assert reconcile_done(path, 2, done) == 0
+    recs = [r for r in read_records(path) if r["cycle"] == 2 and r["status"] == "done"]
+    assert sorted(r["task"] for r in recs) == ["analysis", "mem001", "mem002"]
+    restored = {r["task"]: r for r in recs if r.get("recovered")}
+    assert set(restored) == {"mem002", "analysis"}
+    assert restored["mem002"]["token"] == 7 and restored["mem002"]["finished"] == 5.0
+    assert restored["mem002"]["owner"] == "b" and restored["mem002"]["started"] is None

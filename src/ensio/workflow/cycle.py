@@ -43,6 +43,7 @@ from ..durable import atomic_write
 from ..errors import EnsioError
 from .backends import JobShape, JobSpec, backend_from_config
 from .pool import drain
+from .records import reconcile_done
 from .rundir import (
     analysis_config_path,
     analysis_pattern,
@@ -233,6 +234,8 @@ def run_cycles(
             backend.close()
         if res.error:
             raise EnsioError(res.error)
+        done = [t for t in todo.snapshot()["tasks"] if t["state"] == "done"]
+        reconcile_done(workdir / "records.jsonl", c, done)  # records lost to a kill
         _write_atomic(done_marker(workdir, c), "")
         failed = sorted(set(members) - set(_analysed(workdir, c, members)))
         log(f"cycle {c}: done ({len(members) - len(failed)} of {len(members)} members + analysis"

@@ -6,7 +6,9 @@ kernel appends whole on local file systems and Lustre (on NFS, appends from
 different clients can interleave only when the client cache is bypassed
 badly; readers skip lines that do not parse). Records are evidence for
 reports and estimates, not state: the to-do list is the state, so records are
-not fsynced and a crash can lose at most the last lines.
+not fsynced and a crash can lose at most the last lines; the driver restores
+the lost ``done`` records of a finished cycle from the list
+(:func:`reconcile_done`, marked ``"recovered": true``).
 
 Task record keys (``"kind"`` is ``"member"`` or ``"analysis"``):
 
@@ -49,6 +51,7 @@ __all__ = [
     "cycle_summaries",
     "mean_std",
     "read_records",
+    "reconcile_done",
     "task_duration",
 ]
 
@@ -65,6 +68,45 @@ def append_record(path: str | Path, record: Mapping[str, Any]) -> None:
             os.write(fd, line[n:])
     finally:
         os.close(fd)
+
+
+def reconcile_done(path: str | Path, cycle: int, done: Iterable[Mapping[str, Any]]) -> int:
+    """Append a record for every task the to-do list has done but the records lack.
+
+    A worker commits a task to the list, then appends its record; killed in
+    between, the task is done (the list is the state) but its record is
+    lost. The driver calls this once the list is finished, so the records
+    hold exactly one ``done`` per task of the cycle. A restored record is
+    marked ``"recovered": true``; it has the owner, token and commit time
+    from the list and no run times (``started``/``ended`` are null).
+
+    Parameters
+    ----------
+    path : path-like
+        The records file.
+    cycle : int
+    done : iterable of mapping
+        The list's done tasks (``id``, ``kind``, ``member``, ``done_at``,
+        ``done_by``, ``done_token``).
+
+    Returns
+    -------
+    int
+        Number of records restored.
+    """
+    have = {r.get("task") for r in read_records(path)
+            if r.get("cycle") == cycle and r.get("status") == "done"}
+    restored = 0
+    for t in done:
+        if t["id"] in have:
+            continue
+        append_record(path, {
+            "kind": t["kind"], "task": t["id"], "member": t.get("member"), "cycle": cycle,
+            "owner": t.get("done_by"), "token": t.get("done_token"), "started": None,
+            "ended": None, "finished": t.get("done_at"), "status": "done", "exit": 0,
+            "io_seconds": None, "recovered": True})
+        restored += 1
+    return restored
 
 
 def _parse(lines: Iterable[bytes]) -> list[dict[str, Any]]:
