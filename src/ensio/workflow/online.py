@@ -103,14 +103,15 @@ def run_online_cycles(
         name=f"ensio-online-c{first:03d}", argv=tuple(argv), time_limit=wf.time_limit_seconds,
         workdir=str(logs), env=(("PATH", _env()["PATH"]), *sorted(extra_env.items())),
     )  # fmt: skip
-    status = _run_job(backend, spec, log)
+    status, reason = _run_job(backend, spec, log)
     missing = [c for c in range(first, cycles + 1)
                if not done_marker(workdir, c).exists()]
     if status != 0 or missing:
         done = [c for c in range(first, cycles + 1) if c not in missing]
         raise EnsioError(
             f"the coupled job ended with "
-            f"{status if isinstance(status, str) else f'exit status {status}'}; cycles "
+            f"{status if isinstance(status, str) else f'exit status {status}'}"
+            + (f" ({reason})" if reason else "") + "; cycles "
             f"{', '.join(map(str, missing)) or 'none'} not done"
             + (f" ({', '.join(map(str, done))} done)" if done else "")
             + "; rerun the same command to resume"
@@ -119,8 +120,8 @@ def run_online_cycles(
         log(f"cycle {c}: done ({config.ensemble.size} members, coupled)")
 
 
-def _run_job(backend: Backend, spec: JobSpec, log: Any) -> int | str:
-    """Submit the coupled job and wait for it; 0 or how it ended."""
+def _run_job(backend: Backend, spec: JobSpec, log: Any) -> tuple[int | str, str | None]:
+    """Submit the coupled job and wait for it: (0 or how it ended, the reason from its log)."""
     state = "pending"
     try:
         job = backend.submit(spec)
@@ -136,6 +137,30 @@ def _run_job(backend: Backend, spec: JobSpec, log: Any) -> int | str:
         except BaseException:
             backend.cancel([job])
             raise
-        return 0 if state == "done" else backend.ending(job, state)
+        if state == "done":
+            return 0, None
+        return backend.ending(job, state), failure_reason(backend.log_path(job))
     finally:
         backend.close()
+
+
+def failure_reason(log_path: Path | None) -> str | None:
+    """The last error line a failed job left in its log (stdout, then the ``.err`` beside it).
+
+    The coupled job's output goes to its log, not to the driver's terminal;
+    the line that says why it failed belongs in the driver's message: the
+    first line ensio wrote there (its messages start with ``ensio``), else the
+    last line mentioning an error or an abort.
+    """
+    if log_path is None:
+        return None
+    lines: list[str] = []
+    for path in (log_path, log_path.with_suffix(".err")):
+        try:
+            lines += path.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+    ours = [ln.strip() for ln in lines if ln.startswith("ensio")]
+    other = [ln.strip() for ln in lines if "error" in ln.lower() or "abort" in ln.lower()]
+    picked = ours[0] if ours else (other[-1] if other else None)  # the first cause we reported
+    return None if picked is None else picked[:500]
