@@ -259,7 +259,10 @@ def test_analysis_files_products_and_readers(tmp_path):
             )
             assert ds["t"].dimensions == ("lev", "lat", "lon")
             for n in STATE_NAMES:
-                assert ds[n].long_name == template[n]["long_name"]
+                member_name = template[n]["long_name"]
+                if fname == "spread.nc":
+                    member_name = f"ensemble spread (standard deviation, ddof=1) of {member_name}"
+                assert ds[n].long_name == member_name
         with xr.open_dataset(path) as ds:
             np.testing.assert_allclose(ds["state"].values.ravel(), expect[:nx2], rtol=1e-12)
             np.testing.assert_array_equal(ds["lat"].values, s.grid.lat)

@@ -22,6 +22,7 @@ from .config.schema import Config, ConfigError
 from .io.ensemble import EnsembleIO, open_ensemble
 from .io.products import product_paths, write_member_copies, write_products
 from .layout.block import EnsembleBlock
+from .progress import Advance, PhaseProgress, no_progress
 
 __all__ = ["AnalysisReport", "run_analysis"]
 
@@ -61,36 +62,46 @@ class AnalysisReport:
         return out
 
 
-def run_analysis(config: Config, comm: MPI.Comm, *, cycle: int = 0) -> AnalysisReport:
+def run_analysis(
+    config: Config, comm: MPI.Comm, *, cycle: int = 0, progress: PhaseProgress | None = None
+) -> AnalysisReport:
     """Collective: the whole offline analysis of one cycle.
 
     Reads the members (N_io I/O tasks), reads the observations, analyses
     every rank's rows, writes the analysis in place (journaled) or into
     copies at ``output.members``, and writes ``output.mean`` / ``output.spread``.
+    ``progress`` shows the phases (:meth:`PhaseProgress.for_rank`); none by default.
     """
     if config.analysis is None:
         raise ConfigError("analysis: section required (at least analysis.filter)")
+    bars = progress or PhaseProgress(enabled=False)
     t0 = time.perf_counter()
     seconds: dict[str, float] = {}
     obs_files = [config.resolve(e.file) for e in config.observations]
+    n_e = config.ensemble.size
     # Built once for the read and the write of this analysis; freed on any error.
     with open_ensemble(config.member_paths(), config.ensemble, config.io, comm) as ens:
-        block = ens.read()
+        with bars.phase("read", n_e, "members") as advance:
+            block = ens.read(progress=advance)
         seconds["read"] = time.perf_counter() - t0
         layout = block.layout
-        result = assimilate_block(
-            block, obs_files, config.analysis, comm, cycle=cycle, seconds=seconds
-        )
+        with bars.phase("analysis"):
+            result = assimilate_block(
+                block, obs_files, config.analysis, comm, cycle=cycle, seconds=seconds
+            )
         t = time.perf_counter()
         analysis = EnsembleBlock(layout, block.start, block.count, result.ensemble)
-        _write_members(config, comm, ens, analysis)
+        with bars.phase("write", n_e, "members") as advance:
+            _write_members(config, comm, ens, analysis, advance)
     seconds["write"] = time.perf_counter() - t
     t = time.perf_counter()
     template = config.output_member_paths()[0]
-    write_products(
-        comm, layout, analysis.data, template, "ensio analyse",
-        product_paths(config.output, config.base_dir), config.ensemble.coordinates,
-    )  # fmt: skip
+    targets = product_paths(config.output, config.base_dir)
+    with bars.phase("products"):
+        write_products(
+            comm, layout, analysis.data, template, "ensio analyse",
+            targets, config.ensemble.coordinates,
+        )  # fmt: skip
     seconds["products"] = time.perf_counter() - t
     seconds["total"] = time.perf_counter() - t0
     seconds = {k: float(comm.allreduce(v, op=MPI.MAX)) for k, v in seconds.items()}
@@ -99,11 +110,13 @@ def run_analysis(config: Config, comm: MPI.Comm, *, cycle: int = 0) -> AnalysisR
 
 
 def _write_members(
-    config: Config, comm: MPI.Comm, ens: EnsembleIO, analysis: EnsembleBlock
+    config: Config, comm: MPI.Comm, ens: EnsembleIO, analysis: EnsembleBlock,
+    advance: Advance = no_progress,
 ) -> None:
     """Collective: the analysis in place (journaled, through ``ens``) or as copies."""
     if config.io.in_place:
-        ens.write(analysis)
+        ens.write(analysis, progress=advance)
         return
     paths = config.output_member_paths()
     write_member_copies(config.io, comm, analysis, config.member_paths(), paths)
+    advance(len(paths))

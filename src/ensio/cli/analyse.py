@@ -13,6 +13,7 @@ from mpi4py import MPI
 from ..config import load_config
 from ..config.errors import ConfigError
 from ..offline import run_analysis
+from ..progress import PhaseProgress
 
 __all__ = ["add_parser", "run"]
 
@@ -70,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
         except ConfigError as exc:
             raise ConfigError(f"--members: {exc}") from None
         config = dataclasses.replace(config, ensemble=ens)
-    report = run_analysis(config, comm, cycle=args.cycle)
+    with PhaseProgress.for_rank(comm.rank) as progress:
+        report = run_analysis(config, comm, cycle=args.cycle, progress=progress)
     if comm.rank == 0:
         for line in report.lines():
             print(line, flush=True)

@@ -1,10 +1,12 @@
 """``ensio report DIR``: the seed paper's Table 2 for a cycled experiment.
 
-Reads ``DIR/records.jsonl`` and prints, per cycle and as mean ± standard
-deviation over cycles: total time to solution, queuing (first task start −
-first job submission), I/O (seconds the tasks reported reading and writing
-ensemble files), and running (total − queuing − I/O), with percentages of the
-total. Writes ``DIR/report.csv`` and a stacked bar chart ``DIR/report.png``.
+Reads ``DIR/records.jsonl`` and prints, in a table that fits 80 columns, per
+cycle and as mean and standard deviation (``sd``) over cycles: total time to
+solution, queuing (first task start − first job submission), I/O (seconds the
+tasks reported reading and writing ensemble files), and running (total −
+queuing − I/O), with percentages of the total (I/O is summed over parallel
+tasks and may exceed 100 %; beyond 999 % the table says ``>999``). Writes
+``DIR/report.csv`` and a stacked bar chart ``DIR/report.png``.
 """
 
 from __future__ import annotations
@@ -13,13 +15,15 @@ import argparse
 import csv
 from pathlib import Path
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
 from ..errors import EnsioError
+from ..numfmt import fitted, fixed
 from ..workflow.records import cycle_summaries, mean_std, read_records
 
-__all__ = ["add_parser", "run", "table_rows"]
+__all__ = ["SECONDS_WIDTH", "add_parser", "build_table", "run", "table_rows"]
 
 PARTS = ("total", "queuing", "running", "io")
 
@@ -48,6 +52,56 @@ def table_rows(records: list[dict]) -> list[dict[str, float]]:
     return rows
 
 
+#: Widest number of a seconds column; the table then fits 80 columns.
+SECONDS_WIDTH = 10
+
+
+def _seconds(x: float) -> str:
+    return fitted(x, SECONDS_WIDTH)
+
+
+def _percent(part: float, total: float) -> str:
+    if not total > 0:
+        return "—"
+    pct = 100 * part / total
+    return ">999" if pct >= 999.5 else "<-999" if pct <= -999.5 else fixed(pct, 0)
+
+
+def build_table(rows: list[dict[str, float]]) -> Table:
+    """The report table: one row per cycle, then ``mean`` and ``sd`` rows over the cycles.
+
+    Columns: cycle, total, queuing, %, running, %, io, % (seconds, and
+    percentages of the total). Numbers are at most :data:`SECONDS_WIDTH`
+    characters and never ``-0``, so the table fits 80 columns.
+    """
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("cycle", justify="right")
+    for p in PARTS:
+        table.add_column(f"{p} s", justify="right")
+        if p != "total":
+            table.add_column("%", justify="right")
+    for i, r in enumerate(rows):
+        cells = [str(r["cycle"])]
+        for p in PARTS:
+            cells.append(_seconds(r[p]))
+            if p != "total":
+                cells.append(_percent(r[p], r["total"]))
+        table.add_row(*cells, end_section=i == len(rows) - 1)
+    stats = {p: mean_std(r[p] for r in rows) for p in PARTS}
+    mean = ["mean"]
+    sd = ["sd"]
+    for p in PARTS:
+        m, dev = stats[p]
+        mean.append(_seconds(m))
+        sd.append(_seconds(dev))
+        if p != "total":
+            mean.append(_percent(m, stats["total"][0]))
+            sd.append("")
+    table.add_row(*mean, style="bold")
+    table.add_row(*sd, style="bold")
+    return table
+
+
 def run(args: argparse.Namespace) -> int:
     path = args.dir / "records.jsonl"
     if not path.exists():
@@ -55,29 +109,11 @@ def run(args: argparse.Namespace) -> int:
     rows = table_rows(read_records(path))
     if not rows:
         raise EnsioError(f"{path}: no finished task records yet")
-    table = Table(title=f"ensio report: {args.dir} ({len(rows)} cycles)")
-    table.add_column("cycle", justify="right")
-    for p in PARTS:
-        table.add_column(f"{p} s", justify="right")
-        if p != "total":
-            table.add_column("%", justify="right")
-    for r in rows:
-        cells = [str(r["cycle"])]
-        for p in PARTS:
-            cells.append(f"{r[p]:.2f}")
-            if p != "total":
-                cells.append(f"{100 * r[p] / r['total']:.0f}" if r["total"] > 0 else "—")
-        table.add_row(*cells)
-    stats = {p: mean_std(r[p] for r in rows) for p in PARTS}
-    cells = ["mean ± sd"]
-    for p in PARTS:
-        m, sd = stats[p]
-        cells.append(f"{m:.2f} ± {sd:.2f}")
-        if p != "total":
-            tot = stats["total"][0]
-            cells.append(f"{100 * m / tot:.0f}" if tot > 0 else "—")
-    table.add_row(*cells, style="bold")
-    Console().print(table)
+    console = Console()
+    n = len(rows)
+    console.print(f"ensio report: {args.dir} ({n} cycle{'' if n == 1 else 's'})",
+                  highlight=False, soft_wrap=True)
+    console.print(build_table(rows))
     with open(args.dir / "report.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=["cycle", *PARTS])
         w.writeheader()

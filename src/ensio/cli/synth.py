@@ -1,7 +1,7 @@
 """``ensio synth``: write the synthetic problem of the seed paper.
 
-Thin layer: parse arguments, drive a progress bar, call
-:func:`ensio.models.synthetic.write_synthetic`.
+Thin layer: parse arguments, drive a progress bar (standard error, when it is
+a terminal), call :func:`ensio.models.synthetic.write_synthetic`.
 """
 
 from __future__ import annotations
@@ -12,16 +12,18 @@ from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ensio.models.synthetic import SyntheticSpec, write_synthetic
+from ensio.progress import PhaseProgress
 
 __all__ = ["add_parser", "main", "run"]
 
 DESCRIPTION = """\
 Write the synthetic global problem of Zheng et al.: OUT/mem001.nc ... (state(lat, lon)
 and an auxiliary variable aux(lat, lon)), OUT/truth.nc, OUT/obs.nc (10 % of the grid
-points, error 0.25, with state-vector index) and OUT/ensio.yaml, a ready config.
+points, error 0.25, with state-vector index) and OUT/ensio.yaml, a ready config:
+`ensio analyse OUT/ensio.yaml` runs an LETKF (support radius 8 grid spacings) and
+writes OUT/an/mean.nc and OUT/an/spread.nc.
 """
 
 
@@ -62,13 +64,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"ensio synth: error: {exc}", file=sys.stderr)
         return 2
     console = Console()
-    columns = (TextColumn("writing members"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn())
-    with Progress(*columns, console=console, disable=not console.is_terminal,
-                  transient=True) as progress:
-        task = progress.add_task("members", total=spec.members)
-        case = write_synthetic(args.out, spec,
-                               on_member=lambda _k: progress.advance(task))
+    with PhaseProgress.for_rank(0) as progress:
+        with progress.phase("write", spec.members, "members") as advance:
+            case = write_synthetic(args.out, spec, on_member=lambda _k: advance())
     itemsize = 8 if spec.dtype == "float64" else 4
     console.print(
         f"wrote {spec.members} members ({_size(spec.n_state * itemsize * spec.members)} of "

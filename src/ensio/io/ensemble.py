@@ -31,6 +31,7 @@ from mpi4py import MPI
 from ..config.schema import Config, EnsembleSection, IOSection
 from ..layout.block import EnsembleBlock
 from ..layout.state import StateLayout
+from ..progress import Advance, no_progress
 from .files import FileEnsembleIO
 from .stats import IOStats
 
@@ -45,13 +46,17 @@ class EnsembleIO(Protocol):
     n_io: int
     stats: IOStats | None
 
-    def read(self, out: EnsembleBlock | None = None, *, overlap: bool = True) -> EnsembleBlock:
-        """Collective: this rank's rows of every member."""
+    def read(
+        self, out: EnsembleBlock | None = None, *, overlap: bool = True,
+        progress: Advance = no_progress,
+    ) -> EnsembleBlock:
+        """Collective: this rank's rows of every member (``progress()`` per member)."""
 
     def write(
-        self, block: EnsembleBlock, *, overlap: bool = True, journal: bool | None = None
+        self, block: EnsembleBlock, *, overlap: bool = True, journal: bool | None = None,
+        progress: Advance = no_progress,
     ) -> IOStats:
-        """Collective: the rows back into the members."""
+        """Collective: the rows back into the members (``progress()`` per member)."""
 
     def close(self) -> None:
         """Collective: free the object's communicators."""

@@ -40,6 +40,7 @@ from ..layout.state import StateLayout
 from ..parallel.agree import ErrorNote, agree, raise_if_any, rebuild, root_call
 from ..parallel.comms import io_groups
 from ..parallel.distribution import RowDistribution
+from ..progress import Advance, no_progress
 from ..stopwatch import Stopwatch
 from . import journal as journal_mod
 from .members import MemberScan, resolve_io_tasks, root_layout
@@ -162,7 +163,13 @@ class FileEnsembleIO:
 
     # ----------------------------------------------------------------------- read
 
-    def read(self, out: EnsembleBlock | None = None, *, overlap: bool = True) -> EnsembleBlock:
+    def read(
+        self,
+        out: EnsembleBlock | None = None,
+        *,
+        overlap: bool = True,
+        progress: Advance = no_progress,
+    ) -> EnsembleBlock:
         """Collective: read all members into the row-distributed ensemble matrix.
 
         Parameters
@@ -174,6 +181,8 @@ class FileEnsembleIO:
         overlap : bool
             Read file m+1 while file m is scattered (default). ``False`` reads
             and scatters in turn; it exists to measure what the overlap gains.
+        progress : callable, optional
+            Called once per member this rank has read (a progress bar's advance).
 
         Returns
         -------
@@ -199,11 +208,16 @@ class FileEnsembleIO:
             for m in range(self.n_members):
                 with sw("read"):
                     note = note or guard(lambda m=m: self._read_member(m, data[m], scratch))
+                progress()
         else:
             scratch, spec = Scratch(), self._scatter_spec()
+
+            def read_one(m: int, buf: np.ndarray) -> None:
+                self._read_member(m, buf, scratch)
+                progress()
+
             note = run_pipeline(
-                "read", self.n_members, self.group_rows.n_rows,
-                lambda m, buf: self._read_member(m, buf, scratch),
+                "read", self.n_members, self.group_rows.n_rows, read_one,
                 lambda m, buf: gcomm.Scatterv([buf, *spec], data[m], root=0),
                 sw, depth=2 if overlap else 0,
             )  # fmt: skip
@@ -244,7 +258,12 @@ class FileEnsembleIO:
     # ---------------------------------------------------------------------- write
 
     def write(
-        self, block: EnsembleBlock, *, overlap: bool = True, journal: bool | None = None
+        self,
+        block: EnsembleBlock,
+        *,
+        overlap: bool = True,
+        journal: bool | None = None,
+        progress: Advance = no_progress,
     ) -> IOStats:
         """Collective: write the analysis rows back into the member files, in place.
 
@@ -262,6 +281,8 @@ class FileEnsembleIO:
             ``False`` gathers and writes in turn (to measure the overlap).
         journal : bool, optional
             Override ``io.journal`` for this call (to measure its cost).
+        progress : callable, optional
+            Called once per member this rank has written (a progress bar's advance).
 
         Returns
         -------
@@ -283,7 +304,7 @@ class FileEnsembleIO:
         undo = journal_mod.UndoLog.create(root, self.comm.rank, fsync=fsync) if journaled else None
         sw = Stopwatch()
         try:
-            note = self._write_rows(data, undo, sw, depth=2 if overlap else 0)
+            note = self._write_rows(data, undo, sw, 2 if overlap else 0, progress)
             note = note or write_library(self, data, undo, sw)
         finally:
             if undo is not None:
@@ -320,7 +341,12 @@ class FileEnsembleIO:
                     )
 
     def _write_rows(
-        self, data: np.ndarray, undo: journal_mod.UndoLog | None, sw: Stopwatch, depth: int
+        self,
+        data: np.ndarray,
+        undo: journal_mod.UndoLog | None,
+        sw: Stopwatch,
+        depth: int,
+        progress: Advance = no_progress,
     ) -> ErrorNote:
         """Gather each member's rows to the I/O tasks and write their byte ranges in place."""
         gcomm = self.groups.group_comm
@@ -333,6 +359,7 @@ class FileEnsembleIO:
 
         def store(m: int, rows: np.ndarray) -> None:
             sw.add("journal", self._write_member(m, rows, undo, scratch))
+            progress()
 
         if gcomm.size == 1:
             note: ErrorNote = None

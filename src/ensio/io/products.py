@@ -1,9 +1,11 @@
 """Analysis products written beside the members: mean and spread files, member copies.
 
-A product file has the structure a user expects of a model field: the
-dimensions, coordinate variables (with their attributes) and global
-attributes of the first member, and one variable per state variable with its
-attributes, holding the field (masked points: ``_FillValue``).
+A product file is a CF field like the members: the coordinates of the
+first member (time, level, bounds, grid mapping, auxiliary 2-D lon/lat), its
+global attributes with a timestamped ``history`` line, and one variable per
+state variable in the member's physical dtype and fill convention, described
+as an ensemble statistic (``cell_methods``; a spread has its own
+``long_name`` and no ``standard_name``). The CF rules live in :mod:`.cf`.
 
 The offline analysis (``ensio analyse``) and the filter side of the online
 mode write their output through the same two collective functions,
@@ -24,19 +26,21 @@ import netCDF4
 import numpy as np
 from mpi4py import MPI
 
+from .. import __version__
 from ..config.analysis import OutputSection
 from ..config.schema import ConfigError, Coordinates, IOSection
 from ..durable import replacing
 from ..layout.block import EnsembleBlock
-from ..layout.state import StateLayout
+from ..layout.state import StateLayout, VariableLayout
 from ..parallel.agree import all_call, root_call
 from ..parallel.distribution import RowDistribution
+from . import cf
 from .ensemble import open_ensemble
 
 __all__ = ["copy_members", "partial_path", "product_paths", "write_field_file",
            "write_member_copies", "write_products"]
 
-_FILL = netCDF4.default_fillvals["f8"]
+Statistic = cf.Statistic
 
 
 def write_field_file(
@@ -46,8 +50,23 @@ def write_field_file(
     rows: np.ndarray,
     coordinates: Coordinates,
     history: str,
+    *,
+    statistic: Statistic | None = None,
+    ddof: int = 1,
 ) -> None:
-    """Write a state-shaped field (e.g. the analysis mean) as netCDF-4.
+    """Write a state-shaped field (e.g. the analysis mean) as netCDF-4, a CF field like the members.
+
+    The file holds, from ``template``: the global attributes (``history``
+    gets a timestamped line first; ``Conventions`` is ``CF-1.8`` if the
+    member has none), every variable the state variables and the configured
+    coordinates refer to (dimension coordinates such as ``time`` and the
+    level, bounds, grid mappings, auxiliary 2-D lon/lat, formula terms, cell
+    measures: :func:`ensio.io.cf.referenced_variables`) copied byte for
+    byte, the dimensions they use (the record dimension stays unlimited), and
+    one variable per state variable in the member's physical dtype and fill
+    convention (:func:`ensio.io.cf.field_encoding`; packed members are
+    written unpacked). Points outside a variable's mask, points missing in
+    ``template`` and non-finite values of ``rows`` hold the fill value.
 
     Parameters
     ----------
@@ -58,44 +77,79 @@ def write_field_file(
         A member file: dimensions, coordinates and attributes come from it.
     layout : StateLayout
     rows : ndarray, shape (N_x,)
-        The field in state-vector order.
+        The field in state-vector order, physical units.
     coordinates : Coordinates
-        Coordinate variables to carry over.
+        Coordinate variables to carry over (with what they refer to).
     history : str
-        Appended to the ``history`` global attribute.
+        The ``history`` line (after its timestamp), e.g.
+        ``"ensio analyse (ensio 0.1.0): analysis ensemble mean"``.
+    statistic : Statistic, optional
+        What the field is over the ensemble (:data:`ensio.io.cf.MEAN`,
+        :data:`ensio.io.cf.SPREAD`): sets ``cell_methods`` and, for a spread,
+        the ``long_name`` (with ``ddof``) instead of the ``standard_name``.
+    ddof : int
+        Delta degrees of freedom of a spread, named in its ``long_name``.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     with replacing(path) as tmp:
-        coord_names = [n for n in (coordinates.lon, coordinates.lat, coordinates.level) if n]
         with netCDF4.Dataset(template) as src, netCDF4.Dataset(tmp, "w", format="NETCDF4") as dst:
             src.set_auto_maskandscale(False)
+            src.set_auto_chartostring(False)
+            dst.set_auto_maskandscale(False)
+            dst.set_auto_chartostring(False)
             attrs = {a: src.getncattr(a) for a in src.ncattrs()}
-            old = str(attrs.get("history", ""))
-            attrs["history"] = (old + "\n" if old else "") + history
+            line = cf.history_line(history)
+            attrs["history"] = cf.prepend_history(str(attrs.get("history", "")), line)
+            attrs.setdefault("Conventions", "CF-1.8")
             dst.setncatts(attrs)
-            needed = {d for v in layout.variables for d in v.dims}
-            needed |= {d for n in coord_names if n in src.variables for d in src[n].dimensions}
+            state = [v.name for v in layout.variables]
+            coord_names = [n for n in (coordinates.lon, coordinates.lat, coordinates.level) if n]
+            carried = cf.referenced_variables(src.variables, [*state, *coord_names])
+            carried = [n for n in src.variables if n in carried or n in coord_names]
+            needed = {d for n in [*state, *carried] for d in src[n].dimensions}
             for name, dim in src.dimensions.items():
                 if name in needed:
                     dst.createDimension(name, None if dim.isunlimited() else len(dim))
-            for name in coord_names:
-                if name in src.variables:
-                    var = src[name]
-                    out = dst.createVariable(name, var.dtype, var.dimensions)
-                    out.setncatts({a: var.getncattr(a) for a in var.ncattrs()})
-                    out[...] = var[...]
+            for name in carried:
+                _copy_variable(src[name], dst)
             for v in layout.variables:
-                var = src[v.name]
-                out = dst.createVariable(v.name, "f8", v.dims, fill_value=_FILL)
-                attrs = {a: var.getncattr(a) for a in var.ncattrs() if a != "_FillValue"}
-                out.setncatts(attrs)
-                field = np.full(v.n_elements, _FILL)
-                seg = rows[v.offset : v.offset + v.size]
-                if v.active is None:
-                    field[:] = seg
-                else:
-                    field[v.active] = seg
-                out[...] = field.reshape(v.shape)
+                _write_state_variable(src[v.name], dst, v, rows[v.offset : v.offset + v.size],
+                                      statistic, ddof)
+
+
+def _copy_variable(var: netCDF4.Variable, dst: netCDF4.Dataset) -> None:
+    """Copy a variable of the template as stored (dtype, fill value, attributes, bytes)."""
+    attrs = {a: var.getncattr(a) for a in var.ncattrs()}
+    fill = attrs.pop("_FillValue", None)
+    out = dst.createVariable(var.name, var.datatype, var.dimensions, fill_value=fill)
+    out.setncatts(attrs)
+    if var.size:
+        out[...] = var[...]
+
+
+def _write_state_variable(
+    var: netCDF4.Variable,
+    dst: netCDF4.Dataset,
+    v: VariableLayout,
+    seg: np.ndarray,
+    statistic: Statistic | None,
+    ddof: int,
+) -> None:
+    """One state variable of a product: the member's structure, ``seg`` as values."""
+    attrs = {a: var.getncattr(a) for a in var.ncattrs()}
+    enc = cf.field_encoding(var.dtype, attrs)
+    fill = enc.dtype.type(enc.fill) if enc.fill_attribute else None
+    out = dst.createVariable(v.name, enc.dtype, v.dims, fill_value=fill)
+    out.setncatts(cf.product_attributes(attrs, v.name, enc, statistic, ddof))
+    field = np.full(v.n_elements, np.nan)
+    if v.active is None:
+        field[:] = seg
+    else:
+        field[v.active] = seg
+    missing = ~np.isfinite(field) | cf.missing_mask(np.asarray(var[...]).ravel(), attrs)
+    values = field.astype(enc.dtype)
+    values[missing] = enc.fill
+    out[...] = values.reshape(v.shape)
 
 
 def copy_members(sources: Sequence[Path], targets: Sequence[Path], rank: int, size: int) -> None:
@@ -173,6 +227,8 @@ def write_products(
     program: str,
     targets: Mapping[str, Path],
     coordinates: Coordinates,
+    *,
+    inactive: np.ndarray | None = None,
 ) -> None:
     """Collective: the analysis mean and spread files named in ``targets``, if any.
 
@@ -185,7 +241,7 @@ def write_products(
         Rank r holds the rows ``RowDistribution.of(N_x, comm)`` gives it.
     layout : StateLayout
     rows : ndarray, shape (N_e, count)
-        This rank's rows of the analysis ensemble, member-major.
+        This rank's rows of the analysis ensemble, member-major, physical units.
     template : Path or None
         A member-shaped file the products take their structure from; ``None``
         is an error only if a product is configured.
@@ -195,27 +251,32 @@ def write_products(
         ``"mean"`` and/or ``"spread"`` → output file (:func:`product_paths`).
     coordinates : Coordinates
         Coordinate variables to carry over (``ensemble.coordinates``).
+    inactive : ndarray of bool, shape (count,), optional
+        This rank's rows that were not analysed (missing in some member):
+        they hold the fill value in the products.
     """
-    fields = []
-    if "mean" in targets:
-        fields.append((targets["mean"], rows.mean(axis=0), "analysis ensemble mean"))
-    if "spread" in targets:
-        ddof = 1 if rows.shape[0] > 1 else 0
-        fields.append(
-            (targets["spread"], rows.std(axis=0, ddof=ddof), "analysis ensemble spread (std)")
-        )
+    ddof = 1 if rows.shape[0] > 1 else 0
+    stats = {
+        "mean": (cf.MEAN, lambda: rows.mean(axis=0)),
+        "spread": (cf.SPREAD, lambda: rows.std(axis=0, ddof=ddof)),
+    }
+    fields = [(targets[k], *stats[k]) for k in stats if k in targets]
     if fields and template is None:
         raise ConfigError(
             "output.mean/output.spread: no member file to take the structure from; "
             "give the Ensemble a template file"
         )
     dist = RowDistribution.of(layout.n_rows, comm)
-    for path, field, what in fields:
+    for path, statistic, compute in fields:
+        field = compute()
+        if inactive is not None:
+            field = np.where(inactive, np.nan, field)
         full = _gather_rows(comm, dist, field)
+        what = f"{program} (ensio {__version__}): analysis ensemble {statistic.name}"
         root_call(
             comm,
-            lambda path=path, full=full, what=what: write_field_file(
-                path, template, layout, full, coordinates, f"{program}: {what}"
+            lambda path=path, full=full, what=what, statistic=statistic: write_field_file(
+                path, template, layout, full, coordinates, what, statistic=statistic, ddof=ddof
             ),
         )
 

@@ -25,7 +25,9 @@ Files written by :func:`write_synthetic` into ``OUT``:
 * ``truth.nc`` — the same coordinates and ``state``;
 * ``obs.nc`` — observations in the format of DESIGN.md (dimension ``obs``;
   ``lon``, ``lat``, ``value``, ``error``, ``index``; plus ``level`` with levels);
-* ``ensio.yaml`` — a ready config for the ensemble.
+* ``ensio.yaml`` — a ready config: the ensemble, ``obs.nc`` and an LETKF whose
+  support radius is :data:`LOCALIZATION_CELLS` grid spacings, writing
+  ``an/mean.nc`` and ``an/spread.nc``; ``ensio analyse ensio.yaml`` runs it as is.
 
 Levels are not part of the paper's (2-D) problem; they exist so benchmarks can
 exercise 3-D variables. Level ``l`` of ``L`` holds the 2-D field times
@@ -48,6 +50,7 @@ import netCDF4
 import numpy as np
 
 __all__ = [
+    "LOCALIZATION_CELLS",
     "OBS_ERROR",
     "OBS_FRACTION_PERMILLE",
     "SyntheticCase",
@@ -55,9 +58,11 @@ __all__ = [
     "field",
     "grid",
     "level_factors",
+    "localization_radius_km",
     "member_shifts",
     "n_observations",
     "observations",
+    "spacing_km",
     "write_synthetic",
 ]
 
@@ -65,6 +70,11 @@ __all__ = [
 OBS_ERROR = 0.25
 #: Fraction of the state entries observed, in per mille (integer, to round exactly).
 OBS_FRACTION_PERMILLE = 100
+#: Support radius of the LETKF in the written config, in grid spacings: with
+#: 10 % of the points observed about 20 observations fall inside it.
+LOCALIZATION_CELLS = 8
+#: Earth radius of the localization distances (DESIGN.md), km.
+EARTH_RADIUS_KM = 6371.0
 #: File name pattern of the members (1-based, as everywhere in ensio).
 MEMBER_PATTERN = "mem{member:03d}.nc"
 
@@ -309,7 +319,27 @@ def _config_text(spec: SyntheticSpec) -> str:
         "  # tasks: N_io; unset means min(N_mpi, N_e)\n"
         "  journal: true\n"
         "  fsync: false\n"
+        "# ensio analyse: obs.nc (10 % of the points, sigma 0.25, with state-vector index)\n"
+        "observations: [obs.nc]\n"
+        "analysis:\n"
+        "  filter: letkf\n"
+        f"  # support radius: {LOCALIZATION_CELLS} grid spacings "
+        f"({spacing_km(spec.nx, spec.ny):.0f} km at the equator)\n"
+        f"  localization: {{taper: gaspari-cohn, radius_km: {localization_radius_km(spec):.0f}}}\n"
+        "output:\n"
+        "  mean: an/mean.nc\n"
+        "  spread: an/spread.nc\n"
     )
+
+
+def spacing_km(nx: int, ny: int) -> float:
+    """The larger grid spacing at the equator, km (6371 km sphere): max(2πR/nx, πR/ny)."""
+    return max(2.0 * np.pi * EARTH_RADIUS_KM / nx, np.pi * EARTH_RADIUS_KM / ny)
+
+
+def localization_radius_km(spec: SyntheticSpec) -> float:
+    """Support radius of the written config: ``LOCALIZATION_CELLS`` grid spacings, rounded."""
+    return float(np.ceil(LOCALIZATION_CELLS * spacing_km(spec.nx, spec.ny)))
 
 
 def write_synthetic(
