@@ -363,7 +363,6 @@ def test_observations_of_a_3d_variable_at_a_level(tmp_path):
     run_and_check(s, products=False)
 
 
-@xfail("products keep time, level, bounds and float32 (item 8)")
 def test_products_keep_the_members_structure(tmp_path):
     s = rf.time_record(tmp_path, 12)
     _index_observations(s, 12)  # products only: H on this state is another feature
