@@ -61,7 +61,7 @@ def read_source(
         The file cannot be read, names an unknown variable, or its levels are
         ambiguous, missing for a 3-D variable or given for a 2-D one.
     """
-    batch, attr = read_obs_file(source.path, id_offset, select, values)
+    batch, attr = read_obs_file(source.path, id_offset, select, values=values)
     path = source.path
     names = [v.name for v in layout.variables]
     name = source.variable or attr or (names[0] if names else None)
