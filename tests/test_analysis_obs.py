@@ -148,3 +148,82 @@ def test_read_obs_netcdf_errors_name_file_and_variable(tmp_path):
         read_obs_netcdf(path)
     with pytest.raises(InputError, match="missing.nc"):
         read_obs_netcdf(tmp_path / "missing.nc")
+
+
+def _layout_2d_3d():
+    from ensio.config import Coordinates, VariableSpec
+    from ensio.layout import VarMeta, build_layout
+
+    metas = {
+        "ps": VarMeta("ps", ("time", "lat", "lon"), (1, 3, 4), np.dtype("f4")),
+        "t": VarMeta("t", ("time", "lev", "lat", "lon"), (1, 2, 3, 4), np.dtype("f8")),
+        "lon": VarMeta("lon", ("lon",), (4,), np.dtype("f8")),
+        "lat": VarMeta("lat", ("lat",), (3,), np.dtype("f8")),
+        "lev": VarMeta("lev", ("lev",), (2,), np.dtype("f8")),
+    }
+    values = {"lon": np.arange(4) * 90.0, "lat": np.array([-45.0, 0.0, 45.0]),
+              "lev": np.array([1000.0, 500.0])}  # fmt: skip
+    specs = [VariableSpec("ps"), VariableSpec("t")]
+    return build_layout(specs, metas, values.__getitem__, Coordinates(), "m.nc")
+
+
+def _obs_file(path, attr=None, **cols):
+    import netCDF4
+
+    base = {"lon": [10.0, 20.0], "lat": [0.0, 5.0], "value": [1.0, 2.0], "error": [1.0, 1.0]}
+    with netCDF4.Dataset(path, "w") as ds:
+        ds.createDimension("obs", 2)
+        for name, v in {**base, **cols}.items():
+            kind = "i4" if name == "level_index" else "f8"
+            fill = -1 if name == "level_index" else np.nan
+            var = ds.createVariable(name, kind, ("obs",), fill_value=fill)
+            var[:] = np.ma.masked_invalid(np.asarray(v, float)) if kind == "f8" else v
+        if attr is not None:
+            ds.setncattr("variable", attr)
+    return path
+
+
+def test_sources_variable_and_levels(tmp_path):
+    from ensio.obs import ObsSource, read_source
+
+    layout = _layout_2d_3d()
+    coords = layout.coordinates(0, layout.n_rows)
+    assert np.isnan(coords["level"][:12]).all()  # 2-D rows: no level; horizontal only
+    assert coords["level"][12:].tolist() == [1000.0] * 12 + [500.0] * 12
+    plain = _obs_file(tmp_path / "ps.nc")
+    b = read_source(ObsSource(plain), layout, id_offset=5)
+    assert b.variable.tolist() == [0, 0] and b.level is None and b.ids.tolist() == [5, 6]
+    b = read_source(ObsSource(plain, "t", level=700.0), layout)
+    assert b.variable.tolist() == [1, 1] and b.level.tolist() == [700.0, 700.0]
+    per_obs = _obs_file(tmp_path / "t.nc", attr="t", level=[900.0, np.nan])
+    b = read_source(ObsSource(per_obs), layout)
+    assert b.variable.tolist() == [1, 1] and b.level[0] == 900.0 and np.isnan(b.level[1])
+    with pytest.raises(InputError, match=r"t\.nc.*'ps' differs .* variable = 't'"):
+        read_source(ObsSource(per_obs, "ps"), layout)
+    with pytest.raises(InputError, match=r"t\.nc.*per-observation 'level'.*observations\[\]"):
+        read_source(ObsSource(per_obs, level_index=1), layout)
+    with pytest.raises(InputError, match=r"ps\.nc: observed variable 't' is 3-D \(lev=2\)"):
+        read_source(ObsSource(plain, "t"), layout)
+    with pytest.raises(InputError, match=r"ps\.nc: observed variable 'ps' has no vertical"):
+        read_source(ObsSource(plain, level=500.0), layout)
+    with pytest.raises(InputError, match=r"'zz' \(observations\[\]\.variable\)"):
+        read_source(ObsSource(plain, "zz"), layout)
+    # H: the missing (fill) level is rejected, the other interpolated between levels
+    from ensio.obs import StateGrid
+
+    b = read_source(ObsSource(per_obs), layout)
+    op, inside = build_operator(b, layout.n_rows, StateGrid(layout))
+    assert inside.tolist() == [True, False]
+    x = np.concatenate([np.zeros(12), np.full(12, 10.0), np.full(12, 20.0)])[None, :]
+    assert np.isclose(op.apply(x)[0, 0], 10.0 + 10.0 * (900.0 - 1000.0) / (500.0 - 1000.0))
+
+
+def test_config_observation_entry_keys():
+    from ensio.config import ConfigError
+    from ensio.config.analysis import ObservationFile
+
+    assert ObservationFile("o.nc", "t", level=850.0).level == 850.0
+    with pytest.raises(ConfigError, match="observations.level: give level or level_index"):
+        ObservationFile("o.nc", level=1.0, level_index=1)
+    with pytest.raises(ConfigError, match="observations.level_index: must be >= 0"):
+        ObservationFile("o.nc", level_index=-2)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from mpi4py import MPI
 
-from .analysis.inputs import assimilate_block
+from .analysis.inputs import assimilate_block, observation_sources
 from .analysis.result import AnalysisResult
 from .config.schema import Config, ConfigError
 from .io.ensemble import EnsembleIO, open_ensemble
@@ -77,7 +77,7 @@ def run_analysis(
     bars = progress or PhaseProgress(enabled=False)
     t0 = time.perf_counter()
     seconds: dict[str, float] = {}
-    obs_files = [config.resolve(e.file) for e in config.observations]
+    obs_files = observation_sources(config.observations, config.resolve)
     n_e = config.ensemble.size
     # Built once for the read and the write of this analysis; freed on any error.
     with open_ensemble(config.member_paths(), config.ensemble, config.io, comm) as ens:

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import ensio.analysis.inputs as inputs
+import ensio.obs.sources as sources
 import ensio.offline as offline
 from ensio.config import config_from_dict
 from ensio.io.ensemble import read_ensemble
@@ -38,15 +39,15 @@ def test_partial_obs_read_gives_the_same_analysis(comm, shared_dir, monkeypatch,
     results = {}
     values_read = {"whole": 0, "partial": 0}
     locations_read = {"whole": 0, "partial": 0}
-    reader = inputs.read_obs_netcdf
+    reader = sources.read_obs_file
 
     def spy(*args, **kwargs):
-        batch = reader(*args, **kwargs)
+        batch, attr = reader(*args, **kwargs)
         counter = values_read if kwargs.get("values", True) else locations_read
         counter[mode] += len(batch)
-        return batch
+        return batch, attr
 
-    monkeypatch.setattr(inputs, "read_obs_netcdf", spy)
+    monkeypatch.setattr(sources, "read_obs_file", spy)
     for mode, threshold in (("whole", 1 << 40), ("partial", 0)):
         monkeypatch.setattr(inputs, "PARTIAL_READ_BYTES", threshold)
         cfg = config_from_dict(

@@ -22,11 +22,11 @@ from pathlib import Path
 import numpy as np
 from mpi4py import MPI
 
-from ..config.analysis import AnalysisSection
+from ..config.analysis import AnalysisSection, ObservationFile
 from ..config.errors import ConfigError
 from ..errors import InputError
 from ..layout.block import EnsembleBlock
-from ..obs import ObsBatch, RegularGrid, build_operator, read_obs_netcdf
+from ..obs import Locator, ObsBatch, ObsSource, build_operator, read_source
 from ..obs.read import PARTIAL_READ_BYTES, obs_count
 from ..parallel.agree import all_call, root_call
 from ..parallel.distribution import RowDistribution
@@ -37,11 +37,21 @@ from .pipeline import AnalysisSettings, analyse_rows
 from .placement import obs_coordinates, row_coordinates, state_grid
 from .result import AnalysisResult
 
-__all__ = ["PARTIAL_READ_BYTES", "assimilate_block", "load_observations"]
+__all__ = [
+    "PARTIAL_READ_BYTES",
+    "assimilate_block",
+    "load_observations",
+    "observation_sources",
+]
+
+
+def observation_sources(entries: Sequence[ObservationFile], resolve) -> list[ObsSource]:
+    """The ``observations:`` entries as sources (paths resolved by ``resolve``)."""
+    return [ObsSource(resolve(e.file), e.variable, e.level, e.level_index) for e in entries]
 
 
 def load_observations(
-    paths: Sequence[Path],
+    paths: Sequence[Path | ObsSource],
     analysis: AnalysisSection,
     block: EnsembleBlock,
     comm: MPI.Comm,
@@ -58,8 +68,9 @@ def load_observations(
 
     Parameters
     ----------
-    paths : sequence of Path
-        The observation files (``observations``, resolved).
+    paths : sequence of Path or ObsSource
+        The observation files (``observations``, resolved; a plain path
+        observes the first state variable, levels only from the file).
     analysis : AnalysisSection
         The localization decides what a rank needs.
     block : EnsembleBlock
@@ -73,25 +84,28 @@ def load_observations(
         The selected observations of all files, concatenated.
     """
 
+    sources = [ObsSource.of(p) for p in paths]
+    layout = block.layout
+
     def sizes() -> list[tuple[int, int]]:
         out = []
-        for p in paths:
-            if not p.exists():
-                raise InputError(f"{p}: observation file not found")
-            out.append((obs_count(p), p.stat().st_size))
+        for s in sources:
+            if not s.path.exists():
+                raise InputError(f"{s.path}: observation file not found")
+            out.append((obs_count(s.path), s.path.stat().st_size))
         return out
 
     info = root_call(comm, sizes)
     local = analysis.localization is not None and comm.size > 1
-    grid = state_grid(block.layout)
+    grid = state_grid(layout)
     batches, offset = [], 0
-    for path, (n, nbytes) in zip(paths, info, strict=True):
+    for src, (n, nbytes) in zip(sources, info, strict=True):
         if local and nbytes > PARTIAL_READ_BYTES:
-            where = all_call(comm, lambda p=path, o=offset: read_obs_netcdf(p, o, values=False))
+            where = all_call(comm, lambda s=src, o=offset: read_source(s, layout, o, values=False))
             sel = _needed(where, analysis, block, grid, comm)
-            batch = all_call(comm, lambda p=path, o=offset, s=sel: read_obs_netcdf(p, o, select=s))
+            batch = all_call(comm, lambda s=src, o=offset, x=sel: read_source(s, layout, o, x))
         else:
-            batch = root_call(comm, lambda p=path, o=offset: read_obs_netcdf(p, o))
+            batch = root_call(comm, lambda s=src, o=offset: read_source(s, layout, o))
             if local:
                 batch = batch.subset(_needed(batch, analysis, block, grid, comm))
         batches.append(batch)
@@ -103,7 +117,7 @@ def _needed(
     obs: ObsBatch,
     analysis: AnalysisSection,
     block: EnsembleBlock,
-    grid: RegularGrid | None,
+    grid: Locator | None,
     comm: MPI.Comm,
 ) -> np.ndarray:
     """Positions (within ``obs``) of the observations this rank needs: near or owned."""
@@ -120,7 +134,7 @@ def _needed(
 
 def assimilate_block(
     block: EnsembleBlock,
-    observation_files: Sequence[Path],
+    observation_files: Sequence[Path | ObsSource],
     analysis: AnalysisSection,
     comm: MPI.Comm,
     *,
@@ -137,8 +151,8 @@ def assimilate_block(
     block : EnsembleBlock
         The prior rows ``[start, start + count)`` of all members (``data``:
         shape (N_e, count), member-major).
-    observation_files : sequence of Path
-        ``observations`` (resolved); at least one.
+    observation_files : sequence of Path or ObsSource
+        ``observations`` (:func:`observation_sources`); at least one.
     analysis : AnalysisSection
     comm : MPI.Comm
         The filter communicator.

@@ -13,37 +13,41 @@ import numpy as np
 
 from ..config.analysis import AnalysisSection
 from ..layout.state import StateLayout
-from ..obs import ObsBatch, RegularGrid
+from ..obs import ObsBatch, StateGrid
 
 __all__ = ["lonlat_of_rows", "obs_coordinates", "row_coordinates", "state_grid"]
 
 
-def state_grid(layout: StateLayout) -> RegularGrid | None:
-    """The regular lon/lat grid of the first state variable, for bilinear H (if it has one).
+def state_grid(layout: StateLayout) -> StateGrid | None:
+    """H of observations without an index on the layout's state (``None``: no files).
 
-    Observations without an ``index`` are interpolated bilinearly, which needs
-    a regular grid: only a 2-D, unmasked first variable stored as (lat, lon)
-    with 1-D coordinates qualifies; otherwise ``None`` (index H only).
+    Any state variable (``ObsBatch.variable``), 2-D or 3-D (level), on a
+    rectilinear or curvilinear lon/lat grid, masked or not
+    (:class:`~ensio.obs.stategrid.StateGrid`). ``None`` for a layout without
+    coordinates (the in-memory API: give a :class:`~ensio.obs.RegularGrid`).
     """
-    lon, lat = layout.coords.get("lon"), layout.coords.get("lat")
-    if lon is None or lat is None or len(lon[0]) != 1 or len(lat[0]) != 1:
-        return None
-    v = layout.variables[0]
-    if v.active is not None or v.dims[-2:] != (lat[0][0], lon[0][0]) or len(v.dims) != 2:
-        return None
-    return RegularGrid(lon=lon[1], lat=lat[1], offset=v.offset)
+    return None if layout.geometry is None else StateGrid(layout)
 
 
 def lonlat_of_rows(layout: StateLayout, start: int, count: int) -> np.ndarray | None:
     """Lon/lat of the rows ``[start, start + count)``, for localization and obs selection.
 
+    Each row sits at its own grid point (its own variable's; a row of a 3-D
+    variable at its horizontal position: there is no vertical localization).
+
     Returns
     -------
     ndarray, shape (count, 2), or None
-        Columns lon, lat in degrees; ``None`` if the layout has no lon/lat
-        coordinates (then localization uses row indices).
+        Columns lon, lat in degrees; ``None`` if the layout has no
+        coordinates at all (a layout without files).
+
+    Raises
+    ------
+    InputError
+        The member files have no lon/lat (the message names
+        ``ensemble.coordinates.lon``/``lat`` and the file).
     """
-    if "lon" not in layout.coords or "lat" not in layout.coords:
+    if layout.geometry is None:
         return None
     c = layout.coordinates(start, start + count)
     return np.stack([c["lon"], c["lat"]], axis=1)

@@ -176,7 +176,7 @@ def bench_analysis(
     """
     # Over ~80 lines only through its docstring (every parameter documented); the body is
     # about 64 lines, kept whole so it reads top to bottom.
-    from ..analysis.inputs import load_observations
+    from ..analysis.inputs import load_observations, observation_sources
     from ..io.ensemble import read_ensemble
 
     if repeat < 1:
@@ -189,7 +189,7 @@ def bench_analysis(
     layout = block.layout
     if not config.observations:
         raise ConfigError("observations: at least one observation file is needed for an analysis")
-    obs_files = [config.resolve(e.file) for e in config.observations]
+    obs_files = observation_sources(config.observations, config.resolve)
     obs = load_observations(obs_files, config.analysis, block, comm)
     kernels = {
         "configured": config.analysis,

@@ -21,7 +21,17 @@ from .. import __version__
 from ..errors import ConfigError, EnsioError
 
 #: Subcommand modules, in the order ``ensio --help`` lists them.
-COMMANDS = ("synth", "analyse", "cycle", "report", "worker", "bench", "recover", "model")
+COMMANDS = (
+    "synth",
+    "analyse",
+    "index",
+    "cycle",
+    "report",
+    "worker",
+    "bench",
+    "recover",
+    "model",
+)
 
 
 def build_parser(commands: Sequence[str] = COMMANDS) -> argparse.ArgumentParser:

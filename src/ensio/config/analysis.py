@@ -35,13 +35,32 @@ KernelName = Literal["batched", "pointwise"]
 
 @dataclass(frozen=True)
 class ObservationFile:
-    """One entry of ``observations:`` — a netCDF observation file (DESIGN.md format)."""
+    """One entry of ``observations:`` — a netCDF observation file (DESIGN.md format).
+
+    ``variable`` names the observed state variable (else the file's global
+    attribute ``variable``, else the first state variable); for a 3-D
+    variable ``level`` (a value of its level coordinate, linear
+    interpolation) or ``level_index`` (0-based) applies to every observation
+    of the file, unless the file has per-observation ``level`` /
+    ``level_index`` variables (then neither key may be given).
+    """
 
     file: str
+    variable: str | None = None
+    level: float | None = None
+    level_index: int | None = None
 
     def __post_init__(self) -> None:
         if not self.file:
             raise ConfigError("observations.file: must not be empty")
+        if self.level is not None and self.level_index is not None:
+            raise ConfigError(
+                f"observations.level: give level or level_index, not both ({self.file})"
+            )
+        if self.level_index is not None and self.level_index < 0:
+            raise ConfigError(
+                f"observations.level_index: must be >= 0, got {self.level_index} ({self.file})"
+            )
 
 
 @dataclass(frozen=True)

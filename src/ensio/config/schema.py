@@ -36,11 +36,21 @@ class VariableSpec:
 
 @dataclass(frozen=True)
 class Coordinates:
-    """Names of the coordinate variables used to place state rows on the globe."""
+    """``ensemble.coordinates`` — names of the coordinate variables.
+
+    ``lon``/``lat`` (degrees; 1-D rectilinear, 2-D curvilinear, or 1-D over
+    one dimension for unstructured points) place the state rows and the
+    observations; they are needed only by lon/lat observations and
+    ``radius_km`` localization. ``level`` names the vertical coordinate
+    (default: the netCDF coordinate variable of a 3-D variable's vertical
+    dimension). ``time`` is only compared across members (when the first
+    member has it). All of them must be equal in every member.
+    """
 
     lon: str = "lon"
     lat: str = "lat"
     level: str | None = None
+    time: str = "time"
 
 
 @dataclass(frozen=True)

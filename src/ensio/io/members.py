@@ -25,7 +25,8 @@ from mpi4py import MPI
 from ..config.schema import ConfigError, EnsembleSection, IOSection
 from ..errors import InputError
 from ..layout.state import StateLayout, VarMeta, build_layout
-from ..parallel.agree import ErrorNote, note_error, raise_if_any, root_call
+from ..parallel.agree import ErrorNote, note_error, rebuild, root_call
+from .consistency import check_coordinates, check_distinct
 from .open import open_member
 from .store import VarInfo
 
@@ -89,10 +90,31 @@ def root_layout(ensemble: EnsembleSection, first: Path, comm: MPI.Comm) -> State
 
 
 def check_member(path: Path, layout: StateLayout) -> MemberMeta:
-    """Open one member and check its state variables against the layout."""
+    """Open one member and check it against the layout: state variables, coordinates.
+
+    The coordinate variables (:func:`~ensio.io.consistency.check_coordinates`)
+    are compared with the first member's, so a member with inverted latitudes
+    is refused by name.
+    """
     with open_member(path) as store:
         infos = store.variables()
         caps = (type(store).raw_byte_ranges, type(store).library_writes)
+        out = _check_variables(path, layout, infos)
+
+        def read(name: str) -> np.ndarray | None:
+            info = infos.get(name)
+            if info is None:
+                return None
+            return store.read_elements(name, 0, info.size).reshape(info.shape)
+
+        check_coordinates(path, layout, read)
+    return MemberMeta(out, *caps)
+
+
+def _check_variables(
+    path: Path, layout: StateLayout, infos: Mapping[str, VarInfo]
+) -> dict[str, VarInfo]:
+    """The state variables of one member, checked against the layout (dims, shape, dtype)."""
     out: dict[str, VarInfo] = {}
     for v in layout.variables:
         info = infos.get(v.name)
@@ -109,7 +131,7 @@ def check_member(path: Path, layout: StateLayout) -> MemberMeta:
                 f"expected {v.dtype.name} as in the first member"
             )
         out[v.name] = info
-    return MemberMeta(out, *caps)
+    return out
 
 
 def file_identity(path: Path) -> tuple[int, ...]:
@@ -156,9 +178,14 @@ class MemberScan:
         return range(self.comm.rank, len(self.paths), self.comm.size)
 
     def refresh(self) -> list[MemberMeta]:
-        """Collective: re-check the members that changed; the metadata of all, on all ranks."""
+        """Collective: re-check the members that changed; the metadata of all, on all ranks.
+
+        Raises the problem of the lowest-numbered bad member (the same on
+        every rank), and an error naming both paths if two members are one
+        file (:func:`~ensio.io.consistency.check_distinct`).
+        """
         changed: dict[int, MemberMeta] = {}
-        note: ErrorNote = None
+        bad: tuple[int, ErrorNote] | None = None
         for m in self._mine():
             try:
                 ident = file_identity(self.paths[m])
@@ -166,13 +193,19 @@ class MemberScan:
                     changed[m] = check_member(self.paths[m], self.layout)
                     self._seen[m] = ident
             except Exception as exc:
-                note = note_error(exc)
+                bad = (m, note_error(exc))
                 self._seen.pop(m, None)
                 break
-        raise_if_any(self.comm, note)
+        failed = [b for b in self.comm.allgather(bad) if b is not None]
+        if failed:
+            raise rebuild(min(failed, key=lambda b: b[0])[1])  # type: ignore[arg-type]
         merged = dict(enumerate(self.metas))
-        for part in self.comm.allgather(changed):
+        inodes: dict[int, tuple[int, int]] = {}
+        mine = {m: self._seen[m][:2] for m in self._mine()}
+        for part, ids in self.comm.allgather((changed, mine)):
             merged.update(part)
+            inodes.update(ids)
+        check_distinct(self.paths, inodes)
         self.metas = [merged[m] for m in range(len(self.paths))]
         return self.metas
 

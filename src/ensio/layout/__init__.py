@@ -2,14 +2,18 @@
 
 from ..parallel.distribution import block_distribution
 from .block import EnsembleBlock
+from .coords import StateGeometry
+from .index import state_index
 from .state import Segment, StateLayout, VariableLayout, VarMeta, build_layout
 
 __all__ = [
     "EnsembleBlock",
     "Segment",
+    "StateGeometry",
     "StateLayout",
     "VarMeta",
     "VariableLayout",
     "block_distribution",
     "build_layout",
+    "state_index",
 ]

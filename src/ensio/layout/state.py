@@ -10,12 +10,13 @@ elements (e.g. land points), so rows map to a sorted subset of its elements.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..config.schema import Coordinates, VariableSpec
 from ..errors import InputError
+from .coords import StateGeometry, build_geometry
 
 __all__ = ["Segment", "StateLayout", "VariableLayout", "VarMeta", "build_layout"]
 
@@ -114,14 +115,16 @@ class StateLayout:
     variables : tuple of VariableLayout
     n_rows : int
         Length N_x of the state vector.
-    coords : dict
-        Coordinate arrays by role (``"lon"``, ``"lat"``, optionally
-        ``"level"``) with the dimension names they span, used to place rows.
+    geometry : StateGeometry or None
+        The coordinates of the variables (:mod:`ensio.layout.coords`): the
+        lon/lat grid, each variable's vertical axis and level coordinate,
+        the coordinate variables every member must repeat. ``None`` for a
+        layout without files (the in-memory API).
     """
 
     variables: tuple[VariableLayout, ...]
     n_rows: int
-    coords: Mapping[str, tuple[tuple[str, ...], np.ndarray]] = field(default_factory=dict)
+    geometry: StateGeometry | None = None
 
     def variable(self, name: str) -> VariableLayout:
         for v in self.variables:
@@ -141,21 +144,35 @@ class StateLayout:
         return out
 
     def coordinates(self, lo: int, hi: int) -> dict[str, np.ndarray]:
-        """Coordinates (degrees; level if configured) of state rows ``[lo, hi)``.
+        """Coordinates of state rows ``[lo, hi)``: each row's own grid point.
 
-        Each coordinate variable spans a subset of a state variable's
-        dimensions (e.g. ``lon(lon)`` or curvilinear ``lon(y, x)``); its value
-        at a row is found by unravelling the row's element index.
+        ``lon``, ``lat`` (degrees) of the row's horizontal grid point (any
+        grid: rectilinear, curvilinear, points) and, when a variable has a
+        level coordinate, ``level`` (NaN for rows of variables without one).
+
+        Raises
+        ------
+        InputError
+            The files have no lon/lat, or a variable does not span their
+            dimensions (the message names the key).
         """
-        out = {role: np.empty(hi - lo) for role in self.coords}
+        geo = self.geometry
+        if geo is None:
+            raise InputError("the state has no coordinates (a layout without member files)")
+        grid = geo.horizontal()
+        out = {"lon": np.empty(hi - lo), "lat": np.empty(hi - lo)}
+        if any(a.level is not None for a in geo.axes):
+            out["level"] = np.full(hi - lo, np.nan)
         for seg in self.segments(lo, hi):
             v = self.variables[seg.var]
+            ax = geo.axes[seg.var]
+            geo.horizontal(seg.var)
             flat = v.element_indices(seg.row_lo - v.offset, seg.row_hi - v.offset)
             pos = np.unravel_index(flat, v.shape)
-            by_dim = dict(zip(v.dims, pos, strict=True))
-            for role, (cdims, values) in self.coords.items():
-                idx = tuple(by_dim[d] for d in cdims)
-                out[role][seg.row_lo - lo : seg.row_hi - lo] = values[idx]
+            part = slice(seg.row_lo - lo, seg.row_hi - lo)
+            out["lon"][part], out["lat"][part] = grid.lonlat(pos[ax.y], pos[ax.x])
+            if ax.level is not None and ax.vertical is not None:
+                out["level"][part] = ax.level.values[pos[ax.vertical]]
         return out
 
 
@@ -214,24 +231,10 @@ def build_layout(
             )
         )
         offset += size
-    coords: dict[str, tuple[tuple[str, ...], np.ndarray]] = {}
-    for role in ("lon", "lat", "level"):
-        name = getattr(coordinates, role)
-        if name is None:
-            continue
-        meta = metas.get(name)
-        if meta is None:
-            if role == "level":
-                raise InputError(f"{source}: coordinate variable '{name}' not found")
-            continue  # lon/lat are optional for I/O; the analysis checks them
-        for v in variables:
-            if not set(meta.dims) <= set(v.dims):
-                raise InputError(
-                    f"{source}: coordinate '{name}' dims {meta.dims} are not dims of "
-                    f"state variable '{v.name}' {v.dims}"
-                )
-        coords[role] = (meta.dims, np.asarray(read_var(name), dtype=np.float64))
-    return StateLayout(variables=tuple(variables), n_rows=offset, coords=coords)
+    geometry = build_geometry(
+        [(v.name, v.dims, v.shape) for v in variables], metas, read_var, coordinates, source
+    )
+    return StateLayout(variables=tuple(variables), n_rows=offset, geometry=geometry)
 
 
 def _mask_indices(

@@ -1,17 +1,23 @@
 """Observations: batches, operators, quality control, reading."""
 
 from .batch import ObsBatch
-from .operators import ObsOperator, RegularGrid, bilinear_operator, build_operator
+from .operators import Locator, ObsOperator, RegularGrid, bilinear_operator, build_operator
 from .qc import QCCounts, quality_control
 from .read import read_obs_netcdf
+from .sources import ObsSource, read_source
+from .stategrid import StateGrid
 
 __all__ = [
+    "Locator",
     "ObsBatch",
     "ObsOperator",
+    "ObsSource",
     "RegularGrid",
+    "StateGrid",
     "bilinear_operator",
     "build_operator",
     "QCCounts",
     "quality_control",
     "read_obs_netcdf",
+    "read_source",
 ]

@@ -36,6 +36,14 @@ class ObsBatch:
         and order the observations, so they must not depend on how the
         observations were split. ``None`` means ``0 .. m-1``. Give files after
         the first an offset (the total size of the files before them).
+    variable : ndarray of int, shape (m,), or None
+        Observed state variable (its position in the layout, config order)
+        of observations without an index; negative or ``None``: the first.
+    level : ndarray, shape (m,), or None
+        Vertical position on a 3-D variable, a value of its level coordinate
+        (linear interpolation between the two nearest levels); NaN: none.
+    level_index : ndarray of int, shape (m,), or None
+        Vertical position as a 0-based level; negative: none.
     """
 
     values: np.ndarray
@@ -44,6 +52,9 @@ class ObsBatch:
     lat: np.ndarray
     index: np.ndarray | None = None
     ids: np.ndarray | None = None
+    variable: np.ndarray | None = None
+    level: np.ndarray | None = None
+    level_index: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         vals = _vec("values", self.values, float)
@@ -51,9 +62,9 @@ class ObsBatch:
         fields = {"values": vals}
         for name in ("errors", "lon", "lat"):
             fields[name] = _vec(name, getattr(self, name), float)
-        for name in ("index", "ids"):
+        for name, dtype in _OPTIONAL.items():
             v = getattr(self, name)
-            fields[name] = None if v is None else _vec(name, v, np.int64)
+            fields[name] = None if v is None else _vec(name, v, dtype)
         if fields["ids"] is None:
             fields["ids"] = np.arange(m, dtype=np.int64)
         for name, v in fields.items():
@@ -67,13 +78,13 @@ class ObsBatch:
     def subset(self, selection: np.ndarray) -> ObsBatch:
         """Observations selected by a boolean mask or an index array (ids kept)."""
         sel = np.asarray(selection)
+        opt = {n: None if getattr(self, n) is None else getattr(self, n)[sel] for n in _OPTIONAL}
         return ObsBatch(
             values=self.values[sel],
             errors=self.errors[sel],
             lon=self.lon[sel],
             lat=self.lat[sel],
-            index=None if self.index is None else self.index[sel],
-            ids=self.ids[sel],
+            **opt,
         )
 
     @staticmethod
@@ -81,13 +92,21 @@ class ObsBatch:
         """Concatenate batches, keeping their ids (give each file its own offset)."""
         if not batches:
             return ObsBatch(np.empty(0), np.empty(0), np.empty(0), np.empty(0))
-        has_index = [b.index is not None for b in batches]
-        index = None
-        if any(has_index):
-            index = np.concatenate(
-                [b.index if b.index is not None else np.full(len(b), -1) for b in batches]
+        opt: dict[str, np.ndarray | None] = {}
+        for name, dtype in _OPTIONAL.items():
+            parts = [getattr(b, name) for b in batches]
+            if all(p is None for p in parts):
+                opt[name] = None
+                continue
+            missing = np.nan if dtype is float else -1
+            opt[name] = np.concatenate(
+                [
+                    p if p is not None else np.full(len(b), missing, dtype)
+                    for p, b in zip(parts, batches, strict=True)
+                ]
             )
-        ids = np.concatenate([b.ids for b in batches])
+        ids = opt["ids"]
+        assert ids is not None
         if np.unique(ids).size != ids.size:
             raise ValueError("ObsBatch.concat: observation ids repeat; offset the ids per file")
         return ObsBatch(
@@ -95,6 +114,15 @@ class ObsBatch:
             errors=np.concatenate([b.errors for b in batches]),
             lon=np.concatenate([b.lon for b in batches]),
             lat=np.concatenate([b.lat for b in batches]),
-            index=index,
-            ids=ids,
+            **opt,
         )
+
+
+#: Optional per-observation fields, their dtype (missing: -1 for integers, NaN for floats).
+_OPTIONAL: dict[str, type] = {
+    "index": np.int64,
+    "ids": np.int64,
+    "variable": np.int64,
+    "level": float,
+    "level_index": np.int64,
+}

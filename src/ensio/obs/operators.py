@@ -1,4 +1,4 @@
-"""Observation operators: grid-point index (identity) and bilinear lon/lat.
+"""Observation operators: grid-point index (identity) and interpolation on a grid.
 
 An operator is stored as a small sparse matrix in row form: for each
 observation, the state rows it reads and their weights (``(m, 4)`` for
@@ -10,12 +10,14 @@ needs from others.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from .batch import ObsBatch
+from .cells import lon_periodic, rectilinear_cells
 
-__all__ = ["RegularGrid", "ObsOperator", "bilinear_operator", "build_operator"]
+__all__ = ["Locator", "RegularGrid", "ObsOperator", "bilinear_operator", "build_operator"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -52,18 +54,18 @@ class RegularGrid:
     @property
     def periodic(self) -> bool:
         """True when the longitudes are equally spaced around the whole circle."""
-        rel = np.mod(self.lon - self.lon[0], 360.0)
-        step = rel[1]
-        return bool(
-            step > 0
-            and np.allclose(np.diff(rel), step)
-            and abs(step * self.lon.size - 360.0) < 1e-6
-        )
+        return lon_periodic(self.lon)
 
     def coords(self) -> np.ndarray:
         """(lon, lat) of every grid point in state order, shape (nlat*nlon, 2)."""
         lon2, lat2 = np.meshgrid(self.lon, self.lat)
         return np.stack([lon2.ravel(), lat2.ravel()], axis=1)
+
+    def locate(self, obs: ObsBatch, n_state: int) -> tuple[ObsOperator, np.ndarray]:
+        """Bilinear H of every observation (variable and level are not used)."""
+        op, inside = bilinear_operator(self, obs.lon, obs.lat)
+        inside = inside & (op.rows.max(axis=1) < n_state)
+        return ObsOperator(op.rows, np.where(inside[:, None], op.weights, 0.0)), inside
 
 
 @dataclass(frozen=True, eq=False)
@@ -91,27 +93,6 @@ class ObsOperator:
         return ObsOperator(self.rows[selection], self.weights[selection])
 
 
-def _axis_lon(grid: RegularGrid, lon: np.ndarray):
-    """Left index, right index, fraction and inside-flag along longitude."""
-    n = grid.lon.size
-    finite = np.isfinite(lon)
-    lon = np.where(finite, lon, grid.lon[0])
-    if grid.periodic:
-        step = np.mod(grid.lon[1] - grid.lon[0], 360.0)
-        rel = np.mod(lon - grid.lon[0], 360.0) / step
-        i0 = np.minimum(np.floor(rel).astype(np.int64), n - 1)
-        t = rel - i0
-        return i0, (i0 + 1) % n, t, finite
-    order = np.argsort(grid.lon)
-    gl = grid.lon[order]
-    # bring each observation into [gl[0], gl[0] + 360)
-    x = gl[0] + np.mod(lon - gl[0], 360.0)
-    inside = finite & (x <= gl[-1])
-    j = np.clip(np.searchsorted(gl, x, side="right") - 1, 0, n - 2)
-    t = (x - gl[j]) / (gl[j + 1] - gl[j])
-    return order[j], order[j + 1], t, inside
-
-
 def bilinear_operator(grid: RegularGrid, lon: np.ndarray, lat: np.ndarray):
     """Bilinear interpolation weights on ``grid`` for observation locations.
 
@@ -131,63 +112,64 @@ def bilinear_operator(grid: RegularGrid, lon: np.ndarray, lat: np.ndarray):
         ``grid.offset`` with weight 0.
     inside : ndarray of bool, shape (m,)
     """
-    lon = np.asarray(lon, dtype=float)
-    lat = np.asarray(lat, dtype=float)
-    i0, i1, tx, inside = _axis_lon(grid, lon)
-    order = np.argsort(grid.lat)
-    gl = grid.lat[order]
-    inside = inside & np.isfinite(lat) & (lat >= gl[0]) & (lat <= gl[-1])
-    lat = np.where(np.isfinite(lat), lat, gl[0])
-    j = np.clip(np.searchsorted(gl, lat, side="right") - 1, 0, gl.size - 2)
-    ty = (lat - gl[j]) / (gl[j + 1] - gl[j])
-    j0, j1 = order[j], order[j + 1]
-    nlon = grid.lon.size
-    rows = grid.offset + np.stack(
-        [j0 * nlon + i0, j0 * nlon + i1, j1 * nlon + i0, j1 * nlon + i1], 1
-    )
-    w = np.stack([(1 - tx) * (1 - ty), tx * (1 - ty), (1 - tx) * ty, tx * ty], axis=1)
-    rows = np.where(inside[:, None], rows, grid.offset)
-    w = np.where(inside[:, None], w, 0.0)
-    return ObsOperator(rows.astype(np.int64), w), inside
+    c = rectilinear_cells(grid.lon, grid.lat, lon, lat)
+    rows = grid.offset + c.j * grid.lon.size + c.i
+    rows = np.where(c.inside[:, None], rows, grid.offset)
+    return ObsOperator(rows.astype(np.int64), c.w), c.inside
 
 
-def build_operator(obs: ObsBatch, n_state: int, grid: RegularGrid | None = None):
-    """H for a batch: identity at ``obs.index``, else bilinear on ``grid``.
+class Locator(Protocol):
+    """What :func:`build_operator` needs of a grid: H of observations without an index."""
+
+    def locate(self, obs: ObsBatch, n_state: int) -> tuple[ObsOperator, np.ndarray]:
+        """Rows, weights and inside-flags of every observation of ``obs``."""
+        ...
+
+
+def build_operator(obs: ObsBatch, n_state: int, grid: Locator | None = None):
+    """H for a batch: identity at ``obs.index``, else interpolation by ``grid``.
 
     Parameters
     ----------
     obs : ObsBatch
     n_state : int
         Length of the state vector (index range check).
-    grid : RegularGrid, optional
-        Needed when some observation has no (non-negative) index.
+    grid : RegularGrid or StateGrid, optional
+        Needed when some observation has no (non-negative) index: a
+        :class:`RegularGrid` (bilinear on one variable, the in-memory API) or
+        a :class:`~ensio.obs.stategrid.StateGrid` (any state: variable, level,
+        curvilinear, masks).
 
     Returns
     -------
     op : ObsOperator
-        Rows ``(m, 4)`` (identity rows padded with weight 0).
+        Rows ``(m, p)``, p = 4, or 8 when some observation interpolates
+        between two levels (identity rows padded with weight 0).
     inside : ndarray of bool, shape (m,)
         False for observations outside the grid / state (to be rejected and counted).
     """
     m = len(obs)
-    rows = np.zeros((m, 4), dtype=np.int64)
-    w = np.zeros((m, 4))
-    inside = np.zeros(m, dtype=bool)
     has_index = np.zeros(m, dtype=bool) if obs.index is None else obs.index >= 0
-    if has_index.any():
-        idx = obs.index[has_index]  # type: ignore[index]
-        ok = idx < n_state
-        r = np.where(ok, idx, 0)
-        rows[has_index, 0] = r
-        w[has_index, 0] = np.where(ok, 1.0, 0.0)
-        inside[has_index] = ok
     need = ~has_index
+    located = None
     if need.any():
         if grid is None:
             raise ValueError("observations without an index need a lon/lat grid for H")
-        op, ins = bilinear_operator(grid, obs.lon[need], obs.lat[need])
-        ins &= op.rows.max(axis=1) < n_state
-        rows[need] = op.rows
-        w[need] = np.where(ins[:, None], op.weights, 0.0)
+        located = grid.locate(obs.subset(need), n_state)
+    p = 4 if located is None else max(4, located[0].rows.shape[1])
+    rows = np.zeros((m, p), dtype=np.int64)
+    w = np.zeros((m, p))
+    inside = np.zeros(m, dtype=bool)
+    if has_index.any():
+        idx = obs.index[has_index]  # type: ignore[index]
+        ok = idx < n_state
+        rows[has_index, 0] = np.where(ok, idx, 0)
+        w[has_index, 0] = np.where(ok, 1.0, 0.0)
+        inside[has_index] = ok
+    if located is not None:
+        op, ins = located
+        width = op.rows.shape[1]
+        rows[need, :width] = op.rows
+        w[need, :width] = op.weights
         inside[need] = ins
     return ObsOperator(rows, w), inside

@@ -9,7 +9,7 @@ import numpy as np
 from ..errors import InputError
 from .batch import ObsBatch
 
-__all__ = ["obs_count", "read_obs_netcdf"]
+__all__ = ["obs_count", "read_obs_file", "read_obs_netcdf"]
 
 #: Observation files larger than this are not read whole by every rank of a
 #: local analysis: each rank reads the locations, then the values and errors
@@ -33,6 +33,7 @@ def obs_count(path: str | Path) -> int:
 
 
 _REQUIRED = ("lon", "lat", "value", "error")
+_OPTIONAL = ("index", "level", "level_index")
 
 
 def read_obs_netcdf(
@@ -45,8 +46,11 @@ def read_obs_netcdf(
 
     The file has a dimension ``obs`` and variables ``lon``, ``lat`` (degrees),
     ``value``, ``error`` (standard deviation) and optionally ``index``
-    (0-based state row, H = identity). Missing/fill values become NaN (values,
-    errors: rejected later by quality control) or -1 (index: bilinear H).
+    (0-based state row, H = identity), ``level`` (a value of the observed
+    variable's level coordinate) and ``level_index`` (0-based level).
+    Missing/fill values become NaN (values, errors, levels: such
+    observations are rejected later) or -1 (index: interpolation H;
+    level_index: none).
 
     Parameters
     ----------
@@ -57,7 +61,7 @@ def read_obs_netcdf(
     select : ndarray of int, optional
         Sorted positions of the observations to read (all if omitted).
     values : bool
-        ``False`` reads only the locations (``lon``, ``lat``, ``index``);
+        ``False`` reads only the locations (``lon``, ``lat``, ``index``, levels);
         values and errors are then NaN: enough to decide which to read.
 
     Raises
@@ -66,6 +70,16 @@ def read_obs_netcdf(
         The file cannot be opened, or a variable is missing or has the wrong
         dimension; the message names the file and the variable.
     """
+    return read_obs_file(path, id_offset, select, values)[0]
+
+
+def read_obs_file(
+    path: str | Path,
+    id_offset: int = 0,
+    select: np.ndarray | None = None,
+    values: bool = True,
+) -> tuple[ObsBatch, str | None]:
+    """:func:`read_obs_netcdf` and the file's global attribute ``variable`` (or ``None``)."""
     import netCDF4
 
     path = Path(path)
@@ -77,10 +91,13 @@ def read_obs_netcdf(
         if "obs" not in ds.dimensions:
             raise InputError(f"{path}: no dimension 'obs' in observation file")
         n = len(ds.dimensions["obs"])
+        attr = ds.getncattr("variable") if "variable" in ds.ncattrs() else None
+        if attr is not None and not isinstance(attr, str):
+            raise InputError(f"{path}: global attribute 'variable' must be a string")
         data: dict[str, np.ndarray] = {}
-        for name in (*_REQUIRED, "index"):
+        for name in (*_REQUIRED, *_OPTIONAL):
             if name not in ds.variables:
-                if name == "index":
+                if name in _OPTIONAL:
                     continue
                 raise InputError(f"{path}: variable '{name}' missing in observation file")
             var = ds.variables[name]
@@ -92,17 +109,20 @@ def read_obs_netcdf(
                 continue
             var.set_auto_mask(True)
             raw = var[:] if select is None else (var[select] if len(select) else var[:0])
-            if name == "index":
+            if name in ("index", "level_index"):
                 data[name] = np.ma.filled(np.ma.asarray(raw).astype(np.int64), -1)
             else:
                 data[name] = np.ma.filled(np.ma.asarray(raw, dtype=float), np.nan)
     pos = np.arange(n, dtype=np.int64) if select is None else np.asarray(select, np.int64)
     nan = np.full(pos.size, np.nan)
-    return ObsBatch(
+    batch = ObsBatch(
         values=data.get("value", nan),
         errors=data.get("error", nan),
         lon=data["lon"],
         lat=data["lat"],
         index=data.get("index"),
         ids=id_offset + pos,
+        level=data.get("level"),
+        level_index=data.get("level_index"),
     )
+    return batch, attr

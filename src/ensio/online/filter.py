@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 from mpi4py import MPI
 
-from ..analysis.inputs import assimilate_block
+from ..analysis.inputs import assimilate_block, observation_sources
 from ..analysis.result import AnalysisResult
 from ..config.schema import Config, ConfigError
 from ..layout.block import EnsembleBlock
@@ -76,7 +76,7 @@ def run_filter(
         raise ConfigError("analysis: section required (at least analysis.filter)")
     seconds: dict[str, float] = {}
     prior = EnsembleBlock(layout, start, X.shape[1], X)
-    obs_files = [config.resolve(e.file) for e in config.observations]
+    obs_files = observation_sources(config.observations, config.resolve)
     result = assimilate_block(prior, obs_files, config.analysis, comm, cycle=cycle, seconds=seconds)
     t = time.perf_counter()
     if not config.io.in_place:
