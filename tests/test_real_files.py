@@ -349,12 +349,10 @@ def test_masked_variable_with_index_observations(tmp_path):
 # ------------------------------------- scenarios waiting for issue-10 features
 
 
-@xfail("lon/lat H on a state with a time record dimension and mixed 2-D/3-D variables")
 def test_time_record_dimension_with_lonlat_observations(tmp_path):
     run_and_check(rf.time_record(tmp_path, 10), products=False)
 
 
-@xfail("observations of a 3-D variable at a level (variable/level keys)")
 def test_observations_of_a_3d_variable_at_a_level(tmp_path):
     s = rf.time_record(tmp_path, 11)
     o = s.obs[0]
@@ -414,12 +412,10 @@ def test_missing_values_are_inactive(tmp_path):
     run_and_check(s)
 
 
-@xfail("lon/lat H on a curvilinear grid (2-D lon/lat) (item 3)")
 def test_curvilinear_rotated_pole_grid(tmp_path):
     run_and_check(rf.curvilinear(tmp_path, 16))
 
 
-@xfail("lon/lat H on a masked variable (item 3)")
 def test_masked_variable_with_lonlat_observations(tmp_path):
     run_and_check(rf.masked(tmp_path, 17))
 
@@ -437,7 +433,6 @@ def _refused(s: rf.Scenario, *names: str) -> None:
     check_untouched(s, before)
 
 
-@xfail("members' coordinates compared (item 4)")
 def test_member_with_inverted_latitude_is_refused(tmp_path):
     s = rf.plain(tmp_path, 18, k=5)
     bad = s.paths[3]
@@ -447,7 +442,6 @@ def test_member_with_inverted_latitude_is_refused(tmp_path):
     _refused(s, bad.name, "lat")
 
 
-@xfail("the same file twice through a symlink refused (item 4)")
 def test_same_file_twice_through_a_symlink_is_refused(tmp_path):
     s = rf.plain(tmp_path, 19, k=5)
     s.paths[4].unlink()
@@ -456,7 +450,6 @@ def test_same_file_twice_through_a_symlink_is_refused(tmp_path):
     _refused(s, "mem002.nc", "mem005.nc")
 
 
-@xfail("a wrong coordinate name is one line naming the key (items 3, 7)")
 def test_wrong_coordinate_name_is_one_line(tmp_path):
     s = rf.plain(tmp_path, 20, k=4)
     s.config["ensemble"]["coordinates"]["lon"] = "longitude"
