@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import signal
@@ -43,6 +44,36 @@ def task_records(ctl: Path, job: str | None = None) -> list[dict]:
 
 def spawn(todo: TodoList, *args: str) -> subprocess.Popen:
     return subprocess.Popen([*WORKER, str(todo.path), *args], stderr=subprocess.DEVNULL)
+
+
+def stop_outside_the_lock(proc: subprocess.Popen, todo: TodoList) -> None:
+    """SIGSTOP a worker at a moment it does not hold the list's lock.
+
+    A stopped holder of an flock/lockf lock would block every other job for
+    good (such locks have no timeout); the stall this models is a job whose
+    member runs on, not one frozen inside a transition. So: stop it, look
+    whether its lock is free (a non-blocking attempt from here), and if not,
+    let it run on and try again.
+    """
+    assert todo.lock_kind in ("flock", "lockf"), todo.lock_kind
+    lock_file = todo.path.with_name(todo.path.name + ".lock")
+    take = fcntl.flock if todo.lock_kind == "flock" else fcntl.lockf
+    deadline = time.monotonic() + 60
+    while True:
+        proc.send_signal(signal.SIGSTOP)
+        while Path(f"/proc/{proc.pid}/stat").read_text().split(")")[-1].split()[0] != "T":
+            assert time.monotonic() < deadline, "the worker never stopped"
+        fd = os.open(lock_file, os.O_RDWR)
+        try:
+            take(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            take(fd, fcntl.LOCK_UN)
+            return
+        except BlockingIOError:
+            pass
+        finally:
+            os.close(fd)
+        proc.send_signal(signal.SIGCONT)
+        assert time.monotonic() < deadline, "the worker always held the lock"
 
 
 def wait_until(deadline: float) -> None:
@@ -300,7 +331,7 @@ def test_stalled_zombie_cannot_commit(tmp_path):
     a = spawn(todo, "--job-id", "A")
     with open(fifo) as f:
         int(f.readline())
-    a.send_signal(signal.SIGSTOP)  # the job stalls while its member runs on
+    stop_outside_the_lock(a, todo)  # the job stalls while its member runs on
     with open(go, "w") as f:
         f.write("go\n")
     staged = ctl / "forecast" / ".ensio-stage" / "t1" / "mem001.nc"
