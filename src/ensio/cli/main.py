@@ -2,7 +2,9 @@
 
 Each subcommand lives in its own module exposing ``add_parser(subparsers)``
 (which sets ``func``, a callable ``(args) -> int``). Errors ensio understands
-(bad config, bad input files) are printed as one line on stderr, exit 2.
+(bad config, bad input files, a locked ensemble) and every operating-system
+error (permission, full disk, I/O error) are printed as one line on stderr
+naming the file, exit 2; Ctrl-C exits 130.
 
 When the command line names a sub-command, only that sub-command's module is
 imported: building every parser imports the whole library (MPI, the
@@ -18,7 +20,7 @@ import sys
 from collections.abc import Sequence
 
 from .. import __version__
-from ..errors import ConfigError, EnsioError
+from ..errors import ConfigError, EnsioError, os_error_message
 
 #: Subcommand modules, in the order ``ensio --help`` lists them.
 COMMANDS = ("synth", "analyse", "cycle", "report", "worker", "bench", "recover", "model")
@@ -54,11 +56,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except (ConfigError, EnsioError) as exc:
-        print(f"ensio: error: {exc}", file=sys.stderr)
+        print(f"ensio: error: {_one_line(str(exc))}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # not wrapped where it happened: the file, without the step
+        print(f"ensio {args.command}: error: {os_error_message(exc, 'access')}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("ensio: interrupted", file=sys.stderr)
         return 130
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split()) if "\n" in text else text
 
 
 if __name__ == "__main__":

@@ -10,6 +10,12 @@ mode write their output through the same two collective functions,
 :func:`write_member_copies` and :func:`write_products`, so that both modes
 produce the same bytes; they differ only in where the structure of a file
 comes from (``sources`` / ``template``) and in the ``history`` they leave.
+
+``stage`` (the offline run's :meth:`ensio.io.commit.RunTransaction.path`)
+maps a target to the name it is written under until the run commits; without
+it (the online mode) each file is renamed into place as soon as it is complete.
+Operating-system errors become one-line :class:`~ensio.errors.FileOpError`
+messages naming the target and the operation.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import netCDF4
@@ -26,7 +32,8 @@ from mpi4py import MPI
 
 from ..config.analysis import OutputSection
 from ..config.schema import ConfigError, Coordinates, IOSection
-from ..durable import replacing
+from ..durable import copy_identity, replacing
+from ..errors import FileOpError, file_op
 from ..layout.block import EnsembleBlock
 from ..layout.state import StateLayout
 from ..parallel.agree import all_call, root_call
@@ -37,6 +44,9 @@ __all__ = ["copy_members", "partial_path", "product_paths", "write_field_file",
            "write_member_copies", "write_products"]
 
 _FILL = netCDF4.default_fillvals["f8"]
+
+#: target → the name it is written under until the run commits.
+Stage = Callable[[Path], Path]
 
 
 def write_field_file(
@@ -101,8 +111,9 @@ def write_field_file(
 def copy_members(sources: Sequence[Path], targets: Sequence[Path], rank: int, size: int) -> None:
     """Copy member files (this rank's share: every ``size``-th from ``rank``)."""
     for m in range(rank, len(sources), size):
-        targets[m].parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(sources[m], targets[m])
+        with file_op("write", targets[m]):
+            targets[m].parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(sources[m], targets[m])
 
 
 def partial_path(target: Path) -> Path:
@@ -116,6 +127,7 @@ def write_member_copies(
     block: EnsembleBlock,
     sources: Sequence[Path],
     targets: Sequence[Path],
+    stage: Stage | None = None,
 ) -> None:
     """Collective: analysis member m = a copy of ``sources[m]`` with the state replaced.
 
@@ -142,17 +154,29 @@ def write_member_copies(
         for members that have none (online).
     targets : sequence of Path, length N_e
         The analysis member files (``config.output_member_paths()``).
+    stage : callable, optional
+        Write copy m to ``stage(targets[m])`` and leave it there (the run's
+        commit renames it); default: a temporary name renamed at once.
     """
     tasks = io.tasks
     out_io = dataclasses.replace(
         io, journal=False, tasks=None if tasks is None else min(tasks, comm.size)
     )
-    temps = [partial_path(t) for t in targets]
+    temps = [partial_path(t) if stage is None else stage(t) for t in targets]
     mine = range(comm.rank, len(targets), comm.size)
     all_call(comm, lambda: copy_members(sources, temps, comm.rank, comm.size))
     with open_ensemble(temps, block.layout, out_io, comm) as ens:
         ens.write(block)
-    all_call(comm, lambda: [os.replace(temps[m], targets[m]) for m in mine])
+    if stage is None:
+        all_call(comm, lambda: [_rename(temps[m], targets[m]) for m in mine])
+
+
+def _rename(temp: Path, target: Path) -> None:
+    """``temp`` replaces ``target`` keeping its identity (mode, owner; a symlink stays)."""
+    real = Path(os.path.realpath(target))
+    with file_op("write", target):
+        copy_identity(real, temp)
+        os.replace(temp, real)
 
 
 def product_paths(output: OutputSection, base_dir: Path) -> dict[str, Path]:
@@ -173,6 +197,7 @@ def write_products(
     program: str,
     targets: Mapping[str, Path],
     coordinates: Coordinates,
+    stage: Stage | None = None,
 ) -> None:
     """Collective: the analysis mean and spread files named in ``targets``, if any.
 
@@ -195,6 +220,8 @@ def write_products(
         ``"mean"`` and/or ``"spread"`` → output file (:func:`product_paths`).
     coordinates : Coordinates
         Coordinate variables to carry over (``ensemble.coordinates``).
+    stage : callable, optional
+        Write product ``p`` to ``stage(p)`` (renamed by the run's commit).
     """
     fields = []
     if "mean" in targets:
@@ -214,10 +241,28 @@ def write_products(
         full = _gather_rows(comm, dist, field)
         root_call(
             comm,
-            lambda path=path, full=full, what=what: write_field_file(
-                path, template, layout, full, coordinates, f"{program}: {what}"
+            lambda path=path, full=full, what=what: _write_product(
+                path, path if stage is None else stage(path),
+                lambda out: write_field_file(
+                    out, template, layout, full, coordinates, f"{program}: {what}"),
             ),
         )
+
+
+def _write_product(target: Path, out: Path, write: Callable[[Path], None]) -> None:
+    """``write(out)``, its failure as one line naming ``target`` (netCDF errors too)."""
+    try:
+        with file_op("write", target):
+            write(out)
+    except RuntimeError as exc:  # the netCDF library reports a full disk as "HDF error"
+        hint = ""
+        try:
+            st = os.statvfs(out.parent)
+            if st.f_bavail * st.f_frsize < (1 << 20):
+                hint = " (no space left on device)"
+        except OSError:
+            pass
+        raise FileOpError(f"cannot write {target}: {exc}{hint}") from exc
 
 
 def _gather_rows(comm: MPI.Comm, dist: RowDistribution, rows: np.ndarray) -> np.ndarray | None:
