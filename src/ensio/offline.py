@@ -50,6 +50,7 @@ class AnalysisReport:
     seconds: dict[str, float] = field(default_factory=dict)
     n_obs_read: int = 0
     already: dict[str, Any] | None = None
+    took_over: str | None = None  # the dead run whose stale lock this run took over
 
     def lines(self) -> list[str]:
         """The log lines ``ensio analyse`` prints."""
@@ -104,13 +105,14 @@ def run_analysis(
     seconds: dict[str, float] = {}
     obs_files = [config.resolve(e.file) for e in config.observations]
     root = journal_root(config.member_paths()[0])
-    with ensemble_lock(root, comm, command):
+    with ensemble_lock(root, comm, command) as lock:
+        took_over = root_call(comm, lambda: lock.taken_over and lock.taken_over.describe())
         # Built once for the read and the write of this analysis; freed on any error.
         with _opened(config, comm) as ens:
             key = root_call(comm, lambda: run_key(config, obs_files, cycle))
             done = None if force else _already(root, key, comm)
             if done is not None:
-                return AnalysisReport(result=None, already=done)
+                return AnalysisReport(result=None, already=done, took_over=took_over)
             with file_op("read"):
                 block = ens.read()
             seconds["read"] = time.perf_counter() - t0
@@ -122,7 +124,8 @@ def run_analysis(
     seconds["total"] = time.perf_counter() - t0
     seconds = {k: float(comm.allreduce(v, op=MPI.MAX)) for k, v in seconds.items()}
     assert result.qc is not None
-    return AnalysisReport(result=result, seconds=seconds, n_obs_read=result.qc.total)
+    return AnalysisReport(result=result, seconds=seconds, n_obs_read=result.qc.total,
+                          took_over=took_over)
 
 
 def _opened(config: Config, comm: MPI.Comm) -> EnsembleIO:
@@ -179,7 +182,7 @@ def _commit_run(
         digests = file_digests(stored, comm)
         entry = record_line(
             key, cycle, command,
-            {os.path.abspath(p): d for p, d in zip(files, digests, strict=False)},
+            {os.path.abspath(p): d for p, d in zip(files, digests[: len(files)], strict=True)},
             {os.path.abspath(p): d for p, d in zip(products.values(), digests[len(files):],
                                                    strict=True)},
         )  # fmt: skip

@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import os
+import sys
 from pathlib import Path
 
 from mpi4py import MPI
@@ -85,6 +86,9 @@ def run(args: argparse.Namespace) -> int:
     report = run_analysis(config, comm, cycle=args.cycle, force=args.force,
                           command=command_line())
     if comm.rank == 0:
+        if report.took_over:
+            print(f"ensio analyse: took over the stale lock of {report.took_over}",
+                  file=sys.stderr)
         for line in report.lines():
             print(line, flush=True)
         target = os.environ.get("ENSIO_REPORT")

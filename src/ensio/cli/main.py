@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -56,14 +57,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except (ConfigError, EnsioError) as exc:
-        print(f"ensio: error: {_one_line(str(exc))}", file=sys.stderr)
+        _report(f"ensio: error: {_one_line(str(exc))}")
         return 2
     except OSError as exc:  # not wrapped where it happened: the file, without the step
-        print(f"ensio {args.command}: error: {os_error_message(exc, 'access')}", file=sys.stderr)
+        _report(f"ensio {args.command}: error: {os_error_message(exc, 'access')}")
         return 2
     except KeyboardInterrupt:
         print("ensio: interrupted", file=sys.stderr)
         return 130
+
+
+def _report(line: str) -> None:
+    """Print an error once: MPI ranks agree on their errors, so rank 0 speaks for all."""
+    if _MPI_RANK in (None, 0):
+        print(line, file=sys.stderr)
+
+
+# the launcher's rank variable: read without importing mpi4py (this module starts every command)
+_MPI_RANK = next((int(os.environ[v]) for v in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+                  if os.environ.get(v, "").isdigit()), None)
 
 
 def _one_line(text: str) -> str:

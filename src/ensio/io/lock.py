@@ -42,6 +42,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .. import faults
 from ..errors import EnsioError, file_op
 
 __all__ = ["LOCK_NAME", "EnsembleLock", "Holder", "LockError", "held_by_me", "lock_path"]
@@ -205,6 +206,7 @@ class EnsembleLock:
         for _ in range(16):  # each pass ends or the lock changed hands meanwhile
             with file_op("take the lock", self.path):
                 if self._create(me) or self._take_over(me):
+                    faults.point("lock-taken")
                     return self
         raise LockError(f"cannot take the lock {self.path}: it keeps changing hands")
 

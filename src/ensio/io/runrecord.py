@@ -36,6 +36,7 @@ from typing import Any
 
 from mpi4py import MPI
 
+from .. import faults
 from ..config.schema import Config
 from ..errors import file_op
 from ..parallel.agree import ErrorNote, note_error, rebuild
@@ -131,3 +132,4 @@ def staged_runs(root: str | Path, entry: Mapping[str, Any], staged: Path) -> Non
     text = "".join(json.dumps(e, sort_keys=True) + "\n" for e in [*kept, entry])
     with file_op("write", runs_path(root)):
         staged.write_text(text)
+    faults.point("record-staged")
