@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from .config.schema import ConfigError
 
 __all__ = ["ConfigError", "EnsioError", "FileOpError", "InputError", "file_op",
-           "os_error_message"]
+           "os_error_message", "os_error_reason"]
 
 
 class EnsioError(Exception):
@@ -32,12 +32,7 @@ class FileOpError(EnsioError):
 _REBUILT = re.compile(r"^\[Errno (\d+)\] (.*?)(?:: '(.*)')?(?: -> '(.*)')?$", re.S)
 
 
-def os_error_message(exc: OSError, op: str, path: str | os.PathLike | None = None) -> str:
-    """``cannot <op> <file>: <reason>`` for ``exc`` (also one rebuilt from a string).
-
-    ``path`` names the file when the error itself does not (a failed write
-    through a descriptor).
-    """
+def _parts(exc: OSError) -> tuple[str, str | None]:
     reason, name = exc.strerror, exc.filename
     if reason is None:
         m = _REBUILT.match(str(exc))
@@ -45,6 +40,21 @@ def os_error_message(exc: OSError, op: str, path: str | os.PathLike | None = Non
             reason, name = m.group(2), m.group(3) or name
         else:
             reason = str(exc) or type(exc).__name__
+    return reason, name
+
+
+def os_error_reason(exc: OSError) -> str:
+    """The reason of ``exc`` without the file name ("No space left on device")."""
+    return _parts(exc)[0]
+
+
+def os_error_message(exc: OSError, op: str, path: str | os.PathLike | None = None) -> str:
+    """``cannot <op> <file>: <reason>`` for ``exc`` (also one rebuilt from a string).
+
+    ``path`` names the file when the error itself does not (a failed write
+    through a descriptor).
+    """
+    reason, name = _parts(exc)
     name = name if name is not None else path
     return f"cannot {op} {os.fsdecode(name)}: {reason}" if name is not None else (
         f"cannot {op}: {reason}")

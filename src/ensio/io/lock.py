@@ -203,12 +203,20 @@ class EnsembleLock:
         if self.held:
             return self
         me = Holder.current(self.command)
+        self._remove_dead_temporaries()
         for _ in range(16):  # each pass ends or the lock changed hands meanwhile
             with file_op("take the lock", self.path):
                 if self._create(me) or self._take_over(me):
                     faults.point("lock-taken")
                     return self
         raise LockError(f"cannot take the lock {self.path}: it keeps changing hands")
+
+    def _remove_dead_temporaries(self) -> None:
+        """Unpublished records ``.ensio-lock.PID.HEX`` of processes killed while locking."""
+        for tmp in self.path.parent.glob(f"{LOCK_NAME}.*.*"):
+            pid = tmp.name.split(".")[2]
+            if pid.isdigit() and process_start(int(pid)) is None:
+                tmp.unlink(missing_ok=True)
 
     def _create(self, me: Holder) -> bool:
         """Publish a complete, flocked record under the lock name; False if one exists."""

@@ -33,7 +33,7 @@ from mpi4py import MPI
 from ..config.analysis import OutputSection
 from ..config.schema import ConfigError, Coordinates, IOSection
 from ..durable import copy_identity, replacing
-from ..errors import FileOpError, file_op
+from ..errors import FileOpError, file_op, os_error_reason
 from ..layout.block import EnsembleBlock
 from ..layout.state import StateLayout
 from ..parallel.agree import all_call, root_call
@@ -250,19 +250,21 @@ def write_products(
 
 
 def _write_product(target: Path, out: Path, write: Callable[[Path], None]) -> None:
-    """``write(out)``, its failure as one line naming ``target`` (netCDF errors too)."""
+    """``write(out)``; its failure as one line naming ``target`` (netCDF errors too)."""
     try:
-        with file_op("write", target):
-            write(out)
-    except RuntimeError as exc:  # the netCDF library reports a full disk as "HDF error"
-        hint = ""
+        write(out)
+    except (OSError, RuntimeError) as exc:
+        # HDF5 reports a full disk as "HDF error" or even EACCES on its own file
+        reason = os_error_reason(exc) if isinstance(exc, OSError) else str(exc)
         try:
             st = os.statvfs(out.parent)
-            if st.f_bavail * st.f_frsize < (1 << 20):
-                hint = " (no space left on device)"
+            free = st.f_bavail * st.f_frsize
         except OSError:
-            pass
-        raise FileOpError(f"cannot write {target}: {exc}{hint}") from exc
+            free = None
+        if free is not None and free < (1 << 20) and "space" not in reason.lower():
+            reason = (f"No space left on device ({free // 1024} kB free; "
+                      f"the netCDF library said: {reason})")
+        raise FileOpError(f"cannot write {target}: {reason}") from exc
 
 
 def _gather_rows(comm: MPI.Comm, dist: RowDistribution, rows: np.ndarray) -> np.ndarray | None:
