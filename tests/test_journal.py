@@ -18,8 +18,9 @@ import pytest
 
 from ensio import faults
 from ensio.cli import recover as recover_cli
+from ensio.durable import replacing
 from ensio.errors import EnsioError
-from ensio.io import journal
+from ensio.io import journal, staging
 from ensio.io.journal import (
     COMMITTED_NAME,
     JOURNAL_DIRNAME,
@@ -430,3 +431,85 @@ def test_cli_recover_reports_missing_files(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert out == "recovered: rolled back 0 ranges (0 B) in 0 files\n"
     assert str(files[0]) in err
+
+
+# --------------------------------------------------------------------------- transactions
+def transaction(root: Path, seed: int, products: list[Path]) -> tuple[list[Path], list, list]:
+    """A run transaction: members journaled (as ``scenario``), products staged, one commit."""
+    root.mkdir(parents=True, exist_ok=True)
+    products[0].parent.mkdir(exist_ok=True)
+    token = staging.new_token()
+    pairs = [(staging.staged_path(p, token), p) for p in products]
+    journal.begin(root, pairs, fsync=True)
+    files, prior, new = scenario(root, seed, library=True, finish="commit", fsync=True)
+    assert (root / JOURNAL_DIRNAME).is_dir()  # the writer's commit waited for the transaction
+    for i, (staged, _) in enumerate(pairs):
+        with replacing(staged, label="product") as tmp:
+            tmp.write_bytes(f"product {i} of {seed}".encode())
+    commit(root, fsync=True, transaction=True)
+    return files, prior, new
+
+
+def test_transaction_crash_at_every_point(tmp_path, monkeypatch):
+    """Before the marker: members prior, no product, nothing staged; after: all new."""
+    products = [tmp_path / "out" / "mean.nc", tmp_path / "out" / "spread.nc"]
+    hits = crash_at(monkeypatch, None)
+    files, prior, new = transaction(tmp_path / "d", 7, products)
+    total, marker = len(hits), hits.index("commit-marker") + 1
+    assert "staged-rename" in hits and "transaction-begun" in hits
+    expected = [p.read_bytes() for p in products]
+    for k in range(1, total + 1):
+        shutil.rmtree(tmp_path / "d")
+        shutil.rmtree(tmp_path / "out")
+        crash_at(monkeypatch, k)
+        with pytest.raises(Crash):
+            transaction(tmp_path / "d", 7, products)
+        drop_open_logs()
+        faults.set_hook(None)
+        # the "crashed" owner is this process: recover as its successor would (force)
+        report = abort(tmp_path / "d")
+        done = k >= marker
+        members = [tmp_path / "d" / p.name for p in files]
+        if all(p.exists() for p in members):  # else: crashed before the members were made
+            assert digests(members) == (new if done else prior), (k, hits[k - 1])
+        # after the journal was renamed away there is nothing left to recover
+        assert report.state in (("committed", "clean") if done else ("rolled_back",)), k
+        if done:
+            assert [p.read_bytes() for p in products] == expected
+        else:
+            assert not any(p.exists() for p in products)
+            assert list((tmp_path / "out").iterdir()) == []  # no staged file, no temporary
+        assert [p for p in (tmp_path / "d").iterdir() if p.name.startswith(".")] == []
+
+
+def test_transaction_discards_temporaries_and_keeps_own_journal(tmp_path):
+    products = [tmp_path / "mean.nc"]
+    token = staging.new_token()
+    staged = staging.staged_path(products[0], token)
+    journal.begin(tmp_path, [(staged, products[0])], fsync=False)
+    staged.write_bytes(b"half")
+    left = staged.with_name(f".{staged.name}.ensio-tmp.99999.abcd")  # a killed writer's
+    left.write_bytes(b"torn")
+    assert recover(tmp_path).state == "open"  # this process's own transaction: left alone
+    assert staged.exists()
+    with pytest.raises(JournalError, match="stale journal"):
+        journal.begin(tmp_path, [], fsync=False)
+    report = abort(tmp_path)
+    assert (report.state, report.staged) == ("rolled_back", 1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_symlinked_product_target_stays_a_link(tmp_path):
+    real = tmp_path / "store" / "mean.nc"
+    real.parent.mkdir()
+    real.write_bytes(b"old")
+    os.chmod(real, 0o640)
+    link = tmp_path / "mean.nc"
+    link.symlink_to(real)
+    staged = staging.staged_path(link, staging.new_token())
+    assert staged.parent == real.parent
+    journal.begin(tmp_path, [(staged, link)], fsync=False)
+    staged.write_bytes(b"new")
+    assert commit(tmp_path, fsync=False, transaction=True) == 1
+    assert link.is_symlink() and real.read_bytes() == b"new"
+    assert real.stat().st_mode & 0o777 == 0o640

@@ -9,7 +9,10 @@ worker job's start-up imports nothing heavy for it.
 Why one helper: a crash between "write the new file" and "rename it over the
 old one" must leave the old or the new file and no stray temporary; every
 hand-written copy of that sequence is a chance to forget the unlink, the
-unique name (two writers in one directory) or the directory fsync.
+unique name (two writers in one directory), the directory fsync, or the
+replaced file's identity: a replacement keeps the permission bits and owner
+of the file it replaces, and a symbolic link stays a link (its target is
+replaced).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from pathlib import Path
 
 from . import faults
 
-__all__ = ["atomic_write", "fsync_path", "replacing", "temporary_name"]
+__all__ = ["atomic_write", "copy_identity", "fsync_path", "replacing", "temporary_name"]
 
 
 def fsync_path(path: str | Path, *, directory: bool = False) -> None:
@@ -49,13 +52,38 @@ def temporary_name(path: str | Path) -> Path:
     return path.with_name(f".{path.name}.ensio-tmp.{os.getpid()}.{secrets.token_hex(4)}")
 
 
+def copy_identity(existing: str | Path, new: str | Path) -> None:
+    """Give ``new`` the permission bits and owner/group of ``existing`` (if it exists).
+
+    The owner is copied only where the kernel allows it (root, or the group of
+    a file this user owns); otherwise ``new`` keeps this user's, as any write
+    by this user would. Called on a temporary file before it replaces ``existing``.
+    """
+    try:
+        st = os.stat(existing)
+    except FileNotFoundError:
+        return
+    os.chmod(new, st.st_mode & 0o7777)
+    own = os.stat(new)
+    if (own.st_uid, own.st_gid) != (st.st_uid, st.st_gid):
+        try:
+            os.chown(new, st.st_uid, st.st_gid)
+        except PermissionError:
+            pass  # not root: the replacement is this user's file
+        else:
+            os.chmod(new, st.st_mode & 0o7777)  # chown clears set-id bits
+
+
 @contextmanager
 def replacing(path: str | Path, *, fsync: bool = False, label: str = "replace") -> Iterator[Path]:
     """Yield a temporary path to write; on success it replaces ``path`` atomically.
 
     If the block raises, the temporary file is removed and ``path`` is
-    untouched. With ``fsync`` the new file and the directory entry are flushed
-    (power-loss durability; a process kill needs neither). Fault points
+    untouched. If ``path`` is a symbolic link, the file it points to is
+    replaced and the link stays; the new file gets the permission bits and
+    owner of the file it replaces (:func:`copy_identity`). With ``fsync`` the
+    new file and the directory entry are flushed (power-loss durability; a
+    process kill needs neither). Fault points
     ``<label>-written``, ``-renamed`` (and ``-synced``, ``-dir-synced`` with
     ``fsync``) mark the survivable steps for crash tests.
 
@@ -68,11 +96,12 @@ def replacing(path: str | Path, *, fsync: bool = False, label: str = "replace") 
     label : str
         Prefix of the fault-point labels.
     """
-    path = Path(path)
+    path = Path(os.path.realpath(path))
     tmp = temporary_name(path)
     try:
         yield tmp
         faults.point(f"{label}-written")
+        copy_identity(path, tmp)
         if fsync:
             fsync_path(tmp)
             faults.point(f"{label}-synced")

@@ -6,22 +6,34 @@ distributed analysis (``analysis``); neither knows the other. The analysis
 step (:func:`ensio.analysis.inputs.assimilate_block`) and the writers of the
 analysis members and products (:mod:`ensio.io.products`) are shared with the
 filter side of the online mode, so both modes produce the same files.
-"""
 
+A run is exactly-once and all-or-nothing (:mod:`ensio.io.commit`): it holds
+the ensemble lock, skips an analysis the members already hold (the run
+record, :mod:`ensio.io.runrecord`; ``force`` assimilates again), and commits
+the members, the products, the copies and the run record at one point.
+"""
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from mpi4py import MPI
 
 from .analysis.inputs import assimilate_block, observation_sources
 from .analysis.result import AnalysisResult
 from .config.schema import Config, ConfigError
+from .errors import file_op
+from .io.commit import RunTransaction, ensemble_lock
 from .io.ensemble import EnsembleIO, open_ensemble
-from .io.products import product_paths, write_member_copies, write_products
+from .io.journal import journal_root
+from .io.products import Stage, product_paths, write_member_copies, write_products
+from .io.runrecord import file_digests, find_run, record_line, run_key, runs_path, staged_runs
 from .layout.block import EnsembleBlock
+from .parallel.agree import root_call
 from .progress import Advance, PhaseProgress, no_progress
 
 __all__ = ["AnalysisReport", "run_analysis"]
@@ -29,15 +41,27 @@ __all__ = ["AnalysisReport", "run_analysis"]
 
 @dataclass
 class AnalysisReport:
-    """What one offline analysis did (the same on every rank)."""
+    """What one offline analysis did (the same on every rank).
 
-    result: AnalysisResult
+    ``already`` is the run record's entry when the members already held this
+    analysis and nothing was done (``result`` is then None).
+    """
+
+    result: AnalysisResult | None
     seconds: dict[str, float] = field(default_factory=dict)
     n_obs_read: int = 0
+    already: dict[str, Any] | None = None
+    took_over: str | None = None  # the dead run whose stale lock this run took over
 
     def lines(self) -> list[str]:
         """The log lines ``ensio analyse`` prints."""
+        if self.already is not None:
+            e = self.already
+            return [f"already analysed: the members hold this analysis (cycle {e.get('cycle')}, "
+                    f"committed {e.get('committed')}); nothing done (--force assimilates again)"
+                    + e.get("note", "")]
         r = self.result
+        assert r is not None
         qc = r.qc
         assert qc is not None and r.prior is not None and r.posterior is not None
         reasons = ", ".join(
@@ -54,7 +78,7 @@ class AnalysisReport:
                 f"{name:9s} innovation: mean {s.mean:+.4g}  rms {s.rms:.4g}  "
                 f"accepted {s.count}  rejected {qc.rejected}"
             )
-        order = ("read", "obs", "analysis", "write", "products", "total")
+        order = ("read", "obs", "analysis", "write", "products", "record", "total")
         out.append(
             "timing: "
             + "  ".join(f"{k} {self.seconds[k]:.3f} s" for k in order if k in self.seconds)
@@ -63,60 +87,126 @@ class AnalysisReport:
 
 
 def run_analysis(
-    config: Config, comm: MPI.Comm, *, cycle: int = 0, progress: PhaseProgress | None = None
+    config: Config, comm: MPI.Comm, *, cycle: int = 0, force: bool = False,
+    command: str = "ensio analyse", progress: PhaseProgress | None = None,
 ) -> AnalysisReport:
-    """Collective: the whole offline analysis of one cycle.
+    """Collective: the whole offline analysis of one cycle, exactly once, all or nothing.
 
-    Reads the members (N_io I/O tasks), reads the observations, analyses
-    every rank's rows, writes the analysis in place (journaled) or into
-    copies at ``output.members``, and writes ``output.mean`` / ``output.spread``.
-    ``progress`` shows the phases (:meth:`PhaseProgress.for_rank`); none by default.
+    Under the ensemble lock: recovers an interrupted earlier run, returns at
+    once (``already``) if the run record shows the members hold this very
+    analysis (unless ``force``), else reads the members (N_io I/O tasks) and
+    the observations, analyses every rank's rows and commits, in one
+    transaction, the analysis in place (journaled) or as copies at
+    ``output.members``, ``output.mean`` / ``output.spread`` and the run record.
+    ``command`` names the run in the lock and the record; ``progress`` shows
+    the phases (:meth:`PhaseProgress.for_rank`), none by default.
     """
     if config.analysis is None:
         raise ConfigError("analysis: section required (at least analysis.filter)")
-    bars = progress or PhaseProgress(enabled=False)
     t0 = time.perf_counter()
     seconds: dict[str, float] = {}
-    obs_files = observation_sources(config.observations, config.resolve)
+    bars = progress or PhaseProgress(enabled=False)
     n_e = config.ensemble.size
-    # Built once for the read and the write of this analysis; freed on any error.
-    with open_ensemble(config.member_paths(), config.ensemble, config.io, comm) as ens:
-        with bars.phase("read", n_e, "members") as advance:
-            block = ens.read(progress=advance)
-        seconds["read"] = time.perf_counter() - t0
-        layout = block.layout
-        with bars.phase("analysis"):
-            result = assimilate_block(
-                block, obs_files, config.analysis, comm, cycle=cycle, seconds=seconds
-            )
-        t = time.perf_counter()
-        analysis = EnsembleBlock(layout, block.start, block.count, result.ensemble)
-        with bars.phase("write", n_e, "members") as advance:
-            _write_members(config, comm, ens, analysis, advance)
-    seconds["write"] = time.perf_counter() - t
-    t = time.perf_counter()
-    template = config.output_member_paths()[0]
-    targets = product_paths(config.output, config.base_dir)
-    with bars.phase("products"):
-        write_products(
-            comm, layout, analysis.data, template, "ensio analyse",
-            targets, config.ensemble.coordinates,
-        )  # fmt: skip
-    seconds["products"] = time.perf_counter() - t
+    obs_sources = observation_sources(config.observations, config.resolve)
+    obs_files = [s.path for s in obs_sources]
+    root = journal_root(config.member_paths()[0])
+    with ensemble_lock(root, comm, command) as lock:
+        took_over = root_call(comm, lambda: lock.taken_over and lock.taken_over.describe())
+        # Built once for the read and the write of this analysis; freed on any error.
+        with _opened(config, comm) as ens:
+            key = root_call(comm, lambda: run_key(config, obs_files, cycle))
+            done = None if force else _already(root, key, comm)
+            if done is not None:
+                return AnalysisReport(result=None, already=done, took_over=took_over)
+            with file_op("read"), bars.phase("read", n_e, "members") as advance:
+                block = ens.read(progress=advance)
+            seconds["read"] = time.perf_counter() - t0
+            with bars.phase("analysis"):
+                result = assimilate_block(
+                    block, obs_sources, config.analysis, comm, cycle=cycle, seconds=seconds
+                )
+            analysis = EnsembleBlock(block.layout, block.start, block.count, result.ensemble)
+            _commit_run(config, comm, ens, analysis, (key, cycle, command), seconds, bars)
     seconds["total"] = time.perf_counter() - t0
     seconds = {k: float(comm.allreduce(v, op=MPI.MAX)) for k, v in seconds.items()}
     assert result.qc is not None
-    return AnalysisReport(result=result, seconds=seconds, n_obs_read=result.qc.total)
+    return AnalysisReport(result=result, seconds=seconds, n_obs_read=result.qc.total,
+                          took_over=took_over)
+
+
+def _opened(config: Config, comm: MPI.Comm) -> EnsembleIO:
+    with file_op("open"):
+        return open_ensemble(config.member_paths(), config.ensemble, config.io, comm)
+
+
+def _already(root: Path, key: str, comm: MPI.Comm) -> dict[str, Any] | None:
+    """Collective: the record of this run if the members still hold its analysis."""
+    entry = root_call(comm, lambda: find_run(root, key))
+    if entry is None:
+        return None
+    members, products = dict(entry.get("members", {})), dict(entry.get("products", {}))
+    names = [*members, *products]
+    digests = file_digests(names, comm, missing_ok=True)
+    if digests[: len(members)] != list(members.values()):
+        return None
+    changed = [n for n, d in zip(products, digests[len(members):], strict=True)
+               if d != products[n]]
+    if changed:
+        entry["note"] = f"; note: {', '.join(changed)} changed or removed since"
+    return entry
+
+
+def _commit_run(
+    config: Config, comm: MPI.Comm, ens: EnsembleIO, analysis: EnsembleBlock,
+    run: tuple[str, int, str], seconds: dict[str, float], bars: PhaseProgress,
+) -> None:
+    """Collective: members, products, copies and the run record, committed together."""
+    key, cycle, command = run
+    members = [Path(os.path.abspath(p)) for p in config.member_paths()]
+    root = journal_root(members[0])
+    products = product_paths(config.output, config.base_dir)
+    copies = [] if config.io.in_place else config.output_member_paths()
+    runs = runs_path(root)
+    targets = [*copies, *products.values(), runs]
+    with RunTransaction(root, comm, targets, fsync=config.io.fsync) as txn:
+        t = time.perf_counter()
+        n_e = config.ensemble.size
+        with file_op("write"), bars.phase("write", n_e, "members") as advance:
+            _write_members(config, comm, ens, analysis, txn.path, advance)
+        txn.checkpoint()
+        seconds["write"] = time.perf_counter() - t
+        t = time.perf_counter()
+        template = txn.path(copies[0]) if copies else members[0]
+        with bars.phase("products"):
+            write_products(
+                comm, analysis.layout, analysis.data, template, "ensio analyse",
+                products, config.ensemble.coordinates, stage=txn.path,
+            )  # fmt: skip
+        txn.checkpoint()
+        seconds["products"] = time.perf_counter() - t
+        t = time.perf_counter()
+        files = [*members, *copies]  # as committed: copies and products at their staged names
+        stored = [*members, *map(txn.path, copies), *map(txn.path, products.values())]
+        digests = file_digests(stored, comm)
+        entry = record_line(
+            key, cycle, command,
+            {os.path.abspath(p): d for p, d in zip(files, digests[: len(files)], strict=True)},
+            {os.path.abspath(p): d for p, d in zip(products.values(), digests[len(files):],
+                                                   strict=True)},
+        )  # fmt: skip
+        root_call(comm, lambda: staged_runs(root, entry, txn.path(runs)))
+        txn.commit()
+        seconds["record"] = time.perf_counter() - t
 
 
 def _write_members(
-    config: Config, comm: MPI.Comm, ens: EnsembleIO, analysis: EnsembleBlock,
+    config: Config, comm: MPI.Comm, ens: EnsembleIO, analysis: EnsembleBlock, stage: Stage,
     advance: Advance = no_progress,
 ) -> None:
-    """Collective: the analysis in place (journaled, through ``ens``) or as copies."""
+    """Collective: the analysis in place (journaled, through ``ens``) or as staged copies."""
     if config.io.in_place:
         ens.write(analysis, progress=advance)
         return
     paths = config.output_member_paths()
-    write_member_copies(config.io, comm, analysis, config.member_paths(), paths)
+    write_member_copies(config.io, comm, analysis, config.member_paths(), paths, stage)
     advance(len(paths))

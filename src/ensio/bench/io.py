@@ -51,6 +51,9 @@ from mpi4py import MPI
 from rich.table import Table
 
 from ..config.schema import Config, EnsembleSection, IOSection
+from ..io.commit import ensemble_lock
+from ..io.journal import journal_root
+from ..io.lock import command_line
 from ..parallel.agree import root_call
 from .io_baselines import (
     RawRanges,
@@ -234,7 +237,9 @@ def bench_io(
     real = opener is None
     if opener is None:
         from ..io.ensemble import open_ensemble as opener
-    with opener(paths, config.ensemble, config.io, comm) as ens:
+    # it writes the members (in place, identity): under their lock, like any writer
+    with ensemble_lock(journal_root(paths[0]), comm, command_line()), \
+            opener(paths, config.ensemble, config.io, comm) as ens:
         run = _Run(config, comm, ens, raw, real and ens.n_io < comm.size, step)
         for r in range(1, repeat + 1):
             tag = f"repeat {r}/{repeat}"

@@ -6,12 +6,14 @@ import argparse
 import dataclasses
 import json
 import os
+import sys
 from pathlib import Path
 
 from mpi4py import MPI
 
 from ..config import load_config
 from ..config.errors import ConfigError
+from ..io.lock import command_line
 from ..offline import run_analysis
 from ..progress import PhaseProgress
 
@@ -28,7 +30,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "with the configured filter, and write the analysis in place (journaled) or, "
             "with io.in_place: false, into copies at output.members; write output.mean and "
             "output.spread. Run under `mpiexec -n N` for N ranks; the result does not "
-            "depend on N or on io.tasks."
+            "depend on N or on io.tasks. The run holds a lock on the members (a second "
+            "run fails at once, naming the holder), commits members and products "
+            "together (an interrupted run is rolled back), and does nothing if the "
+            "members already hold this analysis (same config, observation files and "
+            "cycle; see --force)."
         ),
     )
     p.add_argument("config", type=Path, metavar="CONFIG", help="YAML configuration file")
@@ -48,6 +54,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         metavar="LIST",
         help="analyse only these member numbers, e.g. 1,2,4 (sets ensemble.ids and "
         "ensemble.size; the cycle driver passes the members that succeeded)",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="assimilate even if the run record shows the members already hold this "
+        "analysis (same config, observation files and cycle): the observations are "
+        "then assimilated a second time",
     )
     p.set_defaults(func=run)
 
@@ -72,8 +85,12 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--members: {exc}") from None
         config = dataclasses.replace(config, ensemble=ens)
     with PhaseProgress.for_rank(comm.rank) as progress:
-        report = run_analysis(config, comm, cycle=args.cycle, progress=progress)
+        report = run_analysis(config, comm, cycle=args.cycle, force=args.force,
+                              command=command_line(), progress=progress)
     if comm.rank == 0:
+        if report.took_over:
+            print(f"ensio analyse: took over the stale lock of {report.took_over}",
+                  file=sys.stderr)
         for line in report.lines():
             print(line, flush=True)
         target = os.environ.get("ENSIO_REPORT")

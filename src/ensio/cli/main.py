@@ -2,7 +2,9 @@
 
 Each subcommand lives in its own module exposing ``add_parser(subparsers)``
 (which sets ``func``, a callable ``(args) -> int``). Errors ensio understands
-(bad config, bad input files) are printed as one line on stderr, exit 2.
+(bad config, bad input files, a locked ensemble) and every operating-system
+error (permission, full disk, I/O error) are printed as one line on stderr
+naming the file, exit 2; Ctrl-C exits 130.
 
 When the command line names a sub-command, only that sub-command's module is
 imported: building every parser imports the whole library (MPI, the
@@ -14,11 +16,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
 from .. import __version__
-from ..errors import ConfigError, EnsioError
+from ..errors import ConfigError, EnsioError, os_error_message
 
 #: Subcommand modules, in the order ``ensio --help`` lists them.
 COMMANDS = (
@@ -64,11 +67,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except (ConfigError, EnsioError) as exc:
-        print(f"ensio: error: {exc}", file=sys.stderr)
+        _report(f"ensio: error: {_one_line(str(exc))}")
+        return 2
+    except OSError as exc:  # not wrapped where it happened: the file, without the step
+        _report(f"ensio {args.command}: error: {os_error_message(exc, 'access')}")
         return 2
     except KeyboardInterrupt:
         print("ensio: interrupted", file=sys.stderr)
         return 130
+
+
+def _report(line: str) -> None:
+    """Print an error once: MPI ranks agree on their errors, so rank 0 speaks for all."""
+    if _MPI_RANK in (None, 0):
+        print(line, file=sys.stderr)
+
+
+# the launcher's rank variable: read without importing mpi4py (this module starts every command)
+_MPI_RANK = next((int(os.environ[v]) for v in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+                  if os.environ.get(v, "").isdigit()), None)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split()) if "\n" in text else text
 
 
 if __name__ == "__main__":

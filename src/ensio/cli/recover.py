@@ -4,6 +4,8 @@ After a crash the member files in DIR may hold a mix of forecast and analysis
 bytes; the undo journal next to them (see :mod:`ensio.io.journal`) knows which.
 This command makes DIR consistent again and says in one line what it did, so
 an operator (or a job script) can run it unconditionally before a restart.
+It holds the ensemble lock while it works: while a run holds it, it refuses
+(exit 2, naming the run) instead of undoing a write in progress.
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..errors import EnsioError
+from ..errors import EnsioError, file_op
 from ..io.journal import JOURNAL_DIRNAME, recover
+from ..io.lock import EnsembleLock, command_line
 
 __all__ = ["add_parser", "run"]
 
@@ -25,8 +28,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="roll back (or finish) an interrupted in-place analysis write",
         description=(
             f"Look for an undo journal ({JOURNAL_DIRNAME}) in DIR, the directory of the "
-            "member files. If the write had completed, remove the journal; otherwise "
-            "restore every member file to its prior content. Safe to run at any time."
+            "member files. If the run had committed, move its staged products into place "
+            "and remove the journal; otherwise restore every member file to its prior "
+            "content and delete the staged files. Safe to run at any time: it takes the "
+            "members' lock, and refuses while another run holds it."
         ),
     )
     p.add_argument("dir", type=Path, metavar="DIR", help="directory of the member files")
@@ -61,18 +66,22 @@ def run(args: argparse.Namespace) -> int:
         root = root.parent
     if not root.is_dir():
         raise EnsioError(f"recover: no such directory: {root}")
-    try:
+    with file_op("recover"), EnsembleLock(root, command_line()) as lock:
         report = recover(root, fsync=not args.no_fsync)
-    except OSError as exc:  # JournalError is an EnsioError already
-        raise EnsioError(f"recover {root}: {exc}") from exc
+    if lock.taken_over is not None:
+        print(f"ensio recover: took over the stale lock of {lock.taken_over.describe()}",
+              file=sys.stderr)
     if report.state == "clean":
         print("clean: no journal")
     elif report.state == "committed":
-        print("committed: analysis was complete; journal removed")
+        staged = f"; {_plural(report.staged, 'staged file')} moved into place" * bool(
+            report.staged)
+        print(f"committed: analysis was complete{staged}; journal removed")
     else:
+        staged = f"; {_plural(report.staged, 'staged file')} deleted" * bool(report.staged)
         print(
             f"recovered: rolled back {_plural(report.ranges, 'range')} "
-            f"({_size(report.bytes)}) in {_plural(report.files, 'file')}"
+            f"({_size(report.bytes)}) in {_plural(report.files, 'file')}{staged}"
         )
     for path in report.missing:
         print(f"ensio recover: warning: {path} no longer exists; not restored", file=sys.stderr)

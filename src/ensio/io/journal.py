@@ -18,6 +18,16 @@ bytes would cost a third of the journal's time),
 ``COMMITTED``. The directory is renamed to a trash name before it is deleted,
 so a half-deleted journal can never be mistaken for an incomplete one.
 
+A *run transaction* (:mod:`ensio.io.commit`) extends the journal to the
+products of a run: :func:`begin` creates the directory with ``TRANSACTION``
+(the owner) and ``STAGED`` (files written beside their targets, renamed at
+the commit; :mod:`ensio.io.staging`). The ensemble writer's :func:`commit`
+then leaves the commit to the transaction (``commit(..., transaction=True)``),
+which renames the staged files after the marker; recovery rolls such a
+journal back (members restored, staged files deleted) or forward (staged
+files renamed into place). Recovery runs under the ensemble lock
+(:mod:`ensio.io.lock`): taken for its duration unless this process holds it.
+
 Kill tests: every survivable step calls :func:`ensio.faults.point`.
 """
 
@@ -40,9 +50,11 @@ import numpy as np
 from .. import faults
 from ..durable import fsync_path
 from ..errors import EnsioError
+from . import staging
+from .lock import EnsembleLock, command_line, held_by_me
 
 __all__ = ["COMMITTED_NAME", "JOURNAL_DIRNAME", "JournalError", "RecoveryReport", "UndoLog",
-           "abort", "commit", "journal_root", "recover"]
+           "abort", "begin", "commit", "journal_root", "recover"]
 
 JOURNAL_DIRNAME = ".ensio-journal"
 COMMITTED_NAME = "COMMITTED"
@@ -251,16 +263,34 @@ class UndoLog:
         self.close()
 
 
-def commit(root: Path, *, fsync: bool) -> None:
+def begin(root: Path, staged: Sequence[tuple[Path, Path]], *, fsync: bool) -> None:
+    """Open a run transaction: the journal directory with its owner and staged files.
+
+    ``staged`` lists (staged name, target) of every file the run will write
+    beside its target and rename at the commit, *before* any of them exists.
+    Raises :class:`JournalError` if a journal exists (recover first).
+    """
+    root = Path(os.path.abspath(root))
+    try:
+        staging.write_transaction(root / JOURNAL_DIRNAME, staged, fsync=fsync)
+    except FileExistsError:
+        raise JournalError(f"stale journal in {root / JOURNAL_DIRNAME}: "
+                           f"run `ensio recover {root}`") from None
+
+
+def commit(root: Path, *, fsync: bool, transaction: bool = False) -> int:
     """Declare the write complete and delete the journal (one rank, after all tasks).
 
-    Creating ``COMMITTED`` is the single atomic commit point; the directory is
-    then renamed away and removed. No journal: nothing was written, no-op.
+    Creating ``COMMITTED`` is the single atomic commit point; staged files are
+    then renamed into place and the directory is renamed away and removed. No
+    journal: nothing was written, no-op. A transaction's journal is committed
+    only by the transaction (``transaction=True``); the ensemble writer's call
+    is then a no-op. Returns the number of staged files moved into place.
     """
     root = Path(os.path.abspath(root))
     jdir = root / JOURNAL_DIRNAME
-    if not jdir.is_dir():
-        return
+    if not jdir.is_dir() or (staging.is_transaction(jdir) and not transaction):
+        return 0
     with open(jdir / COMMITTED_NAME, "wb") as marker:
         faults.point("commit-marker")
         if fsync:
@@ -268,7 +298,9 @@ def commit(root: Path, *, fsync: bool) -> None:
     if fsync:
         fsync_path(jdir, directory=True)
         faults.point("commit-fsync")
+    moved = staging.roll_forward(jdir, fsync=fsync)
     _remove_journal(root, jdir, fsync)
+    return moved
 
 
 # --------------------------------------------------------------------------- recovery
@@ -278,8 +310,10 @@ class RecoveryReport:
 
     Attributes
     ----------
-    state : {"clean", "rolled_back", "committed"}
-        No journal / an incomplete write was undone / the write was complete.
+    state : {"clean", "rolled_back", "committed", "open"}
+        No journal / an incomplete write was undone / the write was complete
+        (staged files moved into place) / the journal is this process's own
+        open transaction (left alone).
     files : int
         Files whose prior content was restored (ranges or whole-file backups).
     ranges : int
@@ -288,13 +322,16 @@ class RecoveryReport:
         Bytes written back (ranges plus sizes of restored whole-file backups).
     missing : tuple of str
         Journaled files that no longer exist, so could not be restored.
+    staged : int
+        Staged files renamed into place ("committed") or deleted ("rolled_back").
     """
 
-    state: Literal["clean", "rolled_back", "committed"]
+    state: Literal["clean", "rolled_back", "committed", "open"]
     files: int = 0
     ranges: int = 0
     bytes: int = 0
     missing: tuple[str, ...] = ()
+    staged: int = 0
 
 
 class _Record(NamedTuple):
@@ -418,27 +455,44 @@ def _remove_journal(root: Path, jdir: Path, fsync: bool) -> None:
     faults.point("journal-remove")
 
 
-def recover(root: Path, *, fsync: bool = True) -> RecoveryReport:
+def recover(root: Path, *, fsync: bool = True, force: bool = False) -> RecoveryReport:
     """Bring the files under ``root`` to a consistent state after any crash.
 
-    No journal: ``"clean"``. ``COMMITTED``: the analysis is complete, delete the
-    journal (``"committed"``). Else restore backups, write back every undo record,
-    make that durable, and only then delete the journal (``"rolled_back"``): a
+    No journal: ``"clean"``. ``COMMITTED``: the analysis is complete; rename
+    its staged files into place, delete the journal (``"committed"``). Else
+    restore backups, write back every undo record, delete staged files, make
+    that durable, and only then delete the journal (``"rolled_back"``): a
     crash during recovery leaves a journal from which it simply runs again.
-    Must not run while any task is still writing.
+
+    Runs under the ensemble lock (taken for the recovery unless this process
+    holds it; :class:`~ensio.io.lock.LockError` if a live run holds it). The
+    journal of this process's own open transaction is left alone
+    (``"open"``) unless ``force`` (:func:`abort`).
     """
     root = Path(os.path.abspath(root))
     jdir = root / JOURNAL_DIRNAME
     if not jdir.is_dir():
         report = RecoveryReport("clean")
-    elif (jdir / COMMITTED_NAME).exists():
-        _remove_journal(root, jdir, fsync)
-        report = RecoveryReport("committed")
+    elif staging.is_own(jdir) and not force:
+        return RecoveryReport("open")
+    elif held_by_me(root):
+        report = _recover_locked(root, jdir, fsync)
     else:
-        report = _rollback(root, jdir, fsync)
+        with EnsembleLock(root, f"journal recovery in {command_line()}"):
+            report = _recover_locked(root, jdir, fsync)
     for trash in root.glob(_TRASH_PREFIX + "*"):  # deletions a crash interrupted
         shutil.rmtree(trash, ignore_errors=True)
     return report
+
+
+def _recover_locked(root: Path, jdir: Path, fsync: bool) -> RecoveryReport:
+    if not jdir.is_dir():  # recovered by the run whose lock we waited for
+        return RecoveryReport("clean")
+    if (jdir / COMMITTED_NAME).exists():
+        moved = staging.roll_forward(jdir, fsync=fsync)
+        _remove_journal(root, jdir, fsync)
+        return RecoveryReport("committed", staged=moved)
+    return _rollback(root, jdir, fsync)
 
 
 def _rollback(root: Path, jdir: Path, fsync: bool) -> RecoveryReport:
@@ -461,19 +515,24 @@ def _rollback(root: Path, jdir: Path, fsync: bool) -> RecoveryReport:
         files |= touched
         nranges += n
         nbytes += b
+    for _, records in scanned:  # temporaries of a library-path rewrite a kill left
+        for path in {rec.path for rec in records if rec.kind == _REC_FILE}:
+            staging.remove_temporaries(path)
+    staged = staging.discard(jdir)
     if fsync:
         for d in sorted(dirs):
             fsync_path(d, directory=True)
     faults.point("recover-synced")
     _remove_journal(root, jdir, fsync)
     return RecoveryReport("rolled_back", len(files), nranges, nbytes,
-                          tuple(sorted(missing - files)))
+                          tuple(sorted(missing - files)), staged)
 
 
 def abort(root: Path, *, fsync: bool = True) -> RecoveryReport:
     """Roll back now, after a task failed mid-write (same rules as :func:`recover`).
 
     Call it from one rank once *all* tasks have stopped writing (a committed
-    journal means the analysis is complete: it is kept).
+    journal means the analysis is complete: it is kept). Unlike
+    :func:`recover` it also rolls back this process's own open transaction.
     """
-    return recover(root, fsync=fsync)
+    return recover(root, fsync=fsync, force=True)

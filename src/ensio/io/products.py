@@ -12,6 +12,12 @@ mode write their output through the same two collective functions,
 :func:`write_member_copies` and :func:`write_products`, so that both modes
 produce the same bytes; they differ only in where the structure of a file
 comes from (``sources`` / ``template``) and in the ``history`` they leave.
+
+``stage`` (the offline run's :meth:`ensio.io.commit.RunTransaction.path`)
+maps a target to the name it is written under until the run commits; without
+it (the online mode) each file is renamed into place as soon as it is complete.
+Operating-system errors become one-line :class:`~ensio.errors.FileOpError`
+messages naming the target and the operation.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import netCDF4
@@ -29,7 +35,8 @@ from mpi4py import MPI
 from .. import __version__
 from ..config.analysis import OutputSection
 from ..config.schema import ConfigError, Coordinates, IOSection
-from ..durable import replacing
+from ..durable import copy_identity, replacing
+from ..errors import FileOpError, file_op, os_error_reason
 from ..layout.block import EnsembleBlock
 from ..layout.state import StateLayout, VariableLayout
 from ..parallel.agree import all_call, root_call
@@ -41,6 +48,9 @@ __all__ = ["copy_members", "partial_path", "product_paths", "write_field_file",
            "write_member_copies", "write_products"]
 
 Statistic = cf.Statistic
+
+#: target → the name it is written under until the run commits.
+Stage = Callable[[Path], Path]
 
 
 def write_field_file(
@@ -155,8 +165,9 @@ def _write_state_variable(
 def copy_members(sources: Sequence[Path], targets: Sequence[Path], rank: int, size: int) -> None:
     """Copy member files (this rank's share: every ``size``-th from ``rank``)."""
     for m in range(rank, len(sources), size):
-        targets[m].parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(sources[m], targets[m])
+        with file_op("write", targets[m]):
+            targets[m].parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(sources[m], targets[m])
 
 
 def partial_path(target: Path) -> Path:
@@ -170,6 +181,7 @@ def write_member_copies(
     block: EnsembleBlock,
     sources: Sequence[Path],
     targets: Sequence[Path],
+    stage: Stage | None = None,
 ) -> None:
     """Collective: analysis member m = a copy of ``sources[m]`` with the state replaced.
 
@@ -196,17 +208,29 @@ def write_member_copies(
         for members that have none (online).
     targets : sequence of Path, length N_e
         The analysis member files (``config.output_member_paths()``).
+    stage : callable, optional
+        Write copy m to ``stage(targets[m])`` and leave it there (the run's
+        commit renames it); default: a temporary name renamed at once.
     """
     tasks = io.tasks
     out_io = dataclasses.replace(
         io, journal=False, tasks=None if tasks is None else min(tasks, comm.size)
     )
-    temps = [partial_path(t) for t in targets]
+    temps = [partial_path(t) if stage is None else stage(t) for t in targets]
     mine = range(comm.rank, len(targets), comm.size)
     all_call(comm, lambda: copy_members(sources, temps, comm.rank, comm.size))
     with open_ensemble(temps, block.layout, out_io, comm) as ens:
         ens.write(block)
-    all_call(comm, lambda: [os.replace(temps[m], targets[m]) for m in mine])
+    if stage is None:
+        all_call(comm, lambda: [_rename(temps[m], targets[m]) for m in mine])
+
+
+def _rename(temp: Path, target: Path) -> None:
+    """``temp`` replaces ``target`` keeping its identity (mode, owner; a symlink stays)."""
+    real = Path(os.path.realpath(target))
+    with file_op("write", target):
+        copy_identity(real, temp)
+        os.replace(temp, real)
 
 
 def product_paths(output: OutputSection, base_dir: Path) -> dict[str, Path]:
@@ -227,6 +251,7 @@ def write_products(
     program: str,
     targets: Mapping[str, Path],
     coordinates: Coordinates,
+    stage: Stage | None = None,
     *,
     inactive: np.ndarray | None = None,
 ) -> None:
@@ -251,6 +276,8 @@ def write_products(
         ``"mean"`` and/or ``"spread"`` → output file (:func:`product_paths`).
     coordinates : Coordinates
         Coordinate variables to carry over (``ensemble.coordinates``).
+    stage : callable, optional
+        Write product ``p`` to ``stage(p)`` (renamed by the run's commit).
     inactive : ndarray of bool, shape (count,), optional
         This rank's rows that were not analysed (missing in some member):
         they hold the fill value in the products.
@@ -275,10 +302,32 @@ def write_products(
         what = f"{program} (ensio {__version__}): analysis ensemble {statistic.name}"
         root_call(
             comm,
-            lambda path=path, full=full, what=what, statistic=statistic: write_field_file(
-                path, template, layout, full, coordinates, what, statistic=statistic, ddof=ddof
+            lambda path=path, full=full, what=what, statistic=statistic: _write_product(
+                path, path if stage is None else stage(path),
+                lambda out: write_field_file(
+                    out, template, layout, full, coordinates, what, statistic=statistic,
+                    ddof=ddof,
+                ),
             ),
         )
+
+
+def _write_product(target: Path, out: Path, write: Callable[[Path], None]) -> None:
+    """``write(out)``; its failure as one line naming ``target`` (netCDF errors too)."""
+    try:
+        write(out)
+    except (OSError, RuntimeError) as exc:
+        # HDF5 reports a full disk as "HDF error" or even EACCES on its own file
+        reason = os_error_reason(exc) if isinstance(exc, OSError) else str(exc)
+        try:
+            st = os.statvfs(out.parent)
+            free = st.f_bavail * st.f_frsize
+        except OSError:
+            free = None
+        if free is not None and free < (1 << 20) and "space" not in reason.lower():
+            reason = (f"No space left on device ({free // 1024} kB free; "
+                      f"the netCDF library said: {reason})")
+        raise FileOpError(f"cannot write {target}: {reason}") from exc
 
 
 def _gather_rows(comm: MPI.Comm, dist: RowDistribution, rows: np.ndarray) -> np.ndarray | None:

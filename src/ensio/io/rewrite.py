@@ -10,6 +10,7 @@ into place; the journal keeps the original inode as a whole-file backup.
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -93,7 +94,13 @@ def rewrite_copy(
     undo: journal.UndoLog | None,
     fsync: bool,
 ) -> None:
-    """Write library-path variables into a copy of ``path`` and rename it into place."""
+    """Write library-path variables into a copy of ``path`` and rename it into place.
+
+    The copy replaces the file itself: a symlinked member stays a link to the
+    rewritten file, and the copy keeps the file's permission bits and owner
+    (:func:`ensio.durable.replacing`). The journal backs up that same file.
+    """
+    path = Path(os.path.realpath(path))
     if undo is not None:
         undo.save_file(path)
     with replacing(path, fsync=fsync, label="library") as tmp:
