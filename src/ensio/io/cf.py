@@ -192,7 +192,7 @@ def missing_mask(raw: np.ndarray, attrs: Mapping[str, Any]) -> np.ndarray:
 
 def field_encoding(stored: np.dtype, attrs: Mapping[str, Any]) -> FieldEncoding:
     """The dtype and fill value of a product of a member variable (see :class:`FieldEncoding`)."""
-    stored = np.dtype(stored)
+    stored = np.dtype(stored).newbyteorder("=")  # products are written in native order
     packing = [np.asarray(attrs[a]).dtype for a in ("scale_factor", "add_offset") if a in attrs]
     if packing:
         dtype = np.result_type(*packing, stored if stored.kind == "f" else packing[0])
