@@ -24,7 +24,7 @@ from mpi4py import MPI
 
 from ..config.schema import ConfigError, EnsembleSection, IOSection
 from ..errors import InputError
-from ..layout.state import StateLayout, VarMeta, build_layout
+from ..layout.state import StateLayout, VarMeta, build_layout, check_state_dtype
 from ..parallel.agree import ErrorNote, note_error, raise_if_any, root_call
 from .open import open_member
 from .store import VarInfo
@@ -74,7 +74,7 @@ def layout_from_member(ensemble: EnsembleSection, path: Path) -> StateLayout:
     """Build the state layout of the ``ensemble`` section from one member file (normally 1)."""
     with open_member(path) as store:
         infos = store.variables()
-        metas = {n: VarMeta(n, i.dims, i.shape, i.dtype) for n, i in infos.items()}
+        metas = {n: VarMeta(n, i.dims, i.shape, i.dtype, i.encoding) for n, i in infos.items()}
 
         def read_var(name: str) -> np.ndarray:
             info = infos[name]
@@ -108,6 +108,8 @@ def check_member(path: Path, layout: StateLayout) -> MemberMeta:
                 f"{path}: variable '{v.name}' has dtype {info.dtype.newbyteorder('=').name}, "
                 f"expected {v.dtype.name} as in the first member"
             )
+        check_state_dtype(VarMeta(v.name, info.dims, info.shape, info.dtype, info.encoding),
+                          str(path))
         out[v.name] = info
     return MemberMeta(out, *caps)
 
