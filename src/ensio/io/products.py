@@ -31,7 +31,7 @@ from ..layout.block import EnsembleBlock
 from ..layout.state import StateLayout
 from ..parallel.agree import all_call, root_call
 from ..parallel.distribution import RowDistribution
-from .ensemble import open_ensemble
+from .ensemble import IOStats, open_ensemble
 
 __all__ = ["copy_members", "partial_path", "product_paths", "write_field_file",
            "write_member_copies", "write_products"]
@@ -116,7 +116,7 @@ def write_member_copies(
     block: EnsembleBlock,
     sources: Sequence[Path],
     targets: Sequence[Path],
-) -> None:
+) -> IOStats:
     """Collective: analysis member m = a copy of ``sources[m]`` with the state replaced.
 
     Every file is copied complete under a temporary name
@@ -142,6 +142,11 @@ def write_member_copies(
         for members that have none (online).
     targets : sequence of Path, length N_e
         The analysis member files (``config.output_member_paths()``).
+
+    Returns
+    -------
+    IOStats
+        Of the write (``clipped``: values clipped when packing).
     """
     tasks = io.tasks
     out_io = dataclasses.replace(
@@ -151,8 +156,9 @@ def write_member_copies(
     mine = range(comm.rank, len(targets), comm.size)
     all_call(comm, lambda: copy_members(sources, temps, comm.rank, comm.size))
     with open_ensemble(temps, block.layout, out_io, comm) as ens:
-        ens.write(block)
+        stats = ens.write(block)
     all_call(comm, lambda: [os.replace(temps[m], targets[m]) for m in mine])
+    return stats
 
 
 def product_paths(output: OutputSection, base_dir: Path) -> dict[str, Path]:
