@@ -19,7 +19,7 @@ from mpi4py import MPI
 from .analysis.inputs import assimilate_block
 from .analysis.result import AnalysisResult
 from .config.schema import Config, ConfigError
-from .io.ensemble import EnsembleIO, open_ensemble
+from .io.ensemble import EnsembleIO, IOStats, open_ensemble
 from .io.products import product_paths, write_member_copies, write_products
 from .layout.block import EnsembleBlock
 
@@ -33,6 +33,10 @@ class AnalysisReport:
     result: AnalysisResult
     seconds: dict[str, float] = field(default_factory=dict)
     n_obs_read: int = 0
+    #: Per state variable: points left out because a member holds a missing value.
+    inactive: dict[str, int] = field(default_factory=dict)
+    #: Per state variable: analysis values clipped to the packed type / valid range.
+    clipped: dict[str, int] = field(default_factory=dict)
 
     def lines(self) -> list[str]:
         """The log lines ``ensio analyse`` prints."""
@@ -53,6 +57,13 @@ class AnalysisReport:
                 f"{name:9s} innovation: mean {s.mean:+.4g}  rms {s.rms:.4g}  "
                 f"accepted {s.count}  rejected {qc.rejected}"
             )
+        for label, counts, what in (
+            ("missing data", self.inactive, "inactive points (not analysed, bytes kept)"),
+            ("packing", self.clipped, "analysis values clipped"),
+        ):
+            if any(counts.values()):
+                per = ", ".join(f"{k} {v}" for k, v in counts.items() if v)
+                out.append(f"{label}: {sum(counts.values())} {what} ({per})")
         order = ("read", "obs", "analysis", "write", "products", "total")
         out.append(
             "timing: "
@@ -76,6 +87,7 @@ def run_analysis(config: Config, comm: MPI.Comm, *, cycle: int = 0) -> AnalysisR
     # Built once for the read and the write of this analysis; freed on any error.
     with open_ensemble(config.member_paths(), config.ensemble, config.io, comm) as ens:
         block = ens.read()
+        inactive = ens.stats.inactive if ens.stats is not None else {}
         seconds["read"] = time.perf_counter() - t0
         layout = block.layout
         result = assimilate_block(
@@ -83,7 +95,7 @@ def run_analysis(config: Config, comm: MPI.Comm, *, cycle: int = 0) -> AnalysisR
         )
         t = time.perf_counter()
         analysis = EnsembleBlock(layout, block.start, block.count, result.ensemble)
-        _write_members(config, comm, ens, analysis)
+        written = _write_members(config, comm, ens, analysis)
     seconds["write"] = time.perf_counter() - t
     t = time.perf_counter()
     template = config.output_member_paths()[0]
@@ -95,15 +107,20 @@ def run_analysis(config: Config, comm: MPI.Comm, *, cycle: int = 0) -> AnalysisR
     seconds["total"] = time.perf_counter() - t0
     seconds = {k: float(comm.allreduce(v, op=MPI.MAX)) for k, v in seconds.items()}
     assert result.qc is not None
-    return AnalysisReport(result=result, seconds=seconds, n_obs_read=result.qc.total)
+    return AnalysisReport(
+        result=result,
+        seconds=seconds,
+        n_obs_read=result.qc.total,
+        inactive=inactive,
+        clipped=written.clipped if written is not None else {},
+    )
 
 
 def _write_members(
     config: Config, comm: MPI.Comm, ens: EnsembleIO, analysis: EnsembleBlock
-) -> None:
+) -> IOStats | None:
     """Collective: the analysis in place (journaled, through ``ens``) or as copies."""
     if config.io.in_place:
-        ens.write(analysis)
-        return
+        return ens.write(analysis)
     paths = config.output_member_paths()
-    write_member_copies(config.io, comm, analysis, config.member_paths(), paths)
+    return write_member_copies(config.io, comm, analysis, config.member_paths(), paths)
