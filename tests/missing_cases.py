@@ -15,6 +15,7 @@ textbook ETKF (Hunt et al. 2007) in numpy on the active points.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -293,3 +294,42 @@ def tolerance(path: Path) -> np.ndarray:
         else:
             tol[lo:hi] = 1e-9
     return tol
+
+
+def check_analysis(paths: list[Path], prior_stored: list[dict], X: np.ndarray,
+                   inactive: np.ndarray, obs, log: str) -> None:
+    """Files and log of an ETKF analysis against the numpy reference (serial and MPI tests)."""
+    act = ~inactive
+    ok = ~obs.reads_inactive
+    xa = np.array(X)
+    xa[:, act] = etkf(X[:, act], obs.H[ok][:, act], obs.value[ok], obs.error[ok])
+    after, _ = read_physical(paths)
+    clips = dict.fromkeys(NAMES, 0)
+    for m, path in enumerate(paths):
+        stored = read_stored(path)
+        for name, (lo, hi) in sizes().items():  # inactive points: every member's bytes stay
+            bad = inactive[lo:hi]
+            assert stored[name][bad].tobytes() == prior_stored[m][name][bad].tobytes(), name
+        for name, n in expected_clips(xa[m], path, act).items():
+            clips[name] += n
+        tol = tolerance(path)
+        lo_h, hi_h = sizes()["h"]
+        want = xa[m].copy()
+        want[lo_h:hi_h] = np.clip(want[lo_h:hi_h], 0.0, 100.0)
+        fits = act.copy()
+        for name, (lo, hi) in sizes().items():  # packed values beyond the type: clipped
+            if name in ("ps", "ts"):
+                with netCDF4.Dataset(path) as ds:
+                    s, o = float(ds[name].scale_factor), float(ds[name].add_offset)
+                raw = np.rint((xa[m, lo:hi] - o) / s)
+                fits[lo:hi] &= (raw > -32768) & (raw < 32767) & (raw != -32767)
+        err = np.abs(after[m] - want)[fits]
+        assert np.all(err <= tol[fits]), (path, float(np.max(err / tol[fits])))
+    total = int(inactive.sum())
+    per = ", ".join(f"{n} {int(inactive[lo:hi].sum())}" for n, (lo, hi) in sizes().items()
+                    if inactive[lo:hi].any())
+    assert f"missing data: {total} inactive points (not analysed, bytes kept) ({per})" in log
+    assert f"missing_state {int(obs.reads_inactive.sum())}" in log
+    m = re.search(r"packing: (\d+) analysis values clipped \(([^)]*)\)", log)
+    assert sum(clips.values()) > 0 and m is not None, log
+    assert int(m.group(1)) == sum(clips.values()), (log, clips)
