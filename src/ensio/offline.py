@@ -28,7 +28,7 @@ from .analysis.result import AnalysisResult
 from .config.schema import Config, ConfigError
 from .errors import file_op
 from .io.commit import RunTransaction, ensemble_lock
-from .io.ensemble import EnsembleIO, open_ensemble
+from .io.ensemble import EnsembleIO, IOStats, open_ensemble
 from .io.journal import journal_root
 from .io.products import Stage, product_paths, write_member_copies, write_products
 from .io.runrecord import file_digests, find_run, record_line, run_key, runs_path, staged_runs
@@ -52,6 +52,10 @@ class AnalysisReport:
     n_obs_read: int = 0
     already: dict[str, Any] | None = None
     took_over: str | None = None  # the dead run whose stale lock this run took over
+    #: Per state variable: points left out because a member holds a missing value.
+    inactive: dict[str, int] = field(default_factory=dict)
+    #: Per state variable: analysis values clipped to the packed type / valid range.
+    clipped: dict[str, int] = field(default_factory=dict)
 
     def lines(self) -> list[str]:
         """The log lines ``ensio analyse`` prints."""
@@ -78,6 +82,13 @@ class AnalysisReport:
                 f"{name:9s} innovation: mean {s.mean:+.4g}  rms {s.rms:.4g}  "
                 f"accepted {s.count}  rejected {qc.rejected}"
             )
+        for label, counts, what in (
+            ("missing data", self.inactive, "inactive points (not analysed, bytes kept)"),
+            ("packing", self.clipped, "analysis values clipped"),
+        ):
+            if any(counts.values()):
+                per = ", ".join(f"{k} {v}" for k, v in counts.items() if v)
+                out.append(f"{label}: {sum(counts.values())} {what} ({per})")
         order = ("read", "obs", "analysis", "write", "products", "record", "total")
         out.append(
             "timing: "
@@ -120,18 +131,28 @@ def run_analysis(
                 return AnalysisReport(result=None, already=done, took_over=took_over)
             with file_op("read"), bars.phase("read", n_e, "members") as advance:
                 block = ens.read(progress=advance)
+            inactive = ens.stats.inactive if ens.stats is not None else {}
             seconds["read"] = time.perf_counter() - t0
             with bars.phase("analysis"):
                 result = assimilate_block(
                     block, obs_sources, config.analysis, comm, cycle=cycle, seconds=seconds
                 )
-            analysis = EnsembleBlock(block.layout, block.start, block.count, result.ensemble)
-            _commit_run(config, comm, ens, analysis, (key, cycle, command), seconds, bars)
+            analysis = EnsembleBlock(block.layout, block.start, block.count, result.ensemble,
+                                     inactive=block.inactive)
+            written = _commit_run(
+                config, comm, ens, analysis, (key, cycle, command), seconds, bars
+            )
     seconds["total"] = time.perf_counter() - t0
     seconds = {k: float(comm.allreduce(v, op=MPI.MAX)) for k, v in seconds.items()}
     assert result.qc is not None
-    return AnalysisReport(result=result, seconds=seconds, n_obs_read=result.qc.total,
-                          took_over=took_over)
+    return AnalysisReport(
+        result=result,
+        seconds=seconds,
+        n_obs_read=result.qc.total,
+        took_over=took_over,
+        inactive=inactive,
+        clipped=written.clipped if written is not None else {},
+    )
 
 
 def _opened(config: Config, comm: MPI.Comm) -> EnsembleIO:
@@ -159,8 +180,12 @@ def _already(root: Path, key: str, comm: MPI.Comm) -> dict[str, Any] | None:
 def _commit_run(
     config: Config, comm: MPI.Comm, ens: EnsembleIO, analysis: EnsembleBlock,
     run: tuple[str, int, str], seconds: dict[str, float], bars: PhaseProgress,
-) -> None:
-    """Collective: members, products, copies and the run record, committed together."""
+) -> IOStats | None:
+    """Collective: members, products, copies and the run record, committed together.
+
+    Returns the statistics of the member write (``clipped``: values clipped
+    when packing).
+    """
     key, cycle, command = run
     members = [Path(os.path.abspath(p)) for p in config.member_paths()]
     root = journal_root(members[0])
@@ -172,7 +197,7 @@ def _commit_run(
         t = time.perf_counter()
         n_e = config.ensemble.size
         with file_op("write"), bars.phase("write", n_e, "members") as advance:
-            _write_members(config, comm, ens, analysis, txn.path, advance)
+            written = _write_members(config, comm, ens, analysis, txn.path, advance)
         txn.checkpoint()
         seconds["write"] = time.perf_counter() - t
         t = time.perf_counter()
@@ -181,6 +206,7 @@ def _commit_run(
             write_products(
                 comm, analysis.layout, analysis.data, template, "ensio analyse",
                 products, config.ensemble.coordinates, stage=txn.path,
+                inactive=analysis.inactive_rows(),
             )  # fmt: skip
         txn.checkpoint()
         seconds["products"] = time.perf_counter() - t
@@ -197,16 +223,17 @@ def _commit_run(
         root_call(comm, lambda: staged_runs(root, entry, txn.path(runs)))
         txn.commit()
         seconds["record"] = time.perf_counter() - t
+    return written
 
 
 def _write_members(
     config: Config, comm: MPI.Comm, ens: EnsembleIO, analysis: EnsembleBlock, stage: Stage,
     advance: Advance = no_progress,
-) -> None:
+) -> IOStats | None:
     """Collective: the analysis in place (journaled, through ``ens``) or as staged copies."""
     if config.io.in_place:
-        ens.write(analysis, progress=advance)
-        return
+        return ens.write(analysis, progress=advance)
     paths = config.output_member_paths()
-    write_member_copies(config.io, comm, analysis, config.member_paths(), paths, stage)
+    stats = write_member_copies(config.io, comm, analysis, config.member_paths(), paths, stage)
     advance(len(paths))
+    return stats

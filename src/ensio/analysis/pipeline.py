@@ -9,7 +9,10 @@ Per call:
 1. ``obs``: H for this rank's observations (the rows they read fetched from
    their owners, :mod:`~ensio.analysis.distributed`), quality control, the
    observations within the support radius of the rows;
-2. the filter (:mod:`~ensio.analysis.filters`), one BLAS thread per rank;
+2. the filter (:mod:`~ensio.analysis.filters`), one BLAS thread per rank, on
+   the active rows: an inactive row (``block.inactive``, or a non-finite value
+   in any member) is passed through unchanged, and observations whose operator
+   reads one are rejected (``missing_state``);
 3. ``posterior``: H of the analysis and the innovation statistics, summed
    over the observations' owners.
 
@@ -100,16 +103,25 @@ def _observed(
     observations: ObsBatch,
     settings: AnalysisSettings,
     comm: MPI.Comm,
+    inactive: np.ndarray,
 ) -> _Observed:
     """Collective: H, quality control and the selection near the rows."""
     cfg = settings.analysis
     grid = settings.grid if settings.grid is not None else state_grid(block.layout)
     op, inside = build_operator(observations, dist.n_rows, grid)
     hx = observe(X, dist, op, comm)
+    missing = _reads_inactive(inactive, dist, op, comm)
+    if missing is not None:
+        hx[:, missing] = np.nan
     own = observation_owners(op, inside, observations.ids, dist) == comm.rank
     max_sigma = cfg.qc.max_sigma
     ok, _ = quality_control(
-        observations.values, observations.errors, hx, max_sigma=max_sigma, inside=inside
+        observations.values,
+        observations.errors,
+        hx,
+        max_sigma=max_sigma,
+        inside=inside,
+        missing=missing,
     )
     _, own_counts = quality_control(
         observations.values[own],
@@ -117,6 +129,7 @@ def _observed(
         hx[:, own],
         max_sigma=max_sigma,
         inside=inside[own],
+        missing=None if missing is None else missing[own],
     )
     obs = observations.subset(ok)
     hx_ok = hx[:, ok]
@@ -136,6 +149,75 @@ def _observed(
         ids=obs.ids[keep],
     )
     return _Observed(op, ok, own[ok], own_counts, obs, hx_ok, space, rows)
+
+
+def _reads_inactive(
+    inactive: np.ndarray, dist: RowDistribution, op: ObsOperator, comm: MPI.Comm
+) -> np.ndarray | None:
+    """Collective: which observations read an inactive row (``None``: no row is inactive).
+
+    H of a row that is NaN where inactive and 0 elsewhere: the rows an
+    observation reads come from their owners exactly as for HX.
+    """
+    if not comm.allreduce(bool(inactive.any()), op=MPI.LOR):
+        return None
+    flag = np.where(inactive, np.nan, 0.0)[None, :]
+    return ~np.isfinite(observe(flag, dist, op, comm)[0])
+
+
+def _filter_rows(
+    X: np.ndarray, seen: _Observed, settings: AnalysisSettings, inactive: np.ndarray, sw: Stopwatch
+) -> AnalysisResult:
+    """The filter on the active rows; inactive rows pass through unchanged.
+
+    NaN rows must never reach a kernel (the batched local kernel builds one
+    basis per tile), so the filter sees only the active columns of ``X``;
+    its per-row outputs are spread back (0 observations at inactive rows,
+    their prior inflation kept).
+    """
+    cfg, cycle = settings.analysis, settings.cycle
+    flt = make_filter(cfg)
+    if not inactive.any():
+        return flt.analyse(
+            X, seen.row_coords, seen.space, cycle=cycle, inflation=settings.inflation, stopwatch=sw
+        )
+    act = np.flatnonzero(~inactive)
+    n = X.shape[1]
+    prior_infl = settings.inflation
+    infl = prior_infl[act] if np.ndim(prior_infl) > 0 else prior_infl  # type: ignore[index]
+    part = None
+    if act.size:
+        coords = None if seen.row_coords is None else seen.row_coords[act]
+        part = flt.analyse(X[:, act], coords, seen.space, cycle=cycle, inflation=infl, stopwatch=sw)
+    ens = X.copy()
+    n_obs = np.zeros(n, dtype=np.int64)
+    inflation = None
+    if cfg.inflation.adaptive:  # inactive rows keep their previous estimate
+        base = 1.0 if prior_infl is None else prior_infl
+        inflation = np.broadcast_to(np.asarray(base, dtype=float), (n,)).copy()
+    if part is None:
+        return AnalysisResult(ensemble=ens, n_obs=n_obs, inflation=inflation)
+    ens[:, act] = part.ensemble
+    n_obs[act] = part.n_obs
+    if inflation is not None and part.inflation is not None:
+        inflation[act] = part.inflation
+
+    def spread(values: np.ndarray | None) -> np.ndarray | None:
+        if values is None:
+            return None
+        out = np.zeros(n)
+        out[act] = values
+        return out
+
+    return dataclasses.replace(
+        part,
+        ensemble=ens,
+        n_obs=n_obs,
+        inflation=inflation if part.inflation is not None else None,
+        dRd=spread(part.dRd),
+        trace=spread(part.trace),
+        weight_sum=spread(part.weight_sum),
+    )
 
 
 def analyse_rows(
@@ -177,21 +259,15 @@ def analyse_rows(
             f"its rows [{dist.start}, {dist.stop}) of the block distribution"
         )
     X = np.asarray(block.data, dtype=np.float64)
+    inactive = block.inactive_rows()
     with sw("obs"):
-        seen = _observed(X, block, dist, observations, settings, comm)
+        seen = _observed(X, block, dist, observations, settings, comm, inactive)
     cfg = settings.analysis
     # One BLAS thread per rank: ranks already fill the cores, and the many small
     # k×k eigendecompositions of a local analysis run ~4× slower threaded.
     limit = 1 if (comm.size > 1 or cfg.localization is not None) else None
     with threadpool_limits(limits=limit, user_api="blas"):
-        res = make_filter(cfg).analyse(
-            X,
-            seen.row_coords,
-            seen.space,
-            cycle=settings.cycle,
-            inflation=settings.inflation,
-            stopwatch=sw,
-        )
+        res = _filter_rows(X, seen, settings, inactive, sw)
     with sw("posterior"):
         hx_post = observe(res.ensemble, dist, seen.op, comm)[:, seen.ok]
         values = seen.accepted.values

@@ -36,6 +36,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..errors import InputError
+from ..layout.encoding import CONVENTION_ATTRIBUTES, Encoding
 from .store import LibraryBackedStore, VarInfo
 
 __all__ = ["CLASSIC_DTYPES", "ClassicStore", "read_classic_header"]
@@ -167,6 +168,16 @@ def _fill_value(atts: dict[str, tuple[np.dtype, bytes]]) -> object | None:
     return values[0].item() if values.size == 1 else None
 
 
+def _encoding(dtype: np.dtype, atts: dict[str, tuple[np.dtype, bytes]]) -> Encoding:
+    """Packing and missing-data conventions from the variable's attributes."""
+    found = {
+        name: np.frombuffer(atts[name][1], dtype=atts[name][0])
+        for name in CONVENTION_ATTRIBUTES
+        if name in atts and atts[name][0].kind in "iuf"
+    }
+    return Encoding.from_attributes(dtype, found)
+
+
 def read_classic_header(fd: int, path: Path) -> tuple[int, dict[str, VarInfo]]:
     """Parse a classic header from ``fd``.
 
@@ -224,6 +235,7 @@ def read_classic_header(fd: int, path: Path) -> tuple[int, dict[str, VarInfo]]:
                 dtype=dtype,
                 raw_offset=None if is_record else begin,
                 fill_value=_fill_value(atts),
+                encoding=_encoding(dtype, atts),
             )
         header_end = h.pos
     except _Corrupt as exc:

@@ -23,6 +23,7 @@ distribution, the layout, the validated member metadata) is built once by
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Sequence
@@ -118,6 +119,7 @@ class FileEnsembleIO:
         lo = self.group_rows.offset
         self.segments = layout.segments(lo, lo + self.group_rows.n_rows)
         self.stats: IOStats | None = None
+        self._clips = np.zeros(len(layout.variables), dtype=np.int64)  # of the current write
         self._fresh = True  # the scan is current: the first call need not stat again
         self._closed = False
 
@@ -222,15 +224,27 @@ class FileEnsembleIO:
                 sw, depth=2 if overlap else 0,
             )  # fmt: skip
         raise_if_any(self.comm, note)
+        block = EnsembleBlock(self.layout, self.rows.start, self.rows.count, data)
+        block.inactive = block.inactive_rows()
+        inactive = self._per_variable(block.count_by_variable(block.inactive))
         total = time.perf_counter() - t_start
-        self.stats = IOStats.from_stopwatch(sw, total, self.state_bytes).reduce(self.comm)
-        return EnsembleBlock(self.layout, self.rows.start, self.rows.count, data)
+        stats = IOStats.from_stopwatch(sw, total, self.state_bytes).reduce(self.comm)
+        self.stats = dataclasses.replace(stats, inactive=inactive)
+        return block
+
+    def _per_variable(self, counts: np.ndarray) -> dict[str, int]:
+        """Collective: per-variable counts of this rank summed over ``comm``, by name."""
+        total = np.array(counts, dtype=np.int64)
+        self.comm.Allreduce(MPI.IN_PLACE, total, op=MPI.SUM)
+        return {v.name: int(n) for v, n in zip(self.layout.variables, total, strict=True)}
 
     def _read_member(self, m: int, out: np.ndarray, scratch: Scratch) -> None:
         """Read this I/O task's rows of member ``m`` into ``out`` (float64, group rows).
 
         Native float64 segments are read straight into ``out`` (one copy, kernel to
         matrix); other dtypes go through a reused scratch buffer and one cast.
+        Values are physical (scale_factor/add_offset applied), missing ones NaN
+        (:class:`~ensio.layout.encoding.Encoding` of the member's variable).
         """
         path, meta, lo = self.paths[m], self.scan.metas[m], self.group_rows.offset
         fd = os.open(path, os.O_RDONLY)
@@ -243,13 +257,14 @@ class FileEnsembleIO:
                 if meta.raw(name):
                     if seg.select is None and info.dtype == _NATIVE_F8:
                         raw_read(fd, info, seg.elem_lo, seg.elem_hi, out=dst, path=path)
+                        info.encoding.decode(dst, dst)
                         continue
                     buf = scratch.get(info.dtype, seg.n_elems)
                     arr = raw_read(fd, info, seg.elem_lo, seg.elem_hi, out=buf, path=path)
                 else:
                     store = store or open_member(path)
                     arr = store.read_elements(name, seg.elem_lo, seg.elem_hi)
-                dst[...] = arr if seg.select is None else arr[seg.select]
+                info.encoding.decode(arr if seg.select is None else arr[seg.select], dst)
         finally:
             os.close(fd)
             if store is not None:
@@ -267,7 +282,12 @@ class FileEnsembleIO:
     ) -> IOStats:
         """Collective: write the analysis rows back into the member files, in place.
 
-        Only the bytes of the state variables change. With ``io.journal`` the
+        Only the bytes of the state variables change, and of those not the
+        ones of inactive rows (:meth:`EnsembleBlock.inactive_rows
+        <ensio.layout.block.EnsembleBlock.inactive_rows>`: every member keeps
+        its bytes there) nor of packed values the analysis left unchanged.
+        Values are packed per member (:meth:`~ensio.layout.encoding.Encoding.encode`);
+        the clips are counted in ``stats.clipped``. With ``io.journal`` the
         prior bytes are journaled first, so a crash at any instant is undone by
         :func:`ensio.io.journal.recover` (run automatically by the next read or
         write, or by ``ensio recover``). If any rank fails, every file is rolled
@@ -299,13 +319,15 @@ class FileEnsembleIO:
             )
         self._check_writable()
         data = np.ascontiguousarray(block.data, dtype=np.float64)
+        keep = block.inactive_rows()
         journaled = self.io.journal if journal is None else journal
         root, fsync = self._journal_root(), self.io.fsync
         undo = journal_mod.UndoLog.create(root, self.comm.rank, fsync=fsync) if journaled else None
         sw = Stopwatch()
+        self._clips = np.zeros(len(self.layout.variables), dtype=np.int64)
         try:
-            note = self._write_rows(data, undo, sw, 2 if overlap else 0, progress)
-            note = note or write_library(self, data, undo, sw)
+            note = self._write_rows(data, keep, undo, sw, 2 if overlap else 0, progress)
+            note = note or write_library(self, data, keep, undo, sw, self._clips)
         finally:
             if undo is not None:
                 undo.close()
@@ -318,8 +340,10 @@ class FileEnsembleIO:
         if journaled:
             root_call(self.comm, lambda: journal_mod.commit(root, fsync=fsync))
         self.scan.written()
+        clipped = self._per_variable(self._clips)
         total = time.perf_counter() - t_start
-        self.stats = IOStats.from_stopwatch(sw, total, self.state_bytes).reduce(self.comm)
+        stats = IOStats.from_stopwatch(sw, total, self.state_bytes).reduce(self.comm)
+        self.stats = dataclasses.replace(stats, clipped=clipped)
         return self.stats
 
     def _journal_root(self) -> Path:
@@ -343,17 +367,27 @@ class FileEnsembleIO:
     def _write_rows(
         self,
         data: np.ndarray,
+        keep: np.ndarray,
         undo: journal_mod.UndoLog | None,
         sw: Stopwatch,
         depth: int,
         progress: Advance = no_progress,
     ) -> ErrorNote:
-        """Gather each member's rows to the I/O tasks and write their byte ranges in place."""
+        """Gather each member's rows to the I/O tasks and write their byte ranges in place.
+
+        Rows to ``keep`` travel as NaN: the I/O task puts the prior bytes back
+        wherever a value is not finite, so no flags need to travel.
+        """
         gcomm = self.groups.group_comm
+        marked = keep.any()
+
+        def outgoing(m: int) -> np.ndarray:
+            return np.where(keep, np.nan, data[m]) if marked else data[m]
+
         if not self.groups.is_io:
             for m in range(self.n_members):
                 with sw("comm"):
-                    gcomm.Gatherv(data[m], None, root=0)
+                    gcomm.Gatherv(outgoing(m), None, root=0)
             return None
         scratch = (Scratch(), Scratch())
 
@@ -365,12 +399,12 @@ class FileEnsembleIO:
             note: ErrorNote = None
             for m in range(self.n_members):
                 with sw("write"):
-                    note = note or guard(lambda m=m: store(m, data[m]))
+                    note = note or guard(lambda m=m: store(m, outgoing(m)))
             return note
         spec = self._scatter_spec()
         return run_pipeline(
             "write", self.n_members, self.group_rows.n_rows, store,
-            lambda m, buf: gcomm.Gatherv(data[m], [buf, *spec], root=0),
+            lambda m, buf: gcomm.Gatherv(outgoing(m), [buf, *spec], root=0),
             sw, depth=depth,
         )  # fmt: skip
 
@@ -384,8 +418,10 @@ class FileEnsembleIO:
         """Write this I/O task's byte-range rows of member ``m`` in place; returns journal seconds.
 
         Order per segment: read the prior bytes, append them to the undo journal,
-        then overwrite. A masked segment is a read-modify-write of its covering
-        range, which no other task touches.
+        then overwrite. The prior bytes are also read, and put back, where a
+        value is not finite (an inactive row) or, in a packed variable, where
+        the analysis left the physical value unchanged. A masked segment is a
+        read-modify-write of its covering range, which no other task touches.
         """
         path, meta, lo = self.paths[m], self.scan.metas[m], self.group_rows.offset
         t_journal = 0.0
@@ -397,22 +433,26 @@ class FileEnsembleIO:
                     continue
                 info = meta.infos[name]
                 rows = src[seg.row_lo - lo : seg.row_hi - lo]
+                merge = info.encoding.packed or not np.isfinite(rows).all()
                 prior = None
-                if undo is not None or seg.select is not None:
+                if undo is not None or seg.select is not None or merge:
                     t = time.perf_counter()
                     buf = scratch[0].get(info.dtype, seg.n_elems)
                     prior = raw_read(fd, info, seg.elem_lo, seg.elem_hi, out=buf, path=path)
                     if undo is not None:
                         undo.save(path, info.raw_offset + seg.elem_lo * info.dtype.itemsize, prior)
                     t_journal += time.perf_counter() - t
-                if seg.select is not None:
-                    new = prior
-                    new[seg.select] = rows
-                elif info.dtype == _NATIVE_F8:
+                if seg.select is None and info.dtype == _NATIVE_F8 and not merge:
                     new = rows
                 else:
-                    new = scratch[1].get(info.dtype, seg.n_elems)
-                    new[...] = rows
+                    new = scratch[1].get(info.dtype, seg.n_rows)
+                    self._clips[seg.var] += info.encoding.encode(rows, new)
+                    if merge:
+                        old = prior if seg.select is None else prior[seg.select]
+                        info.encoding.keep_prior(old, rows, new)
+                    if seg.select is not None:
+                        prior[seg.select] = new
+                        new = prior
                 faults.point("data-write")
                 raw_write(fd, info, seg.elem_lo, new, path=path)
             if self.io.fsync:

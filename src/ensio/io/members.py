@@ -24,7 +24,7 @@ from mpi4py import MPI
 
 from ..config.schema import ConfigError, EnsembleSection, IOSection
 from ..errors import InputError
-from ..layout.state import StateLayout, VarMeta, build_layout
+from ..layout.state import StateLayout, VarMeta, build_layout, check_state_dtype
 from ..parallel.agree import ErrorNote, note_error, rebuild, root_call
 from .consistency import check_coordinates, check_distinct
 from .open import open_member
@@ -75,7 +75,7 @@ def layout_from_member(ensemble: EnsembleSection, path: Path) -> StateLayout:
     """Build the state layout of the ``ensemble`` section from one member file (normally 1)."""
     with open_member(path) as store:
         infos = store.variables()
-        metas = {n: VarMeta(n, i.dims, i.shape, i.dtype) for n, i in infos.items()}
+        metas = {n: VarMeta(n, i.dims, i.shape, i.dtype, i.encoding) for n, i in infos.items()}
 
         def read_var(name: str) -> np.ndarray:
             info = infos[name]
@@ -130,6 +130,8 @@ def _check_variables(
                 f"{path}: variable '{v.name}' has dtype {info.dtype.newbyteorder('=').name}, "
                 f"expected {v.dtype.name} as in the first member"
             )
+        check_state_dtype(VarMeta(v.name, info.dims, info.shape, info.dtype, info.encoding),
+                          str(path))
         out[v.name] = info
     return out
 

@@ -41,6 +41,7 @@ import h5py
 import numpy as np
 
 from ..errors import InputError
+from ..layout.encoding import CONVENTION_ATTRIBUTES, Encoding
 from .library import one_line
 from .store import LibraryBackedStore, VarInfo
 
@@ -231,10 +232,25 @@ class _Scan:
                 dtype=ds.dtype,
                 raw_offset=None if _quantized(ds) else _raw_offset(ds.oid, ds.dtype),
                 fill_value=None if fill is None or fill.size != 1 else fill[0].item(),
+                encoding=Encoding.from_attributes(ds.dtype, _conventions(ds)),
             )
         for table in below:
             out.update(table)
         return out
+
+
+_CONVENTIONS = tuple((a, a.encode()) for a in CONVENTION_ATTRIBUTES)
+
+
+def _conventions(ds: _Dataset) -> dict[str, np.ndarray]:
+    """The packing and missing-data attributes of a dataset (only those present)."""
+    out = {}
+    for name, key in _CONVENTIONS:
+        if key in ds.attrs:
+            value = ds.attr(key)
+            if value is not None:
+                out[name] = value
+    return out
 
 
 #: netCDF-4 quantization attributes: the library quantizes on every write, so

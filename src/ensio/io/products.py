@@ -42,7 +42,7 @@ from ..layout.state import StateLayout, VariableLayout
 from ..parallel.agree import all_call, root_call
 from ..parallel.distribution import RowDistribution
 from . import cf
-from .ensemble import open_ensemble
+from .ensemble import IOStats, open_ensemble
 
 __all__ = ["copy_members", "partial_path", "product_paths", "write_field_file",
            "write_member_copies", "write_products"]
@@ -182,7 +182,7 @@ def write_member_copies(
     sources: Sequence[Path],
     targets: Sequence[Path],
     stage: Stage | None = None,
-) -> None:
+) -> IOStats:
     """Collective: analysis member m = a copy of ``sources[m]`` with the state replaced.
 
     Every file is copied complete under a temporary name
@@ -211,6 +211,11 @@ def write_member_copies(
     stage : callable, optional
         Write copy m to ``stage(targets[m])`` and leave it there (the run's
         commit renames it); default: a temporary name renamed at once.
+
+    Returns
+    -------
+    IOStats
+        Of the write (``clipped``: values clipped when packing).
     """
     tasks = io.tasks
     out_io = dataclasses.replace(
@@ -220,9 +225,10 @@ def write_member_copies(
     mine = range(comm.rank, len(targets), comm.size)
     all_call(comm, lambda: copy_members(sources, temps, comm.rank, comm.size))
     with open_ensemble(temps, block.layout, out_io, comm) as ens:
-        ens.write(block)
+        stats = ens.write(block)
     if stage is None:
         all_call(comm, lambda: [_rename(temps[m], targets[m]) for m in mine])
+    return stats
 
 
 def _rename(temp: Path, target: Path) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,6 +20,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..durable import replacing
+from ..layout.encoding import Encoding
 from ..layout.state import StateLayout, VariableLayout
 from ..parallel.agree import ErrorNote
 from ..parallel.distribution import RowDistribution
@@ -46,13 +48,20 @@ def variable_counts(rows: RowDistribution, offset: int, size: int) -> np.ndarray
 
 
 def write_library(
-    ens: FileEnsembleIO, data: np.ndarray, undo: journal.UndoLog | None, sw: Stopwatch
+    ens: FileEnsembleIO,
+    data: np.ndarray,
+    keep: np.ndarray,
+    undo: journal.UndoLog | None,
+    sw: Stopwatch,
+    clips: np.ndarray,
 ) -> ErrorNote:
     """Library-path variables: gather each whole to one owner per file, rewrite a copy, rename.
 
     Collective over ``ens.comm``; every rank walks the same (member, variable)
     list, derived from metadata all ranks share, so the gathers match. Gathers
-    are timed as ``"comm"``, the rewrite as ``"write"``.
+    are timed as ``"comm"``, the rewrite as ``"write"``. Rows to ``keep``
+    (inactive, shape (count,)) travel as NaN and keep their prior values;
+    the owner adds its clips (per layout variable) to ``clips``.
     """
     comm, rows, layout = ens.comm, ens.rows, ens.layout
     comm.Barrier()  # raw in-place writes are finished before files are copied
@@ -68,6 +77,9 @@ def write_library(
             displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
             a, b = max(rows.start, v.offset), min(rows.stop, v.offset + v.size)
             mine = data[m, a - rows.start : b - rows.start] if b > a else data[m, :0]
+            flags = keep[a - rows.start : b - rows.start] if b > a else keep[:0]
+            if flags.any():
+                mine = np.where(flags, np.nan, mine)
             full = np.empty(v.size) if comm.rank == owner else None
             with sw("comm"):
                 comm.Gatherv(
@@ -79,12 +91,19 @@ def write_library(
                 gathered[v.name] = full
         if comm.rank == owner and note is None:
             with sw("write"):
+                infos = ens.scan.metas[m].infos
+                encodings = {name: infos[name].encoding for name in gathered}
                 note = guard(
-                    lambda m=m, g=gathered: rewrite_copy(
-                        ens.paths[m], layout, g, undo, ens.io.fsync
+                    lambda m=m, g=gathered, e=encodings: _count(
+                        clips, layout, rewrite_copy(ens.paths[m], layout, g, undo, ens.io.fsync, e)
                     )
                 )
     return note
+
+
+def _count(clips: np.ndarray, layout: StateLayout, found: dict[str, int]) -> None:
+    for i, v in enumerate(layout.variables):
+        clips[i] += found.get(v.name, 0)
 
 
 def rewrite_copy(
@@ -93,28 +112,47 @@ def rewrite_copy(
     values: dict[str, np.ndarray],
     undo: journal.UndoLog | None,
     fsync: bool,
-) -> None:
+    encodings: Mapping[str, Encoding] | None = None,
+) -> dict[str, int]:
     """Write library-path variables into a copy of ``path`` and rename it into place.
 
-    The copy replaces the file itself: a symlinked member stays a link to the
-    rewritten file, and the copy keeps the file's permission bits and owner
-    (:func:`ensio.durable.replacing`). The journal backs up that same file.
+    ``values`` are physical (NaN: keep the prior value), packed with the
+    file's ``encodings`` (default: those of the layout). Returns the clips
+    per variable. The copy replaces the file itself: a symlinked member stays
+    a link to the rewritten file, and the copy keeps the file's permission
+    bits and owner (:func:`ensio.durable.replacing`). The journal backs up
+    that same file.
     """
     path = Path(os.path.realpath(path))
     if undo is not None:
         undo.save_file(path)
+    clips: dict[str, int] = {}
     with replacing(path, fsync=fsync, label="library") as tmp:
         shutil.copyfile(path, tmp)
         with open_member(tmp, writable=True) as store:
             for name, full in values.items():
-                _store_variable(store, layout.variable(name), full)
+                v = layout.variable(name)
+                enc = (encodings or {}).get(name) or store.variables()[name].encoding
+                clips[name] = _store_variable(store, v, full, enc)
+    return clips
 
 
-def _store_variable(store: MemberStore, v: VariableLayout, full: np.ndarray) -> None:
-    """The state rows of ``v`` into its file variable (masked points keep their values)."""
+def _store_variable(
+    store: MemberStore, v: VariableLayout, full: np.ndarray, enc: Encoding
+) -> int:
+    """The state rows of ``v`` into its file variable, packed; returns the clips.
+
+    Masked points, inactive rows (NaN) and unchanged packed values keep their
+    stored values.
+    """
+    cur = store.read_elements(v.name, 0, v.n_elements)
+    prior = cur if v.active is None else cur[v.active]
+    new = np.empty_like(prior)
+    clips = enc.encode(full, new)
+    enc.keep_prior(prior, full, new)
     if v.active is None:
-        store.write_elements(v.name, 0, full)
+        cur = new
     else:
-        cur = store.read_elements(v.name, 0, v.n_elements)
-        cur[v.active] = full
-        store.write_elements(v.name, 0, cur)
+        cur[v.active] = new
+    store.write_elements(v.name, 0, cur)
+    return clips

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 from mpi4py import MPI
@@ -18,6 +18,10 @@ class IOStats:
 
     Seconds are the maximum over ranks (the critical path); ``state_bytes`` is
     the on-disk size of the state variables moved, all members together.
+    ``inactive`` (a read) and ``clipped`` (a write) count, per state
+    variable and over all ranks, the points left out of the analysis because
+    a member holds a missing value there, and the analysis values that did
+    not fit the packed type or the valid range and were clipped.
     """
 
     total_seconds: float = 0.0
@@ -27,6 +31,8 @@ class IOStats:
     wait_seconds: float = 0.0
     journal_seconds: float = 0.0
     state_bytes: int = 0
+    inactive: dict[str, int] = field(default_factory=dict)
+    clipped: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_stopwatch(cls, sw: Stopwatch, total: float, state_bytes: int) -> IOStats:
@@ -51,5 +57,4 @@ class IOStats:
         vals = np.array([getattr(self, n) for n in seconds], dtype=np.float64)
         out = np.empty_like(vals)
         comm.Allreduce(vals, out, op=MPI.MAX)
-        return IOStats(**dict(zip(seconds, out.tolist(), strict=True)),
-                       state_bytes=self.state_bytes)
+        return replace(self, **dict(zip(seconds, out.tolist(), strict=True)))

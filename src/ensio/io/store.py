@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import ClassVar
@@ -38,6 +38,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..errors import InputError
+from ..layout.encoding import Encoding
 from .library import NetCDFLibrary
 
 __all__ = ["LibraryBackedStore", "MemberStore", "VarInfo"]
@@ -60,6 +61,10 @@ class VarInfo:
         uncompressed, allocated byte range; ``None`` means library path only.
     fill_value : object or None
         ``_FillValue`` attribute, if any (informational).
+    encoding : Encoding
+        Packing (``scale_factor``/``add_offset``) and missing-data conventions
+        (``_FillValue``, ``missing_value``, ``valid_*``) of the variable in
+        this file; by default those of its dtype without attributes.
     """
 
     name: str
@@ -68,6 +73,11 @@ class VarInfo:
     dtype: np.dtype
     raw_offset: int | None
     fill_value: object | None = None
+    encoding: Encoding = field(default=None)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.encoding is None:
+            object.__setattr__(self, "encoding", Encoding.from_attributes(self.dtype, {}))
 
     @property
     def size(self) -> int:

@@ -26,12 +26,20 @@ class EnsembleBlock:
         Rows ``[start, start + count)`` of the state vector.
     data : numpy.ndarray, shape (N_e, count), float64
         Member-major: one member's segment is contiguous.
+    inactive : numpy.ndarray of bool, shape (count,), optional
+        Rows where some member holds a missing value (``_FillValue``,
+        ``missing_value``, outside the valid range, NaN): the analysis leaves
+        them as they are and the writer keeps every member's bytes there.
+        ``None``: no row is known to be inactive (a row with a non-finite
+        value in any member is inactive all the same, see
+        :meth:`inactive_rows`).
     """
 
     layout: StateLayout
     start: int
     count: int
     data: np.ndarray
+    inactive: np.ndarray | None = None
 
     @property
     def n_members(self) -> int:
@@ -41,3 +49,22 @@ class EnsembleBlock:
     def rows(self) -> np.ndarray:
         """State-vector rows of this block, shape (count,)."""
         return np.arange(self.start, self.start + self.count)
+
+    def inactive_rows(self) -> np.ndarray:
+        """Rows the analysis must not update, shape (count,): ``inactive`` or non-finite.
+
+        A local OR over the members of each row (all members of a row are on
+        this rank): no communication.
+        """
+        flags = ~np.isfinite(self.data).all(axis=0)
+        if self.inactive is not None:
+            flags |= np.asarray(self.inactive, dtype=bool)
+        return flags
+
+    def count_by_variable(self, flags: np.ndarray) -> np.ndarray:
+        """How many of this block's rows with ``flags`` fall in each variable, shape (n_vars,)."""
+        out = np.zeros(len(self.layout.variables), dtype=np.int64)
+        where = np.flatnonzero(flags) + self.start
+        for i, v in enumerate(self.layout.variables):
+            out[i] = np.count_nonzero((where >= v.offset) & (where < v.offset + v.size))
+        return out

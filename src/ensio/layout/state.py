@@ -17,8 +17,10 @@ import numpy as np
 from ..config.schema import Coordinates, VariableSpec
 from ..errors import InputError
 from .coords import StateGeometry, build_geometry
+from .encoding import Encoding
 
-__all__ = ["Segment", "StateLayout", "VariableLayout", "VarMeta", "build_layout"]
+__all__ = ["Segment", "StateLayout", "VariableLayout", "VarMeta", "build_layout",
+           "check_state_dtype"]
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,7 @@ class VarMeta:
     dims: tuple[str, ...]
     shape: tuple[int, ...]
     dtype: np.dtype
+    encoding: Encoding | None = None  # packing and missing-data conventions
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,9 @@ class VariableLayout:
         Number of state rows (active elements).
     active : numpy.ndarray or None
         Sorted flat element indices that are rows (masked variables).
+    encoding : Encoding or None
+        Packing and missing-data conventions in the first member (each
+        member's own are in its metadata: packed members may differ).
     """
 
     name: str
@@ -86,6 +92,7 @@ class VariableLayout:
     offset: int
     size: int
     active: np.ndarray | None = None
+    encoding: Encoding | None = None
 
     @property
     def n_elements(self) -> int:
@@ -207,11 +214,7 @@ def build_layout(
         meta = metas.get(spec.name)
         if meta is None:
             raise InputError(f"{source}: state variable '{spec.name}' not found")
-        if meta.dtype.kind != "f":
-            raise InputError(
-                f"{source}: state variable '{spec.name}' has dtype {meta.dtype.name}; "
-                "state variables must be float32 or float64"
-            )
+        check_state_dtype(meta, source)
         if len(meta.shape) < 1:
             raise InputError(f"{source}: state variable '{spec.name}' is a scalar")
         active = None
@@ -228,6 +231,7 @@ def build_layout(
                 offset=offset,
                 size=size,
                 active=active,
+                encoding=meta.encoding,
             )
         )
         offset += size
@@ -235,6 +239,20 @@ def build_layout(
         [(v.name, v.dims, v.shape) for v in variables], metas, read_var, coordinates, source
     )
     return StateLayout(variables=tuple(variables), n_rows=offset, geometry=geometry)
+
+
+def check_state_dtype(meta: VarMeta, source: str) -> None:
+    """A state variable is floating point, or an integer packed with scale_factor/add_offset."""
+    kind = np.dtype(meta.dtype).kind
+    packed = meta.encoding is not None and meta.encoding.packed
+    if kind == "f" or (kind in "iu" and packed):
+        return
+    what = "an unpacked integer" if kind in "iu" else "not numeric"
+    raise InputError(
+        f"{source}: state variable '{meta.name}' has dtype {np.dtype(meta.dtype).name}, "
+        f"{what}; state variables must be float32/float64 or integers packed with "
+        "scale_factor/add_offset"
+    )
 
 
 def _mask_indices(

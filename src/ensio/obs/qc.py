@@ -23,6 +23,9 @@ class QCCounts:
         Error not finite or ≤ 0.
     outside : int
         Outside the grid / state (no observation operator).
+    missing_state : int
+        The observation operator reads an inactive state point (a member
+        holds a missing value there).
     bad_prior : int
         Observed prior not finite (e.g. a masked grid point).
     gross : int
@@ -34,6 +37,7 @@ class QCCounts:
     bad_value: int = 0
     bad_error: int = 0
     outside: int = 0
+    missing_state: int = 0
     bad_prior: int = 0
     gross: int = 0
 
@@ -46,7 +50,8 @@ class QCCounts:
 
 
 def _astuple(c: QCCounts) -> tuple[int, ...]:
-    return (c.total, c.accepted, c.bad_value, c.bad_error, c.outside, c.bad_prior, c.gross)
+    return (c.total, c.accepted, c.bad_value, c.bad_error, c.outside, c.missing_state,
+            c.bad_prior, c.gross)
 
 
 def quality_control(
@@ -56,6 +61,7 @@ def quality_control(
     *,
     max_sigma: float | None = None,
     inside: np.ndarray | None = None,
+    missing: np.ndarray | None = None,
 ) -> tuple[np.ndarray, QCCounts]:
     """Accept/reject observations and count the reasons.
 
@@ -73,6 +79,8 @@ def quality_control(
         Gross-error threshold; ``None`` disables the check.
     inside : ndarray of bool, shape (m,), optional
         False where the observation operator could not be built.
+    missing : ndarray of bool, shape (m,), optional
+        True where the observation operator reads an inactive state point.
 
     Returns
     -------
@@ -94,6 +102,7 @@ def quality_control(
     reject("bad_value", ~np.isfinite(values))
     reject("bad_error", ~(np.isfinite(errors) & (errors > 0)))
     reject("outside", np.zeros(m, bool) if inside is None else ~np.asarray(inside, bool))
+    reject("missing_state", np.zeros(m, bool) if missing is None else np.asarray(missing, bool))
     if hx is not None:
         hx = np.asarray(hx, dtype=float)
         reject("bad_prior", ~np.all(np.isfinite(hx), axis=0))
