@@ -10,10 +10,6 @@ Each test builds an ensemble with the real tools (tests/realfiles.py), runs
   state, byte-identical (netCDF4 raw reads before/after), and the attributes
   unchanged (``ncks -m -M`` text);
 * ``ncdump -h``, ``cdo sinfon``, netCDF4 and xarray read every file after.
-
-Scenarios that need issue-10 features still being merged are marked
-``xfail(strict=True)`` with the feature named; they carry their complete
-independent expectation and are to be un-marked when the feature lands.
 """
 
 from __future__ import annotations
@@ -32,10 +28,6 @@ import reference_letkf as ref
 
 ENSIO = [sys.executable, "-m", "ensio"]
 TOL64 = 1e-10
-
-
-def xfail(what: str):
-    return pytest.mark.xfail(reason=f"issue 10: {what}", strict=True)
 
 
 # ------------------------------------------------------------------ helpers
@@ -379,7 +371,6 @@ def test_products_keep_the_members_structure(tmp_path):
     assert cdo.returncode == 0 and "Warning" not in cdo.stderr, cdo.stderr
 
 
-@xfail("packed short state variables analysed in physical units (item 2)")
 def test_short_packed_members(tmp_path):
     s = rf.packed(tmp_path, 13)
     rows = state_rows(s)
@@ -395,7 +386,6 @@ def test_short_packed_members(tmp_path):
     check_untouched(s, before)
 
 
-@xfail("float variable with add_offset analysed in physical units (item 2)")
 def test_float_with_add_offset_only(tmp_path):
     s = rf.offset_only(tmp_path, 14)
     rows = state_rows(s)
@@ -406,7 +396,6 @@ def test_float_with_add_offset_only(tmp_path):
     assert (np.abs(got - want) <= 2 * ulp).all()
 
 
-@xfail("missing_value, _FillValue = NaN, NaN and valid_range points inactive (item 1)")
 def test_missing_values_are_inactive(tmp_path):
     s = rf.missing(tmp_path, 15)
     run_and_check(s)
