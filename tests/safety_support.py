@@ -131,3 +131,12 @@ def one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
     for n in needles:
         assert n in lines[0], (n, lines[0])
     return lines[0]
+
+
+def prior_and_reference(root: Path) -> tuple[Setup, Setup]:
+    """A prior ensemble and a copy analysed once by ``ensio analyse`` (the reference)."""
+    prior = make_setup(root / "prior")
+    ref = copy_setup(prior, root / "ref")
+    assert analyse(ref).returncode == 0
+    assert member_digests(ref) != member_digests(prior)
+    return prior, ref

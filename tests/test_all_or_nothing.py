@@ -29,9 +29,9 @@ from safety_support import (
     copy_setup,
     env,
     leftovers,
-    make_setup,
     member_digests,
     one_line_error,
+    prior_and_reference,
     same_fields,
     sha,
 )
@@ -39,12 +39,7 @@ from safety_support import (
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    root = tmp_path_factory.mktemp("aon")
-    prior = make_setup(root / "prior")
-    ref = copy_setup(prior, root / "ref")
-    assert analyse(ref).returncode == 0
-    assert member_digests(ref) != member_digests(prior)
-    return prior, ref
+    return prior_and_reference(tmp_path_factory.mktemp("aon"))
 
 
 def _mount(*args: str) -> None:

@@ -31,8 +31,8 @@ from safety_support import (
     copy_setup,
     env,
     leftovers,
-    make_setup,
     member_digests,
+    prior_and_reference,
     same_fields,
 )
 
@@ -41,10 +41,7 @@ from safety_support import (
 def reference(tmp_path_factory):
     """Prior, reference analysis, and the fault points of a whole run (1 and 2 ranks)."""
     root = tmp_path_factory.mktemp("once")
-    prior = make_setup(root / "prior")
-    ref = copy_setup(prior, root / "ref")
-    assert analyse(ref).returncode == 0
-    assert member_digests(ref) != member_digests(prior)
+    prior, ref = prior_and_reference(root)
     counts = {}
     for ranks in (1, 2):
         work = copy_setup(prior, root / f"count{ranks}")
