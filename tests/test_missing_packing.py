@@ -181,3 +181,28 @@ def test_unpacked_integer_state_variable_is_refused(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
     assert "mem001.nc" in lines[0] and "'count'" in lines[0] and "unpacked integer" in lines[0]
+
+
+def test_unsigned_data_in_a_signed_type_is_refused(tmp_path):
+    """``_Unsigned = "true"`` (netCDF-3 bytes holding 0..255): refused, never read with a sign."""
+    for m in (1, 2):
+        cdl = tmp_path / f"mem{m:03d}.cdl"
+        cdl.write_text(
+            "netcdf m {\ndimensions: x = 4 ;\nvariables:\n  double lon(x) ;\n"
+            '  byte t(x) ;\n    t:_Unsigned = "true" ;\n    t:scale_factor = 0.5 ;\n'
+            "data:\n  lon = 0, 1, 2, 3 ;\n  t = 1, 2, -3, -4 ;\n}\n"
+        )
+        subprocess.run(["ncgen", "-k", "classic", "-o", str(tmp_path / f"mem{m:03d}.nc"),
+                        str(cdl)], check=True)  # fmt: skip
+    before = {p.name: p.read_bytes() for p in tmp_path.glob("mem*.nc")}
+    cfg = tmp_path / "ensio.yaml"
+    cfg.write_text(
+        "ensemble: {members: 'mem{member:03d}.nc', size: 2, variables: [t]}\n"
+        "observations: [{file: obs.nc}]\nanalysis: {filter: etkf}\n"
+    )
+    proc = _analyse(cfg)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "mem001.nc" in lines[0] and "'t'" in lines[0] and "_Unsigned" in lines[0]
+    assert {p.name: p.read_bytes() for p in tmp_path.glob("mem*.nc")} == before

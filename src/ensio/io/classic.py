@@ -175,6 +175,8 @@ def _encoding(dtype: np.dtype, atts: dict[str, tuple[np.dtype, bytes]]) -> Encod
         for name in CONVENTION_ATTRIBUTES
         if name in atts and atts[name][0].kind in "iuf"
     }
+    if "_Unsigned" in atts:  # a char attribute
+        found["_Unsigned"] = atts["_Unsigned"][1].rstrip(b"\0").decode(errors="replace")
     return Encoding.from_attributes(dtype, found)
 
 

@@ -49,6 +49,7 @@ CONVENTION_ATTRIBUTES = (
     "valid_range",
     "scale_factor",
     "add_offset",
+    "_Unsigned",
 )
 
 #: netCDF-C's default fill values (``NC_FILL_*``) by dtype character code; no
@@ -101,6 +102,19 @@ def _as_stored(value: Any, dtype: np.dtype) -> float | int | None:
     return iv if info.min <= iv <= info.max else None
 
 
+def _text(value: Any) -> str:
+    """A text attribute's value (``str``, ``bytes`` or a char array), stripped."""
+    if value is None:
+        return ""
+    a = np.asarray(value)
+    if a.dtype.kind in "SU":
+        first = a.reshape(-1)[0] if a.size else ""
+        if a.dtype.kind == "S" and a.size > 1:
+            first = b"".join(a.reshape(-1))
+        return (first.decode(errors="replace") if isinstance(first, bytes) else str(first)).strip()
+    return str(value).strip()
+
+
 @dataclass(frozen=True)
 class Encoding:
     """The packing and missing-data conventions of one variable.
@@ -118,6 +132,11 @@ class Encoding:
         ``missing_value`` entries the stored type can hold.
     valid_min, valid_max : float or None
         In stored units.
+    unsigned : bool
+        ``_Unsigned = "true"`` on a signed integer type (netCDF-3 has no
+        unsigned types; the data are unsigned). Not decoded: a state
+        variable with it is refused (:func:`ensio.layout.state.check_state_dtype`)
+        rather than analysed with the wrong sign.
     """
 
     dtype: np.dtype
@@ -127,6 +146,7 @@ class Encoding:
     missing: tuple[float | int, ...] = ()
     valid_min: float | None = None
     valid_max: float | None = None
+    unsigned: bool = False
 
     @classmethod
     def from_attributes(cls, dtype: np.dtype, attrs: Mapping[str, Any]) -> Encoding:
@@ -149,6 +169,7 @@ class Encoding:
         if vr is not None and np.asarray(vr).size == 2 and np.asarray(vr).dtype.kind in "iuf":
             vmin, vmax = (float(x) for x in np.asarray(vr).reshape(-1))
         return cls(
+            unsigned=dtype.kind == "i" and _text(attrs.get("_Unsigned")).lower() == "true",
             dtype=dtype,
             scale=_first(attrs, "scale_factor"),
             offset=_first(attrs, "add_offset"),

@@ -244,6 +244,12 @@ def build_layout(
 def check_state_dtype(meta: VarMeta, source: str) -> None:
     """A state variable is floating point, or an integer packed with scale_factor/add_offset."""
     kind = np.dtype(meta.dtype).kind
+    if meta.encoding is not None and meta.encoding.unsigned:
+        raise InputError(
+            f"{source}: state variable '{meta.name}' holds unsigned data in a signed type "
+            '(_Unsigned = "true"), which ensio does not analyse; store it as an unsigned '
+            "netCDF-4 type or as float"
+        )
     packed = meta.encoding is not None and meta.encoding.packed
     if kind == "f" or (kind in "iu" and packed):
         return
