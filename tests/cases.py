@@ -144,6 +144,33 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
+def content_digest(path: Path) -> str:
+    """sha256 of a netCDF file's content except the time stamps of its ``history``.
+
+    Analysis members of a rerun are byte-identical; the mean and spread files
+    carry a UTC time stamp in ``history`` (CF), so two runs differ there and
+    only there. This digest covers the format, every dimension, every
+    variable's raw values (no masking or unpacking), dtype and attributes, and
+    the global attributes, with ``history`` left out; a member file without a
+    ``history`` line from ensio hashes exactly like its bytes would compare.
+    """
+    h = hashlib.sha256()
+    with netCDF4.Dataset(path) as ds:
+        ds.set_auto_maskandscale(False)
+        h.update(ds.data_model.encode())
+        for name, dim in ds.dimensions.items():
+            h.update(f"{name}={len(dim)}{'*' if dim.isunlimited() else ''};".encode())
+        for a in sorted(ds.ncattrs()):
+            if a != "history":
+                h.update(f"{a}={ds.getncattr(a)!r};".encode())
+        for name, var in ds.variables.items():
+            h.update(f"{name}{var.dimensions}{var.dtype};".encode())
+            for a in var.ncattrs():
+                h.update(f"{a}={var.getncattr(a)!r};".encode())
+            h.update(np.ascontiguousarray(var[...]).tobytes())
+    return h.hexdigest()
+
+
 def variable_bytes(path: Path, name: str) -> bytes:
     """Raw stored values of a variable (for 'untouched' checks)."""
     with netCDF4.Dataset(path) as ds:

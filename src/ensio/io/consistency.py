@@ -31,8 +31,14 @@ REL_TOL = 1e-6
 
 def check_coordinates(
     path: Path, layout: StateLayout, read: Callable[[str], np.ndarray | None]
-) -> None:
+) -> np.ndarray | None:
     """Compare the coordinate variables of member ``path`` with the first member's.
+
+    The grid (lon, lat, level) is compared with the layout's, which was built
+    from a member (in the online mode: once, from the initial file). Time is
+    not: the layout outlives a cycle and the model time moves on. Its values
+    are returned, and :func:`check_times` compares them across the members of
+    one scan.
 
     Parameters
     ----------
@@ -43,6 +49,11 @@ def check_coordinates(
     read : callable
         Name → the member's values of that variable (``None`` if absent).
 
+    Returns
+    -------
+    ndarray or None
+        The member's time coordinate (``None`` if the layout has none).
+
     Raises
     ------
     InputError
@@ -50,7 +61,8 @@ def check_coordinates(
     """
     geo = layout.geometry
     if geo is None:
-        return
+        return None
+    time = None
     for c in geo.checked:
         got = read(c.name)
         if got is None:
@@ -66,13 +78,12 @@ def check_coordinates(
             )
         ref = c.values
         if c.role == "time":
-            same = (got == ref) | (np.isnan(got) & np.isnan(ref))
-            rule = "time must be equal"
-        else:
-            with np.errstate(invalid="ignore"):
-                same = np.abs(got - ref) <= REL_TOL * np.maximum(1.0, np.abs(ref))
-            same |= np.isnan(got) & np.isnan(ref)
-            rule = f"tolerance |a - b| <= {REL_TOL:g} * max(1, |a|)"
+            time = got
+            continue
+        with np.errstate(invalid="ignore"):
+            same = np.abs(got - ref) <= REL_TOL * np.maximum(1.0, np.abs(ref))
+        same |= np.isnan(got) & np.isnan(ref)
+        rule = f"tolerance |a - b| <= {REL_TOL:g} * max(1, |a|)"
         if not np.all(same):
             at = np.unravel_index(int(np.argmin(same)), same.shape) if same.ndim else ()
             raise InputError(
@@ -80,6 +91,7 @@ def check_coordinates(
                 f"at {tuple(int(a) for a in at)}: {float(got[at]):.9g} vs "
                 f"{float(ref[at]):.9g} ({rule})"
             )
+    return time
 
 
 def check_distinct(paths: Sequence[Path], identity: dict[int, tuple[int, int]]) -> None:
@@ -104,4 +116,32 @@ def check_distinct(paths: Sequence[Path], identity: dict[int, tuple[int, int]]) 
             raise InputError(
                 f"{paths[first]} and {paths[m]}: the same file (a link; device and inode "
                 f"{identity[m][0]}:{identity[m][1]}); every member must be its own file"
+            )
+
+
+def check_times(
+    paths: Sequence[Path], times: Sequence[np.ndarray | None], name: str = "time"
+) -> None:
+    """Every member's time coordinate ``name`` equals the first member's (exactly; NaN = NaN).
+
+    Raises
+    ------
+    InputError
+        Naming the first member that differs, the first member and both values.
+    """
+    if not times or times[0] is None:
+        return
+    ref = np.asarray(times[0], dtype=np.float64)
+    for path, got in zip(paths[1:], times[1:], strict=True):
+        got = np.asarray(got, dtype=np.float64)
+        if got.shape != ref.shape:
+            raise InputError(f"{path}: coordinate '{name}' has shape {got.shape}, the first "
+                             f"member {paths[0]} {ref.shape}")
+        same = (got == ref) | (np.isnan(got) & np.isnan(ref))
+        if not np.all(same):
+            at = np.unravel_index(int(np.argmin(same)), same.shape) if same.ndim else ()
+            raise InputError(
+                f"{path}: coordinate '{name}' differs from the first member {paths[0]} at "
+                f"{tuple(int(a) for a in at)}: {float(got[at]):.9g} vs {float(ref[at]):.9g} "
+                "(time must be equal)"
             )

@@ -26,7 +26,7 @@ from ..config.schema import ConfigError, EnsembleSection, IOSection
 from ..errors import InputError
 from ..layout.state import StateLayout, VarMeta, build_layout, check_state_dtype
 from ..parallel.agree import ErrorNote, note_error, rebuild, root_call
-from .consistency import check_coordinates, check_distinct
+from .consistency import check_coordinates, check_distinct, check_times
 from .open import open_member
 from .store import VarInfo
 
@@ -50,6 +50,7 @@ class MemberMeta:
     infos: Mapping[str, VarInfo]
     raw_byte_ranges: bool
     library_writes: bool
+    time: np.ndarray | None = None
 
     def raw(self, name: str) -> bool:
         """Whether state variable ``name`` moves as a plain byte range (else: library path)."""
@@ -107,8 +108,8 @@ def check_member(path: Path, layout: StateLayout) -> MemberMeta:
                 return None
             return store.read_elements(name, 0, info.size).reshape(info.shape)
 
-        check_coordinates(path, layout, read)
-    return MemberMeta(out, *caps)
+        time = check_coordinates(path, layout, read)
+    return MemberMeta(out, *caps, time=time)
 
 
 def _check_variables(
@@ -209,6 +210,9 @@ class MemberScan:
             inodes.update(ids)
         check_distinct(self.paths, inodes)
         self.metas = [merged[m] for m in range(len(self.paths))]
+        geo = self.layout.geometry
+        name = next((c.name for c in geo.checked if c.role == "time"), "time") if geo else "time"
+        check_times(self.paths, [meta.time for meta in self.metas], name)
         return self.metas
 
     def written(self) -> None:
