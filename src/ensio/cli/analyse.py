@@ -16,6 +16,7 @@ from ..config.errors import ConfigError
 from ..io.lock import command_line
 from ..offline import run_analysis
 from ..progress import PhaseProgress
+from .options import add_set_option
 
 __all__ = ["add_parser", "run"]
 
@@ -38,14 +39,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     p.add_argument("config", type=Path, metavar="CONFIG", help="YAML configuration file")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config key, e.g. --set analysis.filter=etkf (repeatable)",
-    )
+    add_set_option(p, "override a config key, e.g. --set analysis.filter=etkf (repeatable)")
     p.add_argument("--cycle", type=int, default=0, help="cycle number (keys random streams)")
     p.add_argument(
         "--members",

@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .options import add_set_option
+
 __all__ = ["COMMANDS", "add_parser", "main", "run", "run_analysis", "run_io"]
 
 
@@ -31,8 +33,7 @@ def _add_io(sub: Any) -> None:
                    help="repeats; the best time of each measurement is reported (default 3)")
     p.add_argument("--json", type=Path, default=None, metavar="FILE",
                    help="write the result as JSON (rank 0)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key, e.g. --set io.journal=false (repeatable)")
+    add_set_option(p, "override a config key, e.g. --set io.journal=false (repeatable)")
     p.set_defaults(bench_run=run_io)
 
 
@@ -50,8 +51,7 @@ def _add_analysis(sub: Any) -> None:
                    help="repeats of each kernel; the best time is reported (default 1)")
     p.add_argument("--json", type=Path, default=None, metavar="FILE",
                    help="write the result as JSON (rank 0)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key, e.g. --set analysis.tile_points=64 (repeatable)")
+    add_set_option(p, "override a config key, e.g. --set analysis.tile_points=64 (repeatable)")
     p.set_defaults(bench_run=run_analysis)
 
 

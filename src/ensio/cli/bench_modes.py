@@ -9,6 +9,7 @@ from pathlib import Path
 from ..bench.modes import ModesSettings
 from ..bench.queueing import LOADS, QueueModel
 from ..errors import EnsioError
+from .options import add_set_option
 
 __all__ = ["add_arguments", "loads_arg", "run", "settings_from_args"]
 
@@ -45,8 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="write all numbers as JSON")
     p.add_argument("--plot", type=Path, default=None, metavar="PNG",
                    help="stacked bar chart (queuing, running, I/O) per mode and setting")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key in both modes (repeatable)")
+    add_set_option(p, "override a config key in both modes (repeatable)")
     p.add_argument("--loads", type=loads_arg, default=dict(LOADS), metavar="NAME=RHO,…",
                    help="load presets of the queue model (default "
                         + ",".join(f"{k}={v:g}" for k, v in LOADS.items()) + ")")

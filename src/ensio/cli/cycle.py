@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..config import load_config
 from ..workflow.cycle import run_cycles
+from .options import add_set_option
 
 __all__ = ["add_parser", "run"]
 
@@ -29,7 +30,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--workdir", type=Path, required=True, metavar="DIR")
     p.add_argument("--mode", choices=("offline", "online"), default="offline",
                    help="offline: the job pool (default); online: one coupled MPI job")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    add_set_option(p)
     p.set_defaults(func=run)
 
 

@@ -16,6 +16,7 @@ from ..config import load_config
 from ..errors import InputError
 from ..io.members import layout_from_member
 from ..layout.index import state_index
+from .options import add_set_option
 
 __all__ = ["add_parser", "run"]
 
@@ -39,14 +40,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     lev = p.add_mutually_exclusive_group()
     lev.add_argument("--level", type=float, default=None, help="level coordinate value")
     lev.add_argument("--level-index", type=int, default=None, help="0-based level")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config key (repeatable)",
-    )
+    add_set_option(p)
     p.set_defaults(func=run)
 
 
