@@ -83,9 +83,25 @@ def _add_modes(sub: Any) -> None:
     p.set_defaults(bench_run=run)
 
 
+def _add_ioserver(sub: Any) -> None:
+    from .bench_ioserver import add_arguments, run
+
+    p = sub.add_parser(
+        "ioserver", help="output cost of a computing model: no output, sync, attached, server",
+        description="Run the stencil model (P ranks, F 3-D fields every K steps) without "
+                    "output and with the sync, attached and server (S servers) modes of the "
+                    "I/O server; output cost (t - t_no_output) / t_no_output, client wait, and "
+                    "the server cost projected to dedicated server cores. Starts its own "
+                    "mpiexec jobs: no mpiexec needed around it.",
+    )
+    add_arguments(p)
+    p.set_defaults(bench_run=run)
+
+
 #: Sub-commands of ``ensio bench``: name → function adding its parser.
 COMMANDS: dict[str, Callable[[Any], None]] = {"io": _add_io, "analysis": _add_analysis,
-                                              "pool": _add_pool, "modes": _add_modes}
+                                              "pool": _add_pool, "modes": _add_modes,
+                                              "ioserver": _add_ioserver}
 
 
 def add_parser(subparsers: Any) -> None:

@@ -1,0 +1,71 @@
+"""``ensio bench ioserver``: the command line of :func:`ensio.bench.ioserver.bench_ioserver`."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+from pathlib import Path
+
+__all__ = ["add_arguments", "run"]
+
+
+def _servers(text: str) -> tuple[int, ...]:
+    try:
+        out = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected S[,S…], got {text!r}") from None
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"server counts must be >= 1, got {text!r}")
+    return out
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Arguments of ``ensio bench ioserver``."""
+    from ..bench.ioserver import IOServerBenchSettings
+
+    d = IOServerBenchSettings()
+    p.add_argument("--workdir", type=Path, default=None, metavar="DIR",
+                   help="keep every run's iodef, log and output files here "
+                        "(default: a temporary directory, kept)")
+    p.add_argument("--json", type=Path, default=None, metavar="FILE", help="write all numbers")
+    p.add_argument("--plot", type=Path, default=None, metavar="PNG",
+                   help="bar chart of the output cost per mode")
+    p.add_argument("--ranks", type=int, default=d.ranks, metavar="P",
+                   help=f"model ranks (default {d.ranks})")
+    p.add_argument("--servers", type=_servers, default=d.servers, metavar="S[,S…]",
+                   help="server counts of the server mode (default 1,2)")
+    for name, help_ in (("nx", "longitudes"), ("ny", "latitudes"), ("nz", "levels"),
+                        ("fields", "3-D output fields"),
+                        ("every", "output every K steps (a step is 15 min: 24 = 6-hourly)"),
+                        ("steps", "model steps"), ("sweeps", "stencil sweeps per step"),
+                        ("repeat", "runs per mode; the best is reported")):
+        p.add_argument(f"--{name}", type=int, default=getattr(d, name),
+                       help=f"{help_} (default {getattr(d, name)})")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Measure, print the table, write JSON and PNG."""
+    from rich.console import Console
+
+    from ..bench.ioserver import IOServerBenchSettings, bench_ioserver, plot_result, result_table
+
+    st = IOServerBenchSettings(ranks=args.ranks, nx=args.nx, ny=args.ny, nz=args.nz,
+                               fields=args.fields, every=args.every, steps=args.steps,
+                               sweeps=args.sweeps, repeat=args.repeat, servers=args.servers)
+    console = Console(stderr=True)
+    status = console.status("ensio bench ioserver", spinner="dots") if console.is_terminal \
+        else contextlib.nullcontext()
+    with status as s:
+        def on_step(label: str) -> None:
+            if s is not None:
+                s.update(f"ensio bench ioserver: {label}")
+
+        res = bench_ioserver(st, args.workdir, on_step)
+    Console().print(result_table(res))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(res, indent=2) + "\n")
+    if args.plot is not None:
+        plot_result(res, args.plot)
+    return 0
