@@ -6,8 +6,8 @@ YAML file, so it is parsed by a small hand-written parser into frozen dataclasse
 evaluated with numpy; it is never handed to :func:`eval`. Every bad input (any string
 whatsoever) gives one :class:`ExprError` naming the column, never a crash, a
 ``RecursionError`` or a hang: the text is limited to :data:`MAX_LENGTH` characters and
-the tree to :data:`MAX_DEPTH` levels, and the parser is a Pratt parser whose recursion
-depth is that of the tree.
+the nesting to :data:`MAX_DEPTH` levels, which also bounds the recursion of the (Pratt)
+parser and of the evaluation.
 
 Grammar, loosest binding first (XIOS-like; ``^`` binds tighter than unary minus)::
 
@@ -39,7 +39,7 @@ import math
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import numpy as np
 
@@ -81,12 +81,15 @@ def _divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _power(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.where((a == 0) & (b < 0), np.nan, np.power(a, b))
+    # IEEE pow gives NaN^0 = 1 and 1^NaN = 1: a missing operand must stay missing
+    undefined = np.isnan(a) | np.isnan(b) | ((a == 0) & (b < 0))
+    return np.where(undefined, np.nan, np.power(a, b))
 
 
-def _logical(op: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Callable:
+def _truth(op: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Callable:
+    """``op`` as 1.0 / 0.0, NaN where an operand is NaN (comparisons, && and ||)."""
     def run(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        return np.where(np.isnan(a) | np.isnan(b), np.nan, op(a != 0, b != 0).astype(np.float64))
+        return np.where(np.isnan(a) | np.isnan(b), np.nan, op(a, b).astype(np.float64))
     return run
 
 
@@ -99,11 +102,11 @@ def _log(base: Callable[[np.ndarray], np.ndarray]) -> Callable:
 #: Binary arithmetic and logical operators -> numpy kernel on float64 arrays.
 _BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "+": np.add, "-": np.subtract, "*": np.multiply, "/": _divide, "^": _power,
-    "&&": _logical(np.logical_and), "||": _logical(np.logical_or),
+    "&&": _truth(lambda a, b: (a != 0) & (b != 0)), "||": _truth(lambda a, b: (a != 0) | (b != 0)),
 }
 _COMPARE: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
-    "<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal,
-    "==": np.equal, "!=": np.not_equal,
+    op: _truth(f) for op, f in (("<", np.less), ("<=", np.less_equal), (">", np.greater),
+                                (">=", np.greater_equal), ("==", np.equal), ("!=", np.not_equal))
 }
 _UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "-": np.negative, "+": np.positive,
@@ -118,18 +121,43 @@ _FUNCS: dict[str, tuple[int, Callable[..., np.ndarray]]] = {
 FUNCTIONS: dict[str, int] = {name: arity for name, (arity, _) in _FUNCS.items()}
 
 
+class _Fail(Exception):
+    """An evaluation problem; :func:`evaluate` turns it into an :class:`ExprError`."""
+
+
 def _apply(node: Expr, kernel: Callable[..., np.ndarray], *args: np.ndarray) -> np.ndarray:
-    """``kernel(*args)``, with a shape mismatch reported as an :class:`ExprError`."""
+    """``kernel(*args)`` as float64, with a shape mismatch reported naming ``node``."""
     try:
         return _f64(kernel(*args))
     except ValueError:
         shapes = " and ".join(str(a.shape) for a in args)
-        raise _error(str(node), f"operands of shapes {shapes} do not broadcast") from None
+        raise _Fail(f"operands of shapes {shapes} do not broadcast in '{_show(str(node))}'"
+                    ) from None
+
+
+def _kernel(table: Mapping[str, object], key: str) -> object:
+    try:
+        return table[key]
+    except KeyError:
+        raise _Fail(f"unknown operator or function '{_show(key)}'") from None
+
+
+def _lookup(env: Mapping[str, np.ndarray | float], key: str) -> np.ndarray:
+    if key not in env:
+        raise _Fail(f"unknown field '{key}' (known: {_show(', '.join(sorted(env)), 200)})")
+    try:
+        return _f64(env[key])
+    except (TypeError, ValueError):
+        raise _Fail(f"field '{key}' is not numeric") from None
 
 
 # --------------------------------------------------------------------------------- AST
 class Expr(abc.ABC):
-    """A node of a parsed expression (all nodes are frozen, hashable dataclasses)."""
+    """A node of a parsed expression (all nodes are frozen, hashable dataclasses).
+
+    ``str(node)`` prints it with the fewest parentheses; the text parses back to an
+    equal tree.
+    """
 
     @abc.abstractmethod
     def children(self) -> tuple[Expr, ...]:
@@ -156,12 +184,14 @@ class Expr(abc.ABC):
         return {n.name for n in self.walk() if isinstance(n, AtName)}
 
 
-@dataclass(frozen=True)
-class Num(Expr):
-    value: float
-
+class _Leaf(Expr):
     def children(self) -> tuple[Expr, ...]:
         return ()
+
+
+@dataclass(frozen=True)
+class Num(_Leaf):
+    value: float
 
     def _eval(self, env):
         return _f64(self.value)
@@ -173,41 +203,25 @@ class Num(Expr):
 
 
 @dataclass(frozen=True)
-class Name(Expr):
+class Name(_Leaf):
     name: str
 
-    def children(self) -> tuple[Expr, ...]:
-        return ()
-
     def _eval(self, env):
-        return _lookup(env, self.name, self.name)
+        return _lookup(env, self.name)
 
     def __str__(self) -> str:
         return self.name
 
 
 @dataclass(frozen=True)
-class AtName(Expr):
+class AtName(_Leaf):
     name: str
 
-    def children(self) -> tuple[Expr, ...]:
-        return ()
-
     def _eval(self, env):
-        return _lookup(env, "@" + self.name, "@" + self.name)
+        return _lookup(env, "@" + self.name)
 
     def __str__(self) -> str:
         return "@" + self.name
-
-
-def _lookup(env: Mapping[str, np.ndarray | float], key: str, shown: str) -> np.ndarray:
-    if key not in env:
-        known = ", ".join(sorted(env)) or "none"
-        raise ExprError(f"expression: unknown field '{shown}' (known: {_show(known, 200)})")
-    try:
-        return _f64(env[key])
-    except (TypeError, ValueError):
-        raise ExprError(f"expression: field '{shown}' is not numeric") from None
 
 
 @dataclass(frozen=True)
@@ -219,46 +233,52 @@ class Unary(Expr):
         return (self.operand,)
 
     def _eval(self, env):
-        return _apply(self, _kernel(_UNARY, self.op, self), self.operand._eval(env))
+        return _apply(self, _kernel(_UNARY, self.op), self.operand._eval(env))
 
     def __str__(self) -> str:
         return f"{self.op}{_wrap(self.operand, _prec(self.operand) < _UNARY_BP)}"
 
 
 @dataclass(frozen=True)
-class Binary(Expr):
+class _Infix(Expr):
     op: str
     left: Expr
     right: Expr
+
+    _kernels: ClassVar[Mapping[str, Callable]] = {}
 
     def children(self) -> tuple[Expr, ...]:
         return (self.left, self.right)
 
     def _eval(self, env):
-        kernel = _kernel(_BINARY, self.op, self)
+        kernel = _kernel(self._kernels, self.op)
         return _apply(self, kernel, self.left._eval(env), self.right._eval(env))
 
     def __str__(self) -> str:
-        return _infix_str(self)
+        p, lp, rp = _prec(self), _prec(self.left), _prec(self.right)
+        if self.op == "^":      # right-associative; -a on the left needs parentheses
+            parens_l, parens_r = lp <= p, rp < _UNARY_BP
+        else:
+            parens_l, parens_r = lp < p, rp <= p
+        return f"{_wrap(self.left, parens_l)} {self.op} {_wrap(self.right, parens_r)}"
 
 
 @dataclass(frozen=True)
-class Compare(Expr):
-    op: str
-    left: Expr
-    right: Expr
+class Binary(_Infix):
+    """Arithmetic ``+ - * / ^`` and logical ``&& ||`` (1.0 / 0.0)."""
 
-    def children(self) -> tuple[Expr, ...]:
-        return (self.left, self.right)
+    _kernels: ClassVar[Mapping[str, Callable]] = _BINARY
 
-    def _eval(self, env):
-        cmp = _kernel(_COMPARE, self.op, self)
-        a, b = self.left._eval(env), self.right._eval(env)
-        return _apply(self, lambda x, y: np.where(np.isnan(x) | np.isnan(y), np.nan,
-                                                  cmp(x, y).astype(np.float64)), a, b)
 
-    def __str__(self) -> str:
-        return _infix_str(self)
+@dataclass(frozen=True)
+class Compare(_Infix):
+    """``< <= > >= == !=``: 1.0 or 0.0, NaN if an operand is NaN."""
+
+    _kernels: ClassVar[Mapping[str, Callable]] = _COMPARE
+
+
+def _select(c: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.where(np.isnan(c), np.nan, np.where(c != 0, a, b))
 
 
 @dataclass(frozen=True)
@@ -271,9 +291,7 @@ class Ternary(Expr):
         return (self.cond, self.then, self.other)
 
     def _eval(self, env):
-        c, a, b = self.cond._eval(env), self.then._eval(env), self.other._eval(env)
-        return _apply(self, lambda c, a, b: np.where(np.isnan(c), np.nan, np.where(c != 0, a, b)),
-                      c, a, b)
+        return _apply(self, _select, *(node._eval(env) for node in self.children()))
 
     def __str__(self) -> str:
         return f"{_wrap(self.cond, _prec(self.cond) <= _prec(self))} ? {self.then} : {self.other}"
@@ -288,9 +306,9 @@ class Call(Expr):
         return self.args
 
     def _eval(self, env):
-        arity, kernel = _kernel(_FUNCS, self.func, self)
+        arity, kernel = _kernel(_FUNCS, self.func)
         if arity != len(self.args):
-            raise _error(str(self), f"{self.func} takes {arity} argument(s), got {len(self.args)}")
+            raise _Fail(f"{self.func} takes {arity} argument(s), got {len(self.args)}")
         return _apply(self, kernel, *(a._eval(env) for a in self.args))
 
     def __str__(self) -> str:
@@ -299,7 +317,7 @@ class Call(Expr):
 
 def _prec(node: Expr) -> int:
     """Binding power of the top of ``node`` (as in the parser; unknown operators 0)."""
-    if isinstance(node, Binary | Compare):
+    if isinstance(node, _Infix):
         return _INFIX.get(node.op, (0,))[0]
     if isinstance(node, Ternary):
         return _INFIX["?"][0]
@@ -308,24 +326,6 @@ def _prec(node: Expr) -> int:
 
 def _wrap(node: Expr, parens: bool) -> str:
     return f"({node})" if parens else str(node)
-
-
-def _infix_str(node: Binary | Compare) -> str:
-    """``left op right`` with only the parentheses the grammar needs (parses back equal)."""
-    p, lp, rp = _prec(node), _prec(node.left), _prec(node.right)
-    if node.op == "^":      # right-associative; -a on the left needs parentheses
-        parens_l, parens_r = lp <= p, rp < _UNARY_BP
-    else:
-        parens_l, parens_r = lp < p, rp <= p
-    return f"{_wrap(node.left, parens_l)} {node.op} {_wrap(node.right, parens_r)}"
-
-
-def _kernel(table: Mapping[str, object], key: str, node: Expr):
-    try:
-        return table[key]
-    except KeyError:
-        raise ExprError(f"expression: unknown operator or function '{_show(key)}' in "
-                        f"{type(node).__name__}") from None
 
 
 def evaluate(expr: Expr, env: Mapping[str, np.ndarray | float]) -> np.ndarray:
@@ -351,18 +351,21 @@ def evaluate(expr: Expr, env: Mapping[str, np.ndarray | float]) -> np.ndarray:
     ExprError
         An id not in ``env``, operands whose shapes do not broadcast, an unknown
         function or a wrong number of arguments (hand-built trees only: :func:`parse`
-        refuses them), or a hand-built tree too deep to evaluate.
+        refuses them), or a hand-built tree too deep to evaluate. The message shows
+        ``str(expr)``.
     """
     try:
         with np.errstate(all="ignore"):
             return expr._eval(env)
+    except _Fail as exc:
+        raise _error(str(expr), str(exc)) from None
     except RecursionError:
         raise ExprError("expression: tree too deeply nested to evaluate") from None
 
 
 # ---------------------------------------------------------------------------- tokenizer
 class _Token(NamedTuple):
-    kind: str       # "num" | "name" | "at" | "op" | "end"
+    kind: str       # "num" | "name" | "at" | "op" | "end"; an op's text is unique to ops
     text: str
     pos: int        # 0-based offset in the expression text
 
@@ -384,10 +387,9 @@ def _tokens(text: str) -> list[_Token]:
     while pos < len(text):
         m = _TOKEN.match(text, pos)
         if m is None:
-            what = ("a field id after '@'" if text[pos] == "@" else None)
-            if what:
-                raise _error(text, f"expected {what} at column {pos + 1}")
-            raise _error(text, f"unexpected '{_show(text[pos])}' at column {pos + 1}")
+            detail = ("expected a field id after '@'" if text[pos] == "@"
+                      else f"unexpected '{_show(text[pos])}'")
+            raise _error(text, f"{detail} at column {pos + 1}")
         kind = m.lastgroup
         if kind == "num" and _AFTER_NUMBER.match(text, m.end()):
             raise _error(text, f"malformed number at column {pos + 1}")
@@ -429,7 +431,7 @@ class _Parser:
 
     def expect(self, text: str) -> None:
         tok = self.take()
-        if tok.text != text or tok.kind != "op":
+        if tok.text != text:
             raise self.fail(tok, None if tok.kind == "end" else
                             f"expected '{text}', found '{_show(tok.text)}'")
 
@@ -444,9 +446,7 @@ class _Parser:
         left, depth = self.prefix(level)
         while True:
             tok = self.toks[self.i]
-            if tok.kind != "op" or tok.text not in _INFIX:
-                return left, depth
-            bp, cls = _INFIX[tok.text]
+            bp, cls = _INFIX.get(tok.text, (0, None))   # 0: not an infix operator
             if bp <= min_bp:
                 return left, depth
             self.i += 1
@@ -468,38 +468,36 @@ class _Parser:
         if tok.kind == "at":
             return AtName(tok.text[1:]), 0
         if tok.kind == "name":
-            nxt = self.toks[self.i]
-            if nxt.kind == "op" and nxt.text == "(":
+            if self.toks[self.i].text == "(":
                 return self.call(tok, level)
             return Name(tok.text), 0
-        if tok.kind == "op" and tok.text == "(":
+        if tok.text == "(":
             node = self.expr(0, level + 1)
             self.expect(")")
             return node
-        if tok.kind == "op" and tok.text in _UNARY:
+        if tok.text in _UNARY:
             operand, depth = self.expr(_UNARY_BP, level + 1)
             return Unary(tok.text, operand), self.check(depth + 1, tok)
         raise self.fail(tok)
 
     def call(self, name: _Token, level: int) -> tuple[Expr, int]:
+        """``name(args...)``, the name taken and ``(`` next."""
         if name.text not in FUNCTIONS:
             raise self.fail(name, f"unknown function '{name.text}'")
         self.i += 1                                   # the "("
         args: list[Expr] = []
         depth = 0
-        if not (self.toks[self.i].kind == "op" and self.toks[self.i].text == ")"):
-            while True:
-                arg, d = self.expr(0, level + 1)
-                args.append(arg)
-                depth = max(depth, d)
-                tok = self.take()
-                if tok.kind == "op" and tok.text == ")":
-                    break
-                if not (tok.kind == "op" and tok.text == ","):
-                    raise self.fail(tok, None if tok.kind == "end" else
-                                    f"expected ',' or ')', found '{_show(tok.text)}'")
-        else:
+        sep = self.toks[self.i]
+        if sep.text == ")":
             self.i += 1
+        while sep.text != ")":
+            arg, d = self.expr(0, level + 1)
+            args.append(arg)
+            depth = max(depth, d)
+            sep = self.take()
+            if sep.text not in (",", ")"):
+                raise self.fail(sep, None if sep.kind == "end" else
+                                f"expected ',' or ')', found '{_show(sep.text)}'")
         if len(args) != FUNCTIONS[name.text]:
             raise self.fail(name, f"{name.text} takes {FUNCTIONS[name.text]} argument(s), "
                                   f"got {len(args)}")
