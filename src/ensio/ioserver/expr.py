@@ -331,28 +331,13 @@ def _wrap(node: Expr, parens: bool) -> str:
 def evaluate(expr: Expr, env: Mapping[str, np.ndarray | float]) -> np.ndarray:
     """Value of ``expr`` with field values from ``env``.
 
-    Parameters
-    ----------
-    expr : Expr
-        A tree from :func:`parse` (or built by hand from the node classes).
-    env : mapping
-        Field id -> array or scalar; ``"@id"`` keys for ``@id`` references. Arrays
-        broadcast against each other and against scalars as in numpy (usually all
-        have the field's shape, e.g. ``(nj, ni)`` or ``(nk, nj, ni)``).
-
-    Returns
-    -------
-    numpy.ndarray
-        float64, the broadcast shape of the referenced arrays (0-d when all are
-        scalars); NaN where a value is missing or undefined.
-
-    Raises
-    ------
-    ExprError
-        An id not in ``env``, operands whose shapes do not broadcast, an unknown
-        function or a wrong number of arguments (hand-built trees only: :func:`parse`
-        refuses them), or a hand-built tree too deep to evaluate. The message shows
-        ``str(expr)``.
+    ``env`` maps field ids (and ``"@id"`` for ``@id`` references) to arrays or scalars,
+    which broadcast as in numpy (usually all of the field's shape, ``(nj, ni)`` or
+    ``(nk, nj, ni)``). Returns float64 of the broadcast shape (0-d when all are
+    scalars), NaN where a value is missing or undefined. Raises :class:`ExprError`
+    (showing ``str(expr)``) for an id not in ``env`` or shapes that do not broadcast;
+    for hand-built trees also for an unknown function or operator, a wrong number of
+    arguments (:func:`parse` refuses those) or a tree too deep to evaluate.
     """
     try:
         with np.errstate(all="ignore"):
@@ -505,24 +490,12 @@ class _Parser:
 
 
 def parse(text: str) -> Expr:
-    """Parse an expression into its tree.
+    """Parse ``text`` (grammar: module docstring) into its tree, checking function names.
 
-    Parameters
-    ----------
-    text : str
-        The expression, at most :data:`MAX_LENGTH` characters (grammar: module docstring).
-
-    Returns
-    -------
-    Expr
-        The root node; ``names()`` and ``at_names()`` list the fields it reads.
-
-    Raises
-    ------
-    ExprError
-        Any text that is not a valid expression, with the 1-based column of the
-        problem; an unknown function or a wrong number of arguments; a text longer
-        than :data:`MAX_LENGTH` or nested deeper than :data:`MAX_DEPTH`.
+    Raises :class:`ExprError` with the 1-based column for any text that is not a valid
+    expression: a bad token or number, an unknown function, a wrong number of
+    arguments, more than :data:`MAX_LENGTH` characters or nesting deeper than
+    :data:`MAX_DEPTH`. ``names()`` and ``at_names()`` of the result list the fields read.
     """
     if not isinstance(text, str):
         raise ExprError(f"expression: expected text, got {type(text).__name__}")
