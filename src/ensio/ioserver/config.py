@@ -26,6 +26,7 @@ import yaml
 
 from ..config.errors import ConfigError
 from ..config.load import apply_overrides, from_plain
+from .expr import ExprError, parse
 
 __all__ = [
     "Mode",
@@ -60,8 +61,6 @@ MeanKind = Literal["global", "zonal"]
 #: day, month, year).
 FREQ_RE = re.compile(r"^([1-9][0-9]*)(ts|s|mi|h|d|mo|y)$")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_EXPR_NAME = re.compile(r"(@?)([A-Za-z_][A-Za-z0-9_]*)(\s*\()?")
-_FUNCTIONS = frozenset({"exp", "log", "log10", "sqrt", "sin", "cos", "tan", "abs", "min", "max"})
 
 
 def _check_freq(value: str, key: str, *, steps_ok: bool = True) -> None:
@@ -261,23 +260,13 @@ class IOServerConfig:
 
 
 def expression_refs(text: str) -> tuple[set[str], set[str]]:
-    """Ids an expression reads: (instant references, ``@`` references).
-
-    A lexical scan, enough to check references when the config is loaded; the
-    expression itself is parsed (and its syntax checked) by :mod:`.expr`.
-    """
-    names: set[str] = set()
-    ats: set[str] = set()
-    for m in _EXPR_NAME.finditer(text):
-        at, name, call = m.groups()
-        if at:
-            ats.add(name)
-        elif not (call and name in _FUNCTIONS):
-            start = m.start()
-            if start > 0 and (text[start - 1].isdigit() or text[start - 1] == "."):
-                continue  # exponent of a number such as 1e-3
-            names.add(name)
-    return names, ats
+    """Ids an expression reads: (instant references, ``@`` references); ``set()`` if it
+    does not parse (its syntax error is reported where the field is checked)."""
+    try:
+        e = parse(text)
+    except ExprError:
+        return set(), set()
+    return set(e.names()), set(e.at_names())
 
 
 # --------------------------------------------------------------------------- loading
@@ -482,6 +471,10 @@ def _check_expr_refs(fd: FieldDef, key: str, known: Mapping[str, FieldDef],
                      ids: Iterable[str]) -> None:
     if fd.expr is None:
         return
+    try:
+        parse(fd.expr)
+    except ExprError as exc:
+        raise ConfigError(f"{key}.expr: {exc}") from None
     names, ats = expression_refs(fd.expr)
     ids = set(ids)
     for n in sorted(names | ats):
