@@ -182,23 +182,33 @@ static int post(const msg_header *h, const void *payload, int64_t nbytes,
 
 /* ---------------------------------------------------------------- errors */
 
+/* Receive one server error (tag 7704) announced by st; the first one is kept. */
+static void recv_error(const MPI_Status *st) {
+    int n = 0;
+    MPI_Get_count(st, MPI_CHAR, &n);
+    char *text = calloc((size_t)n + 1, 1);
+    MPI_Recv(text, n, MPI_CHAR, st->MPI_SOURCE, TAG_ERROR, S.io, MPI_STATUS_IGNORE);
+    if (!S.server_failed)
+        snprintf(server_err, sizeof server_err, "ioserver (rank %d): %s", st->MPI_SOURCE,
+                 text ? text : "?");
+    free(text);
+    S.server_failed = 1;
+}
+
+/* Receive every server error already arrived. */
+static void drain_errors(void) {
+    for (;;) {
+        int flag = 0;
+        MPI_Status st;
+        MPI_Iprobe(MPI_ANY_SOURCE, TAG_ERROR, S.io, &flag, &st);
+        if (!flag) return;
+        recv_error(&st);
+    }
+}
+
 /* A server's error (tag 7704) turns every later call into that error. */
 static int server_error(void) {
-    int flag = 0;
-    MPI_Status st;
-    if (!S.server_failed) {
-        MPI_Iprobe(MPI_ANY_SOURCE, TAG_ERROR, S.io, &flag, &st);
-        if (flag) {
-            int n = 0;
-            MPI_Get_count(&st, MPI_CHAR, &n);
-            char *text = calloc((size_t)n + 1, 1);
-            MPI_Recv(text, n, MPI_CHAR, st.MPI_SOURCE, TAG_ERROR, S.io, MPI_STATUS_IGNORE);
-            snprintf(server_err, sizeof server_err, "ioserver (rank %d): %s", st.MPI_SOURCE,
-                     text ? text : "?");
-            free(text);
-            S.server_failed = 1;
-        }
-    }
+    if (!S.server_failed) drain_errors();
     if (S.server_failed) return fail("%s", server_err);
     return 0;
 }
@@ -601,23 +611,25 @@ static void parse_report(char *text, ensio_ioclient_report *rep) {
     }
 }
 
-/* The report of the first server, or a server's error: whichever comes. */
-static int receive_report(ensio_ioclient_report *rep) {
+/* The report of the first server (tag 7703), receiving the server errors before it:
+ * every message sent to this client is matched before its communicator is freed. */
+static void receive_report(ensio_ioclient_report *rep) {
     for (;;) {
         MPI_Status st;
         int n = 0;
         MPI_Probe(MPI_ANY_SOURCE, MPI_ANY_TAG, S.io, &st);
-        if (st.MPI_TAG == TAG_ERROR) return server_error();
+        if (st.MPI_TAG == TAG_ERROR) {
+            recv_error(&st);
+            continue;
+        }
         MPI_Get_count(&st, MPI_CHAR, &n);
         char *text = calloc((size_t)n + 1, 1);
         MPI_Recv(text, n, MPI_CHAR, st.MPI_SOURCE, st.MPI_TAG, S.io, MPI_STATUS_IGNORE);
-        if (st.MPI_TAG == TAG_REPORT) {
-            parse_report(text, rep);
-            free(text);
-            return 0;
-        }
+        if (st.MPI_TAG == TAG_REPORT) parse_report(text, rep);
         free(text); /* nothing else is sent to clients: ignore */
+        if (st.MPI_TAG == TAG_REPORT) break;
     }
+    drain_errors();
 }
 
 int ensio_ioclient_finalize(ensio_ioclient_report *report) {
@@ -625,15 +637,15 @@ int ensio_ioclient_finalize(ensio_ioclient_report *report) {
     int rc;
     if (!S.initialized) return fail("ensio_ioclient_finalize: call ensio_ioclient_init first");
     memset(&rep, 0, sizeof rep);
-    rc = server_error();
     msg_header h;
     header(&h, K_CLOSE, DT_F64, 0, NULL);
     h.a[0] = (int64_t)(S.blocked * 1e9);
     h.a[1] = S.bytes_sent + HDR * (int64_t)S.nservers;
     h.a[2] = S.messages + S.nservers;
-    if (post(&h, NULL, 0, S.servers, S.nservers)) rc = 1;
+    rc = post(&h, NULL, 0, S.servers, S.nservers);
     wait_all();
-    if (!rc) rc = receive_report(&rep);
+    receive_report(&rep);
+    if (server_error()) rc = 1;
     rep.blocked_seconds = S.blocked;
     rep.bytes_sent = S.bytes_sent;
     if (report) *report = rep;
