@@ -102,6 +102,7 @@ class _Client:
         self.fields: list[tuple[str, int]] = []
         self.nbytes = self.messages = 0
         self.close_a: list[int] = []
+        self.aborted: str | None = None
 
 
 def _check(c: _Client, rank: int, buf: bytes, problems: list[str]) -> None:
@@ -149,6 +150,11 @@ def _check(c: _Client, rank: int, buf: bytes, problems: list[str]) -> None:
     elif kind == 4:  # CLOSE
         c.closed = True
         c.close_a = [int(x) for x in a[:3]]
+    elif kind == 5:  # ABORT
+        c.closed = True
+        c.aborted = payload.decode()
+        if dtype != 3 or count != len(payload):
+            bad(f"rank {rank}: ABORT dtype {dtype} count {count} for {len(payload)} bytes")
     else:
         bad(f"rank {rank}: unknown kind {kind}")
 
@@ -174,7 +180,7 @@ def _receive(io, models: list[int], me: int, servers: list[int], mode: str,
     for m, c in clients.items():
         want = sorted((f, s) for f in FIELDS for s in range(1, NSTEPS + 1)
                       if me in _servers_of(f, servers) and any(s % p == 0 for p in PERIODS[f]))
-        if mode == "server_error" and m == models[0]:
+        if mode in ("server_error", "abort") and m == models[0]:
             continue
         if sorted(c.fields) != want or c.steps != list(range(1, NSTEPS + 1)):
             problems.append(f"rank {m}: received {sorted(c.fields)} steps {c.steps}, "
@@ -200,18 +206,21 @@ def _stub(out: str, mode: str) -> int:
     problems: list[str] = []
     clients = _receive(io, models, world.rank, servers, mode, problems)
     counts = srv.gather({m: (c.nbytes, c.messages, c.close_a) for m, c in clients.items()})
+    aborted = {m: c.aborted for m, c in clients.items() if c.aborted is not None}
     if srv.rank == 0:
-        for m in models:  # CLOSE counters = what all the servers received from m
+        for m in set(models) - set(aborted):  # CLOSE counters = what the servers received
             total = [sum(cnt[m][0] for cnt in counts), sum(cnt[m][1] for cnt in counts)]
             if counts[0][m][2][1:] != total or counts[0][m][2][0] < 0:
                 problems.append(f"rank {m}: CLOSE says {counts[0][m][2]}, received {total}")
         report = "".join(f"{k} {v}\n" for k, v in REPORT.items()).encode()
-        for m in models:
+        for m in set(models) - set(aborted):
             io.Send([report, MPI.CHAR], m, 7703)
     problems = sum(srv.gather(problems) or [], [])
+    aborts = srv.gather(aborted)
     if srv.rank == 0:
-        sent = {m: counts[0][m][2][1] for m in models}
-        Path(out).write_text(json.dumps({"problems": problems, "bytes_sent": sent}))
+        sent = {m: counts[0][m][2][1] for m in set(models) - set(aborted)}
+        Path(out).write_text(json.dumps({"problems": problems, "bytes_sent": sent,
+                                         "aborted": aborts}))
     io.Free()
     srv.Free()
     return 0
@@ -232,12 +241,14 @@ def built(tmp_path_factory):
     return r, model_c, model_f
 
 
-def _mpmd(exe: Path, mode: str, tmp: Path, **env: str) -> tuple[str, dict]:
+def _mpmd(exe: Path, mode: str, tmp: Path, ok: bool = True, **env: str) -> tuple[str, dict]:
     out = tmp / f"stub-{exe.name}-{mode}.json"
     cmd = [str(BIN / "mpiexec"), "-n", "2", str(exe), mode, ":", "-n", "2", sys.executable,
            __file__, "--stub", str(out), mode]
     environ = {**os.environ, "PYTHONPATH": str(SRC), **env}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=environ)
+    if not ok:
+        return proc.stderr, {"returncode": proc.returncode}
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads(out.read_text())
     return proc.stdout, result
@@ -287,6 +298,14 @@ def test_fortran_model_sends_the_same(built, tmp_path):
         assert f"ERR unknown: {unknown}" in stdout
 
 
+def test_bad_buffer_size_is_an_init_error(built, tmp_path):
+    _, model_c, _ = built
+    stderr, res = _mpmd(model_c, "normal", tmp_path, ok=False, ENSIO_IOCLIENT_BUFFER_MB="lots")
+    assert res["returncode"] != 0
+    assert "init: ENSIO_IOCLIENT_BUFFER_MB: expected a positive number of MiB, got 'lots'" \
+        in stderr
+
+
 def test_c_errors_name_field_and_rank_and_the_run_goes_on(built, tmp_path):
     _, model_c, _ = built
     stdout, stub = _mpmd(model_c, "errors", tmp_path)
@@ -311,6 +330,15 @@ def test_c_server_error_reaches_the_model(built, tmp_path):
     assert f"FINALIZE rank 0: {expect}" in stdout
     assert "FINALIZE rank 1" not in stdout and "STOPPED rank 1" not in stdout
     assert 1 in _reports(stdout)
+
+
+def test_c_abort_reaches_every_server(built, tmp_path):
+    _, model_c, _ = built
+    stdout, stub = _mpmd(model_c, "abort", tmp_path)
+    assert stub["problems"] == []
+    assert "ABORTED rank 0 rc 0" in stdout
+    assert stub["aborted"] == [{"0": "model blew up at step 2"}] * 2
+    _check_reports(stdout, stub, ranks=(1,))
 
 
 def test_missing_compilers_are_one_line_errors(tmp_path, capsys):

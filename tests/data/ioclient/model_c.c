@@ -3,6 +3,7 @@
  *   model_c normal        the whole run
  *   model_c errors        also calls with an unknown field id and a wrong size (prints ERR lines)
  *   model_c server_error  stops at the first failing call (a server error, tag 7704)
+ *   model_c abort         model rank 0 calls ensio_ioclient_abort at step 2
  * Grid: rectilinear "atm" 8 x 6, axis "lev" 3, unstructured "cells" 10 cells (3 vertices),
  * split over the model ranks along j (atm) and i (cells). Steps 1..4.
  * value(field, s, k, j, i) = off + s*1000 + k*100 + j*10 + i + 0.25, off: tas 0, ta 0.5;
@@ -72,6 +73,12 @@ int main(int argc, char **argv) {
     double *cu = malloc(sizeof(double) * (nc ? nc : 1));
     for (int s = 1; s <= NSTEPS; s++) {
         if ((rc = ensio_ioclient_update_timestep(s))) break;
+        if (strcmp(mode, "abort") == 0 && rank == 0 && s == 2) {
+            rc = ensio_ioclient_abort("model blew up at step 2");
+            printf("ABORTED rank %d rc %d\n", wrank, rc);
+            MPI_Finalize();
+            return 0;
+        }
         for (int j = 0; j < nj; j++)
             for (int i = 0; i < NI; i++) {
                 tas[j * NI + i] = val(0.0, s, 0, jb + j, i);

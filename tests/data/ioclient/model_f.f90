@@ -1,12 +1,14 @@
 ! Test model for tests/test_ioserver_cclient.py: the Fortran twin of model_c.c (same
 ! grid, decomposition, steps and formula; see there), through the module ensio_ioclient.
-! Fortran order: tas(ni, nj), ta(ni, nj, nk) are C (nj, ni), (nk, nj, ni).
+! Fortran order: tas(ni, nj), ta(ni, nj, nk) are C (nj, ni), (nk, nj, ni). tas lives in
+! an array with halos, as in a model: its interior is a non-contiguous section.
 program model_f
   use ensio_ioclient
   implicit none
   integer, parameter :: ni = 8, njg = 6, nk = 3, nc = 10, nsteps = 4
   integer :: world, comm, rank, wrank, nproc, jb, nj, ib, ncl, s, i, j, k, ierr
   real(8), allocatable :: lon(:), lat(:), lonb(:, :), latb(:, :), area(:, :), tas(:, :)
+  real(8), allocatable :: halo(:, :)
   real(8), allocatable :: clon(:), clat(:), clonb(:, :), clatb(:, :), cu(:)
   real(4), allocatable :: ta(:, :, :)
   integer, allocatable :: mask(:, :)
@@ -24,7 +26,8 @@ program model_f
   ncl = (rank + 1) * nc / nproc - ib
   allocate(lon(ni), lat(nj), lonb(2, ni), latb(2, nj), area(ni, nj), mask(ni, nj))
   allocate(tas(ni, nj), ta(ni, nj, nk), clon(ncl), clat(ncl), clonb(3, ncl), clatb(3, ncl))
-  allocate(cu(ncl))
+  allocate(cu(ncl), halo(0:ni + 1, 0:nj + 1))
+  halo = -999d0
   do i = 1, ni
     lon(i) = (i - 1) * 45d0
     lonb(:, i) = [lon(i) - 22.5d0, lon(i) + 22.5d0]
@@ -66,7 +69,8 @@ program model_f
       call ensio_ioclient_send("nosuch", tas, ierr)
       if (ierr /= 0) print "(a)", "ERR unknown: " // ensio_ioclient_errmsg()
     end if
-    call ensio_ioclient_send("tas", tas)
+    halo(1:ni, 1:nj) = tas
+    call ensio_ioclient_send("tas", halo(1:ni, 1:nj))
     if (ensio_ioclient_is_active("ta")) call ensio_ioclient_send("ta", ta)
     if (ensio_ioclient_is_active("cu", s)) call ensio_ioclient_send("cu", cu)
   end do
