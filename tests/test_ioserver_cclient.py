@@ -30,8 +30,10 @@ DATA = Path(__file__).parent / "data" / "ioclient"
 BIN = Path(sys.executable).parent
 SRC = Path(__file__).resolve().parents[1] / "src"
 MAGIC = 0x314F494F49534E45
-NI, NJ, NK, NC, NSTEPS = 8, 6, 3, 10, 4
-FIELDS = {"tas": ("atm2d", 0), "ta": ("atm3d", 1), "cu": ("cells1d", 0), "pr": ("atm2d", 0)}
+NI, NJ, NK, NC, OI, OJ, NSTEPS = 8, 6, 3, 10, 4, 3, 4
+FIELDS = {"tas": ("atm2d", 0), "ta": ("atm3d", 1), "cu": ("cells1d", 0), "pr": ("atm2d", 0),
+          "sst": ("ocn2d", 0)}
+DOMAIN_OF = {"atm2d": "atm", "atm3d": "atm", "cells1d": "cells", "ocn2d": "ocn"}
 REPORT = {"server_busy_fraction": 0.25, "server_memory_hwm_bytes": 123456,
           "bytes_written": 7890, "files_written": 3}
 
@@ -43,16 +45,18 @@ pytestmark = pytest.mark.skipif(
 # ----------------------------------------------------------------------------- the stub server
 
 def _servers_of(field: str, servers: list[int]) -> list[int]:
-    return {"tas": servers, "ta": servers[:1], "cu": servers[-1:], "pr": []}[field]
+    return {"tas": servers, "ta": servers[:1], "cu": servers[-1:], "pr": [],
+            "sst": servers[-1:]}[field]
 
 
-PERIODS = {"tas": (1,), "ta": (2,), "cu": (3, 4), "pr": ()}
+PERIODS = {"tas": (1,), "ta": (2,), "cu": (3, 4), "pr": (), "sst": (1,)}
 
 
 def _table(servers: list[int]) -> str:
     lines = ["ensio-ioserver 1", "calendar standard 2000-01-01T00:00:00 3600",
              f"domain atm rectilinear {NI} {NJ} 0", f"domain cells unstructured {NC} 1 3",
-             f"axis lev {NK}", "grid atm2d atm -", "grid atm3d atm lev", "grid cells1d cells -"]
+             f"domain ocn curvilinear {OI} {OJ} 4", f"axis lev {NK}", "grid atm2d atm -",
+             "grid atm3d atm lev", "grid cells1d cells -", "grid ocn2d ocn -"]
     for name, (grid, _) in FIELDS.items():
         srv = ",".join(map(str, _servers_of(name, servers))) or "-"
         per = ",".join(map(str, PERIODS[name])) or "-"
@@ -72,6 +76,14 @@ def _expected_domain(name: str, a: np.ndarray) -> tuple[int, np.ndarray]:
         area = 1.0 + i[None, :] + 10.0 * j[:, None]
         return 15, np.concatenate([lon, lat, lonb.ravel(), latb.ravel(), mask.ravel(),
                                    area.ravel()])
+    if name == "ocn":  # curvilinear: (nj, ni) coordinates, (nj, ni, 4) bounds, no mask
+        lon = 10.0 * i[None, :] + j[:, None]
+        lat = 20.0 * j[:, None] - i[None, :]
+        lonb = lon[..., None] + np.array([-0.5, 0.5, 0.5, -0.5])
+        latb = lat[..., None] + np.array([-0.5, -0.5, 0.5, 0.5])
+        area = 100.0 + i[None, :] + j[:, None]
+        return 11, np.concatenate([lon.ravel(), lat.ravel(), lonb.ravel(), latb.ravel(),
+                                   area.ravel()])
     lon, lat = i * 36.0, 0.5 * i - 2.0
     lonb = lon[:, None] + np.array([-1.0, 0.0, 1.0])
     latb = lat[:, None] + np.array([-1.0, 1.0, -1.0])
@@ -87,6 +99,8 @@ def _expected_field(name: str, step: int, part: np.ndarray) -> np.ndarray:
     j = np.arange(jb, jb + nj, dtype=float)[:, None]
     if name == "tas":
         return (step * 1000.0 + j * 10.0 + i + 0.25).ravel()
+    if name == "sst":
+        return (step * 1000.0 + j * 10.0 + i + 0.125).ravel()
     k = np.arange(NK, dtype=float)[:, None, None]
     return (0.5 + step * 1000.0 + k * 100.0 + j * 10.0 + i + 0.25).astype(np.float32).ravel()
 
@@ -118,18 +132,18 @@ def _check(c: _Client, rank: int, buf: bytes, problems: list[str]) -> None:
     if c.closed:
         bad(f"rank {rank}: message of kind {kind} after CLOSE")
     if kind == 1:  # DOMAIN
-        if c.defined or name not in ("atm", "cells") or name in c.domains or dtype != 0:
+        if c.defined or name not in ("atm", "cells", "ocn") or name in c.domains or dtype:
             bad(f"rank {rank}: unexpected DOMAIN {name!r} (dtype {dtype})")
             return
         flags, want = _expected_domain(name, a)
         got = np.frombuffer(payload, dtype=np.float64)
         if a[5] != flags or count != want.size or not np.array_equal(got, want):
             bad(f"rank {rank}: DOMAIN {name} part {a.tolist()} flags {a[5]}: payload differs")
-        if a[4] != (3 if name == "cells" else 0):
+        if a[4] != {"atm": 0, "cells": 3, "ocn": 4}[name]:
             bad(f"rank {rank}: DOMAIN {name} nvertex {a[4]}")
         c.domains[name] = a.copy()
     elif kind == 6:  # DEFINED
-        if c.defined or a[0] != len(c.domains) or len(c.domains) != 2:
+        if c.defined or a[0] != len(c.domains) or len(c.domains) != 3:
             bad(f"rank {rank}: DEFINED a[0]={a[0]} after {len(c.domains)} domains")
         c.defined = True
     elif kind == 3:  # STEP
@@ -141,8 +155,7 @@ def _check(c: _Client, rank: int, buf: bytes, problems: list[str]) -> None:
         if name not in FIELDS or step != c.step or dtype != FIELDS[name][1]:
             bad(f"rank {rank}: FIELD {name!r} step {step} dtype {dtype} at step {c.step}")
             return
-        domain = "cells" if name == "cu" else "atm"
-        want = _expected_field(name, int(step), c.domains[domain])
+        want = _expected_field(name, int(step), c.domains[DOMAIN_OF[FIELDS[name][0]]])
         got = np.frombuffer(payload, dtype=np.float32 if dtype == 1 else np.float64)
         if count != want.size or not np.array_equal(got, want):
             bad(f"rank {rank}: FIELD {name} step {step}: {count} values differ from the formula")
@@ -177,6 +190,14 @@ def _receive(io, models: list[int], me: int, servers: list[int], mode: str,
                 and c.steps[-1:] == [2] and buf[8] == 3:
             msg = f"field 'tas' of rank {models[0]} rejected by the stub".encode()
             io.Send([msg, MPI.CHAR], models[0], 7704)
+    for name, (ni_glo, nj_glo) in {"atm": (NI, NJ), "cells": (NC, 1), "ocn": (OI, OJ)}.items():
+        cover = np.zeros((nj_glo, ni_glo), dtype=int)
+        for c in clients.values():
+            if name in c.domains:
+                ib, ni, jb, nj = (int(x) for x in c.domains[name][:4])
+                cover[jb:jb + nj, ib:ib + ni] += 1
+        if not (cover == 1).all():
+            problems.append(f"the parts of domain {name} do not tile it: {cover.tolist()}")
     for m, c in clients.items():
         want = sorted((f, s) for f in FIELDS for s in range(1, NSTEPS + 1)
                       if me in _servers_of(f, servers) and any(s % p == 0 for p in PERIODS[f]))

@@ -5,9 +5,10 @@
  *   model_c server_error  stops at the first failing call (a server error, tag 7704)
  *   model_c abort         model rank 0 calls ensio_ioclient_abort at step 2
  * Grid: rectilinear "atm" 8 x 6, axis "lev" 3, unstructured "cells" 10 cells (3 vertices),
- * split over the model ranks along j (atm) and i (cells). Steps 1..4.
+ * curvilinear "ocn" 4 x 3, split over the model ranks along j (atm) and i (cells, ocn).
+ * Steps 1..4.
  * value(field, s, k, j, i) = off + s*1000 + k*100 + j*10 + i + 0.25, off: tas 0, ta 0.5;
- * cu = s*1000 + i + 0.75.
+ * cu = s*1000 + i + 0.75, sst = s*1000 + j*10 + i + 0.125.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +19,8 @@
 #define NJ 6
 #define NK 3
 #define NC 10
+#define OI 4
+#define OJ 3
 #define NSTEPS 4
 
 static double val(double off, int s, int k, int j, int i) {
@@ -61,7 +64,19 @@ int main(int argc, char **argv) {
             clatb[3 * c + v] = clat[c] + (v == 1 ? 1.0 : -1.0);
         }
     }
-    rc = ensio_ioclient_set_domain("atm", 0, NI, jb, nj, lon, lat, lonb, latb, mask, area);
+    int ob = rank * OI / size, no = (rank + 1) * OI / size - ob;
+    double olon[OI * OJ], olat[OI * OJ], olonb[OI * OJ * 4], olatb[OI * OJ * 4], oarea[OI * OJ];
+    for (int j = 0; j < OJ; j++)
+        for (int c = 0; c < no; c++) {
+            int p = j * no + c, g = ob + c;
+            olon[p] = 10.0 * g + j, olat[p] = 20.0 * j - g, oarea[p] = 100.0 + g + j;
+            for (int v = 0; v < 4; v++) {
+                olonb[4 * p + v] = olon[p] + (v == 1 || v == 2 ? 0.5 : -0.5);
+                olatb[4 * p + v] = olat[p] + (v >= 2 ? 0.5 : -0.5);
+            }
+        }
+    rc = ensio_ioclient_set_domain("ocn", ob, no, 0, OJ, olon, olat, olonb, olatb, NULL, oarea);
+    rc |= ensio_ioclient_set_domain("atm", 0, NI, jb, nj, lon, lat, lonb, latb, mask, area);
     rc |= ensio_ioclient_set_domain("cells", ib, nc, 0, 1, clon, clat, clonb, clatb, NULL, NULL);
     rc |= ensio_ioclient_close_definition();
     if (rc) {
@@ -71,6 +86,7 @@ int main(int argc, char **argv) {
     double *tas = malloc(sizeof(double) * NI * nj);
     float *ta = malloc(sizeof(float) * NK * NI * nj);
     double *cu = malloc(sizeof(double) * (nc ? nc : 1));
+    double sst[OI * OJ];
     for (int s = 1; s <= NSTEPS; s++) {
         if ((rc = ensio_ioclient_update_timestep(s))) break;
         if (strcmp(mode, "abort") == 0 && rank == 0 && s == 2) {
@@ -86,6 +102,8 @@ int main(int argc, char **argv) {
                     ta[(k * nj + j) * NI + i] = (float)val(0.5, s, k, jb + j, i);
             }
         for (int c = 0; c < nc; c++) cu[c] = s * 1000.0 + ib + c + 0.75;
+        for (int j = 0; j < OJ; j++)
+            for (int c = 0; c < no; c++) sst[j * no + c] = s * 1000.0 + j * 10.0 + ob + c + 0.125;
         if (strcmp(mode, "errors") == 0 && s == 1) {
             if (ensio_ioclient_send_double("nosuch", tas, NI * nj) != 0)
                 printf("ERR unknown: %s\n", ensio_ioclient_errmsg());
@@ -97,6 +115,7 @@ int main(int argc, char **argv) {
                 printf("ERR closed: %s\n", ensio_ioclient_errmsg());
         }
         if ((rc = ensio_ioclient_send_double("tas", tas, NI * nj))) break;
+        if ((rc = ensio_ioclient_send_double("sst", sst, OJ * no))) break;
         /* every step: the library skips the steps no file wants (period 2) */
         if ((rc = ensio_ioclient_send_float("ta", ta, NK * NI * nj))) break;
         int act = ensio_ioclient_is_active("cu", s);

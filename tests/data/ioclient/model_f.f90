@@ -5,8 +5,10 @@
 program model_f
   use ensio_ioclient
   implicit none
-  integer, parameter :: ni = 8, njg = 6, nk = 3, nc = 10, nsteps = 4
-  integer :: world, comm, rank, wrank, nproc, jb, nj, ib, ncl, s, i, j, k, ierr
+  integer, parameter :: ni = 8, njg = 6, nk = 3, nc = 10, oi = 4, oj = 3, nsteps = 4
+  integer :: world, comm, rank, wrank, nproc, jb, nj, ib, ncl, ob, no, s, i, j, k, ierr
+  real(8), allocatable :: olon(:, :), olat(:, :), olonb(:, :, :), olatb(:, :, :), oarea(:, :)
+  real(8), allocatable :: sst(:, :)
   real(8), allocatable :: lon(:), lat(:), lonb(:, :), latb(:, :), area(:, :), tas(:, :)
   real(8), allocatable :: halo(:, :)
   real(8), allocatable :: clon(:), clat(:), clonb(:, :), clatb(:, :), cu(:)
@@ -26,6 +28,19 @@ program model_f
   ncl = (rank + 1) * nc / nproc - ib
   allocate(lon(ni), lat(nj), lonb(2, ni), latb(2, nj), area(ni, nj), mask(ni, nj))
   allocate(tas(ni, nj), ta(ni, nj, nk), clon(ncl), clat(ncl), clonb(3, ncl), clatb(3, ncl))
+  ob = rank * oi / nproc
+  no = (rank + 1) * oi / nproc - ob
+  allocate(olon(no, oj), olat(no, oj), olonb(4, no, oj), olatb(4, no, oj), oarea(no, oj))
+  allocate(sst(no, oj))
+  do j = 1, oj
+    do i = 1, no
+      olon(i, j) = 10d0 * (ob + i - 1) + (j - 1)
+      olat(i, j) = 20d0 * (j - 1) - (ob + i - 1)
+      oarea(i, j) = 100d0 + (ob + i - 1) + (j - 1)
+      olonb(:, i, j) = olon(i, j) + [-0.5d0, 0.5d0, 0.5d0, -0.5d0]
+      olatb(:, i, j) = olat(i, j) + [-0.5d0, -0.5d0, 0.5d0, 0.5d0]
+    end do
+  end do
   allocate(cu(ncl), halo(0:ni + 1, 0:nj + 1))
   halo = -999d0
   do i = 1, ni
@@ -46,6 +61,8 @@ program model_f
     clonb(:, i) = clon(i) + [-1d0, 0d0, 1d0]
     clatb(:, i) = clat(i) + [-1d0, 1d0, -1d0]
   end do
+  call ensio_ioclient_set_domain("ocn", ob, no, 0, oj, lon=olon, lat=olat, lon_bnds=olonb, &
+                                 lat_bnds=olatb, area=oarea)
   call ensio_ioclient_set_domain("atm", 0, ni, jb, nj, lon=lon, lat=lat, lon_bnds=lonb, &
                                  lat_bnds=latb, mask=mask, area=area)
   call ensio_ioclient_set_domain("cells", ib, ncl, 0, 1, lon=clon, lat=clat, lon_bnds=clonb, &
@@ -69,6 +86,12 @@ program model_f
       call ensio_ioclient_send("nosuch", tas, ierr)
       if (ierr /= 0) print "(a)", "ERR unknown: " // ensio_ioclient_errmsg()
     end if
+    do j = 1, oj
+      do i = 1, no
+        sst(i, j) = s * 1000d0 + (j - 1) * 10d0 + (ob + i - 1) + 0.125d0
+      end do
+    end do
+    call ensio_ioclient_send("sst", sst)
     halo(1:ni, 1:nj) = tas
     call ensio_ioclient_send("tas", halo(1:ni, 1:nj))
     if (ensio_ioclient_is_active("ta")) call ensio_ioclient_send("ta", ta)
