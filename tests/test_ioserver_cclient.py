@@ -262,9 +262,13 @@ def built(tmp_path_factory):
     return r, model_c, model_f
 
 
-def _mpmd(exe: Path, mode: str, tmp: Path, ok: bool = True, **env: str) -> tuple[str, dict]:
-    out = tmp / f"stub-{exe.name}-{mode}.json"
-    cmd = [str(BIN / "mpiexec"), "-n", "2", str(exe), mode, ":", "-n", "2", sys.executable,
+def _mpmd(exe: Path | tuple[Path, Path], mode: str, tmp: Path, ok: bool = True,
+          **env: str) -> tuple[str, dict]:
+    """Run 2 model ranks (exe twice, or one rank of each exe) and 2 stub servers."""
+    out = tmp / f"stub-{mode}.json"
+    models = ["-n", "2", str(exe), mode] if isinstance(exe, Path) else [
+        "-n", "1", str(exe[0]), mode, ":", "-n", "1", str(exe[1]), mode]
+    cmd = [str(BIN / "mpiexec"), *models, ":", "-n", "2", sys.executable,
            __file__, "--stub", str(out), mode]
     environ = {**os.environ, "PYTHONPATH": str(SRC), **env}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=environ)
@@ -317,6 +321,14 @@ def test_fortran_model_sends_the_same(built, tmp_path):
     for rank in (0, 1):
         unknown = f"ensio_ioclient_send_double: unknown field id 'nosuch' on rank {rank}"
         assert f"ERR unknown: {unknown}" in stdout
+
+
+def test_c_and_fortran_ranks_in_one_model(built, tmp_path):
+    # one MPMD job: rank 0 runs the C model, rank 1 the Fortran one; they share the model comm
+    _, model_c, model_f = built
+    stdout, stub = _mpmd((model_c, model_f), "normal", tmp_path)
+    assert stub["problems"] == []
+    _check_reports(stdout, stub)
 
 
 def test_bad_buffer_size_is_an_init_error(built, tmp_path):
