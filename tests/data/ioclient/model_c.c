@@ -92,6 +92,7 @@ int main(int argc, char **argv) {
         if (strcmp(mode, "abort") == 0 && rank == 0 && s == 2) {
             rc = ensio_ioclient_abort("model blew up at step 2");
             printf("ABORTED rank %d rc %d\n", wrank, rc);
+            free(tas), free(ta), free(cu);
             MPI_Finalize();
             return 0;
         }

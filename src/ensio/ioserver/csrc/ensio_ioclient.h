@@ -23,8 +23,13 @@
  * Every function returns 0 on success and non-zero on error (is_active: 1/0, < 0 on
  * error); ensio_ioclient_errmsg() is the last error as one line naming the field or
  * domain and the rank.  Sends copy the data into a bounded buffer of outstanding
- * non-blocking sends (ENSIO_IOCLIENT_BUFFER_MB, default 64) and return at once; they
- * block only while the buffer is full, and that time is reported by finalize.
+ * non-blocking sends (ENSIO_IOCLIENT_BUFFER_MB MiB per process, default 64) and return
+ * at once; they block only while the buffer is full (a message larger than the whole
+ * buffer waits until it is empty), and that time is reported by finalize.  A field no
+ * file wants at the current step (is_active == 0) is validated but not sent.
+ * Local errors (unknown id, wrong size, calls out of order) leave the client usable;
+ * an error a server sent (tag 7704) makes every later call fail with it.
+ * finalize is collective over the model ranks and frees model_comm; abort is not.
  *
  * Arrays are C order: a field on a grid with a level axis is (nk, nj, ni), without
  * one (nj, ni); unstructured (nk, ni) / (ni).  Steps are 1-based.
