@@ -353,6 +353,8 @@ def test_c_errors_name_field_and_rank_and_the_run_goes_on(built, tmp_path):
             in stdout
         assert f"ERR closed: ensio_ioclient_set_domain on rank {rank}: the definition is " \
             "already closed" in stdout
+        assert f"ERR nostep: ensio_ioclient_is_active: field 'tas' on rank {rank}: no step yet" \
+            in stdout
 
 
 def test_c_server_error_reaches_the_model(built, tmp_path):

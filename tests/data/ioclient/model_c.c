@@ -83,6 +83,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "definition: %s\n", ensio_ioclient_errmsg());
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
+    if (strcmp(mode, "errors") == 0 && ensio_ioclient_is_active("tas", 0) < 0)
+        printf("ERR nostep: %s\n", ensio_ioclient_errmsg());
     double *tas = malloc(sizeof(double) * NI * nj);
     float *ta = malloc(sizeof(float) * NK * NI * nj);
     double *cu = malloc(sizeof(double) * (nc ? nc : 1));

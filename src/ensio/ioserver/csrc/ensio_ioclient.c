@@ -584,7 +584,13 @@ int ensio_ioclient_is_active(const char *field_id, int64_t step) {
     if (ready(fn, -1, 0)) return -1;
     int k = find_field(fn, field_id);
     if (k < 0) return -1;
-    return active(&S.field[k], step > 0 ? step : S.step);
+    if (step < 1) step = S.step;
+    if (step < 1) {
+        fail("%s: field '%s' on rank %d: no step yet (pass step >= 1 or call "
+             "ensio_ioclient_update_timestep first)", fn, field_id, S.rank);
+        return -1;
+    }
+    return active(&S.field[k], step);
 }
 
 /* ---------------------------------------------------------------- end */
