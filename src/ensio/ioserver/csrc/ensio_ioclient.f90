@@ -1,0 +1,306 @@
+! ensio_ioclient.f90 -- Fortran module over the C client of the ensio I/O server.
+!
+! Thin iso_c_binding wrappers over ensio_ioclient.h: communicators are default
+! integers (the handle of the Fortran MPI bindings; converted with MPI_Comm_f2c in
+! the C library), fields are contiguous real(8) or real(4) arrays of rank 1, 2 or 3
+! (a non-contiguous section is copied).  Fortran order: a field on a grid
+! (ni, nj[, nk]) is, in memory, the C (nk, nj, ni) array the protocol sends.
+! Domain offsets ibegin/jbegin are 0-based, as in the C API and the config.
+!
+! Every routine takes an optional ierr: 0 on success; on error it is non-zero and
+! ensio_ioclient_errmsg() is the one-line message.  Without ierr an error stops the
+! program with that message (XIOS behaves the same way).
+!
+!   call ensio_ioclient_init(world, "atm", comm)
+!   call ensio_ioclient_set_domain("atm", ibegin, ni, jbegin, nj, lon=lon, lat=lat)
+!   call ensio_ioclient_close_definition()
+!   do step = 1, nsteps
+!     call ensio_ioclient_update_timestep(step)
+!     if (ensio_ioclient_is_active("tas", step)) call ensio_ioclient_send("tas", tas)
+!   end do
+!   call ensio_ioclient_finalize(report)
+!
+! Programs built without Fortran MPI bindings (a pip MPICH has none) can use
+! ensio_ioclient_mpi_init, ensio_ioclient_comm_world, ensio_ioclient_comm_rank/size
+! and ensio_ioclient_mpi_finalize.
+module ensio_ioclient
+  use, intrinsic :: iso_c_binding
+  implicit none
+  private
+
+  type, bind(c), public :: ensio_ioclient_report_t
+    real(c_double) :: blocked_seconds = 0
+    integer(c_int64_t) :: bytes_sent = 0
+    real(c_double) :: server_busy_fraction = 0
+    integer(c_int64_t) :: server_memory_hwm_bytes = 0
+    integer(c_int64_t) :: bytes_written = 0
+    integer(c_int64_t) :: files_written = 0
+  end type
+
+  public :: ensio_ioclient_init, ensio_ioclient_set_domain, ensio_ioclient_close_definition
+  public :: ensio_ioclient_update_timestep, ensio_ioclient_send, ensio_ioclient_is_active
+  public :: ensio_ioclient_finalize, ensio_ioclient_abort, ensio_ioclient_errmsg
+  public :: ensio_ioclient_mpi_init, ensio_ioclient_mpi_finalize, ensio_ioclient_comm_world
+  public :: ensio_ioclient_comm_rank, ensio_ioclient_comm_size
+
+  interface ensio_ioclient_send
+    module procedure send_d1, send_d2, send_d3, send_f1, send_f2, send_f3
+  end interface
+
+  interface
+    integer(c_int) function c_init(world, context, model) bind(c, name="ensio_ioclient_init_f")
+      import :: c_int, c_char
+      integer(c_int), value :: world
+      character(kind=c_char), intent(in) :: context(*)
+      integer(c_int), intent(out) :: model
+    end function
+    integer(c_int) function c_set_domain(id, ibegin, ni, jbegin, nj, lon, lat, lonb, latb, &
+                                         mask, area) bind(c, name="ensio_ioclient_set_domain")
+      import :: c_int, c_char, c_int64_t, c_ptr
+      character(kind=c_char), intent(in) :: id(*)
+      integer(c_int64_t), value :: ibegin, ni, jbegin, nj
+      type(c_ptr), value :: lon, lat, lonb, latb, mask, area
+    end function
+    integer(c_int) function c_close_definition() bind(c, name="ensio_ioclient_close_definition")
+      import :: c_int
+    end function
+    integer(c_int) function c_update_timestep(step) bind(c, name="ensio_ioclient_update_timestep")
+      import :: c_int, c_int64_t
+      integer(c_int64_t), value :: step
+    end function
+    integer(c_int) function c_send_double(id, data, count) bind(c, name="ensio_ioclient_send_double")
+      import :: c_int, c_char, c_double, c_int64_t
+      character(kind=c_char), intent(in) :: id(*)
+      real(c_double), intent(in) :: data(*)
+      integer(c_int64_t), value :: count
+    end function
+    integer(c_int) function c_send_float(id, data, count) bind(c, name="ensio_ioclient_send_float")
+      import :: c_int, c_char, c_float, c_int64_t
+      character(kind=c_char), intent(in) :: id(*)
+      real(c_float), intent(in) :: data(*)
+      integer(c_int64_t), value :: count
+    end function
+    integer(c_int) function c_is_active(id, step) bind(c, name="ensio_ioclient_is_active")
+      import :: c_int, c_char, c_int64_t
+      character(kind=c_char), intent(in) :: id(*)
+      integer(c_int64_t), value :: step
+    end function
+    integer(c_int) function c_finalize(report) bind(c, name="ensio_ioclient_finalize")
+      import :: c_int, ensio_ioclient_report_t
+      type(ensio_ioclient_report_t), intent(out) :: report
+    end function
+    integer(c_int) function c_abort(reason) bind(c, name="ensio_ioclient_abort")
+      import :: c_int, c_char
+      character(kind=c_char), intent(in) :: reason(*)
+    end function
+    type(c_ptr) function c_errmsg() bind(c, name="ensio_ioclient_errmsg")
+      import :: c_ptr
+    end function
+    integer(c_size_t) function c_strlen(s) bind(c, name="strlen")
+      import :: c_size_t, c_ptr
+      type(c_ptr), value :: s
+    end function
+    integer(c_int) function c_mpi_init() bind(c, name="ensio_ioclient_mpi_init_f")
+      import :: c_int
+    end function
+    integer(c_int) function c_mpi_finalize() bind(c, name="ensio_ioclient_mpi_finalize_f")
+      import :: c_int
+    end function
+    integer(c_int) function c_comm_world() bind(c, name="ensio_ioclient_comm_world_f")
+      import :: c_int
+    end function
+    integer(c_int) function c_comm_rank(comm, rank) bind(c, name="ensio_ioclient_comm_rank_f")
+      import :: c_int
+      integer(c_int), value :: comm
+      integer(c_int), intent(out) :: rank
+    end function
+    integer(c_int) function c_comm_size(comm, size) bind(c, name="ensio_ioclient_comm_size_f")
+      import :: c_int
+      integer(c_int), value :: comm
+      integer(c_int), intent(out) :: size
+    end function
+  end interface
+
+contains
+
+  function cstr(s) result(c)
+    character(len=*), intent(in) :: s
+    character(kind=c_char, len=len_trim(s) + 1) :: c
+    c = trim(s) // c_null_char
+  end function
+
+  !> The last error, one line naming the field or domain and the rank.
+  function ensio_ioclient_errmsg() result(msg)
+    character(len=:), allocatable :: msg
+    type(c_ptr) :: p
+    character(kind=c_char), pointer :: chars(:)
+    integer :: i, n
+    p = c_errmsg()
+    n = int(c_strlen(p))
+    call c_f_pointer(p, chars, [n])
+    allocate(character(len=n) :: msg)
+    do i = 1, n
+      msg(i:i) = chars(i)
+    end do
+  end function
+
+  !> ierr = rc when present; otherwise stop the program on an error.
+  subroutine check(rc, ierr)
+    integer(c_int), intent(in) :: rc
+    integer, intent(out), optional :: ierr
+    if (present(ierr)) then
+      ierr = int(rc)
+    else if (rc /= 0) then
+      error stop "ensio_ioclient: " // ensio_ioclient_errmsg()
+    end if
+  end subroutine
+
+  subroutine ensio_ioclient_init(world, context, model_comm, ierr)
+    integer, intent(in) :: world
+    character(len=*), intent(in) :: context
+    integer, intent(out) :: model_comm
+    integer, intent(out), optional :: ierr
+    integer(c_int) :: m
+    m = 0
+    call check(c_init(int(world, c_int), cstr(context), m), ierr)
+    model_comm = int(m)
+  end subroutine
+
+  !> This rank's part [ibegin, ibegin+ni) x [jbegin, jbegin+nj) (0-based) of a domain;
+  !> lon/lat (ni)/(nj) rectilinear, (ni,nj) curvilinear, (ni) unstructured; bounds
+  !> (2,ni)/(2,nj), (4,ni,nj), (nvertex,ni); mask (1 = valid) and area (ni,nj).
+  subroutine ensio_ioclient_set_domain(domain_id, ibegin, ni, jbegin, nj, lon, lat, &
+                                       lon_bnds, lat_bnds, mask, area, ierr)
+    character(len=*), intent(in) :: domain_id
+    integer, intent(in) :: ibegin, ni, jbegin, nj
+    real(c_double), intent(in), target, optional :: lon(*), lat(*), lon_bnds(*), lat_bnds(*)
+    real(c_double), intent(in), target, optional :: area(*)
+    integer(c_int), intent(in), target, optional :: mask(*)
+    integer, intent(out), optional :: ierr
+    type(c_ptr) :: p(6)
+    p = c_null_ptr
+    if (present(lon)) p(1) = c_loc(lon)
+    if (present(lat)) p(2) = c_loc(lat)
+    if (present(lon_bnds)) p(3) = c_loc(lon_bnds)
+    if (present(lat_bnds)) p(4) = c_loc(lat_bnds)
+    if (present(mask)) p(5) = c_loc(mask)
+    if (present(area)) p(6) = c_loc(area)
+    call check(c_set_domain(cstr(domain_id), int(ibegin, c_int64_t), int(ni, c_int64_t), &
+                            int(jbegin, c_int64_t), int(nj, c_int64_t), &
+                            p(1), p(2), p(3), p(4), p(5), p(6)), ierr)
+  end subroutine
+
+  subroutine ensio_ioclient_close_definition(ierr)
+    integer, intent(out), optional :: ierr
+    call check(c_close_definition(), ierr)
+  end subroutine
+
+  subroutine ensio_ioclient_update_timestep(step, ierr)
+    integer, intent(in) :: step
+    integer, intent(out), optional :: ierr
+    call check(c_update_timestep(int(step, c_int64_t)), ierr)
+  end subroutine
+
+  !> Does any file want field_id at step (default: the current step)?
+  logical function ensio_ioclient_is_active(field_id, step, ierr) result(active)
+    character(len=*), intent(in) :: field_id
+    integer, intent(in), optional :: step
+    integer, intent(out), optional :: ierr
+    integer(c_int64_t) :: s
+    integer(c_int) :: rc
+    s = 0
+    if (present(step)) s = int(step, c_int64_t)
+    rc = c_is_active(cstr(field_id), s)
+    active = rc == 1
+    call check(merge(1_c_int, 0_c_int, rc < 0), ierr)
+  end function
+
+  subroutine send_d1(field_id, data, ierr)
+    character(len=*), intent(in) :: field_id
+    real(c_double), intent(in), contiguous :: data(:)
+    integer, intent(out), optional :: ierr
+    call check(c_send_double(cstr(field_id), data, size(data, kind=c_int64_t)), ierr)
+  end subroutine
+
+  subroutine send_d2(field_id, data, ierr)
+    character(len=*), intent(in) :: field_id
+    real(c_double), intent(in), contiguous :: data(:, :)
+    integer, intent(out), optional :: ierr
+    call check(c_send_double(cstr(field_id), data, size(data, kind=c_int64_t)), ierr)
+  end subroutine
+
+  subroutine send_d3(field_id, data, ierr)
+    character(len=*), intent(in) :: field_id
+    real(c_double), intent(in), contiguous :: data(:, :, :)
+    integer, intent(out), optional :: ierr
+    call check(c_send_double(cstr(field_id), data, size(data, kind=c_int64_t)), ierr)
+  end subroutine
+
+  subroutine send_f1(field_id, data, ierr)
+    character(len=*), intent(in) :: field_id
+    real(c_float), intent(in), contiguous :: data(:)
+    integer, intent(out), optional :: ierr
+    call check(c_send_float(cstr(field_id), data, size(data, kind=c_int64_t)), ierr)
+  end subroutine
+
+  subroutine send_f2(field_id, data, ierr)
+    character(len=*), intent(in) :: field_id
+    real(c_float), intent(in), contiguous :: data(:, :)
+    integer, intent(out), optional :: ierr
+    call check(c_send_float(cstr(field_id), data, size(data, kind=c_int64_t)), ierr)
+  end subroutine
+
+  subroutine send_f3(field_id, data, ierr)
+    character(len=*), intent(in) :: field_id
+    real(c_float), intent(in), contiguous :: data(:, :, :)
+    integer, intent(out), optional :: ierr
+    call check(c_send_float(cstr(field_id), data, size(data, kind=c_int64_t)), ierr)
+  end subroutine
+
+  subroutine ensio_ioclient_finalize(report, ierr)
+    type(ensio_ioclient_report_t), intent(out), optional :: report
+    integer, intent(out), optional :: ierr
+    type(ensio_ioclient_report_t) :: rep
+    call check(c_finalize(rep), ierr)
+    if (present(report)) report = rep
+  end subroutine
+
+  subroutine ensio_ioclient_abort(reason, ierr)
+    character(len=*), intent(in) :: reason
+    integer, intent(out), optional :: ierr
+    call check(c_abort(cstr(reason)), ierr)
+  end subroutine
+
+  subroutine ensio_ioclient_mpi_init(ierr)
+    integer, intent(out), optional :: ierr
+    call check(c_mpi_init(), ierr)
+  end subroutine
+
+  subroutine ensio_ioclient_mpi_finalize(ierr)
+    integer, intent(out), optional :: ierr
+    call check(c_mpi_finalize(), ierr)
+  end subroutine
+
+  integer function ensio_ioclient_comm_world() result(comm)
+    comm = int(c_comm_world())
+  end function
+
+  subroutine ensio_ioclient_comm_rank(comm, rank, ierr)
+    integer, intent(in) :: comm
+    integer, intent(out) :: rank
+    integer, intent(out), optional :: ierr
+    integer(c_int) :: r
+    call check(c_comm_rank(int(comm, c_int), r), ierr)
+    rank = int(r)
+  end subroutine
+
+  subroutine ensio_ioclient_comm_size(comm, size, ierr)
+    integer, intent(in) :: comm
+    integer, intent(out) :: size
+    integer, intent(out), optional :: ierr
+    integer(c_int) :: s
+    call check(c_comm_size(int(comm, c_int), s), ierr)
+    size = int(s)
+  end subroutine
+
+end module ensio_ioclient
