@@ -6,7 +6,7 @@ import cftime
 import pytest
 
 from ensio.config.errors import ConfigError
-from ensio.ioserver.calendar import Calendar, Freq, format_iso, parse_freq
+from ensio.ioserver.calendar import STEP, Calendar, Freq, format_iso, parse_freq
 from ensio.ioserver.config import CalendarDef
 
 
@@ -124,3 +124,17 @@ def test_bad_calendar():
     assert cal("360_day", "2001-02-30", "1h").start == date(2001, 2, 30, calendar="360_day")
     with pytest.raises(ConfigError, match="ioserver.calendar.timestep"):
         cal("standard", "2001-01-01", "1mo")
+
+
+def test_divides_against_brute_force():
+    """Every boundary of the coarse grid is one of the fine grid (checked over 400 days)."""
+    c = cal("noleap", "2001-01-31 06:00", "1h")
+    freqs = [STEP, *map(parse_freq, ("2h", "5h", "6h", "1d", "7d", "1mo", "2mo", "3mo", "1y"))]
+    grids = {f: {n for n in range(1, 24 * 400) if c.on_grid(f, n)} for f in freqs}
+    for fine in freqs:
+        for coarse in freqs:
+            brute = grids[coarse] <= grids[fine]
+            # sufficient (a noleap year happens to be 1752 times 5h: not claimed)
+            assert brute or not c.divides(fine, coarse), (fine, coarse)
+            if not coarse.is_calendar or str(fine) not in ("5h", "7d"):
+                assert c.divides(fine, coarse) == brute, (fine, coarse)

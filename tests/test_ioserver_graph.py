@@ -267,13 +267,16 @@ def test_part_of_the_points_is_the_slice_of_the_full_graph(rng):
 def test_needs_and_period_steps(rng):
     fields = [{"id": "u"}, {"id": "v"}, {"id": "w"}, {"id": "x"}, {"id": "y"}, {"id": "unused"},
               {"id": "dy", "expr": "@wmax - y", "freq_op": "1d"},
+              {"id": "q"}, {"id": "r"}, {"id": "rlast", "field_ref": "r", "operation": "instant"},
               {"id": "wmax", "field_ref": "w", "operation": "maximum", "freq_op": "2ts"}]
     cfg = make_cfg([
         {"id": "a", "name": "a", "output_freq": "1d", "fields": [
             {"field_ref": "u", "freq_op": "12h"}, {"field_ref": "v", "freq_op": "12h"},
             {"name": "w6", "expr": "@wmax", "freq_op": "18h"},
             {"name": "wx", "expr": "@wmax - x", "freq_op": "1d"},
-            {"field_ref": "dy", "name": "dy_each_step", "freq_op": "1ts"}]},
+            {"field_ref": "dy", "name": "dy_each_step", "freq_op": "1ts"},
+            {"field_ref": "q", "operation": "instant"},
+            {"name": "r2", "expr": "@rlast * 2", "freq_op": "12h"}]},
         {"id": "b", "name": "b", "output_freq": "1d", "fields": [
             {"field_ref": "v", "name": "v18", "freq_op": "18h"},
             {"field_ref": "tas", "operation": "instant", "freq_op": "1mo"}]},
@@ -281,15 +284,18 @@ def test_needs_and_period_steps(rng):
          "fields": [{"field_ref": "pr"}]},
     ], fields, calendar={"type": "noleap", "start": "2000-01-01", "timestep": "6h"})
     g = Graph(cfg)
+    sources = ("u", "v", "w", "x", "y", "q", "r", "tas", "pr", "unused")
     assert g.period_steps("u") == (2,)
     assert g.period_steps("v") == (2, 3)
     assert g.period_steps("w") == (2,)
     assert g.period_steps("x") == (4,)  # read at the end of the @ periods only
     assert g.period_steps("y") == (4,)  # ... even when the consumer samples every step
+    assert g.period_steps("q") == (4,)  # instant keeps the sample at the period's end only
+    assert g.period_steps("r") == (2,)  # ... also under @
     assert g.period_steps("unused") == () and g.period_steps("pr") == ()
     assert g.period_steps("tas") == (1,)  # a month grid is not periodic in steps
     for n in range(1, 4 * 70):
-        for fid in ("u", "v", "w", "x", "y", "tas", "pr", "unused"):
+        for fid in sources:
             periods = g.period_steps(fid)
             if g.needs(fid, n):
                 assert any(n % p == 0 for p in periods), (fid, n)
@@ -297,7 +303,7 @@ def test_needs_and_period_steps(rng):
                 assert g.needs(fid, n) == any(n % p == 0 for p in periods), (fid, n)
         assert g.needs("tas", n) == (n in (4 * 31, 4 * 59))
     # pushing only what is needed loses nothing
-    data = {f: series(rng, 4 * 62) for f in ("u", "v", "w", "x", "y", "tas", "pr", "unused")}
+    data = {f: series(rng, 4 * 62) for f in sources}
     full = run(cfg, data, 4 * 62)
     lean = run(cfg, data, 4 * 62, only_needed=True)
     assert len(full) == len(lean) > 0
@@ -363,3 +369,23 @@ def test_errors_name_field_and_step():
         {"name": "c", "expr": "tas * * 2"}]}], [])
     with pytest.raises(ConfigError, match="a/c.expr"):
         Graph(bad)
+
+
+def test_first_step_of_a_restarted_run(rng):
+    cfg = make_cfg([{"id": "a", "name": "a", "output_freq": "1d", "fields": [
+        {"field_ref": "tas"}, {"field_ref": "pr", "operation": "once"}]}], [])
+    s = series(rng, 40)
+    g = Graph(cfg, first_step=23)  # the run restarts in day 6 (steps 21..24)
+    recs = []
+    for n in range(23, 41):
+        g.push("tas", n, s[n - 1])
+        g.push("pr", n, s[n - 1])
+        recs += g.advance(n)
+    got = by_name(recs + g.finish(40))
+    assert [r.period for r in got["tas"]] == [5, 6, 7, 8, 9]
+    first = reduce("average", s[22:24], 0)  # day 6 from the restart on
+    np.testing.assert_allclose(np.stack([r.data for r in got["tas"]]),
+                               [first, *reduce("average", blocks(s[24:40], 4), 1)], rtol=1e-12)
+    np.testing.assert_array_equal(got["pr"][0].data, s[22])
+    with pytest.raises(ValueError, match="first_step"):
+        Graph(cfg, first_step=0)

@@ -32,7 +32,7 @@ import cftime
 from ..config.errors import ConfigError
 from .config import FREQ_RE, CalendarDef
 
-__all__ = ["Freq", "parse_freq", "Calendar", "format_iso"]
+__all__ = ["Freq", "STEP", "parse_freq", "Calendar", "format_iso"]
 
 _SECONDS = {"s": 1, "mi": 60, "h": 3600, "d": 86400}
 
@@ -67,6 +67,10 @@ class Freq:
 
     def __str__(self) -> str:
         return f"{self.n}{self.unit}"
+
+
+#: One model time step.
+STEP = Freq(1, "ts")
 
 
 def parse_freq(text: str) -> Freq:
@@ -188,6 +192,19 @@ class Calendar:
             return None
         q, r = divmod(self._seconds(freq), self.dt)
         return q if r == 0 else None
+
+    def divides(self, fine: Freq, coarse: Freq) -> bool:
+        """True when every boundary of ``coarse`` is a boundary of ``fine``.
+
+        Both grids are anchored at the start, so this holds when ``coarse`` is a
+        whole multiple of ``fine``: fixed in seconds, months in months, and a month
+        grid (whole days from the start) on any fixed grid that divides a day.
+        """
+        if coarse.is_calendar:
+            if fine.is_calendar:
+                return coarse.months % fine.months == 0
+            return 86400 % self._seconds(fine) == 0
+        return not fine.is_calendar and self._seconds(coarse) % self._seconds(fine) == 0
 
     def grid_period(self, freq: Freq) -> int | None:
         """The ``p`` with ``on_grid(freq, n) == (n % p == 0)``; None for months/years.

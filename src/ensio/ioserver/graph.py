@@ -42,7 +42,7 @@ import cftime
 import numpy as np
 
 from ..config.errors import ConfigError
-from .calendar import Calendar, Freq, parse_freq
+from .calendar import STEP, Calendar, Freq, parse_freq
 from .config import FieldDef, FileDef, IOServerConfig
 from .expr import ExprError, evaluate, parse
 from .timeops import ACCUMULATORS, Accumulator
@@ -261,6 +261,10 @@ class Graph:
     points : mapping of str to tuple of int, optional
         Field shape per grid id: global shapes by default; the attached mode passes
         the shapes of the rank's part. Every grid the graph uses must be given.
+    first_step : int, optional
+        The model's first step (a run restarted at step 8761 of the same calendar):
+        output periods start with the one that contains it, instead of empty
+        records for every period before it.
 
     Attributes
     ----------
@@ -279,7 +283,7 @@ class Graph:
     """
 
     def __init__(self, cfg: IOServerConfig, files: Sequence[str] | None = None,
-                 points: Mapping[str, tuple[int, ...]] | None = None):
+                 points: Mapping[str, tuple[int, ...]] | None = None, *, first_step: int = 1):
         self.cfg = cfg
         self.calendar = Calendar(cfg.calendar)
         self._points = points
@@ -292,7 +296,11 @@ class Graph:
                     self._outputs.append(_Output(file, fd, self._file_stream(fd)))
         self.sources = self._requirements()
         self._pending: dict[int, dict[str, np.ndarray]] = {}
-        self._done = 0
+        if first_step < 1:
+            raise ValueError(f"first_step: steps are 1-based, got {first_step}")
+        self._done = first_step - 1
+        for out in self._outputs:
+            out.next_period = self.calendar.period_index(out.out_freq, first_step)
         self._finished = False
 
     # ------------------------------------------------------------------ building
@@ -374,16 +382,30 @@ class Graph:
                 for at in node.ats.values():
                     require(at, inner)
             elif isinstance(node, _At):  # the whole period is reduced: every sample counts
-                require(node.target, frozenset({node.sample_freq}))
+                require(node.target, self._sampling(node.fd.operation, node.sample_freq,
+                                                    node.freq))
 
         for out in self._outputs:
-            require(out.stream, frozenset({out.freq_op}))
+            require(out.stream, self._sampling(out.fd.operation, out.freq_op, out.out_freq))
         # A condition that contains another one adds no step: keep the minimal ones.
         return {
             sid: tuple(sorted((c for c in conds if not any(o < c for o in conds)),
                               key=lambda c: sorted(c)))
             for sid, conds in found.items()
         }
+
+    def _sampling(self, operation: str, freq_op: Freq, period: Freq) -> frozenset[Freq]:
+        """The steps whose samples an operation over ``period`` uses.
+
+        Every step of the ``freq_op`` grid, except for ``instant``: it keeps the last
+        sample, the one at the period's end when that end is on the grids of the step
+        and of ``freq_op`` — then only those steps are needed (6-hourly instant output
+        of a 1-hour model asks for one step in six, not all of them).
+        """
+        cal = self.calendar
+        if operation == "instant" and cal.divides(STEP, period) and cal.divides(freq_op, period):
+            return frozenset({freq_op, period})
+        return frozenset({freq_op})
 
     # ------------------------------------------------------------------ queries
 
