@@ -8,7 +8,7 @@ output periods that are complete. Everything is point-wise in space, so the same
 graph runs on global arrays (servers) or on a rank's part (attached mode) — the
 spatial operations (box, global and zonal means) are the writer's business.
 
-The graph is made of *streams*: something that has a value at some steps.
+The graph is made of *streams*, things that have a value at some steps:
 
 * a **source** has the value the model pushed at a step (``missing_value`` -> NaN);
 * a definition field with ``field_ref`` and no ``expr`` *is* the stream of the field
@@ -24,13 +24,11 @@ The graph is made of *streams*: something that has a value at some steps.
 
 Each file field (an *output*) samples its stream on its ``freq_op`` grid and reduces
 the samples with its operation over the file's ``output_freq`` periods. Streams are
-evaluated step by step with a per-step memo, so each node is computed at most once
-a step; memory is the pushed data of the steps not yet advanced plus one
-accumulator per output/``@`` node and open period (closed periods are dropped).
-
-Which source steps are needed (the ``is_active`` rule) follows from the same
-structure: a source is needed at step ``n`` if some path from an output to it has
-all its sampling grids on ``n`` (:meth:`Graph.needs`).
+evaluated step by step with a per-step memo (each node once a step); memory is the
+pushed data of the steps not yet advanced plus one accumulator per output/``@`` node
+and open period. The ``is_active`` rule follows from the same structure: a source
+is needed at step ``n`` if some path from an output to it has all its sampling grids
+on ``n`` (:meth:`Graph.needs`).
 """
 
 from __future__ import annotations
@@ -63,7 +61,7 @@ class Record:
     period : int
         Output period index ``k`` (0 for ``once`` fields).
     t0, t1 : cftime.datetime
-        Bounds ``(b_k, b_{k+1}]`` of the period.
+        Bounds ``(b_k, b_{k+1}]`` of the period (``once``: of the sample's period).
     t_instant : cftime.datetime or None
         Time of the sample kept by ``instant``/``once`` (``t1`` if the period
         had no sample); None for the other operations.
@@ -194,6 +192,7 @@ class _Output:
         self.next_period = 0
         self.once: tuple[cftime.datetime, np.ndarray] | None = None
         self.once_done = False
+        self.once_period = 0
 
     def sample(self, st: _Step) -> None:
         cal, n = st.cal, st.step
@@ -206,6 +205,7 @@ class _Output:
             return
         if self.fd.operation == "once":
             self.once = (cal.time(n), np.array(v, dtype=np.float64))
+            self.once_period = cal.period_index(self.out_freq, n)
             return
         k = cal.period_index(self.out_freq, n)
         if k not in self.accs:
@@ -218,7 +218,7 @@ class _Output:
         out: list[Record] = []
         if self.fd.operation == "once":
             if self.once is not None and not self.once_done:
-                t0, t1 = cal.bounds(self.out_freq, 0)
+                t0, t1 = cal.bounds(self.out_freq, self.once_period)
                 out.append(Record(self.file.id, self.fd, 0, t0, t1, *self.once))
                 self.once, self.once_done = None, True
             return out
