@@ -147,12 +147,15 @@ def test_seed_monthly_mean_of_daily_min_max_mean(rng):
 def test_nested_at_chain_and_instant_refs(rng):
     """@ of a field that is itself an @ expression; @ mixed with an instant reference."""
     fields = [{"id": "tas_max", "field_ref": "tas", "operation": "maximum"},
-              {"id": "dmax", "expr": "@tas_max", "freq_op": "1d", "operation": "average"}]
+              {"id": "dmax", "expr": "@tas_max", "freq_op": "1d", "operation": "average"},
+              {"id": "max12", "field_ref": "tas", "operation": "maximum", "freq_op": "12h"}]
     cfg = make_cfg([{"id": "f", "name": "f", "output_freq": "10d", "fields": [
         {"name": "max5d_of_mean_dmax", "expr": "@dmax", "freq_op": "5d",
          "operation": "maximum"},
         {"name": "excess", "expr": "@tas_max - tas", "freq_op": "1d", "operation": "average"},
         {"field_ref": "dmax", "name": "dmax_acc", "operation": "accumulate"},
+        # X's own freq_op samples X for @X (as XIOS): the daily max of the 12-hourly values
+        {"name": "max_of_12h", "expr": "@max12", "freq_op": "1d", "operation": "instant"},
     ]}], fields)
     nsteps = 4 * 20
     s = series(rng, nsteps)
@@ -163,6 +166,8 @@ def test_nested_at_chain_and_instant_refs(rng):
     excess = dmax - s[3::4]                                        # tas at the day's end
     assert_series(got["excess"], reduce("average", blocks(excess, 10), 1))
     assert_series(got["dmax_acc"], reduce("accumulate", blocks(dmax, 10), 1))
+    max12 = reduce("maximum", blocks(s[1::2], 2), 1)               # steps 2, 4 of each day
+    assert_series(got["max_of_12h"], max12[9::10])
 
 
 def test_expressions_every_step(rng):
