@@ -33,6 +33,7 @@ on ``n`` (:meth:`Graph.needs`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -429,18 +430,20 @@ class Graph:
         """Step periods ``p`` with: needed at step ``n`` iff ``any(n % p == 0)``.
 
         ``(1,)`` when needed every step, ``()`` when never. A month or year grid is
-        not periodic in steps: it is left out of its condition, so the set of steps
-        is a superset of :meth:`needs` (the client sends a little more than used).
+        not periodic in steps; its boundaries are whole days from the start, so the
+        daily grid stands for it: the steps are then a superset of :meth:`needs` (a
+        monthly instant field of an hourly model is sent once a day, not every hour).
         """
         self._source(field_id, "period_steps")
+        daily = self.calendar.grid_period(Freq(1, "d"))
         periods: set[int] = set()
         for cond in self.sources.get(field_id, ()):
             p = 1
             for f in cond:
                 g = self.calendar.grid_period(f)
-                if g is not None:
-                    p = p * g // np.gcd(p, g)
-            periods.add(int(p))
+                g = daily if g is None else g
+                p = p * g // math.gcd(p, g)
+            periods.add(p)
         return tuple(sorted(p for p in periods if not any(q != p and p % q == 0 for q in periods)))
 
     @property
