@@ -367,8 +367,8 @@ def test_errors_name_field_and_step():
     g.push("tas", 1, np.zeros(SHAPE))
     with pytest.raises(ValueError, match="'tas' step 1 pushed twice"):
         g.push("tas", 1, np.zeros(SHAPE))
-    g.advance(2)
-    with pytest.raises(ValueError, match="'tas' step 2: steps up to 2"):
+    assert len(g.advance(4)) == 2 and g.advance(2) == [] and g.advance(4) == []
+    with pytest.raises(ValueError, match="'tas' step 2: steps up to 4"):
         g.push("tas", 2, np.zeros(SHAPE))
     with pytest.raises(ValueError, match="unknown field"):
         g.needs("nope", 1)
