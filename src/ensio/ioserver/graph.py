@@ -28,7 +28,8 @@ evaluated step by step with a per-step memo (each node once a step); memory is t
 pushed data of the steps not yet advanced plus one accumulator per output/``@`` node
 and open period. The ``is_active`` rule follows from the same structure: a source
 is needed at step ``n`` if some path from an output to it has all its sampling grids
-on ``n`` (:meth:`Graph.needs`).
+on ``n`` (:meth:`Graph.needs`); ``instant`` keeps the sample at its period's end
+only, so it asks for those steps alone.
 """
 
 from __future__ import annotations
