@@ -4,9 +4,10 @@ XIOS users write an ``iodef.xml``; ours is the same structure in YAML, resolved
 once into frozen dataclasses so the servers, the attached mode and the C clients'
 field table all see one resolved definition. Field groups pass their attributes
 down to their fields; ``field_ref`` reuses a field. The precedence of a field's
-attributes is: its own keys, then the referenced field's (resolved) attributes,
-then its enclosing groups (innermost first), then the defaults — as in XIOS,
-where a reference is inherited before the parent group.
+attributes is: its own keys, then the referenced field's attributes (those it
+set or inherited, not the defaults it fell back on), then its enclosing groups
+(innermost first), then the defaults — as in XIOS, where a reference is
+inherited before the parent group.
 
 Every problem (unknown key, dangling ``grid``/``domain``/``axis``/``field_ref``
 or expression reference, a reference cycle, a duplicate id) is a
@@ -18,7 +19,7 @@ from __future__ import annotations
 import re
 import string
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -169,9 +170,9 @@ class Box:
 
     def __post_init__(self) -> None:
         if len(self.lon) != 2 or len(self.lat) != 2:
-            raise ConfigError("extract: lon and lat are [min, max] pairs")
+            raise ValueError("lon and lat are [min, max] pairs")  # from_plain names the key
         if self.lat[0] > self.lat[1]:
-            raise ConfigError(f"extract.lat: south {self.lat[0]} is north of {self.lat[1]}")
+            raise ValueError(f"lat: south {self.lat[0]} is north of {self.lat[1]}")
 
 
 @dataclass(frozen=True)
@@ -279,7 +280,8 @@ _FIELD_KEYS = {f.name for f in fields(FieldDef)}
 _INHERITED = _FIELD_KEYS - {"id", "name", "expr", "field_ref"}
 _GROUP_KEYS = _INHERITED | {"id", "fields", "groups"}
 _FILE_KEYS = {f.name for f in fields(FileDef)}
-_DEFAULTS = {f.name: f.default for f in fields(FieldDef) if f.name in _INHERITED}
+_DEFAULTS = {f.name: f.default for f in fields(FieldDef)
+             if f.name in _INHERITED and f.default is not MISSING}
 
 
 def load_ioserver_config(path: str | Path, overrides: Iterable[str] = ()) -> IOServerConfig:
@@ -422,6 +424,10 @@ def _resolve_fields(entries: list[_Entry], grids: Mapping[str, GridDef]) -> dict
             raise ConfigError(f"{e.key}: duplicate field id {fid!r} (also {by_id[fid].key})")
         by_id[fid] = e
     done: dict[str, FieldDef] = {}
+    # The attributes a field got from its own keys, its groups or its reference (not the
+    # defaults): what a field referencing it inherits, so that a default the referenced
+    # field merely fell back on does not hide the referencing field's groups.
+    given: dict[str, dict[str, Any]] = {}
 
     def resolve(fid: str, stack: tuple[str, ...]) -> FieldDef:
         if fid in done:
@@ -433,16 +439,18 @@ def _resolve_fields(entries: list[_Entry], grids: Mapping[str, GridDef]) -> dict
             if not isinstance(ref, str) or ref not in by_id:
                 raise ConfigError(f"{e.key}.field_ref: no field {ref!r}")
             if ref in stack:
-                cycle = " -> ".join((*stack, ref))
+                cycle = " -> ".join((*stack, fid, ref))
                 raise ConfigError(f"{e.key}.field_ref: reference cycle {cycle}")
-            parent = resolve(ref, (*stack, fid))
-            base = {k: getattr(parent, k) for k in _INHERITED | {"name"}}
-        merged = dict(_DEFAULTS)
+            resolve(ref, (*stack, fid))
+            base = given[ref]
+        merged: dict[str, Any] = {}
         for g in reversed(e.groups):
             merged.update(g)
         merged.update(base)
         merged.update({k: v for k, v in e.own.items()})
         merged.setdefault("name", fid)
+        given[fid] = {k: v for k, v in merged.items() if k in _INHERITED | {"name"}}
+        merged = {**_DEFAULTS, **merged}
         if merged.get("grid") is None:
             raise ConfigError(f"{e.key}.grid: required config key is missing")
         fd = _field(merged, e.key, grids)
@@ -550,8 +558,8 @@ def _file_field(e: Any, key: str, j: int, file_id: str, defined: Mapping[str, Fi
     if not isinstance(e, Mapping):
         raise ConfigError(f"{key}[{j}]: expected a mapping, got {e!r}")
     ref = e.get("field_ref")
-    label = e.get("name") or ref or f"[{j}]"
-    where = f"{key}.{label}"
+    label = e.get("name") or ref
+    where = f"{key}.{label}" if isinstance(label, str) else f"{key}[{j}]"
     for k in e:
         if k not in _FIELD_KEYS - {"id"}:
             raise ConfigError(f"{where}.{k}: unknown config key")
