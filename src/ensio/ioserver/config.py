@@ -572,6 +572,10 @@ def _file_field(e: Any, key: str, j: int, file_id: str, defined: Mapping[str, Fi
         base = defined[ref]
         values.update({k: getattr(base, k) for k in _INHERITED | {"name"}})
     elif e.get("grid") is None:
+        try:
+            parse(str(e["expr"]))
+        except ExprError as exc:
+            raise ConfigError(f"{where}.expr: {exc}") from None
         names, ats = expression_refs(str(e["expr"]))
         first = sorted(n for n in names | ats if n in defined)
         if first:
