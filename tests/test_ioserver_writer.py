@@ -489,3 +489,33 @@ def test_masked_points_are_missing_and_a_late_split_record_reopens_its_file(
     with pytest.raises(ValueError, match="period 0 arrives after period 1"):
         fs.write(b[0])
     fs.close()
+
+
+def test_once_means_without_time_and_global_attribute_types(tmp_path: Path, rng) -> None:
+    cfg = _config(tmp_path, [{
+        "id": "o", "name": "o", "output_freq": "6h",
+        "attributes": {"flag": True, "levels": [1, 2], "scale": 1.5, "institution": "x"},
+        "fields": [{"field_ref": "zs", "name": "zs_gm", "mean": "global"},
+                   {"field_ref": "zs", "name": "zs_zm", "mean": "zonal"}]}])
+    (batch,) = _records(cfg, "o", range(1), timedelta(hours=6), rng)
+    _write(cfg, ["o"], [batch], tmp_path)
+    path = tmp_path / "o.nc"
+    _check_cf(path, tmp_path)
+    geo = _geometry(cfg)["ico"]
+    cosw = np.cos(np.deg2rad(geo.lat))  # cells without areas: cos(lat) weights
+    with _open(path) as ds:
+        assert "time" not in ds.dims and ds.zs_gm.dims == () and ds.zs_zm.dims == ("lat",)
+        assert ds.attrs["flag"] == "true" and list(ds.attrs["levels"]) == [1, 2]
+        assert ds.attrs["scale"] == 1.5 and ds.attrs["institution"] == "x"
+        data = batch[0].data
+        ok = ~np.isnan(data)
+        np.testing.assert_allclose(ds.zs_gm.values, np.sum((data * cosw)[ok]) / np.sum(cosw[ok]),
+                                   rtol=1e-6)
+        data = batch[1].data
+        ok = ~np.isnan(data)
+        band = np.floor(geo.lat + 90.0).astype(int)  # 1-degree bands
+        for b in np.unique(band[ok]):
+            sel = ok & (band == b)
+            np.testing.assert_allclose(ds.zs_zm.values[b],
+                                       np.sum((data * cosw)[sel]) / np.sum(cosw[sel]), rtol=1e-6)
+        assert np.isnan(ds.zs_zm.values[np.setdiff1d(np.arange(180), band[ok])]).all()

@@ -122,6 +122,18 @@ class _Clock:
         return k
 
 
+def _attribute(value: Any) -> Any:
+    """A YAML global attribute as netCDF can store it: text, a number or a numeric list."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (str, int, float)):
+        return value
+    if isinstance(value, (list, tuple)) and value and all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) for x in value):
+        return np.asarray(value)
+    return str(value)
+
+
 class _NameFormatter(string.Formatter):
     """``{start:%Y%m%d}`` through cftime's strftime (``%Y%m%d`` when no format is given)."""
 
@@ -292,7 +304,7 @@ class FileSet:
         }
         attrs.update(fd.attributes)
         for k, v in attrs.items():
-            ds.setncattr(k, v if isinstance(v, (str, int, float)) else str(v))
+            ds.setncattr(k, _attribute(v))
         for name, size in lay.dims.items():
             ds.createDimension(name, size)
         if lay.has_time:
