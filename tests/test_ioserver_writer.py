@@ -27,6 +27,7 @@ import pytest
 import xarray as xr
 
 from ensio.config.errors import ConfigError
+from ensio.errors import FileOpError
 from ensio.ioserver.config import DomainDef, FieldDef, IOServerConfig, ioserver_from_dict
 from ensio.ioserver.geometry import DomainGeometry, regular_geometry
 from ensio.ioserver.writer import FileSet
@@ -314,7 +315,8 @@ def test_split_files_hold_their_periods_and_every_once_field(tmp_path: Path, rng
         "split_freq": "1d", "time_units": "days",
         "fields": [{"field_ref": "hus", "operation": "instant"}, {"field_ref": "zs"}]}])
     batches = _records(cfg, "six", range(8), timedelta(hours=6), rng)
-    stats = _write(cfg, ["six"], batches, tmp_path)
+    # periods 0-2 alone, then 3-7 in one call that crosses the split
+    stats = _write(cfg, ["six"], [sum(batches[:3], []), sum(batches[3:], [])], tmp_path)
     names = [p.name for p in stats.files]
     assert names == ["u_20000101-20000102.nc", "u_20000102-20000103.nc"]
     zs = _stored(batches[0][1].data, 4)
@@ -451,6 +453,13 @@ def test_bad_records_and_definitions_are_errors_naming_file_and_field(tmp_path: 
     del geo["atm"]
     with pytest.raises(ValueError, match="no geometry for domain 'atm'"):
         FileSet(cfg, ["b"], geo, tmp_path, "h")
+    cfg = _config(tmp_path, [{"id": "d", "name": "d", "output_freq": "1d",
+                              "fields": [{"field_ref": "tas"}]}])
+    (tmp_path / "plain").write_text("not a directory")
+    fs = FileSet(cfg, ["d"], _geometry(cfg), tmp_path / "plain" / "out", "h")
+    rec = Rec("d", cfg.files[0].fields[0], 0, t, t + timedelta(days=1), None, np.zeros((6, 12)))
+    with pytest.raises(FileOpError, match=r"cannot create .*plain/out: Not a directory"):
+        fs.write([rec])
 
 
 def test_geometry_of_a_domain_is_checked_against_its_definition() -> None:

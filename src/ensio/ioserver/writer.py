@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import re
 import string
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -35,6 +36,7 @@ import numpy as np
 
 from .. import __version__
 from ..config.errors import ConfigError
+from ..errors import FileOpError, file_op
 from .cflayout import FileLayout, VarLayout
 from .config import FREQ_RE, CalendarDef, FileDef, IOServerConfig
 from .geometry import DomainGeometry
@@ -122,6 +124,16 @@ class _Clock:
         return k
 
 
+@contextmanager
+def _netcdf_errors(op: str, path: Path) -> Iterator[None]:
+    """OSError and netCDF library errors → one-line FileOpError naming the file."""
+    with file_op(op, path):
+        try:
+            yield
+        except RuntimeError as exc:  # netCDF4 reports library errors so ("NetCDF: HDF error")
+            raise FileOpError(f"cannot {op} {path}: {exc}") from exc
+
+
 def _attribute(value: Any) -> Any:
     """A YAML global attribute as netCDF can store it: text, a number or a numeric list."""
     if isinstance(value, bool):
@@ -180,29 +192,44 @@ class FileSet:
 
     # ------------------------------------------------------------------ writing
     def write(self, records: Sequence[_Record]) -> None:
-        """Write ``records`` (any files, fields and periods), then sync the files touched."""
+        """Write ``records`` (any files, fields and periods), then sync the files touched.
+
+        The files are synced even when a record fails (bad shape, unknown
+        field), so what was written before the error is readable.
+        """
         touched: dict[int, _Output] = {}
-        for r in records:
-            lay = self._layouts.get(r.file_id)
-            if lay is None:
-                raise ValueError(f"record for file {r.file_id!r}, which this writer does not own")
-            var = lay.vars.get(r.field.name)
-            if var is None:
-                raise ValueError(f"file {r.file_id}: record for unknown field {r.field.name!r}")
-            values = var.values(r.data, r.file_id)
-            out = self._output(lay, r)
-            if var.timed:
-                idx = self._time_index(lay, out, r)
-                out.ds[var.name][idx, ...] = values
-                if var.instant and r.t_instant is not None:
-                    out.ds["time_instant"][idx] = self._num(lay.fd, r.t_instant)
-            else:
-                self._once[r.file_id][var.name] = values
-                out.ds[var.name][...] = values
-                out.once_written.add(var.name)
-            touched[id(out)] = out
-        for out in touched.values():
-            out.ds.sync()
+        try:
+            for r in records:
+                lay = self._layouts.get(r.file_id)
+                if lay is None:
+                    raise ValueError(
+                        f"record for file {r.file_id!r}, which this writer does not own")
+                var = lay.vars.get(r.field.name)
+                if var is None:
+                    raise ValueError(
+                        f"file {r.file_id}: record for unknown field {r.field.name!r}")
+                values = var.values(r.data, r.file_id)
+                out = self._output(lay, r)
+                touched[id(out)] = out
+                with _netcdf_errors("write", out.path):
+                    self._put(lay, var, out, r, values)
+        finally:
+            for out in touched.values():
+                if out.ds is not None:  # a file closed by a split change is flushed
+                    with _netcdf_errors("sync", out.path):
+                        out.ds.sync()
+
+    def _put(self, lay: FileLayout, var: VarLayout, out: _Output, r: _Record,
+             values: np.ndarray) -> None:
+        if var.timed:
+            idx = self._time_index(lay, out, r)
+            out.ds[var.name][idx, ...] = values
+            if var.instant and r.t_instant is not None:
+                out.ds["time_instant"][idx] = self._num(lay.fd, r.t_instant)
+        else:
+            self._once[r.file_id][var.name] = values
+            out.ds[var.name][...] = values
+            out.once_written.add(var.name)
 
     def close(self) -> WriterStats:
         """Close every file; the sizes and paths of all files this set created."""
@@ -255,7 +282,8 @@ class FileSet:
             out = self._create(lay, k, r)
             self._outputs[key] = out
         else:
-            out.ds = netCDF4.Dataset(out.path, "a")
+            with _netcdf_errors("reopen", out.path):
+                out.ds = netCDF4.Dataset(out.path, "a")
             out.ds.set_auto_mask(False)
         self._current[fd.id] = key
         for name, values in self._once[fd.id].items():
@@ -282,12 +310,14 @@ class FileSet:
     def _create(self, lay: FileLayout, k: int, r: _Record) -> _Output:
         fd = lay.fd
         path = self._path(fd, k, r)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        ds = netCDF4.Dataset(path, "w", format=_FORMATS[fd.format])
+        with _netcdf_errors("create", path):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            ds = netCDF4.Dataset(path, "w", format=_FORMATS[fd.format])
         try:
-            ds.set_auto_mask(False)
-            self._define(ds, lay)
-            ds.sync()
+            with _netcdf_errors("create", path):
+                ds.set_auto_mask(False)
+                self._define(ds, lay)
+                ds.sync()
         except BaseException:
             ds.close()
             path.unlink(missing_ok=True)
