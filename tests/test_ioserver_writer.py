@@ -181,8 +181,10 @@ def test_rectilinear_average_and_instant_mixed(tmp_path: Path, rng) -> None:
         "attributes": {"title": "daily"},
         "fields": [{"field_ref": "tas"}, {"field_ref": "ta"},
                    {"field_ref": "tas", "name": "tas_inst", "operation": "instant"},
-                   {"field_ref": "ta", "name": "ta_max", "operation": "maximum"}]}])
-    batches = _records(cfg, "day", range(3), timedelta(days=1), rng)
+                   {"field_ref": "ta", "name": "ta_max", "operation": "maximum"},
+                   {"field_ref": "ta", "name": "ta_off", "enabled": False}]}])
+    batches = [[r for r in b if r.field.enabled]
+               for b in _records(cfg, "day", range(3), timedelta(days=1), rng)]
     stats = _write(cfg, ["day"], batches, tmp_path / "out")
     path = tmp_path / "out" / "atm_day.nc"
     assert stats.files == (path,) and stats.bytes_written == path.stat().st_size
@@ -207,6 +209,7 @@ def test_rectilinear_average_and_instant_mixed(tmp_path: Path, rng) -> None:
         assert "time_instant" in ds.tas_inst.encoding["coordinates"]
         assert ds.attrs["title"] == "daily" and ds.attrs["Conventions"] == "CF-1.8"
         assert ds.attrs["history"] == "ensio test run"
+        assert "ta_off" not in ds
         for k, batch in enumerate(batches):
             for r in batch:
                 np.testing.assert_array_equal(ds[r.field.name].values[k],

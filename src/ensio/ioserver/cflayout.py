@@ -111,9 +111,10 @@ class FileLayout:
     _cache: dict[tuple, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self._names.update(f.name for f in self.fd.fields)
-        self.has_time = any(f.operation != "once" for f in self.fd.fields)
-        self.has_instant = any(f.operation == "instant" for f in self.fd.fields)
+        enabled = [f for f in self.fd.fields if f.enabled]  # disabled ones are not in the file
+        self._names.update(f.name for f in enabled)
+        self.has_time = any(f.operation != "once" for f in enabled)
+        self.has_instant = any(f.operation == "instant" for f in enabled)
         if self.has_time:
             for name in ("time", "time_bnds", "time_instant", "nv"):
                 if name in self._names:
@@ -123,7 +124,7 @@ class FileLayout:
             self.dims["nv"] = 2
             if self.has_instant:
                 self._names.add("time_instant")
-        for f in self.fd.fields:
+        for f in enabled:
             self.vars[f.name] = self._variable(f)
 
     # ------------------------------------------------------------------ naming
