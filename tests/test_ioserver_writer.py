@@ -531,3 +531,23 @@ def test_once_means_without_time_and_global_attribute_types(tmp_path: Path, rng)
             np.testing.assert_allclose(ds.zs_zm.values[b],
                                        np.sum((data * cosw)[sel]) / np.sum(cosw[sel]), rtol=1e-6)
         assert np.isnan(ds.zs_zm.values[np.setdiff1d(np.arange(180), band[ok])]).all()
+
+
+def test_plain_axis_and_a_field_named_like_a_coordinate(tmp_path: Path, rng) -> None:
+    section = _section([{"id": "o", "name": "o", "output_freq": "6h", "fields": [
+        {"field_ref": "soilt"}, {"field_ref": "soilt", "name": "lat"}]}])
+    section["axes"].append({"id": "soil", "n": 2})  # no values, units or positive
+    section["grids"].append({"id": "s3", "domain": "atm", "axis": "soil"})
+    section["fields"].append({"id": "soilt", "grid": "s3", "operation": "instant"})
+    cfg = ioserver_from_dict(section, tmp_path)
+    batches = _records(cfg, "o", range(2), timedelta(hours=6), rng)
+    _write(cfg, ["o"], batches, tmp_path)
+    _check_cf(tmp_path / "o.nc", tmp_path)
+    with _open(tmp_path / "o.nc") as ds:
+        assert ds.lat.dims == ("time", "soil", "lat_2", "lon")
+        assert ds.lat_2.attrs["standard_name"] == "latitude"
+        np.testing.assert_array_equal(ds.soil.values, [1.0, 2.0])
+        assert "axis" not in ds.soil.attrs and ds.soilt.attrs["long_name"] == "soilt"
+        for k, batch in enumerate(batches):
+            for r in batch:
+                np.testing.assert_array_equal(ds[r.field.name].values[k], _stored(r.data, 4))

@@ -107,6 +107,8 @@ class FileLayout:
     dims: dict[str, int | None] = field(default_factory=dict)
     coords: list[CoordVar] = field(default_factory=list)
     vars: dict[str, VarLayout] = field(default_factory=dict)
+    has_time: bool = field(init=False, default=False)  #: any field not ``once``
+    has_instant: bool = field(init=False, default=False)  #: any instant field
     _names: set[str] = field(default_factory=set)
     _cache: dict[tuple, Any] = field(default_factory=dict)
 
@@ -289,6 +291,7 @@ class FileLayout:
         for k in ("standard_name", "long_name", "units"):
             if getattr(f, k):
                 attrs[k] = getattr(f, k)
+        attrs.setdefault("long_name", f.name)  # CF asks for a long_name or standard_name
         if methods:
             attrs["cell_methods"] = " ".join(methods)
         if coords:
