@@ -446,6 +446,8 @@ def test_bad_records_and_definitions_are_errors_naming_file_and_field(tmp_path: 
     with pytest.raises(ValueError, match="file 'other'"):
         fs.write([Rec("other", f, 0, t, t + timedelta(days=1), None, np.zeros((6, 12)))])
     fs.close()
+    with pytest.raises(ValueError, match="write after close"):
+        fs.write([])
     with pytest.raises(ConfigError, match="ioserver.files: no file 'nope'"):
         FileSet(cfg, ["nope"], _geometry(cfg), tmp_path, "h")
     cfg = _config(tmp_path, [{"id": "b", "name": "b", "output_freq": "1d", "fields": [
@@ -551,3 +553,21 @@ def test_plain_axis_and_a_field_named_like_a_coordinate(tmp_path: Path, rng) -> 
         for k, batch in enumerate(batches):
             for r in batch:
                 np.testing.assert_array_equal(ds[r.field.name].values[k], _stored(r.data, 4))
+
+
+def test_split_clock_months_clamp_the_start_day_and_periods_are_left_open() -> None:
+    from ensio.ioserver.config import CalendarDef
+    from ensio.ioserver.writer import _Clock
+
+    clock = _Clock(CalendarDef("noleap", "2001-01-31 06:00:00", "1h"))
+    want = [(2001, 1, 31), (2001, 2, 28), (2001, 3, 31), (2001, 4, 30), (2001, 5, 31)]
+    bounds = [clock.boundary("1mo", k) for k in range(5)]
+    assert bounds == [cftime.datetime(*d, 6, calendar="noleap") for d in want]
+    assert clock.boundary("1y", 1) == cftime.datetime(2002, 1, 31, 6, calendar="noleap")
+    for k in range(4):
+        # (b_k, b_k+1]: the upper bound belongs to period k, a microsecond later to k+1
+        assert clock.period_of("1mo", bounds[k + 1]) == k
+        assert clock.period_of("1mo", bounds[k + 1] + timedelta(microseconds=1)) == k + 1
+    six = [clock.start + timedelta(hours=6 * k) for k in range(6)]
+    assert [clock.period_of("6h", t) for t in six[1:]] == [0, 1, 2, 3, 4]
+    assert clock.period_of("4ts", six[1] + timedelta(hours=1)) == 1  # 4 steps of 1 h

@@ -189,6 +189,7 @@ class FileSet:
         self._current: dict[str, tuple[str, int]] = {}
         self._once: dict[str, dict[str, np.ndarray]] = {fid: {} for fid in self._layouts}
         self._paths: dict[Path, tuple[str, int]] = {}
+        self._closed = False
 
     # ------------------------------------------------------------------ writing
     def write(self, records: Sequence[_Record]) -> None:
@@ -197,6 +198,8 @@ class FileSet:
         The files are synced even when a record fails (bad shape, unknown
         field), so what was written before the error is readable.
         """
+        if self._closed:
+            raise ValueError("FileSet.write after close")
         touched: dict[int, _Output] = {}
         try:
             for r in records:
@@ -233,6 +236,7 @@ class FileSet:
 
     def close(self) -> WriterStats:
         """Close every file; the sizes and paths of all files this set created."""
+        self._closed = True
         for out in self._outputs.values():
             if out.ds is not None:
                 out.ds.close()
