@@ -571,3 +571,23 @@ def test_split_clock_months_clamp_the_start_day_and_periods_are_left_open() -> N
     six = [clock.start + timedelta(hours=6 * k) for k in range(6)]
     assert [clock.period_of("6h", t) for t in six[1:]] == [0, 1, 2, 3, 4]
     assert clock.period_of("4ts", six[1] + timedelta(hours=1)) == 1  # 4 steps of 1 h
+
+
+def test_cdo_timmean_and_timmax_of_an_instant_file_are_the_numpy_ones(tmp_path: Path,
+                                                                        rng) -> None:
+    if shutil.which("cdo") is None:
+        pytest.skip("cdo is not installed")
+    cfg = _config(tmp_path, [{"id": "i", "name": "inst", "output_freq": "6h", "fields": [
+        {"field_ref": "ta", "operation": "instant", "precision": 8}]}])
+    batches = _records(cfg, "i", range(4), timedelta(hours=6), rng)
+    for b in batches:  # no missing values: cdo and numpy would treat them alike anyway
+        b[0].data[np.isnan(b[0].data)] = 250.0
+    _write(cfg, ["i"], batches, tmp_path)
+    series = np.stack([b[0].data for b in batches])
+    for op, want in (("timmean", series.mean(axis=0)), ("timmax", series.max(axis=0))):
+        out = tmp_path / f"{op}.nc"
+        run = subprocess.run(["cdo", "-s", op, str(tmp_path / "inst.nc"), str(out)],
+                             capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stderr
+        with netCDF4.Dataset(out) as ds:
+            np.testing.assert_allclose(ds["ta"][0], want, rtol=1e-13)
