@@ -291,6 +291,8 @@ def test_extract_and_global_and_zonal_means(tmp_path: Path, rng) -> None:
         lon_scalar = ds.ta_zm.attrs["cell_methods"].split()[2].rstrip(":")
         assert ds[lon_scalar].attrs["standard_name"] == "longitude"
         assert ds.tos_zm.shape == (2, 8)  # nj_glo bands
+        band, lon_tos = ds.tos_zm.dims[1], ds.tos_zm.encoding["coordinates"]
+        assert ds.tos_zm.attrs["cell_methods"] == f"time: mean {band}: mean {lon_tos}: mean"
         for k, batch in enumerate(batches):
             by = {r.field.name: r.data for r in batch}
             want_box = by["tas_box"][rows][:, west + east]

@@ -272,9 +272,13 @@ class FileLayout:
         elif f.mean == "zonal":
             w = cell_weights(g)
             steps.append(lambda d, g=g, w=w: zonal_mean(d, g, w))
-            dims = (*lead, self._bands(g, (*key, "zonal")))
+            band = self._bands(g, (*key, "zonal"))
+            dims = (*lead, band)
             aux = [self._zonal_lon(g, key)]
-            spatial = f"{aux[0]}: mean"
+            # rows of a rectilinear grid are averaged along longitude only; the points
+            # of a latitude band over the band's latitudes too
+            spatial = (f"{aux[0]}: mean" if g.type == "rectilinear"
+                       else f"{band}: mean {aux[0]}: mean")
         else:
             hdims, aux = self._horizontal(g, (*key, "full"))
             dims = (*lead, *hdims)
