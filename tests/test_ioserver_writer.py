@@ -558,21 +558,22 @@ def test_plain_axis_and_a_field_named_like_a_coordinate(tmp_path: Path, rng) -> 
 
 
 def test_split_clock_months_clamp_the_start_day_and_periods_are_left_open() -> None:
+    from ensio.ioserver.calendar import Calendar, parse_freq
     from ensio.ioserver.config import CalendarDef
-    from ensio.ioserver.writer import _Clock
 
-    clock = _Clock(CalendarDef("noleap", "2001-01-31 06:00:00", "1h"))
+    clock = Calendar(CalendarDef("noleap", "2001-01-31 06:00:00", "1h"))
+    f = parse_freq
     want = [(2001, 1, 31), (2001, 2, 28), (2001, 3, 31), (2001, 4, 30), (2001, 5, 31)]
-    bounds = [clock.boundary("1mo", k) for k in range(5)]
+    bounds = [clock.boundary(f("1mo"), k) for k in range(5)]
     assert bounds == [cftime.datetime(*d, 6, calendar="noleap") for d in want]
-    assert clock.boundary("1y", 1) == cftime.datetime(2002, 1, 31, 6, calendar="noleap")
+    assert clock.boundary(f("1y"), 1) == cftime.datetime(2002, 1, 31, 6, calendar="noleap")
     for k in range(4):
         # (b_k, b_k+1]: the upper bound belongs to period k, a microsecond later to k+1
-        assert clock.period_of("1mo", bounds[k + 1]) == k
-        assert clock.period_of("1mo", bounds[k + 1] + timedelta(microseconds=1)) == k + 1
+        assert clock.period_of(f("1mo"), bounds[k + 1]) == k
+        assert clock.period_of(f("1mo"), bounds[k + 1] + timedelta(microseconds=1)) == k + 1
     six = [clock.start + timedelta(hours=6 * k) for k in range(6)]
-    assert [clock.period_of("6h", t) for t in six[1:]] == [0, 1, 2, 3, 4]
-    assert clock.period_of("4ts", six[1] + timedelta(hours=1)) == 1  # 4 steps of 1 h
+    assert [clock.period_of(f("6h"), t) for t in six[1:]] == [0, 1, 2, 3, 4]
+    assert clock.period_of(f("4ts"), six[1] + timedelta(hours=1)) == 1  # 4 steps of 1 h
 
 
 def test_cdo_timmean_and_timmax_of_an_instant_file_are_the_numpy_ones(tmp_path: Path,

@@ -170,7 +170,15 @@ class Calendar:
         """The ``k`` with ``b_k < time(step) <= b_{k+1}`` (-1 for step 0, the start)."""
         if not freq.is_calendar:
             return -((-step * self.dt) // self._seconds(freq)) - 1  # ceil(s/F) - 1
-        t = self.time(step)
+        return self.period_of(freq, self.time(step))
+
+    def period_of(self, freq: Freq, t: cftime.datetime) -> int:
+        """The ``k`` with ``b_k < t <= b_{k+1}`` for any time ``t`` (not only a step's)."""
+        if not freq.is_calendar:
+            us = self._seconds(freq) * 1_000_000
+            d = t - self.start
+            elapsed = (d.days * 86400 + d.seconds) * 1_000_000 + d.microseconds
+            return -(-elapsed // us) - 1
         months = (t.year - self.start.year) * 12 + (t.month - self.start.month)
         k = months // freq.months
         # The month count is exact up to the position within the month: fix it up.

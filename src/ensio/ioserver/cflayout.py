@@ -31,16 +31,15 @@ import numpy as np
 from .config import AxisDef, FieldDef, FileDef, IOServerConfig
 from .geometry import DomainGeometry, cell_weights
 from .spatial import global_mean, plan_extract, zonal_bands, zonal_mean
+from .timeops import CELL_METHODS
 
 __all__ = ["CoordVar", "VarLayout", "FileLayout", "DEFAULT_FILL", "TIME_METHODS"]
 
 #: The ``_FillValue`` of a field without ``missing_value`` (XIOS's default).
 DEFAULT_FILL = 1.0e20
 
-#: ``cell_methods`` word of each time operation. The same table as
-#: ``timeops.CELL_METHODS`` (H-expr); kept private here until that module lands.
-TIME_METHODS = {"instant": "point", "average": "mean", "minimum": "minimum",
-                "maximum": "maximum", "accumulate": "sum", "once": "point"}
+#: ``cell_methods`` word of each time operation (the accumulators' own table).
+TIME_METHODS = CELL_METHODS
 
 _LAT = {"standard_name": "latitude", "long_name": "latitude", "units": "degrees_north"}
 _LON = {"standard_name": "longitude", "long_name": "longitude", "units": "degrees_east"}

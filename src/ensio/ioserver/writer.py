@@ -21,12 +21,10 @@ Values are ``<time_units> since <calendar start>`` in the configured calendar.
 
 from __future__ import annotations
 
-import re
 import string
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -37,14 +35,14 @@ import numpy as np
 from .. import __version__
 from ..config.errors import ConfigError
 from ..errors import FileOpError, file_op
+from .calendar import Calendar, parse_freq
 from .cflayout import FileLayout, VarLayout
-from .config import FREQ_RE, CalendarDef, FileDef, IOServerConfig
+from .config import FileDef, IOServerConfig
 from .geometry import DomainGeometry
 
 __all__ = ["FileSet", "WriterStats"]
 
 _FORMATS = {"netcdf4": "NETCDF4", "cdf5": "NETCDF3_64BIT_DATA"}
-_SECONDS = {"s": 1, "mi": 60, "h": 3600, "d": 86400}
 
 
 class _Record(Protocol):
@@ -65,63 +63,6 @@ class WriterStats:
 
     bytes_written: int
     files: tuple[Path, ...]
-
-
-class _Clock:
-    """Split periods anchored at the calendar start (private; calendar.py may replace it).
-
-    Period k of frequency F is (b_k, b_{k+1}] with b_k = start + k·F (months and
-    years by calendar arithmetic, the day clamped to the month's length).
-    """
-
-    def __init__(self, cal: CalendarDef):
-        m = re.match(r"^(\d+)-(\d+)-(\d+)(?:[ T](\d+):(\d+)(?::(\d+))?)?$", cal.start)
-        assert m is not None  # CalendarDef checked the form
-        parts = [int(x) if x else 0 for x in m.groups()]
-        self.calendar = cal.type
-        self.start = cftime.datetime(*parts, calendar=cal.type)
-        self.units_origin = self.start.strftime("%Y-%m-%d %H:%M:%S")
-        self.step_seconds = self._fixed_seconds(cal.timestep, 0)
-
-    @staticmethod
-    def _fixed_seconds(freq: str, step: int) -> int:
-        m = FREQ_RE.match(freq)
-        assert m is not None
-        n, unit = int(m.group(1)), m.group(2)
-        return n * step if unit == "ts" else n * _SECONDS[unit]
-
-    def _months(self, freq: str) -> int | None:
-        m = FREQ_RE.match(freq)
-        assert m is not None
-        n, unit = int(m.group(1)), m.group(2)
-        return {"mo": n, "y": 12 * n}.get(unit)
-
-    def boundary(self, freq: str, k: int) -> cftime.datetime:
-        months = self._months(freq)
-        if months is None:
-            seconds = self._fixed_seconds(freq, self.step_seconds)
-            return self.start + timedelta(seconds=k * seconds)
-        total = self.start.month - 1 + k * months
-        year, month = self.start.year + total // 12, total % 12 + 1
-        first = cftime.datetime(year, month, 1, calendar=self.calendar)
-        s = self.start
-        return cftime.datetime(year, month, min(s.day, first.daysinmonth), s.hour,
-                               s.minute, s.second, calendar=self.calendar)
-
-    def period_of(self, freq: str, t: cftime.datetime) -> int:
-        """k such that b_k < t <= b_{k+1}."""
-        months = self._months(freq)
-        if months is None:
-            us = self._fixed_seconds(freq, self.step_seconds) * 1_000_000
-            d = t - self.start
-            elapsed = (d.days * 86400 + d.seconds) * 1_000_000 + d.microseconds
-            return -(-elapsed // us) - 1
-        k = ((t.year - self.start.year) * 12 + t.month - self.start.month) // months
-        while self.boundary(freq, k) >= t:
-            k -= 1
-        while self.boundary(freq, k + 1) < t:
-            k += 1
-        return k
 
 
 @contextmanager
@@ -178,7 +119,8 @@ class FileSet:
         self.cfg = cfg
         self.out_dir = Path(out_dir)
         self.history = history
-        self._clock = _Clock(cfg.calendar)
+        self._clock = Calendar(cfg.calendar)
+        self._origin = self._clock.start.strftime("%Y-%m-%d %H:%M:%S")
         by_id = {f.id: f for f in cfg.files}
         self._layouts: dict[str, FileLayout] = {}
         for fid in files:
@@ -246,8 +188,8 @@ class FileSet:
 
     # ------------------------------------------------------------------ helpers
     def _num(self, fd: FileDef, t: Any) -> float:
-        units = f"{fd.time_units} since {self._clock.units_origin}"
-        return float(cftime.date2num(t, units, self._clock.calendar))
+        units = f"{fd.time_units} since {self._origin}"
+        return float(cftime.date2num(t, units, self._clock.type))
 
     def _time_index(self, lay: FileLayout, out: _Output, r: _Record) -> int:
         idx = out.periods.get(r.period)
@@ -269,7 +211,7 @@ class FileSet:
 
     def _output(self, lay: FileLayout, r: _Record) -> _Output:
         fd = lay.fd
-        k = self._clock.period_of(fd.split_freq, r.t1) if fd.split_freq else 0
+        k = self._clock.period_of(parse_freq(fd.split_freq), r.t1) if fd.split_freq else 0
         key = (fd.id, k)
         current = self._current.get(fd.id)
         if current == key:
@@ -298,8 +240,8 @@ class FileSet:
 
     def _path(self, fd: FileDef, k: int, r: _Record) -> Path:
         if fd.split_freq:
-            start = self._clock.boundary(fd.split_freq, k)
-            end = self._clock.boundary(fd.split_freq, k + 1)
+            start = self._clock.boundary(parse_freq(fd.split_freq), k)
+            end = self._clock.boundary(parse_freq(fd.split_freq), k + 1)
         else:
             start, end = r.t0, None
         name = _NameFormatter().format(fd.name, start=start, end=end)
@@ -351,15 +293,15 @@ class FileSet:
             self._define_var(ds, fd, var)
 
     def _define_time(self, ds: netCDF4.Dataset, lay: FileLayout) -> None:
-        units = f"{lay.fd.time_units} since {self._clock.units_origin}"
+        units = f"{lay.fd.time_units} since {self._origin}"
         t = ds.createVariable("time", "f8", ("time",))
         t.setncatts({"standard_name": "time", "long_name": "time", "units": units,
-                     "calendar": self._clock.calendar, "axis": "T", "bounds": "time_bnds"})
+                     "calendar": self._clock.type, "axis": "T", "bounds": "time_bnds"})
         ds.createVariable("time_bnds", "f8", ("time", "nv"))
         if lay.has_instant:
             ti = ds.createVariable("time_instant", "f8", ("time",))
             ti.setncatts({"standard_name": "time", "long_name": "time of the instant sample",
-                          "units": units, "calendar": self._clock.calendar})
+                          "units": units, "calendar": self._clock.type})
 
     def _define_var(self, ds: netCDF4.Dataset, fd: FileDef, var: VarLayout) -> None:
         dims = (("time",) if var.timed else ()) + var.dims
