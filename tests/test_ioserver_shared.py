@@ -63,7 +63,7 @@ def test_record_layout_matches_netcdf(
 ) -> None:
     path = tmp_path / "f.nc"
     nrec = int(rng.integers(2, 5))  # >= 2: record 1 checks recsize
-    written = {}
+    written, var_dims = {}, {}
     with netCDF4.Dataset(path, "w", format=FORMATS[version]) as ds:
         ds.createDimension("time", None)
         ds.createDimension("fixed", 3)
@@ -76,6 +76,7 @@ def test_record_layout_matches_netcdf(
             values = (rng.standard_normal((nrec, *shape)) * 50).astype(dtype)
             ds.createVariable(name, dtype, tuple(dims))[:] = values
             written[name] = values
+            var_dims[name] = tuple(dims[1:])
     layout = record_layout(path)
     raw = path.read_bytes()
     assert layout.version == version
@@ -86,6 +87,7 @@ def test_record_layout_matches_netcdf(
     for name, values in written.items():
         var = layout.vars[name]
         assert var.shape == values.shape[1:]
+        assert layout.dims[name] == var_dims[name]
         assert var.dtype == np.dtype(values.dtype).newbyteorder(">")
         for r in range(nrec):
             start = var.begin + r * layout.recsize
@@ -232,6 +234,14 @@ def test_serial_errors_name_the_variable(tmp_path: Path) -> None:
     f.write_rows(0, "b", np.zeros((nk, nj, ni)))
     with pytest.raises(ValueError, match="lacks a value of 'z'"):
         f.record_done(0, {"time": 0.0, "time_bnds": [0, 1]})
+    f.record_done(0, _times(0, nj))
+    assert f.poll() == [0]
+    f.write_rows(0, "a", np.zeros((nj, ni)))
+    f.write_rows(0, "b", np.zeros((nk, nj, ni)))
+    with pytest.raises(ValueError, match=r"record 0 cannot be declared done \(again\)"):
+        f.record_done(0, _times(0, nj))
+    with pytest.raises(ValueError, match="record -1 cannot"):
+        f.record_done(-1, _times(0, nj))
     f.close()
     with pytest.raises(ValueError, match="row_axes: 'nope' is not a record variable"):
         SharedRecordFile(

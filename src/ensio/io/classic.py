@@ -320,15 +320,12 @@ class RecordVar(NamedTuple):
         On-disk dtype (big-endian).
     shape : tuple of int
         Shape of one record (the dimensions after the record dimension).
-    dims : tuple of str
-        Names of those dimensions.
     """
 
     begin: int
     vsize: int
     dtype: np.dtype
     shape: tuple[int, ...]
-    dims: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -345,12 +342,15 @@ class RecordLayout:
         Bytes between record ``r`` and ``r + 1`` of any record variable.
     vars : dict of str to RecordVar
         The record variables, in header order.
+    dims : dict of str to tuple of str
+        Their dimension names after the record dimension.
     """
 
     version: int
     numrecs: int
     recsize: int
     vars: dict[str, RecordVar]
+    dims: dict[str, tuple[str, ...]]
 
     @property
     def numrecs_offset(self) -> int:
@@ -373,7 +373,7 @@ class RecordLayout:
             raise ValueError(f"record {record} < 0 for variable {name!r}")
         return VarInfo(
             name=name,
-            dims=var.dims,
+            dims=self.dims[name],
             shape=var.shape,
             dtype=var.dtype,
             raw_offset=var.begin + record * self.recsize,
@@ -404,11 +404,12 @@ def record_layout(path: str | os.PathLike[str]) -> RecordLayout:
         parsed = _parse_header(fd, path)
     finally:
         os.close(fd)
-    rec_vars = {}
+    rec_vars, dims = {}, {}
     for name, begin, nbytes in parsed.record:
         info = parsed.variables[name]
-        rec_vars[name] = RecordVar(begin, _pad4(nbytes), info.dtype, info.shape[1:], info.dims[1:])
-    return RecordLayout(parsed.version, parsed.numrecs, _recsize(parsed.record), rec_vars)
+        rec_vars[name] = RecordVar(begin, _pad4(nbytes), info.dtype, info.shape[1:])
+        dims[name] = info.dims[1:]
+    return RecordLayout(parsed.version, parsed.numrecs, _recsize(parsed.record), rec_vars, dims)
 
 
 class ClassicStore(LibraryBackedStore):

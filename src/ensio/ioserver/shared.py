@@ -259,14 +259,17 @@ class SharedRecordFile:
             used on the owner (the others may pass the same or ``{}``).
         """
         self._check_open()
-        missing = set(self._row_axis) - self._written.pop(record, set())
+        if record < 0 or (self.is_owner and record < self.numrecs):
+            raise ValueError(f"{self.path}: record {record} cannot be declared done (again)")
+        missing = set(self._row_axis) - self._written.get(record, set())
         if missing and self.rows.count:
             raise ValueError(
                 f"{self.path}: rank {self.comm.rank} did not write its rows of "
                 f"{sorted(missing)} for record {record}"
             )
-        if self.is_owner:
+        if self.is_owner:  # validated before any state changes: a failed call can be retried
             self._times[record] = self._owner_values(record, time_values)
+        self._written.pop(record, None)
         if self.durable and self.rows.count:
             os.fdatasync(self._fd)
         if self.is_owner:
@@ -326,6 +329,10 @@ class SharedRecordFile:
         record = int(buf[0])
         if record == _CLOSED:
             self._closed_ranks.add(source)
+        elif record < self.numrecs:
+            raise ValueError(
+                f"{self.path}: rank {source} declared record {record} done after it was announced"
+            )
         else:
             self._done.setdefault(record, set()).add(source)
 
