@@ -39,7 +39,7 @@ from mpi4py import MPI
 from ..durable import fsync_path, temporary_name
 from ..io.classic import RecordLayout, record_layout
 from ..io.raw import raw_write
-from ..parallel.agree import agree, note_error, rebuild, root_call
+from ..parallel.agree import ErrorNote, agree, note_error, rebuild, root_call
 from ..parallel.distribution import RowDistribution
 
 __all__ = ["NOTICE_TAG", "SharedRecordFile"]
@@ -381,21 +381,30 @@ class SharedRecordFile:
             The number of records in the file (on every rank).
         """
         self._check_open()
+        note: ErrorNote = None
         try:
             if self.is_owner:
                 others = set(range(self.comm.size)) - {self.owner}
                 status = MPI.Status()
                 while not others <= self._closed_ranks:
                     self.comm.Probe(source=MPI.ANY_SOURCE, tag=NOTICE_TAG, status=status)
-                    self._receive(status.Get_source())
+                    try:
+                        self._receive(status.Get_source())
+                    except ValueError as exc:  # keep receiving: the others wait in bcast
+                        note = note or note_error(exc)
                 self._announce()
             else:
                 self._notify(_CLOSED)
                 MPI.Request.Waitall([req for req, _ in self._sends])
                 self._sends = []
+        except Exception as exc:  # raised on every rank below, nobody hangs
+            note = note or note_error(exc)
         finally:
             os.close(self._fd)
             self._fd = -1
+        agreed = agree(self.comm, note)
+        if agreed is not None:
+            raise rebuild(agreed)
         return int(self.comm.bcast(self.numrecs, root=self.owner))
 
     def _check_open(self) -> None:
