@@ -7,6 +7,8 @@
 - Under ``mpiexec -n 2`` and ``-n 3``: ranks write their rows of 2-D and 3-D,
   float32 and float64 record variables, records in scrambled order; the file read
   with netCDF4 and ``ncdump`` equals the global arrays (rebuilt here from the seed).
+- A reader process outside the job, reading while the ranks write, only ever
+  sees complete records.
 - A rank killed by SIGKILL in the middle of record 2: the file holds exactly
   records 0 and 1 (``ncdump -h``), its data, and ``cdo sinfon`` accepts it.
 """
@@ -19,6 +21,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import netCDF4
@@ -358,3 +361,44 @@ def test_killed_rank_leaves_only_complete_records(tmp_path: Path, rng: np.random
     lo = rows.start * ni
     raw = np.fromfile(path, info.dtype, rows.count * ni, offset=info.raw_offset + lo * 4)
     np.testing.assert_array_equal(raw, case.data["a2"][2, rows.start : rows.stop].reshape(-1))
+
+
+def test_reader_outside_the_job_sees_only_complete_records(
+    tmp_path: Path, rng: np.random.Generator
+) -> None:
+    """Another process reads the file over and over while the servers write it.
+
+    Every snapshot holds some number of records, each equal to the global
+    arrays (the bytes of records still being written are never visible).
+    """
+    if not MPIEXEC.exists():
+        pytest.skip("no mpiexec next to the interpreter")
+    nj, ni, nk, nrec = 24, 40, 4, 30
+    seed = int(rng.integers(2**31))
+    case = _child_module().make_case(seed, nj, ni, nk, nrec)
+    path = tmp_path / "live.nc"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
+    }
+    args = [path, seed, nj, ni, nk, nrec, 0, "normal"]
+    cmd = [str(MPIEXEC), "-n", "2", sys.executable, str(CHILD), *map(str, args)]
+    seen = set()
+    deadline = time.monotonic() + 180
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as proc:
+        try:
+            while proc.poll() is None:
+                assert time.monotonic() < deadline, "the writers did not finish in 180 s"
+                if not path.exists():
+                    continue
+                with netCDF4.Dataset(path) as ds:
+                    n = ds.dimensions["time"].size
+                    for name, full in case.data.items():
+                        np.testing.assert_array_equal(ds[name][:n], full[:n], err_msg=name)
+                seen.add(n)
+            out = proc.stdout.read().decode()
+        finally:
+            proc.kill()
+    assert proc.returncode == 0, out
+    print(f"record counts seen while writing: {sorted(seen)}")
+    _check_file(path, case, nrec)
