@@ -20,8 +20,14 @@ in CDF-5; ``OFFSET`` is 32-bit in CDF-1 and 64-bit in CDF-2/5)::
 Tags and ``nc_type`` are 32-bit in every version; attribute values are padded
 to 4 bytes. A dimension of length 0 is the record (unlimited) dimension.
 Fixed-size variables are contiguous at ``begin``; record variables are
-interleaved record by record, so they get no raw offset and use the netCDF
-library path.
+interleaved record by record, so they get no raw offset in a ``VarInfo`` and
+use the netCDF library path. :func:`record_layout` describes that interleaving
+for code that writes record variables by byte ranges itself (the shared
+CDF-5 files of ``ioserver/``): record ``r`` of variable ``v`` starts at
+``begin_v + r * recsize``, where ``recsize`` is the sum of the record
+variables' sizes per record, each padded to 4 bytes, except that a lone
+record variable is not padded (the classic format specification; netCDF-C
+``NC_begins``).
 """
 
 from __future__ import annotations
@@ -29,9 +35,9 @@ from __future__ import annotations
 import math
 import os
 import struct
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import numpy as np
 
@@ -39,12 +45,22 @@ from ..errors import InputError
 from ..layout.encoding import CONVENTION_ATTRIBUTES, Encoding
 from .store import LibraryBackedStore, VarInfo
 
-__all__ = ["CLASSIC_DTYPES", "ClassicStore", "read_classic_header"]
+__all__ = [
+    "CLASSIC_DTYPES",
+    "NUMRECS_OFFSET",
+    "ClassicStore",
+    "RecordLayout",
+    "RecordVar",
+    "read_classic_header",
+    "record_layout",
+]
 
 _MAGIC = b"CDF"
 _VERSIONS = (1, 2, 5)
 _NC_DIMENSION, _NC_VARIABLE, _NC_ATTRIBUTE = 0x0A, 0x0B, 0x0C
 _CHUNK = 4096
+#: Byte offset of ``numrecs`` (right after the 4-byte magic) in every version.
+NUMRECS_OFFSET = 4
 
 #: nc_type code → on-disk dtype (codes 7-11 exist in CDF-5 only).
 CLASSIC_DTYPES: dict[int, np.dtype] = {
@@ -180,6 +196,13 @@ def _encoding(dtype: np.dtype, atts: dict[str, tuple[np.dtype, bytes]]) -> Encod
     return Encoding.from_attributes(dtype, found)
 
 
+class _Parsed(NamedTuple):
+    version: int
+    variables: dict[str, VarInfo]
+    record: list[tuple[str, int, int]]  # record variables: name, begin, bytes per record
+    numrecs: int
+
+
 def read_classic_header(fd: int, path: Path) -> tuple[int, dict[str, VarInfo]]:
     """Parse a classic header from ``fd``.
 
@@ -196,6 +219,12 @@ def read_classic_header(fd: int, path: Path) -> tuple[int, dict[str, VarInfo]]:
     InputError
         Not a classic file, or a corrupt or truncated header (names the file).
     """
+    parsed = _parse_header(fd, path)
+    return parsed.version, parsed.variables
+
+
+def _parse_header(fd: int, path: Path) -> _Parsed:
+    """The header of ``fd`` (see :func:`read_classic_header`), with the record variables."""
     size = os.fstat(fd).st_size
     h = _Header(fd, size)
     try:
@@ -248,23 +277,139 @@ def read_classic_header(fd: int, path: Path) -> tuple[int, dict[str, VarInfo]]:
                 f"{path}: corrupt netCDF classic header (variable {info.name!r} "
                 f"begins at {info.raw_offset}, inside the {header_end}-byte header)"
             )
-    if record:
+    if not record:
+        numrecs = 0
+    else:
         if streaming:
             numrecs = _streaming_numrecs(record, size)
         for name, _, _ in record:
             info = variables[name]
             variables[name] = replace(info, shape=(numrecs, *info.shape[1:]))
-    return h.version, variables
+    return _Parsed(h.version, variables, record, numrecs)
+
+
+def _recsize(record: list[tuple[str, int, int]]) -> int:
+    """Bytes of one record: padded sizes, except a lone (non-empty) record variable.
+
+    netCDF-C (``NC_begins``) drops the padding when the padded sum equals the
+    last record variable's padded size, i.e. when it is the only one with data.
+    """
+    padded = sum(_pad4(nbytes) for _, _, nbytes in record)
+    if record and padded == _pad4(record[-1][2]):
+        return record[-1][2]
+    return padded
 
 
 def _streaming_numrecs(record: list[tuple[str, int, int]], size: int) -> int:
     """Records present in a file whose header says STREAMING (count from the size)."""
-    if len(record) == 1:
-        recsize = record[0][2]  # a lone record variable is not padded
-    else:
-        recsize = sum(_pad4(nbytes) for _, _, nbytes in record)
+    recsize = _recsize(record)
     first = min(begin for _, begin, _ in record)
     return max(0, size - first) // recsize if recsize else 0
+
+
+class RecordVar(NamedTuple):
+    """Where a record variable lives in a classic file.
+
+    Attributes
+    ----------
+    begin : int
+        File offset of its record 0.
+    vsize : int
+        Bytes of one of its records as the header counts them (padded to 4).
+    dtype : numpy.dtype
+        On-disk dtype (big-endian).
+    shape : tuple of int
+        Shape of one record (the dimensions after the record dimension).
+    """
+
+    begin: int
+    vsize: int
+    dtype: np.dtype
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class RecordLayout:
+    """The record section of a classic file: what a byte-range writer of records needs.
+
+    Attributes
+    ----------
+    version : int
+        1, 2 or 5.
+    numrecs : int
+        Records the header announces (counted from the size if STREAMING).
+    recsize : int
+        Bytes between record ``r`` and ``r + 1`` of any record variable.
+    vars : dict of str to RecordVar
+        The record variables, in header order.
+    dims : dict of str to tuple of str
+        Their dimension names after the record dimension.
+    """
+
+    version: int
+    numrecs: int
+    recsize: int
+    vars: dict[str, RecordVar]
+    dims: dict[str, tuple[str, ...]]
+
+    @property
+    def numrecs_offset(self) -> int:
+        """File offset of the ``numrecs`` field of the header."""
+        return NUMRECS_OFFSET
+
+    @property
+    def numrecs_dtype(self) -> np.dtype:
+        """On-disk type of ``numrecs`` (``NON_NEG``: 64-bit in CDF-5, else 32-bit)."""
+        return np.dtype(">u8" if self.version == 5 else ">u4")
+
+    def record_info(self, name: str, record: int) -> VarInfo:
+        """Record ``record`` of variable ``name`` as a contiguous ``VarInfo``.
+
+        Its ``raw_offset`` is set, so ``io.raw.raw_write``/``raw_read`` move
+        flat element ranges of that record (shape ``RecordVar.shape``).
+        """
+        var = self.vars[name]
+        if record < 0:
+            raise ValueError(f"record {record} < 0 for variable {name!r}")
+        return VarInfo(
+            name=name,
+            dims=self.dims[name],
+            shape=var.shape,
+            dtype=var.dtype,
+            raw_offset=var.begin + record * self.recsize,
+        )
+
+    def data_end(self, numrecs: int) -> int:
+        """File size that holds ``numrecs`` complete records (0 without record variables)."""
+        if not self.vars or numrecs == 0:
+            return 0
+        first = min(v.begin for v in self.vars.values())
+        return first + numrecs * self.recsize
+
+
+def record_layout(path: str | os.PathLike[str]) -> RecordLayout:
+    """The record layout of the classic file at ``path`` (parsed from its header).
+
+    Raises
+    ------
+    InputError
+        Not a classic file, or a corrupt header (names the file).
+    """
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read netCDF classic file ({exc.strerror})") from None
+    try:
+        parsed = _parse_header(fd, path)
+    finally:
+        os.close(fd)
+    rec_vars, dims = {}, {}
+    for name, begin, nbytes in parsed.record:
+        info = parsed.variables[name]
+        rec_vars[name] = RecordVar(begin, _pad4(nbytes), info.dtype, info.shape[1:])
+        dims[name] = info.dims[1:]
+    return RecordLayout(parsed.version, parsed.numrecs, _recsize(parsed.record), rec_vars, dims)
 
 
 class ClassicStore(LibraryBackedStore):
