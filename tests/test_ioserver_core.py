@@ -421,3 +421,109 @@ def test_mpmd_cli_writes_the_same_files_as_sync(tmp_path):
                 for name, var in a.variables.items():
                     np.testing.assert_array_equal(var[:], b.variables[name][:],
                                                   err_msg=f"{mode} {path.name} {name}")
+
+
+# --------------------------------------------------------------------------- server core, no MPI
+
+class _FakeComm:
+    """Enough of an MPI communicator for ServerCore._handle: records the error sends."""
+
+    rank, size = 2, 3
+
+    def __init__(self):
+        self.errors = []
+
+    def Isend(self, buf, dest, tag):  # noqa: N802  (the mpi4py name)
+        self.errors.append((dest, tag, bytes(buf[0]).decode()))
+        return None
+
+
+class _Calls:
+    def __init__(self, cfg, files, geometry, out_dir, history):
+        self.calls = [("new", tuple(files), geometry["atm"].mask.copy())]
+
+    def push(self, f, s, data):
+        self.calls.append(("push", f, s, data.copy()))
+
+    def advance(self, s):
+        self.calls.append(("advance", s))
+
+    def finish(self, s):
+        self.calls.append(("finish", s))
+
+    def close(self):
+        self.calls.append(("close",))
+
+
+def _core():
+    from ensio.ioserver.server import ServerCore
+
+    cfg = load_ioserver_config(CONFIG)
+    comm = _FakeComm()
+    core = ServerCore(cfg, comm, (0, 1), ("surface",), {"tas", "pr"}, _Calls, Path("."), "h")
+    d = cfg.domains["atm"]
+    # rank 0: rows 0-1 with a mask; rank 1: rows 2-4; both columns 0-6
+    for rank, (j0, nj) in ((0, (0, 2)), (1, (2, 3))):
+        mask = np.ones((nj, 7), bool)
+        mask[0, 0] = rank == 1
+        ld = make_local_domain(d, 0, 7, j0, nj, mask=mask)
+        a, payload = domain_message(ld)
+        core._handle(rank, encode(Header(Kind.DOMAIN, a=a, name="atm"), payload))
+    return core, comm
+
+
+def _field(step, rank, values, name="tas"):
+    return encode(Header(Kind.FIELD, step=step, name=name), np.asarray(values, np.float64))
+
+
+def test_core_assembles_and_advances_in_order():
+    from ensio.ioserver.server import ServerAbort
+
+    core, comm = _core()
+    core._handle(0, encode(Header(Kind.DEFINED, a=(1,))))
+    core._handle(0, encode(Header(Kind.STEP, step=1)))
+    core._handle(0, _field(1, 0, np.arange(14.0)))  # before rank 1 defined: held
+    assert core.sink is None and core.held == 5 * 7 * 8
+    core._handle(1, encode(Header(Kind.DEFINED, a=(1,))))
+    calls = core.sink.calls
+    assert calls[0][1] == ("surface",) and not calls[0][2][0, 0] and calls[0][2].sum() == 34
+    core._handle(1, encode(Header(Kind.STEP, step=1)))
+    core._handle(1, _field(1, 1, 100 + np.arange(21.0)))
+    assert calls[1][:3] == ("push", "tas", 1)
+    np.testing.assert_array_equal(calls[1][3].reshape(-1), np.r_[np.arange(14.0),
+                                                                 100 + np.arange(21.0)])
+    core._handle(0, encode(Header(Kind.STEP, step=2)))
+    assert calls[-1][0] == "push"  # rank 1 is still in step 1: no advance yet
+    core._handle(1, encode(Header(Kind.STEP, step=2)))
+    assert calls[-1] == ("advance", 1)
+    core._handle(0, _field(2, 0, np.zeros(14)))
+    core._handle(0, encode(Header(Kind.CLOSE, step=2)))
+    with pytest.raises(ServerAbort, match=r"field 'tas' step 2: model ranks \[1\] went on"):
+        core._handle(1, encode(Header(Kind.CLOSE, step=2)))
+    assert comm.errors == [] and core.hwm == 5 * 7 * 8
+
+
+@pytest.mark.parametrize("rank,message,expect", [
+    (1, _field(1, 1, np.zeros(20)), "model rank 1: field 'tas' step 1: part of 20 values, "
+                                    "expected 21"),
+    (0, _field(1, 0, np.zeros(14), "nope"), "model rank 0: unknown field 'nope' (step 1)"),
+    (0, _field(1, 0, np.zeros(14), "tas_c"), "model rank 0: field computed on the servers"),
+    (0, _field(1, 0, np.zeros(42), "ta"), "model rank 0: field 'ta' is not sent to server"),
+    (1, encode(Header(Kind.ABORT), "model rank 1 failed: ValueError: x"),
+     "model rank 1 failed: ValueError: x"),
+    (0, encode(Header(Kind.STEP, step=0)), "model rank 0: step 0 after step 0"),
+    (1, b"\0" * 128, "model rank 1: bad magic"),
+])
+def test_core_errors_name_field_and_rank(rank, message, expect):
+    from ensio.ioserver.server import ServerAbort
+
+    core, comm = _core()
+    for r in (0, 1):
+        core._handle(r, encode(Header(Kind.DEFINED, a=(1,))))
+    with pytest.raises(ServerAbort) as info:
+        core._handle(rank, np.frombuffer(bytes(message), np.uint8))
+    assert str(info.value).startswith(expect)
+    if "failed" not in expect:  # the rank at fault is told (tag 7704)
+        assert comm.errors == [(rank, 7704, str(info.value))]
+    core.close_files()
+    assert core.sink is None

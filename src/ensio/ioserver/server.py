@@ -110,7 +110,8 @@ class ServerCore:
         self.hwm = 0
         self.advanced = 0
         self.busy = 0.0
-        self.abort_reason: str | None = None
+        self.stash: dict[int, np.ndarray] = {}
+        self.stalls = 0
         self._errors: list[MPI.Request] = []
 
     # ------------------------------------------------------------------ receive loop
@@ -118,11 +119,7 @@ class ServerCore:
         """Serve until every client closed; this server's summary (report keys)."""
         t0 = time.perf_counter()
         while len(self.closed) < len(self.clients):
-            status = self._probe()
-            t = time.perf_counter()
-            msg = np.empty(status.Get_count(MPI.BYTE), np.uint8)
-            src = status.Get_source()
-            self.iocomm.Recv([msg, MPI.BYTE], source=src, tag=TAG_MSG)
+            src, msg, t = self._next_message()
             self._handle(src, msg)
             self.busy += time.perf_counter() - t
         t = time.perf_counter()
@@ -142,22 +139,57 @@ class ServerCore:
             "files_written": float(len(files)),
         }
 
-    def _probe(self) -> MPI.Status:
+    def _recv(self, status: MPI.Status) -> tuple[int, np.ndarray, float]:
+        t = time.perf_counter()
+        msg = np.empty(status.Get_count(MPI.BYTE), np.uint8)
+        src = status.Get_source()
+        self.iocomm.Recv([msg, MPI.BYTE], source=src, tag=TAG_MSG)
+        return src, msg, t
+
+    def _next_message(self) -> tuple[int, np.ndarray, float]:
+        """The next message to handle: (source, bytes, time it was taken).
+
+        Under the budget: a held-back message first, else any source. Over
+        it: only what the oldest incomplete (field, step) waits for, plus
+        small messages of other ranks that do not start a new (field, step)
+        — those are held back (one per rank, and nothing more is taken from
+        that rank, so its order is kept) until the budget allows them.
+        """
         status = MPI.Status()
         waiting = self._waiting_for() if self.held > self.limit else None
         if not waiting:
+            if self.stash:
+                src = min(self.stash)
+                return src, self.stash.pop(src), time.perf_counter()
             self.iocomm.Probe(source=MPI.ANY_SOURCE, tag=TAG_MSG, status=status)
-            return status
-        others = [r for r in range(self.iocomm.size) if r not in waiting]
-        while True:  # poll: the awaited ranks, else small messages from anyone
+            return self._recv(status)
+        for r in waiting:
+            if r in self.stash:
+                return r, self.stash.pop(r), time.perf_counter()
+        self.stalls += 1
+        while True:  # poll: the awaited ranks, else small messages from the others
             for r in waiting:
                 if self.iocomm.Iprobe(source=r, tag=TAG_MSG, status=status):
-                    return status
-            for r in others:
-                if self.iocomm.Iprobe(source=r, tag=TAG_MSG, status=status) and (
-                        status.Get_count(MPI.BYTE) <= SMALL_MESSAGE):
-                    return status
+                    return self._recv(status)
+            for r in range(self.iocomm.size):
+                if r in waiting or r in self.stash or not self.iocomm.Iprobe(
+                        source=r, tag=TAG_MSG, status=status):
+                    continue
+                if status.Get_count(MPI.BYTE) <= SMALL_MESSAGE:
+                    src, msg, t = self._recv(status)
+                    if not self._starts_entry(src, msg):
+                        return src, msg, t
+                    self.stash[src] = msg
             time.sleep(1e-4)  # stalled on purpose (back-pressure); yield the core
+
+    def _starts_entry(self, src: int, msg: np.ndarray) -> bool:
+        """Whether a message is a FIELD part of a (field, step) not held yet."""
+        try:
+            header, _ = decode(msg)
+        except ProtocolError:
+            return False  # reported when handled
+        return (src in self.domains and header.kind == Kind.FIELD
+                and (header.name, header.step) not in self.pending)
 
     def _waiting_for(self) -> list[int]:
         """The ranks the oldest incomplete (field, step) still needs."""
