@@ -23,6 +23,7 @@ from mpi4py import MPI
 from .config import IOServerConfig
 from .parts import LocalDomain, domain_message, local_shape, make_local_domain
 from .protocol import (
+    HEADER_BYTES,
     TAG_ERROR,
     TAG_MSG,
     TAG_REPORT,
@@ -162,7 +163,8 @@ class ServerLink(Transport):
 
     def close(self, last_step: int) -> Report:
         t = time.perf_counter()
-        a = (int(self.blocked * 1e9), self.bytes_sent, self.messages)
+        n = len(self.servers)  # the counters include the CLOSE messages (as the C client's)
+        a = (int(self.blocked * 1e9), self.bytes_sent + n * HEADER_BYTES, self.messages + n)
         self._post(encode(Header(Kind.CLOSE, step=last_step, a=a)), self.servers)
         while self._reqs:
             self._reclaim(block=True)
