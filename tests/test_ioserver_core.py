@@ -354,6 +354,22 @@ def test_server_assembles_global_fields(tmp_path, nprocs, servers):
     assert all(r.messages == per_rank for r in reports)
 
 
+def test_a_rank_without_a_part_is_not_waited_for(tmp_path):
+    res = _run(4, tmp_path, "empty")
+    assert res.returncode == 0, res.stderr
+    _check_records(tmp_path, (3,))
+
+
+def test_a_killed_model_rank_ends_the_job(tmp_path):
+    # mpiexec tears the job down (no rank can report it); the point: no hang, non-zero
+    res = _run(3, tmp_path, "kill")
+    assert res.returncode != 0
+    record = tmp_path / "record-2.pkl"  # written atomically, if the server got so far
+    rec = pickle.loads(record.read_bytes()) if record.exists() else {"push": {}}
+    for (f, s), data in rec["push"].items():
+        np.testing.assert_array_equal(data, _expected(f, s))
+
+
 def test_back_pressure_gives_the_same_arrays(tmp_path):
     res = _run(4, tmp_path, extra=["--set", "ioserver.servers=2",
                                    "--set", "ioserver.server_buffer_mb=0.00001",

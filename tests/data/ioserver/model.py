@@ -6,10 +6,12 @@ Every rank calls ``ensio.ioserver.start`` with a recording sink (server
 ranks) and a fixed rule of when fields are needed; model ranks send fields
 given by closed formulas on an irregular decomposition with a mask, so the
 test can check the server's global arrays against the formulas.
-Scenarios: ok, bad_field, bad_shape, raise, skip_part.
+Scenarios: ok, bad_field, bad_shape, raise, kill, empty.
 """
 
+import os
 import pickle
+import signal
 import sys
 from pathlib import Path
 
@@ -103,6 +105,9 @@ class Recorder:
 
 def model(client, scenario):
     comm = client.comm
+    if scenario == "empty":
+        empty_rank(client)
+        return
     j0, nj, i0, ni = DECOMP[comm.size][comm.rank]
     jj, ii = np.meshgrid(np.arange(j0, j0 + nj), np.arange(i0, i0 + ni), indexing="ij")
     kk = np.arange(NK)[:, None, None]
@@ -115,6 +120,8 @@ def model(client, scenario):
             client.update_timestep(step)
             if scenario == "raise" and step == 4 and comm.rank == comm.size - 1:
                 raise RuntimeError("boom in the model")
+            if scenario == "kill" and step == 4 and comm.rank == comm.size - 1:
+                os.kill(os.getpid(), signal.SIGKILL)
             if scenario == "bad_field" and step == 3 and comm.rank == 1:
                 link = client.transport  # bypass the client's own check: the server's
                 link._post(encode(Header(Kind.FIELD, step=step, name="nosuch"),
@@ -130,6 +137,29 @@ def model(client, scenario):
     if comm.rank == 0:
         out = Path(sys.argv[2]) / "reports.pkl"
         out.write_bytes(pickle.dumps(rep))
+
+
+def empty_rank(client):
+    """3 model ranks; rank 1 has no part of the domain and sends nothing (server mode)."""
+    comm = client.comm
+    rects = [(0, 5, 0, 4), None, (0, 5, 4, 3)]
+    with client:
+        if rects[comm.rank] is not None:
+            j0, nj, i0, ni = rects[comm.rank]
+            jj, ii = np.meshgrid(np.arange(j0, j0 + nj), np.arange(i0, i0 + ni), indexing="ij")
+            client.set_domain("atm", ibegin=i0, ni=ni, jbegin=j0, nj=nj,
+                              lon=lon(np.arange(i0, i0 + ni)),
+                              lat=lat(np.arange(j0, j0 + nj)), mask=mask(jj, ii))
+        client.close_definition()
+        for step in range(1, STEPS + 1):
+            client.update_timestep(step)
+            if rects[comm.rank] is None:
+                continue
+            client.send("tas", tas(step, jj, ii).astype(np.float32))
+            client.send("ta", ta(step, np.arange(NK)[:, None, None], jj, ii))
+            if client.is_active("pr"):
+                client.send("pr", pr(step, jj, ii))
+        client.close()
 
 
 def main():
