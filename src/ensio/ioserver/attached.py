@@ -93,6 +93,7 @@ class AttachedLink(Transport):
         ld = self._parts[self.comm.rank].get(self.cfg.grids[fd.grid].domain)
         mask = None if ld is None else ld.mask
         self._graph.push(field_id, step, with_missing(data, mask, fd.missing_value))
+        self.hwm = max(self.hwm, self._graph.nbytes)
         self.busy += time.perf_counter() - t
 
     def _write(self, records: Sequence[Any]) -> None:

@@ -26,6 +26,8 @@ __all__ = ["OutputPipeline", "Sink", "SinkFactory", "field_periods", "with_missi
 class Sink(Protocol):
     """The interface the server core talks to (an :class:`OutputPipeline` or a test double)."""
 
+    @property
+    def nbytes(self) -> int: ...  # bytes it holds (pushed data, accumulators)
     def push(self, field_id: str, step: int, data: np.ndarray) -> None: ...
     def advance(self, step: int) -> None: ...
     def finish(self, last_step: int) -> None: ...
@@ -98,6 +100,11 @@ class OutputPipeline:
         self._geometry = geometry
         self._graph = Graph(cfg, files=files)
         self._files = FileSet(cfg, files, geometry, out_dir, history)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the graph holds (pushed data not yet advanced, open accumulators)."""
+        return self._graph.nbytes
 
     def push(self, field_id: str, step: int, data: np.ndarray) -> None:
         """A source field's complete global data at ``step`` (missing values applied here)."""

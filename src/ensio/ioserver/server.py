@@ -306,6 +306,7 @@ class ServerCore:
             del self.pending[key]
             self.held -= entry.data.nbytes
             self.sink.push(key[0], key[1], entry.data)
+            self.hwm = max(self.hwm, self.held + self.sink.nbytes)
 
     def _advance_to(self, step: int) -> None:
         if step <= self.advanced or self.sink is None:

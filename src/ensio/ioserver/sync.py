@@ -137,6 +137,7 @@ class SyncLink(Transport):
                     place(full, d, p[d.id].part, buf[o:o + c])
             if root.sink is not None:
                 self._root_do(root.sink.push, field_id, step, full)
+                root.hwm = max(root.hwm, full.nbytes + buf.nbytes + root.sink.nbytes)
         self.blocked += time.perf_counter() - t
 
     def step(self, step: int) -> None:

@@ -66,6 +66,8 @@ def periods(cfg, files):
 class Recorder:
     """A sink that keeps everything it is given and pickles it at close."""
 
+    nbytes = 0
+
     def __init__(self, cfg, files, geometry, out_dir, history):
         self.path = Path(out_dir) / f"record-{MPI.COMM_WORLD.rank}.pkl"
         self.rec = {"files": list(files), "history": history, "push": {}, "advance": [],
