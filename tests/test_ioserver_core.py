@@ -378,6 +378,23 @@ def test_back_pressure_gives_the_same_arrays(tmp_path):
     _check_records(tmp_path, (2, 3))
 
 
+@pytest.mark.parametrize("budget_mb", [0.01, 0.3])
+def test_server_memory_stays_bounded(budget_mb):
+    # a (field, step) global array is 800 kB (a, b) or 160 kB (c); one step of the
+    # three is 1.76 MB: over budget a server takes only what the oldest one waits for
+    env = dict(os.environ, PYTHONPATH=str(SRC))
+    cmd = [str(MPIEXEC), "-n", "5", sys.executable, str(DATA / "pressure.py"),
+           str(DATA / "pressure.yaml"), f"ioserver.server_buffer_mb={budget_mb}",
+           "ioserver.client_buffer_mb=0.05"]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    rows = [line.split() for line in res.stdout.splitlines() if line.startswith("REPORT")]
+    assert len(rows) == 3
+    for _, _, hwm, pushes in rows:
+        assert int(pushes) == 2 * 2 * 30  # two servers, two fields each, 30 steps
+        assert int(hwm) <= budget_mb * 2**20 + 1_760_000
+
+
 def test_sync_mode_gives_the_same_arrays(tmp_path):
     res = _run(3, tmp_path, extra=["--set", "ioserver.mode=sync"])
     assert res.returncode == 0, res.stderr
