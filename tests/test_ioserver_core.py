@@ -360,6 +360,17 @@ def test_a_rank_without_a_part_is_not_waited_for(tmp_path):
     _check_records(tmp_path, (3,))
 
 
+def test_a_failing_server_ends_the_job_and_the_other_closes_its_files(tmp_path):
+    res = _run(4, tmp_path, "sink_fails", extra=["--set", "ioserver.servers=2"])
+    assert res.returncode != 0
+    assert "ensio ioserver: server rank 3 failed: OSError: [Errno 28] No space left" in res.stderr
+    assert res.stderr.count("ensio ioserver:") == 1
+    failed = pickle.loads((tmp_path / "record-3.pkl").read_bytes())
+    assert failed["closed"] and failed["finish"] is None and failed["advance"] == [1, 2]
+    other = pickle.loads((tmp_path / "record-2.pkl").read_bytes())  # done or stopped
+    assert other["closed"]
+
+
 def test_a_killed_model_rank_ends_the_job(tmp_path):
     # mpiexec tears the job down (no rank can report it); the point: no hang, non-zero
     res = _run(3, tmp_path, "kill")
@@ -547,6 +558,7 @@ def test_core_assembles_and_advances_in_order():
     (1, encode(Header(Kind.ABORT), "model rank 1 failed: ValueError: x"),
      "model rank 1 failed: ValueError: x"),
     (0, encode(Header(Kind.STEP, step=0)), "model rank 0: step 0 after step 0"),
+    (0, _field(2, 0, np.zeros(14)), "model rank 0: field 'tas' for step 2 during its step 0"),
     (1, b"\0" * 128, "model rank 1: bad magic"),
 ])
 def test_core_errors_name_field_and_rank(rank, message, expect):

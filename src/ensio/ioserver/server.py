@@ -111,7 +111,6 @@ class ServerCore:
         self.advanced = 0
         self.busy = 0.0
         self.stash: dict[int, np.ndarray] = {}
-        self.stalls = 0
         self._errors: list[MPI.Request] = []
 
     # ------------------------------------------------------------------ receive loop
@@ -131,12 +130,11 @@ class ServerCore:
         self.sink = None
         self.busy += time.perf_counter() - t
         wall = max(time.perf_counter() - t0, 1e-12)
-        files = getattr(stats, "files", ())
         return {
             "server_busy_fraction": min(self.busy / wall, 1.0),
             "server_memory_hwm_bytes": float(self.hwm),
-            "bytes_written": float(getattr(stats, "bytes_written", 0)),
-            "files_written": float(len(files)),
+            "bytes_written": float(stats.bytes_written),
+            "files_written": float(len(stats.files)),
         }
 
     def _recv(self, status: MPI.Status) -> tuple[int, np.ndarray, float]:
@@ -166,7 +164,6 @@ class ServerCore:
         for r in waiting:
             if r in self.stash:
                 return r, self.stash.pop(r), time.perf_counter()
-        self.stalls += 1
         while True:  # poll: the awaited ranks, else small messages from the others
             for r in waiting:
                 if self.iocomm.Iprobe(source=r, tag=TAG_MSG, status=status):
@@ -265,8 +262,9 @@ class ServerCore:
             self._fail(src, f"model rank {src}: field {fid!r} step {step}: part of "
                             f"{header.count} values, expected {expect} (its part of domain "
                             f"{grid.domain!r} x {levels} levels)")
-        if step <= self.advanced or step < self.steps[src]:
-            self._fail(src, f"model rank {src}: field {fid!r} for step {step}, which is over")
+        if step != self.steps[src]:
+            self._fail(src, f"model rank {src}: field {fid!r} for step {step} during its "
+                            f"step {self.steps[src]}")
         key = (fid, step)
         entry = self.pending.get(key)
         if entry is None:
@@ -355,9 +353,8 @@ class ServerCore:
             sink.close()
 
 
-def _end_with_abort(core: ServerCore, srvcomm: MPI.Comm, servers: Sequence[int],
-                    reason: str) -> None:
-    """Tell the other servers, close files, agree, print once, ``MPI_Abort`` (never returns)."""
+def _stop_for(core: ServerCore, servers: Sequence[int], reason: str) -> list[MPI.Request]:
+    """A failure here: tell the other servers (they may be in their loop), close the files."""
     iocomm = core.iocomm
     msg = encode(Header(Kind.ABORT), reason.encode()[:4096])
     reqs = [iocomm.Isend([msg, MPI.BYTE], dest=r, tag=TAG_MSG)
@@ -366,16 +363,26 @@ def _end_with_abort(core: ServerCore, srvcomm: MPI.Comm, servers: Sequence[int],
         core.close_files()
     except Exception as exc:  # the job ends anyway; say so
         print(f"ensio ioserver: closing files failed: {exc}", file=sys.stderr, flush=True)
-    _wait(srvcomm.Ibarrier(), 60.0)  # every server closed its files (or is gone)
-    if srvcomm.rank == 0:
-        print(f"ensio ioserver: {reason}", file=sys.stderr, flush=True)
-    _wait(srvcomm.Ibarrier(), 10.0)
-    _wait_all(reqs + core._errors, 2.0)
-    iocomm.Abort(2)
+    return reqs + core._errors
 
 
-def _wait(req: MPI.Request, seconds: float) -> None:
-    _wait_all([req], seconds)
+def _first_failed(srvcomm: MPI.Comm, failed: bool) -> int | None:
+    """Collective over the servers, once each at its end: the lowest failed server rank.
+
+    A server that ended normally waits for the others (they end too: every
+    client sent CLOSE to every server, or a failing server sent ABORT); one
+    that failed waits at most a minute, then ends the job anyway.
+    """
+    mine = np.array([srvcomm.rank if failed else srvcomm.size], dtype=np.intc)
+    lowest = np.empty(1, dtype=np.intc)
+    req = srvcomm.Iallreduce([mine, MPI.INT], [lowest, MPI.INT], op=MPI.MIN)
+    if failed:
+        _wait_all([req], 60.0)
+        if not MPI.Request.Testall([req]):
+            return srvcomm.rank  # someone is stuck: speak for the job
+    else:
+        req.Wait()
+    return None if int(lowest[0]) == srvcomm.size else int(lowest[0])
 
 
 def _wait_all(reqs: list[MPI.Request], seconds: float) -> None:
@@ -389,17 +396,26 @@ def serve(cfg: IOServerConfig, iocomm: MPI.Comm, srvcomm: MPI.Comm, servers: Seq
           sink_factory: SinkFactory, out_dir: Path, history: str) -> dict[str, Any]:
     """Run one server rank to the end; the combined report (first server) or ``{}``.
 
-    On any failure the job ends here with ``MPI_Abort`` (exit status 2) after
-    the files are closed.
+    On any failure, on any server, the job ends here: every server closes its
+    files, the lowest failed one prints ``ensio ioserver: <reason>`` and all
+    call ``MPI_Abort`` (exit status 2).
     """
     core = ServerCore(cfg, iocomm, clients, files, fields, sink_factory, out_dir, history)
+    reason = None
     try:
         summary = core.run()
     except ServerAbort as exc:
-        _end_with_abort(core, srvcomm, servers, str(exc))
+        reason = str(exc)
     except Exception as exc:  # a bug or an I/O error in the pipeline: same clean ending
-        _end_with_abort(core, srvcomm, servers,
-                   f"server rank {iocomm.rank} failed: {type(exc).__name__}: {exc}")
+        reason = f"server rank {iocomm.rank} failed: {type(exc).__name__}: {exc}"
+    pending = _stop_for(core, servers, reason) if reason is not None else []
+    first = _first_failed(srvcomm, reason is not None)
+    if first is not None:
+        if first == srvcomm.rank:
+            print(f"ensio ioserver: {reason}", file=sys.stderr, flush=True)
+        _wait_all([srvcomm.Ibarrier()], 10.0)  # the line is out before anyone aborts
+        _wait_all(pending, 2.0)
+        iocomm.Abort(2)
     summaries = srvcomm.gather(summary, root=0)
     if srvcomm.rank != 0:
         return {}

@@ -6,7 +6,8 @@ Every rank calls ``ensio.ioserver.start`` with a recording sink (server
 ranks) and a fixed rule of when fields are needed; model ranks send fields
 given by closed formulas on an irregular decomposition with a mask, so the
 test can check the server's global arrays against the formulas.
-Scenarios: ok, bad_field, bad_shape, raise, kill, empty.
+Scenarios: ok, bad_field, bad_shape, raise, kill, empty, sink_fails (the last
+server's sink raises at step 3).
 """
 
 import os
@@ -23,6 +24,7 @@ from ensio.ioserver.config import load_ioserver_config
 from ensio.ioserver.protocol import Header, Kind, encode
 
 NI, NJ, NK, STEPS = 7, 5, 3, 6
+SCENARIO = sys.argv[3] if len(sys.argv) > 3 else "ok"
 #: Irregular rectangles [j0, nj, i0, ni] per number of model ranks.
 DECOMP = {
     1: [(0, 5, 0, 7)],
@@ -88,6 +90,9 @@ class Recorder:
         self._dump()
 
     def advance(self, step):
+        world = MPI.COMM_WORLD
+        if SCENARIO == "sink_fails" and step == 3 and world.rank == world.size - 1:
+            raise OSError(28, "No space left on device")
         self.rec["advance"].append(step)
         self._dump()
 
