@@ -68,7 +68,9 @@ def main():
                 if client.is_active(f):
                     client.send(f, np.full(shape, s * 1000.0 + ord(f) - 96))
         rep = client.close()
-    print(f"REPORT {comm.rank} {rep.server_memory_hwm_bytes} {rep.bytes_written}", flush=True)
+    rows = comm.gather(f"REPORT {comm.rank} {rep.server_memory_hwm_bytes} {rep.bytes_written}")
+    if comm.rank == 0:  # one writer: lines of several ranks may interleave
+        print("\n".join(rows), flush=True)
 
 
 if __name__ == "__main__":
