@@ -574,3 +574,52 @@ def test_core_errors_name_field_and_rank(rank, message, expect):
         assert comm.errors == [(rank, 7704, str(info.value))]
     core.close_files()
     assert core.sink is None
+
+
+# --------------------------------------------------------------------------- the C client
+
+CMODEL = HERE / "data" / "ioclient" / "model_c.c"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ensio.ioserver.build") is None
+                    or not CMODEL.exists() or not (VENV_BIN / "mpicc").exists(),
+                    reason="needs the C client (ioserver.build, tests/data/ioclient)")
+def test_c_model_with_python_servers(tmp_path):
+    from ensio.ioserver.build import build_client
+
+    r = build_client(tmp_path / "prefix")
+    exe = tmp_path / "model_c"
+    subprocess.run([str(r.mpicc), str(CMODEL), "-o", str(exe), *r.c_flags.split()],
+                   check=True, timeout=120)
+    env = dict(os.environ, PYTHONPATH=str(SRC))
+    out = tmp_path / "out"
+    cmd = [str(MPIEXEC), "-n", "2", str(exe), "normal", ":", "-n", "2", sys.executable,
+           str(DATA / "cserver.py"), str(DATA / "cmodel.yaml"), str(out)]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0, res.stdout + res.stderr
+    reports = [line.split() for line in res.stdout.splitlines() if line.startswith("REPORT")]
+    # REPORT rank bytes_sent busy hwm bytes_written files_written blocked (2 recorders)
+    assert len(reports) == 2 and all(x[5:7] == ["2000", "2"] for x in reports)
+    recs = {r: pickle.loads((out / f"record-{r}.pkl").read_bytes()) for r in (2, 3)}
+    pushed = {k: v for rec in recs.values() for k, v in rec["push"].items()}
+    assert sorted(pushed) == sorted(
+        [("tas", s) for s in range(1, 5)] + [("sst", s) for s in range(1, 5)]
+        + [("ta", 2), ("ta", 4), ("cu", 3), ("cu", 4)])
+    j, i = np.meshgrid(np.arange(6.0), np.arange(8.0), indexing="ij")
+    k = np.arange(3.0)[:, None, None]
+    oj, oi = np.meshgrid(np.arange(3.0), np.arange(4.0), indexing="ij")
+    for (f, s), data in pushed.items():
+        if f == "tas":
+            want = s * 1000 + j * 10 + i + 0.25
+        elif f == "ta":
+            want = np.float32(0.5 + s * 1000 + k * 100 + j * 10 + i + 0.25)
+        elif f == "cu":
+            want = s * 1000 + np.arange(10.0) + 0.75
+        else:
+            want = s * 1000 + oj * 10 + oi + 0.125
+        np.testing.assert_array_equal(data, want, err_msg=f"{f} step {s}")
+    geo = recs[2]["geometry"]
+    np.testing.assert_array_equal(geo["atm"]["mask"], (i + j) % 5 != 0)
+    np.testing.assert_array_equal(geo["atm"]["area"], 1 + i + 10 * j)
+    np.testing.assert_array_equal(geo["ocn"]["lon"], 10 * oi + oj)
+    np.testing.assert_array_equal(geo["cells"]["lon"], 36.0 * np.arange(10))
