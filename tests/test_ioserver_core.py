@@ -275,6 +275,9 @@ def test_client_checks_name_field_and_rank():
     with pytest.raises(IOServerError, match="model rank 5: update_timestep"):
         c.update_timestep(1)
     c.close_definition()
+    with pytest.raises(IOServerError, match=r"model rank 5: is_active\('tas'\) needs a step"):
+        c.is_active("tas")
+    assert c.is_active("tas", 1)
     with pytest.raises(IOServerError, match="before the first update_timestep"):
         c.send("tas", np.zeros((2, 3)))
     c.update_timestep(1)

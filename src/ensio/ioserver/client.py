@@ -262,6 +262,9 @@ class Client:
             self._check_source(field_id)
             return False
         s = self._step if step is None else step
+        if s < 1:
+            raise self._error(f"is_active({field_id!r}) needs a step >= 1 "
+                              "(call update_timestep first, or pass step)")
         return any(s % p == 0 for p in periods)
 
     def _check_source(self, field_id: str) -> None:

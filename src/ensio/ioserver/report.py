@@ -26,8 +26,9 @@ class Report:
     Attributes
     ----------
     blocked_seconds : float
-        Time this rank waited because its send buffer was full (server mode),
-        or in the gathers and writes (attached/sync modes).
+        Time this rank waited because its send buffer was full, plus the final
+        flush in ``close`` (server mode); its time in the gathers and writes
+        (attached/sync modes). Not the wait for the servers' last writes.
     bytes_sent, messages : int
         Payload bytes and messages this rank sent (server mode; the gathered
         bytes in attached/sync modes).
