@@ -106,6 +106,7 @@ class ServerCore:
         self.steps: dict[int, int] = {c: 0 for c in self.clients}
         self.closed: dict[int, int] = {}
         self.pending: dict[tuple[str, int], _Pending] = {}
+        self.done: set[tuple[str, int]] = set()  # pushed, step not advanced over yet
         self.held = 0
         self.hwm = 0
         self.advanced = 0
@@ -225,8 +226,9 @@ class ServerCore:
         d = self.cfg.domains.get(header.name)
         if d is None:
             self._fail(src, f"model rank {src}: unknown domain {header.name!r}")
-        if src in self.defined:
-            self._fail(src, f"model rank {src}: domain {header.name!r} after DEFINED")
+        if src in self.defined or d.id in self.domains[src]:
+            self._fail(src, f"model rank {src}: domain {header.name!r} declared twice or "
+                            "after DEFINED")
         try:
             self.domains[src][d.id] = domain_from_message(d, header.a, payload)
         except ValueError as exc:
@@ -266,6 +268,8 @@ class ServerCore:
             self._fail(src, f"model rank {src}: field {fid!r} for step {step} during its "
                             f"step {self.steps[src]}")
         key = (fid, step)
+        if key in self.done:
+            self._fail(src, f"model rank {src}: field {fid!r} sent twice at step {step}")
         entry = self.pending.get(key)
         if entry is None:
             entry = _Pending(np.full(self.cfg.field_shape(fid), np.nan))
@@ -302,6 +306,7 @@ class ServerCore:
         entry = self.pending[key]
         if self._needed(key[0]) <= entry.got:
             del self.pending[key]
+            self.done.add(key)
             self.held -= entry.data.nbytes
             self.sink.push(key[0], key[1], entry.data)
             self.hwm = max(self.hwm, self.held + self.sink.nbytes)
@@ -317,6 +322,7 @@ class ServerCore:
                               "later step without sending their part")
         self.sink.advance(step)
         self.advanced = step
+        self.done = {k for k in self.done if k[1] > step}
 
     def _sink(self) -> Sink:
         if self.sink is None:
