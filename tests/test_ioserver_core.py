@@ -82,6 +82,8 @@ def test_round_trip_every_kind(kind, rng):
     assert (h.kind, h.step, h.a, h.name, h.dtype, h.count) == (kind, 12, a, "x" * 32,
                                                                DType.F32, 5)
     np.testing.assert_array_equal(p, payload)
+    strided = rng.standard_normal((4, 6)).astype(">f8")[:, ::2]  # big-endian, not contiguous
+    np.testing.assert_array_equal(decode(encode(Header(kind), strided))[1], strided.ravel())
     h, p = decode(encode(Header(Kind.ABORT), "rank 3 failed: é"))
     assert h.dtype == DType.TEXT and bytes(p).decode() == "rank 3 failed: é"
 

@@ -129,12 +129,11 @@ def encode(header: Header, payload: np.ndarray | bytes | None = None) -> np.ndar
         data = np.empty(0, np.uint8)
         dtype, count = header.dtype, header.count
     else:
-        arr = np.asarray(payload)
-        code = _CODES.get(arr.dtype.newbyteorder("="))
+        data = np.asarray(payload)  # any layout and byte order: copied once, below
+        code = _CODES.get(data.dtype.newbyteorder("="))
         if code is None:
-            raise ProtocolError(f"payload dtype {arr.dtype} is not float32 or float64")
-        data = arr.reshape(-1)
-        dtype, count = code, arr.size
+            raise ProtocolError(f"payload dtype {data.dtype} is not float32 or float64")
+        dtype, count = code, data.size
     name = header.name.encode()
     if len(name) > NAME_BYTES:
         raise ProtocolError(f"name {header.name!r} is longer than {NAME_BYTES} bytes")
@@ -145,7 +144,7 @@ def encode(header: Header, payload: np.ndarray | bytes | None = None) -> np.ndar
     head = msg[:HEADER_BYTES].view(HEADER_DTYPE)
     head[0] = (MAGIC, int(header.kind), header.step, int(dtype), count, a, name)
     if data.nbytes:
-        msg[HEADER_BYTES:].view(data.dtype)[...] = data
+        msg[HEADER_BYTES:].view(_NUMPY[dtype]).reshape(data.shape)[...] = data
     return msg
 
 
