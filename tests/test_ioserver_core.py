@@ -295,13 +295,14 @@ def test_client_checks_name_field_and_rank():
     with pytest.raises(IOServerError, match="field 'tas' has dtype int64"):
         c.send("tas", np.zeros((2, 3), dtype=np.int64))
     c.send("tas", np.zeros(6, dtype=np.float32))  # flat is accepted
+    c.send("tas", np.zeros((2, 3), dtype=">f8"))  # and any byte order
     c.send("pr", np.zeros((2, 3)))  # not active at step 1: skipped
     assert not c.is_active("pr") and c.is_active("pr", 4) and c.is_active("tas")
     with pytest.raises(IOServerError, match="field 'tas_c' is computed"):
         c.is_active("tas_c")
     with pytest.raises(IOServerError, match="update_timestep\\(1\\) after step 1"):
         c.update_timestep(1)
-    assert fake.sent == [("step", 1), ("tas", 1, (2, 3))]
+    assert fake.sent == [("step", 1), ("tas", 1, (2, 3)), ("tas", 1, (2, 3))]
     with pytest.raises(IOServerError), c:
         raise IOServerError("x")
     assert fake.sent[-1] == ("abort", "model rank 5 failed: IOServerError: x")

@@ -293,7 +293,7 @@ class Client:
         if self._step == 0:
             raise self._error(f"send({field_id!r}) before the first update_timestep()")
         arr = np.asarray(data)
-        if arr.dtype not in (np.float32, np.float64):
+        if arr.dtype.kind != "f" or arr.dtype.itemsize not in (4, 8):
             raise self._error(f"field {field_id!r} has dtype {arr.dtype}, "
                               "expected float32 or float64")
         shape = self.expected_shape(field_id)
