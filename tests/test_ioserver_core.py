@@ -632,3 +632,16 @@ def test_c_model_with_python_servers(tmp_path):
     np.testing.assert_array_equal(geo["atm"]["area"], 1 + i + 10 * j)
     np.testing.assert_array_equal(geo["ocn"]["lon"], 10 * oi + oj)
     np.testing.assert_array_equal(geo["cells"]["lon"], 36.0 * np.arange(10))
+
+
+def test_with_missing_masks_points_and_missing_values():
+    from ensio.ioserver.pipeline import with_missing
+
+    data = np.arange(12, dtype=np.float32).reshape(2, 2, 3)
+    mask = np.array([[True, False, True], [True, True, False]])
+    out = with_missing(data, mask, missing_value=4.0)
+    want = np.arange(12.0).reshape(2, 2, 3)
+    want[:, ~mask] = np.nan
+    want[want == 4.0] = np.nan
+    assert out.dtype == np.float64 and data[0, 1, 1] == 4.0  # the input is not changed
+    np.testing.assert_array_equal(out, want)
