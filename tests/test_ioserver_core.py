@@ -306,6 +306,8 @@ def test_client_checks_name_field_and_rank():
     with pytest.raises(IOServerError), c:
         raise IOServerError("x")
     assert fake.sent[-1] == ("abort", "model rank 5 failed: IOServerError: x")
+    with pytest.raises(IOServerError, match=r"model rank 5: send\(\) after close\(\)"):
+        c.send("tas", np.zeros((2, 3)))
 
 
 # --------------------------------------------------------------------------- MPI runs

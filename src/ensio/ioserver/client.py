@@ -180,6 +180,7 @@ class ServerLink(Transport):
                 break
             else:  # nothing else is sent to a client; drop it rather than spin
                 recv_text(self.iocomm, status.Get_source(), status.Get_tag())
+        self.iocomm.Free()  # nothing is pending on it any more (the C client does the same)
         own = Report(blocked_seconds=self.blocked, bytes_sent=self.bytes_sent,
                      messages=self.messages)
         return with_server_text(own, text)
@@ -218,6 +219,10 @@ class Client:
     def _error(self, text: str) -> IOServerError:
         return IOServerError(f"model rank {self.rank}: {text}")
 
+    def _check_open(self, call: str) -> None:
+        if self._closed:
+            raise self._error(f"{call}() after close()")
+
     def set_domain(self, domain_id: str, *, ibegin: int, ni: int, jbegin: int = 0,
                    nj: int = 1, lon: Any = None, lat: Any = None, lon_bounds: Any = None,
                    lat_bounds: Any = None, mask: Any = None, area: Any = None) -> None:
@@ -227,6 +232,7 @@ class Client:
         the domain; ``area`` (m^2) weights the global and zonal means. A rank
         that declares nothing for a domain has an empty part of it.
         """
+        self._check_open("set_domain")
         if self._defined:
             raise self._error(f"set_domain({domain_id!r}) after close_definition()")
         d = self.cfg.domains.get(domain_id)
@@ -248,6 +254,7 @@ class Client:
 
     def update_timestep(self, step: int) -> None:
         """Start ``step`` (1, 2, ...): everything of the earlier steps has been sent."""
+        self._check_open("update_timestep")
         if not self._defined:
             raise self._error("update_timestep() before close_definition()")
         if step <= self._step:
@@ -289,6 +296,7 @@ class Client:
 
         A send at a step no file needs is skipped (see :meth:`is_active`).
         """
+        self._check_open("send")
         self._check_source(field_id)
         if self._step == 0:
             raise self._error(f"send({field_id!r}) before the first update_timestep()")

@@ -194,3 +194,5 @@ def _run_server(cfg: IOServerConfig, world: MPI.Comm, iocomm: MPI.Comm, sub: MPI
     cfg.output_dir.mkdir(parents=True, exist_ok=True)
     serve(cfg, iocomm, sub, servers, clients, plan.files[world.rank], fields, sink_factory,
           cfg.output_dir, history_line(cfg, context))
+    iocomm.Free()
+    sub.Free()
