@@ -1,6 +1,6 @@
 """ioserver core: protocol bytes, parts and geometry, plan, client checks, MPI runs.
 
-The MPI runs start ``mpiexec`` on tests/data/ioserver/model.py, whose server
+The MPI runs start ``mpiexec`` on tests/data/ioserver/iocore_model.py, whose server
 ranks record what the core pushes (a recording sink instead of the graph and
 writer); the recorded global arrays are compared with the field formulas
 evaluated here on the global grid, independently of any decomposition.
@@ -55,7 +55,7 @@ VENV_BIN = Path(sys.executable).parent
 MPIEXEC = VENV_BIN / "mpiexec"
 SRC = HERE.parent / "src"
 sys.path.insert(0, str(DATA))
-import model as M  # noqa: E402  (the formulas the model program sends)
+import iocore_model as M  # noqa: E402  (the formulas the model program sends)
 
 # --------------------------------------------------------------------------- protocol
 
@@ -314,7 +314,7 @@ def test_client_checks_name_field_and_rank():
 
 def _run(nprocs, out, scenario="ok", extra=(), mode_args=(), timeout=180):
     env = dict(os.environ, PYTHONPATH=str(SRC))
-    cmd = [str(MPIEXEC), "-n", str(nprocs), sys.executable, str(DATA / "model.py"),
+    cmd = [str(MPIEXEC), "-n", str(nprocs), sys.executable, str(DATA / "iocore_model.py"),
            str(CONFIG), str(out), scenario, *extra, *mode_args]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
 
@@ -422,7 +422,7 @@ def test_sync_mode_gives_the_same_arrays(tmp_path):
 
 def test_mpmd_server_processes(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(SRC))
-    prog = [sys.executable, str(DATA / "model.py"), str(CONFIG), str(tmp_path), "ok"]
+    prog = [sys.executable, str(DATA / "iocore_model.py"), str(CONFIG), str(tmp_path), "ok"]
     cmd = [str(MPIEXEC), "-n", "2", *prog, ":", "-n", "1", *prog, "--server"]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
     assert res.returncode == 0, res.stderr

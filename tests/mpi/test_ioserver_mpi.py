@@ -1,7 +1,7 @@
 """ioserver server and sync modes in-process, on every rank of ``mpiexec -n 2`` / ``-n 4``.
 
 The last rank becomes the server (``ioserver.servers: 1``); the model ranks
-send the closed-form fields of tests/data/ioserver/model.py on its irregular
+send the closed-form fields of tests/data/ioserver/iocore_model.py on its irregular
 decomposition; the server's recording sink must hold the global arrays the
 formulas give on the global grid.
 """
@@ -18,7 +18,7 @@ from ensio.ioserver.config import load_ioserver_config
 
 DATA = Path(__file__).parent.parent / "data" / "ioserver"
 sys.path.insert(0, str(DATA))
-import model as M  # noqa: E402
+import iocore_model as M  # noqa: E402
 
 
 def _run_model(client):

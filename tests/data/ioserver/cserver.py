@@ -1,6 +1,6 @@
 """Server ranks for the C test model (MPMD): ``cserver.py CONFIG OUTDIR``.
 
-The servers record what they assemble (model.py's Recorder); which steps each
+The servers record what they assemble (iocore_model.py's Recorder); which steps each
 field is needed at is fixed here as in the C client's stub test: tas and sst
 every step, ta every 2nd, cu every 3rd and 4th, pr never.
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 from mpi4py import MPI
 
 sys.path.insert(0, str(Path(__file__).parent))
-from model import Recorder  # noqa: E402
+from iocore_model import Recorder  # noqa: E402
 
 from ensio import ioserver  # noqa: E402
 from ensio.ioserver.config import load_ioserver_config  # noqa: E402

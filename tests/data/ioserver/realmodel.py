@@ -2,7 +2,7 @@
 
 usage: realmodel.py CONFIG OUTDIR [KEY=VALUE ...]   (overrides, e.g. ioserver.mode=sync)
 
-Sends the fields of model.py (same formulas and decomposition); the files it
+Sends the fields of iocore_model.py (same formulas and decomposition); the files it
 makes in OUTDIR must not depend on the mode.
 """
 
@@ -15,7 +15,7 @@ from ensio import ioserver
 from ensio.ioserver.config import load_ioserver_config
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-import model as M  # noqa: E402
+import iocore_model as M  # noqa: E402
 
 
 def main():

@@ -1,6 +1,6 @@
 """Model (and server) program of the server-core tests, run under mpiexec.
 
-usage: model.py CONFIG OUTDIR SCENARIO [--server] [--set k=v ...]
+usage: iocore_model.py CONFIG OUTDIR SCENARIO [--server] [--set k=v ...]
 
 Every rank calls ``ensio.ioserver.start`` with a recording sink (server
 ranks) and a fixed rule of when fields are needed; model ranks send fields
