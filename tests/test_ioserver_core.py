@@ -647,3 +647,18 @@ def test_with_missing_masks_points_and_missing_values():
     want[want == 4.0] = np.nan
     assert out.dtype == np.float64 and data[0, 1, 1] == 4.0  # the input is not changed
     np.testing.assert_array_equal(out, want)
+
+
+def test_core_under_budget_does_not_wait_for_a_rank_that_went_on():
+    from ensio.ioserver.server import ServerAbort
+
+    core, _ = _core()
+    core.limit = 0  # every held field is over the budget
+    for r in (0, 1):
+        core._handle(r, encode(Header(Kind.DEFINED, a=(1,))))
+        core._handle(r, encode(Header(Kind.STEP, step=1)))
+    core._handle(0, _field(1, 0, np.zeros(14)))
+    assert core._waiting_for() == [1]
+    core._handle(1, encode(Header(Kind.STEP, step=2)))  # rank 0 is still in step 1
+    with pytest.raises(ServerAbort, match=r"field 'tas' step 1: model ranks \[1\] went on"):
+        core._waiting_for()

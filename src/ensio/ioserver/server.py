@@ -196,7 +196,12 @@ class ServerCore:
         if not self.pending:
             return []
         (fid, step) = min(self.pending, key=lambda k: k[1])
-        return sorted(self._needed(fid) - self.pending[(fid, step)].got)
+        missing = sorted(self._needed(fid) - self.pending[(fid, step)].got)
+        gone = [r for r in missing if r in self.closed or self.steps[r] > step]
+        if gone:  # it will never come: waiting for it would hang the run
+            raise ServerAbort(f"field {fid!r} step {step}: model ranks {gone} went on to a "
+                              "later step without sending their part")
+        return missing
 
     # ------------------------------------------------------------------ messages
     def _handle(self, src: int, msg: np.ndarray) -> None:
