@@ -6,6 +6,7 @@ decomposition; the server's recording sink must hold the global arrays the
 formulas give on the global grid.
 """
 
+import importlib.util
 import pickle
 import sys
 from pathlib import Path
@@ -71,3 +72,32 @@ def test_modes_in_process(comm, shared_dir, mode):
     comm.Barrier()
     if comm.rank == writer:
         _check_record(shared_dir / f"record-{writer}.pkl")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ensio.ioserver.graph") is None
+                    or importlib.util.find_spec("ensio.ioserver.writer") is None,
+                    reason="needs ioserver.graph and ioserver.writer")
+def test_real_files_identical_in_every_mode(comm, shared_dir):
+    import netCDF4
+
+    modes = ["sync", "attached"] + (["server"] if comm.size > 1 else [])
+    for mode in modes:
+        cfg = load_ioserver_config(DATA / "iocore.yaml", [
+            f"ioserver.output_dir={shared_dir / mode}", f"ioserver.mode={mode}"])
+        client = ioserver.start(comm, cfg, context="mpi-test")
+        if client is not None:
+            report = _run_model(client)
+            assert report.files_written == 2
+        comm.Barrier()
+    if comm.rank != 0:
+        return
+    names = sorted(p.name for p in (shared_dir / "sync").glob("*.nc"))
+    assert names == ["surface.nc", "upper.nc"]
+    for mode in modes[1:]:
+        assert sorted(p.name for p in (shared_dir / mode).glob("*.nc")) == names
+        for name in names:
+            with netCDF4.Dataset(shared_dir / "sync" / name) as a, \
+                    netCDF4.Dataset(shared_dir / mode / name) as b:
+                for var, v in a.variables.items():
+                    np.testing.assert_array_equal(v[:], b.variables[var][:],
+                                                  err_msg=f"{mode} {name} {var}")
