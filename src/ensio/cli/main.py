@@ -34,6 +34,7 @@ COMMANDS = (
     "bench",
     "recover",
     "model",
+    "ioserver",
     "ioclient",
 )
 

@@ -8,3 +8,10 @@ chained with ``@``, expressions, spatial means) and write CF-1.8 netCDF. The
 gather-to-rank-0 baseline. C and Fortran models use the same protocol through
 ``libensio_ioclient`` (``csrc/``).
 """
+
+from .client import Client
+from .protocol import IOServerError
+from .report import Report
+from .start import start
+
+__all__ = ["Client", "IOServerError", "Report", "start"]

@@ -1,0 +1,46 @@
+"""``ensio ioserver CONFIG``: the server processes of an MPMD job.
+
+``mpiexec -n P model : -n S ensio ioserver iodef.yaml`` — the model (Python,
+C or Fortran) calls its client's start; these S processes declare themselves
+servers in the same collective setup, serve until every model rank closed,
+and exit 0 (or end the job with status 2 and a line naming the failed rank).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .options import add_set_option
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register the ``ioserver`` sub-command."""
+    p = subparsers.add_parser(
+        "ioserver",
+        help="run I/O server ranks of an MPMD job (mpiexec ... : -n S ensio ioserver CONFIG)",
+        description=(
+            "Serve the model ranks of an MPMD job: receive their fields, post-process them "
+            "as the ioserver: section of CONFIG says and write CF-1.8 netCDF files. Start it "
+            "as the last part of the mpiexec command line; it returns when every model rank "
+            "closed its client."
+        ),
+    )
+    p.add_argument("config", type=Path, metavar="CONFIG",
+                   help="YAML file with an ioserver: section")
+    p.add_argument("--context", default="model", help="label of the files' history (default model)")
+    add_set_option(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from mpi4py import MPI
+
+    from ..ioserver import start
+    from ..ioserver.config import load_ioserver_config
+
+    cfg = load_ioserver_config(args.config, args.overrides)
+    start(MPI.COMM_WORLD, cfg, context=args.context, role="server")
+    return 0

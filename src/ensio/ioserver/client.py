@@ -1,0 +1,335 @@
+"""The model side: :class:`Client` (one API for the three modes) and the server-mode link.
+
+A model rank declares its part of each domain, closes the definition, then
+per step calls ``update_timestep`` and ``send``. The client checks every call
+locally (field id, shape, dtype, call order) so a mistake is reported on the
+rank that made it, naming field and rank. What happens to the data depends on
+the mode, behind the :class:`Transport` interface: :class:`ServerLink` (this
+module) copies it into a bounded buffer of outstanding ``Isend``\\ s to the
+server ranks; :mod:`.attached` and :mod:`.sync` post-process on the model ranks.
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from .config import IOServerConfig
+from .parts import LocalDomain, domain_message, local_shape, make_local_domain
+from .protocol import (
+    HEADER_BYTES,
+    TAG_ERROR,
+    TAG_MSG,
+    TAG_REPORT,
+    FieldTable,
+    Header,
+    IOServerError,
+    Kind,
+    encode,
+)
+from .report import Report, with_server_text
+
+__all__ = ["Client", "Transport", "ServerLink", "recv_text"]
+
+
+class Transport(abc.ABC):
+    """Where a client's validated calls go (server link, attached or sync pipeline)."""
+
+    #: field id -> step periods at which some file needs it (``()`` = never).
+    periods: Mapping[str, tuple[int, ...]]
+
+    @abc.abstractmethod
+    def define(self, domains: Mapping[str, LocalDomain]) -> None:
+        """The rank's declared domains (collective over the model ranks)."""
+
+    @abc.abstractmethod
+    def step(self, step: int) -> None:
+        """The rank starts ``step``: everything of the steps before it was sent."""
+
+    @abc.abstractmethod
+    def send(self, field_id: str, step: int, data: np.ndarray) -> None:
+        """A checked local part (float32/float64, the part's shape) of an active field."""
+
+    @abc.abstractmethod
+    def close(self, last_step: int) -> Report:
+        """Last call: flush, wait for the files, the report."""
+
+    @abc.abstractmethod
+    def abort(self, reason: str) -> None:
+        """The model failed: tell whoever writes files, without waiting for them."""
+
+
+def recv_text(comm: MPI.Comm, source: int, tag: int) -> tuple[str, int]:
+    """Receive one ``MPI_CHAR`` text message; (text, its source)."""
+    status = MPI.Status()
+    comm.Probe(source=source, tag=tag, status=status)
+    buf = bytearray(status.Get_count(MPI.CHAR))
+    comm.Recv([buf, MPI.CHAR], source=status.Get_source(), tag=tag)
+    return buf.decode(errors="replace"), status.Get_source()
+
+
+class ServerLink(Transport):
+    """Server mode: messages to the server ranks through a bounded buffer.
+
+    ``send`` copies the part into one message (header + payload) and posts an
+    ``Isend`` to each server the field table lists. Completed sends are
+    reclaimed with ``Testsome``; only when the outstanding bytes would exceed
+    ``buffer_bytes`` does the rank block (``Waitany``), and that time is the
+    ``blocked_seconds`` of the report. A message larger than the whole buffer
+    is sent once the buffer is empty.
+    """
+
+    def __init__(self, iocomm: MPI.Comm, table: FieldTable, servers: tuple[int, ...],
+                 buffer_bytes: int, rank: int) -> None:
+        self.iocomm = iocomm
+        self.table = table
+        self.servers = servers
+        self.periods = {f: (e.periods if e.servers else ()) for f, e in table.fields.items()}
+        self._limit = buffer_bytes
+        self._rank = rank
+        self._reqs: list[MPI.Request] = []
+        self._owner: list[int] = []
+        self._held: dict[int, list[int]] = {}  # message id -> [open requests, bytes]
+        self._next = 0
+        self._bytes = 0
+        self.blocked = 0.0
+        self.bytes_sent = 0
+        self.messages = 0
+
+    # -- buffer
+    def _drop(self, done: list[int]) -> None:
+        for i in sorted(done, reverse=True):
+            owner = self._owner.pop(i)
+            self._reqs.pop(i)
+            held = self._held[owner]
+            held[0] -= 1
+            if held[0] == 0:
+                self._bytes -= held[1]
+                del self._held[owner]
+
+    def _reclaim(self, block: bool) -> None:
+        if not self._reqs:
+            return
+        if block:
+            t = time.perf_counter()
+            idx = MPI.Request.Waitany(self._reqs)
+            self.blocked += time.perf_counter() - t
+            self._drop([idx])
+        done = MPI.Request.Testsome(self._reqs) if self._reqs else None
+        if done:
+            self._drop(list(done))
+
+    def _post(self, msg: np.ndarray, dests: tuple[int, ...]) -> None:
+        self.check_errors()
+        self._reclaim(block=False)
+        while self._reqs and self._bytes + msg.nbytes > self._limit:
+            self._reclaim(block=True)
+            self.check_errors()
+        ident = self._next
+        self._next += 1
+        self._held[ident] = [len(dests), msg.nbytes]
+        self._bytes += msg.nbytes
+        for d in dests:
+            self._reqs.append(self.iocomm.Isend([msg, MPI.BYTE], dest=d, tag=TAG_MSG))
+            self._owner.append(ident)
+        self.bytes_sent += msg.nbytes * len(dests)
+        self.messages += len(dests)
+
+    def check_errors(self) -> None:
+        """Raise a server's verdict (tag 7704) if one arrived."""
+        if self.iocomm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_ERROR):
+            text, src = recv_text(self.iocomm, MPI.ANY_SOURCE, TAG_ERROR)
+            raise IOServerError(f"{text} (from server rank {src})")
+
+    # -- transport
+    def define(self, domains: Mapping[str, LocalDomain]) -> None:
+        for did, ld in domains.items():
+            a, payload = domain_message(ld)
+            self._post(encode(Header(Kind.DOMAIN, a=a, name=did), payload), self.servers)
+        self._post(encode(Header(Kind.DEFINED, a=(len(domains),))), self.servers)
+
+    def step(self, step: int) -> None:
+        self._post(encode(Header(Kind.STEP, step=step)), self.servers)
+
+    def send(self, field_id: str, step: int, data: np.ndarray) -> None:
+        dests = self.table.fields[field_id].servers
+        self._post(encode(Header(Kind.FIELD, step=step, name=field_id), data), dests)
+
+    def close(self, last_step: int) -> Report:
+        t, before = time.perf_counter(), self.blocked
+        n = len(self.servers)  # the counters include the CLOSE messages (as the C client's)
+        a = (int(self.blocked * 1e9), self.bytes_sent + n * HEADER_BYTES, self.messages + n)
+        self._post(encode(Header(Kind.CLOSE, step=last_step, a=a)), self.servers)
+        while self._reqs:
+            self._reclaim(block=True)
+            self.check_errors()
+        self.blocked = before + time.perf_counter() - t  # the whole flush, counted once
+        status = MPI.Status()
+        while True:  # the report, unless a server's verdict comes first
+            self.iocomm.Probe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status)
+            if status.Get_tag() == TAG_ERROR:
+                self.check_errors()
+            elif status.Get_tag() == TAG_REPORT:
+                text, _ = recv_text(self.iocomm, status.Get_source(), TAG_REPORT)
+                break
+            else:  # nothing else is sent to a client; drop it rather than spin
+                recv_text(self.iocomm, status.Get_source(), status.Get_tag())
+        self.iocomm.Free()  # nothing is pending on it any more (the C client does the same)
+        own = Report(blocked_seconds=self.blocked, bytes_sent=self.bytes_sent,
+                     messages=self.messages)
+        return with_server_text(own, text)
+
+    def abort(self, reason: str) -> None:
+        msg = encode(Header(Kind.ABORT), reason.encode()[:4096])
+        reqs = [self.iocomm.Isend([msg, MPI.BYTE], dest=d, tag=TAG_MSG) for d in self.servers]
+        deadline = time.monotonic() + 30.0  # the servers end the job; never wait forever
+        while not MPI.Request.Testall(reqs) and time.monotonic() < deadline:
+            time.sleep(0.001)
+
+
+class Client:
+    """A model rank's handle on the I/O server (any mode); see :func:`ensio.ioserver.start`.
+
+    Attributes
+    ----------
+    comm : MPI.Comm
+        The model ranks' communicator (the world without the server ranks):
+        use it, not the world, for the model's own communication.
+    rank : int
+        This rank's world rank (named in every error).
+    """
+
+    def __init__(self, cfg: IOServerConfig, comm: MPI.Comm, rank: int,
+                 transport: Transport) -> None:
+        self.cfg = cfg
+        self.comm = comm
+        self.rank = rank
+        self.transport = transport
+        self._domains: dict[str, LocalDomain] = {}
+        self._defined = False
+        self._closed = False
+        self._step = 0
+
+    def _error(self, text: str) -> IOServerError:
+        return IOServerError(f"model rank {self.rank}: {text}")
+
+    def _check_open(self, call: str) -> None:
+        if self._closed:
+            raise self._error(f"{call}() after close()")
+
+    def set_domain(self, domain_id: str, *, ibegin: int, ni: int, jbegin: int = 0,
+                   nj: int = 1, lon: Any = None, lat: Any = None, lon_bounds: Any = None,
+                   lat_bounds: Any = None, mask: Any = None, area: Any = None) -> None:
+        """Declare this rank's part ``[jbegin:jbegin+nj, ibegin:ibegin+ni]`` of a domain.
+
+        ``mask`` (True = valid) marks points that are missing in every field on
+        the domain; ``area`` (m^2) weights the global and zonal means. A rank
+        that declares nothing for a domain has an empty part of it.
+        """
+        self._check_open("set_domain")
+        if self._defined:
+            raise self._error(f"set_domain({domain_id!r}) after close_definition()")
+        d = self.cfg.domains.get(domain_id)
+        if d is None:
+            raise self._error(f"unknown domain {domain_id!r} (known: {sorted(self.cfg.domains)})")
+        try:
+            self._domains[domain_id] = make_local_domain(
+                d, ibegin, ni, jbegin, nj, lon=lon, lat=lat, lon_bounds=lon_bounds,
+                lat_bounds=lat_bounds, mask=mask, area=area)
+        except ValueError as exc:
+            raise self._error(str(exc)) from None
+
+    def close_definition(self) -> None:
+        """End of the declarations (collective over ``comm``)."""
+        if self._defined:
+            raise self._error("close_definition() called twice")
+        self._defined = True
+        self.transport.define(self._domains)
+
+    def update_timestep(self, step: int) -> None:
+        """Start ``step`` (1, 2, ...): everything of the earlier steps has been sent."""
+        self._check_open("update_timestep")
+        if not self._defined:
+            raise self._error("update_timestep() before close_definition()")
+        if step <= self._step:
+            raise self._error(f"update_timestep({step}) after step {self._step}: steps increase")
+        self._step = step
+        self.transport.step(step)
+
+    def is_active(self, field_id: str, step: int | None = None) -> bool:
+        """Whether some file needs ``field_id`` at ``step`` (default: the current step)."""
+        periods = self.transport.periods.get(field_id)
+        if periods is None:
+            self._check_source(field_id)
+            return False
+        s = self._step if step is None else step
+        if s < 1:
+            raise self._error(f"is_active({field_id!r}) needs a step >= 1 "
+                              "(call update_timestep first, or pass step)")
+        return any(s % p == 0 for p in periods)
+
+    def _check_source(self, field_id: str) -> None:
+        fd = self.cfg.fields.get(field_id)
+        if fd is None:
+            known = ", ".join(self.cfg.sources)
+            raise self._error(f"unknown field {field_id!r} (sources: {known})")
+        if not fd.is_source:
+            raise self._error(f"field {field_id!r} is computed on the servers "
+                              "(it has expr or field_ref): the model cannot send it")
+
+    def expected_shape(self, field_id: str) -> tuple[int, ...]:
+        """Shape of this rank's part of a source field."""
+        grid = self.cfg.grids[self.cfg.fields[field_id].grid]
+        d = self.cfg.domains[grid.domain]
+        ld = self._domains.get(grid.domain)
+        levels = self.cfg.axes[grid.axis].n if grid.axis else None
+        return local_shape(d, None if ld is None else ld.part, levels)
+
+    def send(self, field_id: str, data: Any) -> None:
+        """Send this rank's part of ``field_id`` for the current step (copied at once).
+
+        A send at a step no file needs is skipped (see :meth:`is_active`).
+        """
+        self._check_open("send")
+        self._check_source(field_id)
+        if self._step == 0:
+            raise self._error(f"send({field_id!r}) before the first update_timestep()")
+        arr = np.asarray(data)
+        if arr.dtype.kind != "f" or arr.dtype.itemsize not in (4, 8):
+            raise self._error(f"field {field_id!r} has dtype {arr.dtype}, "
+                              "expected float32 or float64")
+        shape = self.expected_shape(field_id)
+        if arr.shape != shape and not (arr.ndim == 1 and arr.size == int(np.prod(shape))):
+            raise self._error(f"field {field_id!r} has shape {arr.shape}, expected {shape} "
+                              "(this rank's part)")
+        if self.is_active(field_id):
+            self.transport.send(field_id, self._step, arr.reshape(shape))
+
+    def close(self) -> Report:
+        """Flush, wait until the files are closed (collective), return the :class:`Report`."""
+        if self._closed:
+            raise self._error("close() called twice")
+        if not self._defined:
+            self.close_definition()
+        self._closed = True
+        return self.transport.close(self._step)
+
+    def abort(self, reason: str) -> None:
+        """Tell the writers this rank failed; they close the files and end the job."""
+        if not self._closed:
+            self._closed = True
+            self.transport.abort(f"model rank {self.rank} failed: {reason}")
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if exc is not None:
+            self.abort(f"{exc_type.__name__}: {exc}".splitlines()[0])
