@@ -48,7 +48,8 @@ def with_missing(data: np.ndarray, mask: np.ndarray | None,
     """
     out = np.array(data, dtype=np.float64)
     if missing_value is not None:
-        out[out == missing_value] = np.nan
+        # compared in the sender's precision: float32 1e20 is not float64 1e20
+        out[data == np.asarray(missing_value, dtype=data.dtype)] = np.nan
     if mask is not None:
         out[..., ~mask] = np.nan
     return out
