@@ -662,3 +662,12 @@ def test_core_under_budget_does_not_wait_for_a_rank_that_went_on():
     core._handle(1, encode(Header(Kind.STEP, step=2)))  # rank 0 is still in step 1
     with pytest.raises(ServerAbort, match=r"field 'tas' step 1: model ranks \[1\] went on"):
         core._waiting_for()
+
+
+def test_missing_value_is_recognised_in_the_senders_precision():
+    from ensio.ioserver.pipeline import with_missing
+
+    data = np.array([[1.0, 1e20, 3.0]], dtype=np.float32)  # float32(1e20) != 1e20
+    out = with_missing(data, np.array([[True, True, False]]), 1e20)
+    np.testing.assert_array_equal(np.isnan(out), [[False, True, True]])
+    assert out.dtype == np.float64 and out[0, 0] == 1.0

@@ -84,11 +84,3 @@ def test_a_gap_an_overlap_or_a_block_outside_is_refused_and_nothing_is_written(t
     with pytest.raises(RestartError, match="no variable 'nope'"):
         asm.begin(RestartMeta(4, str(out), str(template), ("nope",)))
 
-
-def test_missing_value_is_recognised_in_the_senders_precision():
-    from ensio.ioserver.pipeline import with_missing
-
-    data = np.array([[1.0, 1e20, 3.0]], dtype=np.float32)  # float32(1e20) != 1e20
-    out = with_missing(data, np.array([[True, True, False]]), 1e20)
-    np.testing.assert_array_equal(np.isnan(out), [[False, True, True]])
-    assert out.dtype == np.float64 and out[0, 0] == 1.0
