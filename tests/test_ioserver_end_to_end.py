@@ -9,9 +9,12 @@ xarray; all modes and server counts write the same data.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import sys
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import netCDF4
@@ -54,6 +57,14 @@ def server_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp / "out"
 
 
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """nanmean & co. of all-missing points (the land mask) are NaN on purpose."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        yield
+
+
 def _read(path: Path, name: str) -> np.ndarray:
     with netCDF4.Dataset(path) as ds:
         return np.ma.filled(ds[name][...].astype(np.float64), np.nan)
@@ -80,7 +91,7 @@ def test_instant_average_extrema_and_sums_match_numpy(server_run: Path) -> None:
     _close(_read(server_run / "inst_20010227.nc", "tas"), tas)
     _close(_read(server_run / "inst_20010227.nc", "ta"), ta)
     avg = server_run / "avg.nc"
-    with np.errstate(all="ignore"):
+    with _quiet():
         _close(_read(avg, "tas")[0], np.nanmean(tas, axis=0))
         _close(_read(avg, "tasmax")[0], np.nanmax(tas, axis=0))
         _close(_read(avg, "tasmin")[0], np.nanmin(tas, axis=0))
@@ -91,7 +102,7 @@ def test_instant_average_extrema_and_sums_match_numpy(server_run: Path) -> None:
 
 def test_chains_expressions_and_spatial_operations_match_numpy(server_run: Path) -> None:
     days = [range(1, 9), range(9, 17)]
-    with np.errstate(all="ignore"):
+    with _quiet():
         daily_mean = [np.nanmean(_series(F.tas, d), axis=0) for d in days]
         daily_max = [np.nanmax(_series(F.tas, d), axis=0) for d in days]
         _close(_read(server_run / "chain.nc", "ave_daily_max")[0], np.mean(daily_max, axis=0))
@@ -138,7 +149,8 @@ def test_every_file_passes_the_cf_checker_ncdump_cdo_and_xarray(server_run: Path
         assert _run(["ncdump", "-h", str(path)]).returncode == 0
         proc = _run(["cdo", "-s", "sinfon", str(path)])
         assert proc.returncode == 0, (path.name, proc.stderr)
-        with xr.open_dataset(path, use_cftime=True) as ds:
+        coder = xr.coders.CFDatetimeCoder(use_cftime=True)
+        with xr.open_dataset(path, decode_times=coder) as ds:
             assert "time" in ds.coords
 
 
