@@ -29,15 +29,20 @@ import sys
 import numpy as np
 from mpi4py import MPI
 from ensio.ioserver import start
-iodef, template, out, bad = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "bad"
+iodef, template, out, how = sys.argv[1:5]
+bad = how == "bad"
 client = start(MPI.COMM_WORLD, iodef, context="test")
 if client is not None:
     with client:
         p, r = client.comm.size, client.comm.rank
+        if how == "die" and r == 0:
+            raise SystemExit(client.close() and 0)  # rank 0 never sends its blocks
         rows = np.array_split(np.arange({NLAT}), p)[r]
         j0 = int(rows[0]) + (5 if bad and r == 1 else 0)
         block = np.full(({NLEV}, rows.size, {NLON}), float(r), dtype="f4")
         client.write_restart(out, {{"state": ((0, j0, 0), block)}}, template=template)
+        if how == "die":
+            raise RuntimeError("the model blew up")
         report = client.close()
     if r == 0:
         print("REPORT", report.files_written, report.bytes_written, flush=True)
@@ -173,4 +178,20 @@ def test_a_block_outside_the_variable_names_rank_and_file_and_writes_nothing(
     lines = [x for x in proc.stderr.splitlines() if x.startswith("ensio ioserver:")]
     assert lines, proc.stderr[-3000:]
     assert "model rank 1" in lines[0] and str(out) in lines[0] and "outside" in lines[0]
+    assert list(out.parent.iterdir()) == []
+
+
+def test_a_rank_that_fails_mid_restart_ends_the_job_naming_the_unwritten_restart(tmp_path, rng):
+    template = _inputs(tmp_path, rng)[0][0]
+    script = tmp_path / "model.py"
+    script.write_text(_SCRIPT)
+    out = tmp_path / "out" / "r.nc"
+    out.parent.mkdir()
+    proc = _run([MPIEXEC, "-n", "3", sys.executable, str(script),
+                 str(_iodef(tmp_path, "server")), str(template), str(out), "die"])
+    assert proc.returncode != 0
+    lines = [x for x in proc.stderr.splitlines() if x.startswith("ensio ioserver:")]
+    assert lines, proc.stderr[-3000:]
+    assert "model rank 1" in lines[0] and "the model blew up" in lines[0]
+    assert f"restarts not written: {out}" in lines[0]
     assert list(out.parent.iterdir()) == []
