@@ -195,3 +195,32 @@ def test_a_rank_that_fails_mid_restart_ends_the_job_naming_the_unwritten_restart
     assert "model rank 1" in lines[0] and "the model blew up" in lines[0]
     assert f"restarts not written: {out}" in lines[0]
     assert list(out.parent.iterdir()) == []
+
+
+def test_ensio_cycle_takes_its_forecast_files_from_the_restart_writers(tmp_path):
+    """examples/synthetic with the commented member_command = the default command's cycle."""
+    import os
+
+    example = Path(__file__).parents[1] / "examples" / "synthetic"
+    raw = yaml.safe_load((example / "cycle.yaml").read_text())
+    raw["ensemble"]["size"] = 3
+    raw["workflow"].update(jobs=1, setup=raw["workflow"]["setup"].replace(
+        "--nx 180 --ny 90", "--nx 24 --ny 12"))
+    runs = {}
+    for label, prefix in (("serial", ""), ("server", f"{MPIEXEC} -n 3 ")):
+        io = f" --ioserver {example / 'iodef.yaml'}" if prefix else ""
+        raw["workflow"]["member_command"] = (
+            f"{prefix}{ENSIO} model synthrun{io} --init {{analysis}} --out {{forecast}} "
+            "--shift 2")
+        cfg = tmp_path / f"{label}.yaml"
+        cfg.write_text(yaml.safe_dump(raw))
+        env = dict(os.environ, PATH=f"{Path(ENSIO).parent}{os.pathsep}{os.environ['PATH']}")
+        proc = subprocess.run([ENSIO, "cycle", str(cfg), "--workdir", str(tmp_path / label),
+                               "--cycles", "2"], capture_output=True, text=True, timeout=300,
+                              stdin=subprocess.DEVNULL, env=env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[label] = tmp_path / label
+    files = sorted(p.relative_to(runs["serial"]) for p in runs["serial"].glob("cycle_*/*/mem*.nc"))
+    assert len(files) == 2 * 2 * 3
+    for rel in files:
+        _assert_same_file(runs["server"] / rel, runs["serial"] / rel)
