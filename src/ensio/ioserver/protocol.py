@@ -16,8 +16,9 @@ that owns restart ``rid`` (``servers[rid % S]``), ``RESTART_BEGIN`` (``a[0]``
 ``name`` = the variable; payload of ``2*ndim + block.size`` elements, F64 or
 F32: the block's global ``starts`` (ndim), its ``counts`` (ndim), then the
 block in C order — index values are exact in float32 below 2**24, beyond that
-the part is sent as F64), then ``RESTART_END`` (``a[0]`` = rid, ``a[1]`` =
-parts sent). Every model rank sends BEGIN and END, with or without parts.
+the part is sent as F64), then ``RESTART_END`` (``a[0]`` = rid, ``a[1]`` = number of
+parts sent, informational). Every model rank sends BEGIN and END, with or without
+parts; the server writes the file at the last END (:mod:`.restart`).
 
 Server-to-client messages are text (``MPI_CHAR``): the field table
 (:data:`TAG_TABLE`), the report (:data:`TAG_REPORT`) and errors
