@@ -96,7 +96,7 @@ def test_decode_refuses_bad_messages():
         decode(good + b"\0" * 8)
     with pytest.raises(ProtocolError, match="shorter"):
         decode(good[:100])
-    bad_kind = good[:8] + struct.pack("=q", 9) + good[16:]
+    bad_kind = good[:8] + struct.pack("=q", 99) + good[16:]
     with pytest.raises(ProtocolError, match="bad header"):
         decode(bad_kind)
     with pytest.raises(ProtocolError, match="longer than 32"):

@@ -84,3 +84,19 @@ def test_a_gap_an_overlap_or_a_block_outside_is_refused_and_nothing_is_written(t
     with pytest.raises(RestartError, match="no variable 'nope'"):
         asm.begin(RestartMeta(4, str(out), str(template), ("nope",)))
 
+
+
+def test_restart_part_messages_carry_start_counts_and_the_block_exactly(rng):
+    from ensio.ioserver.protocol import DType, Kind, decode, restart_part, split_restart_part
+
+    for dtype, wire in (("f4", DType.F32), ("f8", DType.F64), ("i4", DType.F64)):
+        block = (rng.standard_normal((2, 3, 5)) * 1000).astype(dtype)
+        header, payload = decode(restart_part(7, "temp", (1, 4, 9), block))
+        assert (header.kind, header.a[:2], header.name, header.dtype) == (
+            Kind.RESTART_PART, (7, 3), "temp", wire)
+        start, got = split_restart_part(header, payload)
+        assert start == (1, 4, 9)
+        np.testing.assert_array_equal(got, block)
+    big = np.zeros((1, 2), "f4")  # an index float32 cannot hold exactly: sent as float64
+    header, payload = decode(restart_part(0, "s", (2**24 + 1, 0), big))
+    assert header.dtype == DType.F64 and split_restart_part(header, payload)[0] == (2**24 + 1, 0)

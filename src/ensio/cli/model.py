@@ -21,6 +21,7 @@ the command line names it, see :mod:`ensio.cli.main`).
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 __all__ = ["add_parser", "add_run_arguments"]
@@ -120,10 +121,16 @@ def _add_synthrun(sub: argparse._SubParsersAction) -> None:
         "synthrun", help="one forecast of the synthetic field (a member task)",
         description="Copy the member file --init of `ensio synth` to --out (atomically), "
                     "optionally sleeping --sleep seconds (the cost of a real forecast) and "
-                    "advecting --variable eastward by --shift grid points.",
+                    "advecting --variable eastward by --shift grid points. With --ioserver "
+                    "IODEF (run under mpiexec -n P+S): P model ranks each advect their rows "
+                    "and send them to the dedicated restart writers, which write --out while "
+                    "the model goes on; several --init/--out pairs (members) per run.",
     )  # fmt: skip
-    p.add_argument("--init", type=Path, required=True)
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--init", type=Path, required=True, nargs="+")
+    p.add_argument("--out", type=Path, required=True, nargs="+")
+    p.add_argument("--ioserver", type=Path, default=None, metavar="IODEF",
+                   help="ioserver config (YAML with an ioserver: section): write the "
+                        "restarts through the I/O server (mode server, attached or sync)")
     p.add_argument("--sleep", type=float, default=0.0)
     p.add_argument("--shift", type=int, default=0)
     p.add_argument("--variable", default="state")
@@ -131,9 +138,22 @@ def _add_synthrun(sub: argparse._SubParsersAction) -> None:
 
 
 def _synthrun(args: argparse.Namespace) -> int:
-    from ..models.synthrun import run
+    if len(args.init) != len(args.out):
+        print(f"ensio model synthrun: --init: {len(args.init)} files for {len(args.out)} "
+              "--out files", file=sys.stderr)
+        return 2
+    pairs = list(zip(args.init, args.out, strict=True))
+    if args.ioserver is None:
+        from ..models.synthrun import run
 
-    run(args.init, args.out, args.sleep, args.shift, args.variable)
+        for init, out in pairs:
+            run(init, out, args.sleep, args.shift, args.variable)
+        return 0
+    from mpi4py import MPI
+
+    from ..models.synthrun import run_ioserver
+
+    run_ioserver(MPI.COMM_WORLD, args.ioserver, pairs, args.sleep, args.shift, args.variable)
     return 0
 
 

@@ -28,7 +28,7 @@ from .parts import LocalDomain, local_shape, place
 from .pipeline import SinkFactory, field_periods, with_missing
 from .protocol import IOServerError
 from .report import Report
-from .sync import end_with_abort, gather_parts
+from .sync import end_with_abort, gather_parts, write_gathered_restart
 
 __all__ = ["AttachedLink", "start_attached", "file_owners"]
 
@@ -57,6 +57,15 @@ class AttachedLink(Transport):
         self.hwm = 0
         self.bytes_sent = 0
         self.messages = 0
+        self.restarts_written = (0, 0)
+
+    def restart(self, meta, blocks) -> None:
+        """Gathered to model rank 0, which writes it (as in sync mode)."""
+        t = time.perf_counter()
+        nbytes, nfiles = write_gathered_restart(self.comm, meta, blocks)
+        self.restarts_written = (self.restarts_written[0] + nbytes,
+                                 self.restarts_written[1] + nfiles)
+        self.blocked += time.perf_counter() - t
 
     def define(self, domains: Mapping[str, LocalDomain]) -> None:
         from .graph import Graph
@@ -149,8 +158,9 @@ class AttachedLink(Transport):
         stats = self._files.close() if self._files is not None else None
         self._files = None
         wall = max(time.perf_counter() - self._t0, 1e-12)
-        mine = (self.busy / wall, self.hwm, int(getattr(stats, "bytes_written", 0)),
-                len(getattr(stats, "files", ())))
+        mine = (self.busy / wall, self.hwm,
+                int(getattr(stats, "bytes_written", 0)) + self.restarts_written[0],
+                len(getattr(stats, "files", ())) + self.restarts_written[1])
         every = self.comm.allgather(mine)
         self.blocked += time.perf_counter() - t
         return Report(self.blocked, self.bytes_sent, self.messages,

@@ -12,8 +12,10 @@ server ranks; :mod:`.attached` and :mod:`.sync` post-process on the model ranks.
 from __future__ import annotations
 
 import abc
+import json
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -32,6 +34,7 @@ from .protocol import (
     IOServerError,
     Kind,
     encode,
+    restart_part,
 )
 from .report import Report, with_server_text
 
@@ -63,6 +66,11 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     def abort(self, reason: str) -> None:
         """The model failed: tell whoever writes files, without waiting for them."""
+
+    def restart(self, meta: Any, blocks: Sequence[tuple[str, tuple[int, ...], np.ndarray]]
+                ) -> None:
+        """This rank's blocks of restart ``meta`` (a :class:`~.restart.RestartMeta`)."""
+        raise IOServerError(f"{type(self).__name__} cannot write restarts")
 
 
 def recv_text(comm: MPI.Comm, source: int, tag: int) -> tuple[str, int]:
@@ -161,6 +169,19 @@ class ServerLink(Transport):
         dests = self.table.fields[field_id].servers
         self._post(encode(Header(Kind.FIELD, step=step, name=field_id), data), dests)
 
+    def restart(self, meta: Any, blocks: Sequence[tuple[str, tuple[int, ...], np.ndarray]]
+                ) -> None:
+        """BEGIN, the non-empty PARTs, END to ``servers[rid % S]`` through the buffer."""
+        owner = (self.servers[meta.rid % len(self.servers)],)
+        self._post(encode(Header(Kind.RESTART_BEGIN, a=(meta.rid,)),
+                          json.dumps(meta.to_json())), owner)
+        sent = 0
+        for name, start, block in blocks:
+            if block.size:
+                self._post(restart_part(meta.rid, name, start, block), owner)
+                sent += 1
+        self._post(encode(Header(Kind.RESTART_END, a=(meta.rid, sent))), owner)
+
     def close(self, last_step: int) -> Report:
         t, before = time.perf_counter(), self.blocked
         n = len(self.servers)  # the counters include the CLOSE messages (as the C client's)
@@ -215,6 +236,7 @@ class Client:
         self._defined = False
         self._closed = False
         self._step = 0
+        self._restarts = 0
 
     def _error(self, text: str) -> IOServerError:
         return IOServerError(f"model rank {self.rank}: {text}")
@@ -310,6 +332,41 @@ class Client:
                               "(this rank's part)")
         if self.is_active(field_id):
             self.transport.send(field_id, self._step, arr.reshape(shape))
+
+    def write_restart(self, path: str | Path,
+                      variables: Mapping[str, tuple[Sequence[int], Any]],
+                      template: str | Path, *, rid: int | None = None) -> None:
+        """Hand this rank's blocks of a restart file to the writers and go on (seed 003).
+
+        Collective over the model ranks: every rank calls it for each restart,
+        in the same order, with the same ``path``, ``template`` and variable
+        names (a rank without a part of a variable passes an empty block).
+        ``variables`` maps a variable of ``template`` to ``(start, block)``:
+        the block's global start index per dimension and its values, in any
+        decomposition (the writer remaps). The file is a copy of ``template`` with the variables
+        replaced, renamed into place when whole. Server mode: the blocks are
+        copied into the bounded send buffer (like :meth:`send`), the server
+        ``servers[rid % S]`` writes; attached/sync: model rank 0 writes now.
+        ``rid`` numbers the restarts of the run (default: 0, 1, 2, ... per call).
+        """
+        from .restart import RestartMeta
+
+        self._check_open("write_restart")
+        rid = self._restarts if rid is None else int(rid)
+        self._restarts = max(self._restarts, rid + 1)
+        blocks = []
+        for name, (start, data) in variables.items():
+            arr = np.asarray(data)
+            start = tuple(int(s) for s in start)
+            if arr.dtype.kind not in "fiub":
+                raise self._error(f"restart {path}: {name!r} has dtype {arr.dtype}")
+            if len(start) != arr.ndim:
+                raise self._error(f"restart {path}: {name!r} start {start} has "
+                                  f"{len(start)} indices for a {arr.ndim}-d block")
+            blocks.append((name, start, arr))
+        meta = RestartMeta(rid, str(Path(path).absolute()), str(Path(template).absolute()),
+                           tuple(sorted(variables)))
+        self.transport.restart(meta, blocks)
 
     def close(self) -> Report:
         """Flush, wait until the files are closed (collective), return the :class:`Report`."""

@@ -9,6 +9,17 @@ the payload. One message per send keeps the per-source order MPI guarantees,
 which is what lets a server conclude "every field of step s arrived" from a
 client's STEP s+1.
 
+Restart kinds (seed 003, :mod:`.restart`): a model rank sends, to the server
+that owns restart ``rid`` (``servers[rid % S]``), ``RESTART_BEGIN`` (``a[0]``
+= rid; TEXT payload: the JSON of :class:`~.restart.RestartMeta`), then one
+``RESTART_PART`` per non-empty block (``a[0]`` = rid, ``a[1]`` = ndim,
+``name`` = the variable; payload of ``2*ndim + block.size`` elements, F64 or
+F32: the block's global ``starts`` (ndim), its ``counts`` (ndim), then the
+block in C order — index values are exact in float32 below 2**24, beyond that
+the part is sent as F64), then ``RESTART_END`` (``a[0]`` = rid, ``a[1]`` = number of
+parts sent, informational). Every model rank sends BEGIN and END, with or without
+parts; the server writes the file at the last END (:mod:`.restart`).
+
 Server-to-client messages are text (``MPI_CHAR``): the field table
 (:data:`TAG_TABLE`), the report (:data:`TAG_REPORT`) and errors
 (:data:`TAG_ERROR`).
@@ -47,6 +58,8 @@ __all__ = [
     "format_pairs",
     "parse_pairs",
     "timestep_seconds",
+    "restart_part",
+    "split_restart_part",
 ]
 
 #: ``"ENSIOIO1"`` read as a little-endian int64.
@@ -79,6 +92,9 @@ class Kind(enum.IntEnum):
     CLOSE = 4
     ABORT = 5
     DEFINED = 6
+    RESTART_BEGIN = 7
+    RESTART_PART = 8
+    RESTART_END = 9
 
 
 class DType(enum.IntEnum):
@@ -174,6 +190,39 @@ def decode(msg: np.ndarray | bytes | bytearray | memoryview) -> tuple[Header, np
     header = Header(kind, int(h["step"]), dtype, count, tuple(int(x) for x in h["a"]), name)
     payload = buf[HEADER_BYTES:]
     return header, (payload if dtype == DType.TEXT else payload.view(np_type))
+
+
+# --------------------------------------------------------------------------- restarts
+
+_F32_EXACT = 2**24
+
+
+def restart_part(rid: int, variable: str, start: Sequence[int], block: np.ndarray
+                 ) -> np.ndarray:
+    """The ``RESTART_PART`` message of one block (see the module docstring)."""
+    block = np.asarray(block)
+    wire = np.dtype("f4") if (block.dtype == np.float32 and max(
+        (*start, *block.shape), default=0) < _F32_EXACT) else np.dtype("f8")
+    payload = np.empty(2 * block.ndim + block.size, wire)
+    payload[:block.ndim] = start
+    payload[block.ndim:2 * block.ndim] = block.shape
+    payload[2 * block.ndim:] = block.reshape(-1)
+    return encode(Header(Kind.RESTART_PART, a=(rid, block.ndim), name=variable), payload)
+
+
+def split_restart_part(header: Header, payload: np.ndarray
+                       ) -> tuple[tuple[int, ...], np.ndarray]:
+    """Inverse of :func:`restart_part`: the block's start and the block (a view)."""
+    ndim = header.a[1]
+    if header.dtype == DType.TEXT or ndim < 0 or payload.size < 2 * ndim:
+        raise ProtocolError(f"RESTART_PART of {header.name!r}: {payload.size} elements do not "
+                            f"hold {ndim} starts and counts")
+    start = tuple(int(x) for x in payload[:ndim])
+    counts = tuple(int(x) for x in payload[ndim:2 * ndim])
+    if any(c < 0 for c in counts) or int(np.prod(counts)) != payload.size - 2 * ndim:
+        raise ProtocolError(f"RESTART_PART of {header.name!r}: counts {counts} do not match "
+                            f"{payload.size - 2 * ndim} values")
+    return start, payload[2 * ndim:].reshape(counts)
 
 
 # --------------------------------------------------------------------------- field table

@@ -148,6 +148,12 @@ class RestartAssembler:
         return path
 
     @property
+    def nbytes(self) -> int:
+        """Bytes of the restarts being assembled (the writer's memory for them)."""
+        return sum(a.nbytes + c.nbytes for p in self._pending.values()
+                   for a, c in zip(p.arrays.values(), p.covered.values(), strict=True))
+
+    @property
     def incomplete(self) -> list[str]:
         """Paths of restarts begun but not ended by every rank (named when a run fails)."""
         return [p.meta.path for p in self._pending.values()]

@@ -23,6 +23,7 @@ and the job ends with ``MPI_Abort`` — never a hang.
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -47,8 +48,10 @@ from .protocol import (
     ProtocolError,
     decode,
     encode,
+    split_restart_part,
 )
 from .report import combine_servers, server_text
+from .restart import RestartAssembler, RestartError, RestartMeta
 
 __all__ = ["ServerCore", "ServerAbort", "serve"]
 
@@ -113,6 +116,7 @@ class ServerCore:
         self.busy = 0.0
         self.stash: dict[int, np.ndarray] = {}
         self._errors: list[MPI.Request] = []
+        self.restarts = RestartAssembler(len(self.clients))  # client ids: world ranks
 
     # ------------------------------------------------------------------ receive loop
     def run(self) -> dict[str, float]:
@@ -122,6 +126,9 @@ class ServerCore:
             src, msg, t = self._next_message()
             self._handle(src, msg)
             self.busy += time.perf_counter() - t
+        if self.restarts.incomplete:
+            raise ServerAbort(f"every model rank closed, restarts incomplete: "
+                              f"{', '.join(self.restarts.incomplete)}")
         t = time.perf_counter()
         last = max(self.closed.values(), default=0)
         self._advance_to(last)
@@ -134,8 +141,8 @@ class ServerCore:
         return {
             "server_busy_fraction": min(self.busy / wall, 1.0),
             "server_memory_hwm_bytes": float(self.hwm),
-            "bytes_written": float(stats.bytes_written),
-            "files_written": float(len(stats.files)),
+            "bytes_written": float(stats.bytes_written + self.restarts.bytes_written),
+            "files_written": float(len(stats.files) + len(self.restarts.written)),
         }
 
     def _recv(self, status: MPI.Status) -> tuple[int, np.ndarray, float]:
@@ -219,8 +226,32 @@ class ServerCore:
             self._fail(src, f"model rank {src}: {header.kind.name} message after CLOSE")
         handler = {Kind.DOMAIN: self._on_domain, Kind.DEFINED: self._on_defined,
                    Kind.FIELD: self._on_field, Kind.STEP: self._on_step,
-                   Kind.CLOSE: self._on_close, Kind.ABORT: self._on_abort}[header.kind]
+                   Kind.CLOSE: self._on_close, Kind.ABORT: self._on_abort,
+                   Kind.RESTART_BEGIN: self._on_restart, Kind.RESTART_PART: self._on_restart,
+                   Kind.RESTART_END: self._on_restart}[header.kind]
         handler(src, header, payload)
+
+    def _on_restart(self, src: int, header: Header, payload: np.ndarray) -> None:
+        """A restart message: to the assembler (it writes the file when every rank ended)."""
+        try:
+            if header.kind == Kind.RESTART_BEGIN:
+                meta = RestartMeta.from_json(json.loads(bytes(payload)))
+                try:
+                    self.restarts.begin(meta)
+                except (RestartError, OSError) as exc:
+                    raise RestartError(f"model rank {src}: restart {meta.path}: {exc}") from None
+            elif header.kind == Kind.RESTART_PART:
+                start, block = split_restart_part(header, payload)
+                self.restarts.part(header.a[0], header.name, start, block, src)
+            else:
+                self.restarts.end(header.a[0], src)
+            self.hwm = max(self.hwm, self.held + self.restarts.nbytes
+                           + (self.sink.nbytes if self.sink is not None else 0))
+        except (RestartError, ProtocolError, ValueError, KeyError, OSError) as exc:
+            text = str(exc)
+            if not text.startswith("model rank"):
+                text = f"model rank {src}: restart: {type(exc).__name__}: {text}"
+            self._fail(src, text)
 
     def _on_abort(self, src: int, header: Header, payload: np.ndarray) -> None:
         text = bytes(payload).decode(errors="replace").strip()
@@ -419,6 +450,8 @@ def serve(cfg: IOServerConfig, iocomm: MPI.Comm, srvcomm: MPI.Comm, servers: Seq
         reason = str(exc)
     except Exception as exc:  # a bug or an I/O error in the pipeline: same clean ending
         reason = f"server rank {iocomm.rank} failed: {type(exc).__name__}: {exc}"
+    if reason is not None and core.restarts.incomplete and "incomplete" not in reason:
+        reason += f" (restarts not written: {', '.join(core.restarts.incomplete)})"
     pending = _stop_for(core, servers, reason) if reason is not None else []
     first = _first_failed(srvcomm, reason is not None)
     if first is not None:

@@ -28,7 +28,7 @@ from .pipeline import Sink, SinkFactory, field_periods
 from .protocol import IOServerError
 from .report import Report
 
-__all__ = ["SyncLink", "start_sync", "gather_parts", "end_with_abort"]
+__all__ = ["SyncLink", "start_sync", "gather_parts", "end_with_abort", "write_gathered_restart"]
 
 
 @dataclass
@@ -48,6 +48,41 @@ def gather_parts(comm: MPI.Comm, domains: Mapping[str, LocalDomain],
     if root is None:
         return comm.allgather(dict(domains))
     return comm.gather(dict(domains), root=root)
+
+
+def write_gathered_restart(comm: MPI.Comm, meta, blocks, root: int = 0) -> tuple[int, int]:
+    """Restart ``meta`` without servers: every rank's blocks to ``root``, which writes it.
+
+    Collective over ``comm``. The same :class:`~.restart.RestartAssembler`
+    as a server checks and remaps the blocks, so the file is the same; an
+    error (named rank and file, nothing written) is raised on every rank.
+    Returns ``(bytes, files)`` written (non-zero on ``root`` only).
+    """
+    from .restart import RestartAssembler
+
+    every = comm.gather((meta, list(blocks)), root=root)
+    error, written = None, (0, 0)
+    if every is not None:
+        asm = RestartAssembler(comm.size)
+        try:
+            for r, (m, _) in enumerate(every):
+                try:
+                    asm.begin(m)
+                except (ValueError, OSError) as exc:
+                    raise ValueError(f"model rank {r}: restart {m.path}: {exc}") from None
+            for r, (m, bl) in enumerate(every):
+                for name, start, block in bl:
+                    if block.size:
+                        asm.part(m.rid, name, start, block, r)
+                asm.end(m.rid, r)
+            written = (asm.bytes_written, len(asm.written))
+        except (ValueError, OSError) as exc:
+            text = str(exc)
+            error = text if text.startswith("model rank") else f"model rank {root} (writer): {text}"
+    error = comm.bcast(error, root=root)
+    if error is not None:
+        raise IOServerError(error)
+    return written
 
 
 def end_with_abort(comm: MPI.Comm, reason: str, sink: Sink | None) -> None:
@@ -77,6 +112,14 @@ class SyncLink(Transport):
         self.blocked = 0.0
         self.bytes_sent = 0
         self.messages = 0
+        self.restarts_written = (0, 0)
+
+    def restart(self, meta, blocks) -> None:
+        t = time.perf_counter()
+        nbytes, nfiles = write_gathered_restart(self.comm, meta, blocks)
+        self.restarts_written = (self.restarts_written[0] + nbytes,
+                                 self.restarts_written[1] + nfiles)
+        self.blocked += time.perf_counter() - t
 
     def _root_do(self, fn, *args) -> None:
         """Run a sink call on rank 0, remembering (not raising) its error until the verdict."""
@@ -160,8 +203,8 @@ class SyncLink(Transport):
             wall = max(time.perf_counter() - self._t0, 1e-12)
             written = stats[0] if stats else None
             summary = (min(root.busy / wall, 1.0), root.hwm,
-                       int(getattr(written, "bytes_written", 0)),
-                       len(getattr(written, "files", ())))
+                       int(getattr(written, "bytes_written", 0)) + self.restarts_written[0],
+                       len(getattr(written, "files", ())) + self.restarts_written[1])
             root.sink = None
         self._verdict()
         busy, hwm, nbytes, nfiles = self.comm.bcast(summary, root=0)
