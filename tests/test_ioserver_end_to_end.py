@@ -192,11 +192,13 @@ def test_a_failing_model_rank_ends_the_job_naming_it_and_files_stay_valid(tmp_pa
     text = proc.stdout + proc.stderr
     assert "rank 1" in text and "blew up at step 10" in text, text[-3000:]
     out = tmp_path / "out"
+    assert (out / "inst_20010227.nc").exists(), text[-3000:]
     with netCDF4.Dataset(out / "inst_20010227.nc") as ds:
-        assert 9 <= ds.dimensions["time"].size <= 10
+        assert ds.dimensions["time"].size == 9  # steps 1-9 complete; rank 1 never sent 10
         got = np.ma.filled(ds["tas"][:9].astype(np.float64), np.nan)
     _close(got, _series(F.tas, range(1, 10)))
     day1 = out / "daily_20010227-20010228.nc"
     assert _run(["ncdump", "-h", str(day1)]).returncode == 0
+    assert _read(day1, "tas").shape[0] == 1  # day 1 = steps 1-8, complete
     assert not (out / "avg.nc").exists() or _read(out / "avg.nc", "tas").shape[0] == 0
     shutil.rmtree(out)

@@ -25,6 +25,7 @@ from mpi4py import MPI
 from .config import IOServerConfig
 from .parts import LocalDomain, domain_message, local_shape, make_local_domain
 from .protocol import (
+    DRAIN_SECONDS,
     HEADER_BYTES,
     TAG_ERROR,
     TAG_MSG,
@@ -207,11 +208,22 @@ class ServerLink(Transport):
         return with_server_text(own, text)
 
     def abort(self, reason: str) -> None:
+        """Send ABORT, then wait for the servers' verdict (they drain and close files).
+
+        Returning at once would let this process exit non-zero, and ``mpiexec``
+        then kills the servers before they have written the complete steps. The
+        sends still in the buffer keep progressing meanwhile (the servers drain
+        them). Bounded: the servers end the job within ``DRAIN_SECONDS``.
+        """
         msg = encode(Header(Kind.ABORT), reason.encode()[:4096])
         reqs = [self.iocomm.Isend([msg, MPI.BYTE], dest=d, tag=TAG_MSG) for d in self.servers]
-        deadline = time.monotonic() + 30.0  # the servers end the job; never wait forever
-        while not MPI.Request.Testall(reqs) and time.monotonic() < deadline:
-            time.sleep(0.001)
+        deadline = time.monotonic() + DRAIN_SECONDS + 30.0
+        while time.monotonic() < deadline:
+            MPI.Request.Testall(reqs + self._reqs)
+            if self.iocomm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_ERROR):
+                recv_text(self.iocomm, MPI.ANY_SOURCE, TAG_ERROR)
+                return
+            time.sleep(0.001)  # a failed run waiting for the servers' verdict
 
 
 class Client:

@@ -44,6 +44,7 @@ __all__ = [
     "TAG_TABLE",
     "TAG_REPORT",
     "TAG_ERROR",
+    "DRAIN_SECONDS",
     "Kind",
     "DType",
     "Flags",
@@ -69,6 +70,12 @@ TAG_MSG = 7701
 TAG_TABLE = 7702
 TAG_REPORT = 7703
 TAG_ERROR = 7704
+
+#: How long a server keeps receiving after a model rank failed, when the other
+#: ranks stop sending (they may hang in a collective with the dead rank); the
+#: failed rank waits for the servers' verdict a little longer than this.
+DRAIN_SECONDS = 20.0
+
 NAME_BYTES = 32
 
 #: The C struct, field by field (native byte order, like the C client writes it).

@@ -39,6 +39,7 @@ from .geometry import DomainGeometry
 from .parts import LocalDomain, assemble_geometry, domain_from_message, place
 from .pipeline import Sink, SinkFactory, domain_geometry
 from .protocol import (
+    DRAIN_SECONDS,
     HEADER_BYTES,
     TAG_ERROR,
     TAG_MSG,
@@ -116,6 +117,9 @@ class ServerCore:
         self.busy = 0.0
         self.stash: dict[int, np.ndarray] = {}
         self._errors: list[MPI.Request] = []
+        self.failures: list[str] = []  # model ranks that sent ABORT, in order
+        self.aborted: set[int] = set()
+        self.drain_end: float | None = None
         self.restarts = RestartAssembler(len(self.clients))  # client ids: world ranks
 
     # ------------------------------------------------------------------ receive loop
@@ -123,9 +127,13 @@ class ServerCore:
         """Serve until every client closed; this server's summary (report keys)."""
         t0 = time.perf_counter()
         while len(self.closed) < len(self.clients):
+            if self.failures and (self._drained() or not self._message_before(self.drain_end)):
+                raise ServerAbort(self.failures[0])
             src, msg, t = self._next_message()
             self._handle(src, msg)
             self.busy += time.perf_counter() - t
+        if self.failures:
+            raise ServerAbort(self.failures[0])
         if self.restarts.incomplete:
             raise ServerAbort(f"every model rank closed, restarts incomplete: "
                               f"{', '.join(self.restarts.incomplete)}")
@@ -254,9 +262,35 @@ class ServerCore:
             self._fail(src, text)
 
     def _on_abort(self, src: int, header: Header, payload: np.ndarray) -> None:
+        """A model rank failed: keep serving the others until the steps before its
+        current one are complete (or nothing arrives for ``DRAIN_SECONDS``), so the
+        files end with every complete step; then the run ends with its reason."""
         text = bytes(payload).decode(errors="replace").strip()
-        raise ServerAbort(text if text.startswith("model rank") else
-                          f"model rank {src} failed: {text}")
+        self.failures.append(text if text.startswith("model rank") else
+                             f"model rank {src} failed: {text}")
+        self.aborted.add(src)
+        self.closed[src] = self.steps[src] - 1  # its step stays: caps every advance
+        if self.drain_end is None:
+            self.drain_end = time.monotonic() + DRAIN_SECONDS
+
+    def _drained(self) -> bool:
+        """Every step before the first failed rank's current step has fully arrived."""
+        if any(r not in self.defined for r in self.aborted):
+            return True  # failed during the definitions: no file can be written
+        if self.sink is None:
+            return False  # another rank's DEFINED is still on its way
+        first = min(self.steps[r] for r in self.aborted)
+        return all(c in self.closed or self.steps[c] >= first for c in self.clients)
+
+    def _message_before(self, deadline: float | None) -> bool:
+        """Poll for a message until ``deadline``; False when none came (a hung model)."""
+        while not self.iocomm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_MSG):
+            if self.stash:
+                return True
+            if deadline is None or time.monotonic() > deadline:
+                return False
+            time.sleep(1e-3)  # a failed run, bounded by the deadline: no busy spin
+        return True
 
     def _on_domain(self, src: int, header: Header, payload: np.ndarray) -> None:
         d = self.cfg.domains.get(header.name)
@@ -453,6 +487,10 @@ def serve(cfg: IOServerConfig, iocomm: MPI.Comm, srvcomm: MPI.Comm, servers: Seq
     if reason is not None and core.restarts.incomplete and "incomplete" not in reason:
         reason += f" (restarts not written: {', '.join(core.restarts.incomplete)})"
     pending = _stop_for(core, servers, reason) if reason is not None else []
+    if reason is not None:  # the files are closed: release the failed ranks (Client.abort)
+        verdict = bytearray(f"files closed; the run ends: {reason}".encode())
+        pending += [iocomm.Isend([verdict, MPI.CHAR], dest=c, tag=TAG_ERROR)
+                    for c in sorted(core.aborted)]
     first = _first_failed(srvcomm, reason is not None)
     if first is not None:
         if first == srvcomm.rank:
