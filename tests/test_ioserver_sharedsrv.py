@@ -189,3 +189,29 @@ def test_shared_true_needs_cdf5_and_auto_skips_what_cannot_be_shared() -> None:
     raw = _raw()
     raw["files"][1]["shared"] = False
     assert build_plan(ioserver_from_dict(raw), (2, 3)).shared == ("inst",)
+
+
+def test_a_failing_model_rank_leaves_shared_files_with_complete_records(tmp_path: Path):
+    proc = _run([MPIEXEC, "-n", "4", sys.executable, str(HERE / "model.py"),
+                 str(_iodef(tmp_path, servers=2)), str(NSTEPS), "1", "10"])
+    assert proc.returncode != 0
+    text = proc.stdout + proc.stderr
+    assert "rank 1" in text and "blew up at step 10" in text, text[-3000:]
+    out = tmp_path / "out"
+    sizes = {}
+    for name, first in (("inst_20010227.nc", 1), ("inst_20010228.nc", 9)):
+        if not (out / name).exists():
+            continue
+        assert _run(["ncdump", "-h", str(out / name)]).returncode == 0
+        with netCDF4.Dataset(out / name) as ds:
+            n = sizes[name] = ds.dimensions["time"].size
+            tas = np.ma.filled(ds["tas"][...].astype(np.float64), np.nan)
+        want = [np.where(F.mask(), F.tas(s), np.nan) for s in range(first, first + n)]
+        if n:
+            np.testing.assert_array_equal(tas, np.stack(want).astype(np.float32))
+            assert _run(["cdo", "-s", "sinfon", str(out / name)]).returncode == 0
+    # Only records every server finished, nothing past the failure. (How many
+    # depends on what the servers handled before the ABORT, and mpiexec may kill
+    # them as soon as the failed rank exits: no lower bound can be promised.)
+    assert sizes.get("inst_20010227.nc", 0) <= 8, sizes
+    assert sizes.get("inst_20010228.nc", 0) <= 2, sizes

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -86,6 +87,7 @@ class _Split:
         self.key = key
         self.sf = sf
         self.periods: dict[int, int] = {}
+        self.done = 0  #: records this server finished (declared done)
 
 
 class SharedPipeline:
@@ -183,6 +185,7 @@ class SharedPipeline:
                 data = np.where(~mask[self._slice(r.field.grid), :], np.nan, data)
             split.sf.write_rows(idx, var.name, np.where(np.isnan(data), var.fill, data))
         split.sf.record_done(idx, self._time_values(lay, recs))
+        split.done = max(split.done, idx + 1)
 
     def _time_values(self, lay: Any, recs: list[Any]) -> dict[str, np.ndarray]:
         """``time``, ``time_bnds`` (and ``time_instant``) of one period, as the writer's."""
@@ -241,12 +244,28 @@ class SharedPipeline:
         paths = tuple(self._paths)
         return WriterStats(sum(p.stat().st_size for p in paths), paths)
 
-    def abandon(self) -> None:
-        """Abort path, not collective: stop writing; each file keeps its announced records."""
+    def abandon(self, grace: float = 2.0) -> None:
+        """Abort path, not collective: each file keeps the records every server finished.
+
+        The owner keeps announcing for at most ``grace`` seconds, until every
+        record it finished itself is announced (the other servers' notices of
+        those records may still be on their way; a server that failed mid-record
+        never sends its notice, hence the bound). Nothing waits for the others.
+        """
+        deadline = time.monotonic() + grace
         for split in self._open.values():
-            if split.sf._fd >= 0:
-                os.close(split.sf._fd)
-                split.sf._fd = -1
+            sf = split.sf
+            try:
+                while (sf.is_owner and sf.numrecs < split.done
+                       and time.monotonic() < deadline):
+                    sf.poll()
+                    time.sleep(1e-3)  # the notices are in flight: yield the core
+            except Exception:  # the run is ending with its own reason
+                pass
+            finally:
+                if sf._fd >= 0:  # closed without close(): that one is collective
+                    os.close(sf._fd)
+                    sf._fd = -1
         self._open.clear()
 
 
