@@ -9,6 +9,11 @@ set or inherited, not the defaults it fell back on), then its enclosing groups
 (innermost first), then the defaults — as in XIOS, where a reference is
 inherited before the parent group.
 
+A file's ``shared: auto | true | false`` (with ``ioserver.shared_min_mb``)
+says whether every server writes its rows of it (:mod:`.sharedfiles`);
+``true`` is checked here (:func:`shared_obstacle`), ``auto`` is decided when
+the number of servers is known.
+
 Every problem (unknown key, dangling ``grid``/``domain``/``axis``/``field_ref``
 or expression reference, a reference cycle, a duplicate id) is a
 :class:`~ensio.config.errors.ConfigError` naming the dotted key.
