@@ -46,7 +46,8 @@ def _raw(**top) -> dict:
                      "standard_name": None, "long_name": "warm excess"}]},
         {"id": "avg", "name": "avg", "output_freq": "1d", "format": "cdf5",
          "fields": [{"field_ref": "tas"}, {"field_ref": "tas_max", "name": "tasmax"},
-                    {"field_ref": "ta"}, {"field_ref": "pr", "name": "pr_sum"}]},
+                    {"field_ref": "ta"}, {"field_ref": "pr", "name": "pr_sum"},
+                    {"field_ref": "tas", "name": "tas_last", "operation": "instant"}]},
         {"id": "gm", "name": "gm", "output_freq": "1d", "format": "cdf5",  # not shareable
          "fields": [{"field_ref": "tas", "name": "tas_gm", "mean": "global"}]},
     ]
@@ -152,6 +153,18 @@ def test_shared_files_pass_ncdump_cdo_and_the_cf_checker(shared_run: Path) -> No
         assert _run(["ncdump", str(path)]).returncode == 0
         proc = _run(["cdo", "-s", "sinfon", str(path)])
         assert proc.returncode == 0, (name, proc.stderr)
+
+
+def test_mpmd_servers_write_the_same_shared_files(tmp_path: Path, single: dict) -> None:
+    iodef = _iodef(tmp_path)  # servers: 1 in the file; the MPMD job has two
+    proc = _run([MPIEXEC, "-n", "2", sys.executable, str(HERE / "model.py"), str(iodef),
+                 str(NSTEPS), ":", "-n", "2", str(Path(sys.executable).with_name("ensio")),
+                 "ioserver", str(iodef)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = _content(tmp_path / "out")
+    for k, want in single.items():
+        if not isinstance(want, dict):
+            np.testing.assert_array_equal(got[k], want, err_msg=k)
 
 
 def test_sync_mode_writes_the_same_data(tmp_path: Path, single: dict) -> None:
