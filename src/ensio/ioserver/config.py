@@ -9,6 +9,11 @@ set or inherited, not the defaults it fell back on), then its enclosing groups
 (innermost first), then the defaults — as in XIOS, where a reference is
 inherited before the parent group.
 
+A file's ``shared: auto | true | false`` (with ``ioserver.shared_min_mb``)
+says whether every server writes its rows of it (:mod:`.sharedfiles`);
+``true`` is checked here (:func:`shared_obstacle`), ``auto`` is decided when
+the number of servers is known.
+
 Every problem (unknown key, dangling ``grid``/``domain``/``axis``/``field_ref``
 or expression reference, a reference cycle, a duplicate id) is a
 :class:`~ensio.config.errors.ConfigError` naming the dotted key.
@@ -36,6 +41,7 @@ __all__ = [
     "CalendarDef",
     "AxisDef",
     "DomainDef",
+    "shared_obstacle",
     "GridDef",
     "Box",
     "FieldDef",
@@ -57,6 +63,7 @@ DomainType = Literal["rectilinear", "curvilinear", "unstructured"]
 FileFormat = Literal["netcdf4", "cdf5"]
 TimeUnits = Literal["seconds", "minutes", "hours", "days"]
 MeanKind = Literal["global", "zonal"]
+SharedMode = Literal["auto", "true", "false"]
 
 #: A frequency: a positive count and an XIOS unit (timestep, second, minute, hour,
 #: day, month, year).
@@ -223,6 +230,9 @@ class FileDef:
     enabled: bool = True
     time_units: TimeUnits = "seconds"
     attributes: dict[str, Any] = field(default_factory=dict)
+    #: row ranges written by every server (``"auto"``: when several servers and the
+    #: record is at least ``ioserver.shared_min_mb``; see :mod:`.sharedfiles`)
+    shared: SharedMode = "auto"
 
 
 @dataclass(frozen=True)
@@ -234,6 +244,7 @@ class IOServerConfig:
     client_buffer_mb: float = 64.0
     server_buffer_mb: float = 256.0
     output_dir: Path = Path("output")
+    shared_min_mb: float = 64.0
     calendar: CalendarDef = field(default_factory=CalendarDef)
     axes: Mapping[str, AxisDef] = field(default_factory=dict)
     domains: Mapping[str, DomainDef] = field(default_factory=dict)
@@ -273,7 +284,8 @@ def expression_refs(text: str) -> tuple[set[str], set[str]]:
 # --------------------------------------------------------------------------- loading
 
 _SECTION_KEYS = {
-    "mode", "servers", "client_buffer_mb", "server_buffer_mb", "output_dir", "calendar",
+    "mode", "servers", "client_buffer_mb", "server_buffer_mb", "shared_min_mb", "output_dir",
+    "calendar",
     "axes", "domains", "grids", "field_groups", "fields", "files",
 }
 _FIELD_KEYS = {f.name for f in fields(FieldDef)}
@@ -306,8 +318,8 @@ def ioserver_from_dict(raw: Any, base_dir: str | Path = ".") -> IOServerConfig:
     for k in raw:
         if k not in _SECTION_KEYS:
             raise ConfigError(f"ioserver.{k}: unknown config key")
-    top = {k: raw[k] for k in ("mode", "servers", "client_buffer_mb", "server_buffer_mb")
-           if k in raw}
+    top = {k: raw[k] for k in ("mode", "servers", "client_buffer_mb", "server_buffer_mb",
+                               "shared_min_mb") if k in raw}
     scalars = from_plain(_Scalars, top, "ioserver")
     out_dir = Path(from_plain(str, raw.get("output_dir", "output"), "ioserver.output_dir"))
     if not out_dir.is_absolute():
@@ -324,9 +336,12 @@ def ioserver_from_dict(raw: Any, base_dir: str | Path = ".") -> IOServerConfig:
     entries = _collect_fields(raw.get("field_groups", []), raw.get("fields", []))
     resolved = _resolve_fields(entries, grids)
     files = _resolve_files(raw.get("files", []), resolved, grids)
+    for f in files:
+        _check_shared(f, grids, domains)
     return IOServerConfig(
         mode=scalars.mode, servers=scalars.servers, client_buffer_mb=scalars.client_buffer_mb,
-        server_buffer_mb=scalars.server_buffer_mb, output_dir=out_dir, calendar=calendar,
+        server_buffer_mb=scalars.server_buffer_mb, shared_min_mb=scalars.shared_min_mb,
+        output_dir=out_dir, calendar=calendar,
         axes=axes, domains=domains, grids=grids, fields=resolved, files=files,
     )
 
@@ -337,11 +352,12 @@ class _Scalars:
     servers: int = 1
     client_buffer_mb: float = 64.0
     server_buffer_mb: float = 256.0
+    shared_min_mb: float = 64.0
 
     def __post_init__(self) -> None:
         if self.servers < 1:
             raise ConfigError(f"ioserver.servers: must be at least 1, got {self.servers}")
-        for name in ("client_buffer_mb", "server_buffer_mb"):
+        for name in ("client_buffer_mb", "server_buffer_mb", "shared_min_mb"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"ioserver.{name}: must be positive")
 
@@ -546,6 +562,8 @@ def _resolve_files(value: Any, defined: Mapping[str, FieldDef],
             raise ConfigError(f"{key}.fields: variable name {dup[0]!r} used twice")
         plain = {k: v for k, v in raw.items() if k != "fields"}
         plain["fields"] = []
+        if isinstance(plain.get("shared"), bool):  # YAML true/false
+            plain["shared"] = str(plain["shared"]).lower()
         fd = from_plain(FileDef, plain, key)
         fd = replace(fd, fields=ffields, attributes=dict(fd.attributes))
         _check_file(fd, key)
@@ -608,6 +626,43 @@ def _check_file(fd: FileDef, key: str) -> None:
             raise ConfigError(f"{key}.name: {{end}} needs split_freq")
     if "/" in fd.name:
         raise ConfigError(f"{key}.name: {fd.name!r} must be a file name, not a path")
+
+
+def shared_obstacle(fd: FileDef, grids: Mapping[str, GridDef],
+                    domains: Mapping[str, DomainDef]) -> tuple[str, str] | None:
+    """Why a file cannot be written in row ranges by several servers: (key, reason).
+
+    Each server sees only its rows, so every variable must be a plain row
+    split of one 2-D domain: a CDF-5 file (byte ranges), no box extraction or
+    spatial mean (they need the global array), no ``once`` variable (not a
+    record variable).
+    """
+    key = f"ioserver.files.{fd.id}"
+    if fd.format != "cdf5":
+        return f"{key}.format", f"a shared file must be cdf5, not {fd.format}"
+    enabled = [f for f in fd.fields if f.enabled]
+    doms = {grids[f.grid].domain for f in enabled}
+    for f in enabled:
+        where = f"{key}.fields.{f.name}"
+        if f.extract is not None or f.mean is not None:
+            what = "extract" if f.extract is not None else "mean"
+            return f"{where}.{what}", f"{what} needs the global array (shared file)"
+        if f.operation == "once":
+            return f"{where}.operation", "once is not a record variable (shared file)"
+        if domains[grids[f.grid].domain].type == "unstructured":
+            return f"{where}.grid", "an unstructured domain has no rows (shared file)"
+    if len(doms) > 1:
+        return f"{key}.fields", f"a shared file holds one domain, not {sorted(doms)}"
+    return None
+
+
+def _check_shared(fd: FileDef, grids: Mapping[str, GridDef],
+                  domains: Mapping[str, DomainDef]) -> None:
+    if fd.shared != "true":
+        return
+    why = shared_obstacle(fd, grids, domains)
+    if why is not None:
+        raise ConfigError(f"{why[0]}: {why[1]}; set ioserver.files.{fd.id}.shared: false")
 
 
 def field_ids(cfg: IOServerConfig) -> Sequence[str]:

@@ -131,6 +131,9 @@ class ServerCore:
                 raise ServerAbort(self.failures[0])
             src, msg, t = self._next_message()
             self._handle(src, msg)
+            poll = getattr(self.sink, "poll", None)  # shared files: announce records
+            if poll is not None:
+                poll()
             self.busy += time.perf_counter() - t
         if self.failures:
             raise ServerAbort(self.failures[0])
@@ -425,8 +428,8 @@ class ServerCore:
     def close_files(self) -> None:
         """Abort path: close the pipeline's files (every complete record is in them)."""
         sink, self.sink = self.sink, None
-        if sink is not None:
-            sink.close()
+        if sink is not None:  # shared files are abandoned, not closed collectively
+            getattr(sink, "abort", sink.close)()
 
 
 def _stop_for(core: ServerCore, servers: Sequence[int], reason: str) -> list[MPI.Request]:

@@ -42,10 +42,15 @@ _TABLE_ERROR = "ensio-ioserver error "
 
 @dataclass(frozen=True)
 class Plan:
-    """Which files each server writes, and the field table the clients get."""
+    """Which files each server writes, and the field table the clients get.
+
+    ``shared`` files (row ranges written by every server, :mod:`.sharedfiles`)
+    are in every server's ``files``.
+    """
 
     files: Mapping[int, tuple[str, ...]]
     table: FieldTable
+    shared: tuple[str, ...] = ()
 
 
 def _out_points(cfg: IOServerConfig, fd: FieldDef) -> int:
@@ -70,14 +75,23 @@ def file_weight(cfg: IOServerConfig, f: FileDef) -> float:
 
 def build_plan(cfg: IOServerConfig, servers: Sequence[int],
                periods: PeriodsFn = field_periods) -> Plan:
-    """Greedy balance of files over ``servers`` (largest first to the least loaded)."""
-    files = sorted(cfg.enabled_files, key=lambda f: (-file_weight(cfg, f), f.id))
+    """Greedy balance of files over ``servers`` (largest first to the least loaded).
+
+    Shared files (:func:`.sharedfiles.shared_files`) go to every server.
+    """
+    from .sharedfiles import shared_files
+
+    shared = shared_files(cfg, len(servers))
+    files = sorted((f for f in cfg.enabled_files if f.id not in shared),
+                   key=lambda f: (-file_weight(cfg, f), f.id))
     load = {s: 0.0 for s in servers}
     own: dict[int, list[str]] = {s: [] for s in servers}
     for f in files:
         s = min(servers, key=lambda r: (load[r], r))
         load[s] += file_weight(cfg, f)
         own[s].append(f.id)
+    for s in servers:
+        own[s].extend(shared)
     order = {f.id: i for i, f in enumerate(cfg.files)}
     files_of = {s: tuple(sorted(own[s], key=order.__getitem__)) for s in servers}
     need = {s: periods(cfg, files_of[s]) for s in servers}
@@ -94,7 +108,7 @@ def build_plan(cfg: IOServerConfig, servers: Sequence[int],
         grids={i: (g.domain, g.axis) for i, g in cfg.grids.items()},
         fields=entries,
     )
-    return Plan(files_of, table)
+    return Plan(files_of, table, shared)
 
 
 def history_line(cfg: IOServerConfig, context: str) -> str:
@@ -192,6 +206,10 @@ def _run_server(cfg: IOServerConfig, world: MPI.Comm, iocomm: MPI.Comm, sub: MPI
         raise IOServerError(f"ioserver: cannot plan the servers: {error}")
     fields = {f for f, e in plan.table.fields.items() if world.rank in e.servers}
     cfg.output_dir.mkdir(parents=True, exist_ok=True)
+    if plan.shared:
+        from .sharedfiles import server_sink_factory
+
+        sink_factory = server_sink_factory(sink_factory, plan.shared, sub)
     serve(cfg, iocomm, sub, servers, clients, plan.files[world.rank], fields, sink_factory,
           cfg.output_dir, history_line(cfg, context))
     iocomm.Free()
