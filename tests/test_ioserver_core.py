@@ -566,8 +566,6 @@ def test_core_assembles_and_advances_in_order():
     (0, _field(1, 0, np.zeros(14), "nope"), "model rank 0: unknown field 'nope' (step 1)"),
     (0, _field(1, 0, np.zeros(14), "tas_c"), "model rank 0: field computed on the servers"),
     (0, _field(1, 0, np.zeros(42), "ta"), "model rank 0: field 'ta' is not sent to server"),
-    (1, encode(Header(Kind.ABORT), "model rank 1 failed: ValueError: x"),
-     "model rank 1 failed: ValueError: x"),
     (0, encode(Header(Kind.STEP, step=0)), "model rank 0: step 0 after step 0"),
     (0, _field(2, 0, np.zeros(14)), "model rank 0: field 'tas' for step 2 during its step 0"),
     (1, b"\0" * 128, "model rank 1: bad magic"),
@@ -585,6 +583,27 @@ def test_core_errors_name_field_and_rank(rank, message, expect):
         assert comm.errors == [(rank, 7704, str(info.value))]
     core.close_files()
     assert core.sink is None
+
+
+def test_a_failed_rank_is_drained_up_to_its_step_then_the_run_ends():
+    """ABORT of rank 1 during its step 3: the steps before it are still written once
+    rank 0's messages for them arrive; nothing of step 3 or later is."""
+    core, _ = _core()
+    for r in (0, 1):
+        core._handle(r, encode(Header(Kind.DEFINED, a=(1,))))
+    for step in (1, 2, 3):
+        core._handle(1, encode(Header(Kind.STEP, step=step)))
+        if step < 3:
+            core._handle(1, _field(step, 1, np.zeros(21)))
+    core._handle(1, encode(Header(Kind.ABORT), "model rank 1 failed: ValueError: x"))
+    assert core.failures == ["model rank 1 failed: ValueError: x"] and not core._drained()
+    for step in (1, 2, 3):
+        core._handle(0, encode(Header(Kind.STEP, step=step)))
+        core._handle(0, _field(step, 0, np.zeros(14)))
+    assert core._drained()
+    advances = [c[1] for c in core.sink.calls if c[0] == "advance"]
+    assert advances and max(advances) == 2
+    assert {c[2] for c in core.sink.calls if c[0] == "push"} == {1, 2}
 
 
 # --------------------------------------------------------------------------- the C client
