@@ -186,6 +186,8 @@ def _receive(io, models: list[int], me: int, servers: list[int], mode: str,
         c.nbytes += len(buf)
         c.messages += 1
         _check(c, st.Get_source(), bytes(buf), problems)
+        if buf[8] == 5:  # ABORT: the verdict the aborting rank waits for (as the server)
+            io.Send([b"files closed", MPI.CHAR], st.Get_source(), 7704)
         if mode == "server_error" and me == servers[0] and st.Get_source() == models[0] \
                 and c.steps[-1:] == [2] and buf[8] == 3:
             msg = f"field 'tas' of rank {models[0]} rejected by the stub".encode()

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define MAGIC ((int64_t)0x314F494F49534E45LL)
 enum { K_DOMAIN = 1, K_FIELD = 2, K_STEP = 3, K_CLOSE = 4, K_ABORT = 5, K_DEFINED = 6 };
@@ -669,6 +670,16 @@ int ensio_ioclient_abort(const char *reason) {
     header(&h, K_ABORT, DT_TEXT, (int64_t)strlen(text), NULL);
     int rc = post(&h, text, (int64_t)strlen(text), S.servers, S.nservers);
     wait_all();
+    /* Wait (bounded) for the servers' verdict: they drain the other ranks' messages and
+       close the files first; exiting at once lets mpiexec kill them before that. */
+    double deadline = MPI_Wtime() + 50.0;
+    while (rc == 0 && !S.server_failed && MPI_Wtime() < deadline) {
+        drain_errors();
+        if (!S.server_failed) {
+            struct timespec ts = {0, 1000000};
+            nanosleep(&ts, NULL);
+        }
+    }
     reset(); /* the communicators are not freed: MPI_Comm_free is collective */
     return rc;
 }
