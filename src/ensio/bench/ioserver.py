@@ -58,6 +58,7 @@ class IOServerBenchSettings:
     sweeps: int = 32
     repeat: int = 3
     servers: tuple[int, ...] = (1, 2)
+    compression: int = 1
 
     @property
     def bytes_per_output(self) -> int:
@@ -92,7 +93,7 @@ def _run(st: IOServerBenchSettings, mode: str, servers: int, root: Path,
         argv += ["--mode", "none"]
     else:
         cfg = {"ioserver": iodef(st.nx, st.ny, st.nz, st.fields, st.every, mode,
-                                 max(servers, 1), "output")}
+                                 max(servers, 1), "output", compression=st.compression)}
         (run_dir / "iodef.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
         argv += ["--iodef", str(run_dir / "iodef.yaml"), "--mode", mode]
     log = run_dir / "log.txt"

@@ -39,7 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         ("fields", "3-D output fields"),
                         ("every", "output every K steps (a step is 15 min: 24 = 6-hourly)"),
                         ("steps", "model steps"), ("sweeps", "stencil sweeps per step"),
-                        ("repeat", "runs per mode; the best is reported")):
+                        ("repeat", "runs per mode; the best is reported"),
+                        ("compression", "zlib level of the output file, 0 = none")):
         p.add_argument(f"--{name}", type=int, default=getattr(d, name),
                        help=f"{help_} (default {getattr(d, name)})")
 
@@ -52,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
 
     st = IOServerBenchSettings(ranks=args.ranks, nx=args.nx, ny=args.ny, nz=args.nz,
                                fields=args.fields, every=args.every, steps=args.steps,
-                               sweeps=args.sweeps, repeat=args.repeat, servers=args.servers)
+                               sweeps=args.sweeps, repeat=args.repeat, servers=args.servers,
+                               compression=args.compression)
     console = Console(stderr=True)
     status = console.status("ensio bench ioserver", spinner="dots") if console.is_terminal \
         else contextlib.nullcontext()
