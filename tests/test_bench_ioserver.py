@@ -76,6 +76,8 @@ def test_run_directories_keep_the_data_the_model_sent(bench):
     states = expected_outputs()
     assert sorted(states) == [2, 4]
     for mode in OUTPUT_MODES:
+        result = json.loads((work / f"{mode}-0" / "result.json").read_text())
+        assert result["mode"] == mode.rstrip("1")  # the mode that ran (server1: server)
         files = sorted((work / f"{mode}-0" / "output").glob("*.nc"))
         assert len(files) == 1, (mode, files)
         with netCDF4.Dataset(files[0]) as ds:

@@ -51,9 +51,9 @@ MODES = ("none", "server", "attached", "sync")
 class StencilSettings:
     """One run of the stencil model, resolved once (what ``ensio model stencil`` parses).
 
-    ``mode`` labels the result and says whether there is output at all: with an
-    output mode the I/O server runs as ``iodef``'s ``ioserver.mode`` says (the
-    benchmark writes both the same).
+    ``mode`` says whether there is output at all: with an output mode the I/O
+    server runs as ``iodef``'s ``ioserver.mode`` says, and the result names
+    that mode (the benchmark writes both the same).
     """
 
     iodef: Path | None = None
@@ -305,5 +305,6 @@ def _time_loop(comm: Any, st: StencilSettings, client: Any) -> RunResult | None:
     in_close = comm.allreduce(in_close, op=MPI.MAX)
     if comm.Get_rank() != 0:
         return None
-    return RunResult(st.mode, comm.Get_size(), st.steps, seconds, in_calls + in_close,
+    mode = "none" if client is None else client.cfg.mode  # what ran, whatever the label
+    return RunResult(mode, comm.Get_size(), st.steps, seconds, in_calls + in_close,
                      in_close, report)
