@@ -2,10 +2,11 @@
 
 Seed 002 measures the output cost of IFS as ``(t − t_no_output) / t_no_output``:
 23 % for sequential output, 2 % with the XIOS server. This driver runs the
-stencil model of :mod:`ensio.models.stencil` (P model ranks, F 3-D fields every
-k steps) without output and with ``sync``, ``attached`` and ``server`` (S = 1
-and 2) output, each as its own ``mpiexec`` job, best of ``repeat`` runs, all in
-the same invocation so the ratios compare like with like.
+stencil model of :mod:`ensio.models.stencil` (``ensio model stencil``: P model
+ranks, F 3-D fields every k steps) without output and with ``sync``,
+``attached`` and ``server`` (S = 1 and 2) output, each as its own ``mpiexec``
+job, best of ``repeat`` runs, all in the same invocation so the ratios compare
+like with like.
 
 Honesty about this machine: with P model ranks and S servers on fewer than P+S
 cores the servers steal the model's cores, so the measured server cost
@@ -70,6 +71,11 @@ def _mpiexec() -> str:
     return str(Path(sys.executable).with_name("mpiexec"))
 
 
+def _ensio_command() -> list[str]:
+    """The ``ensio`` command of this interpreter: works in a venv without ``ensio`` on PATH."""
+    return [sys.executable, "-m", "ensio"]
+
+
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     src = str(Path(__file__).resolve().parents[2])
@@ -85,7 +91,7 @@ def _run(st: IOServerBenchSettings, mode: str, servers: int, root: Path,
     run_dir = root / f"{name}-{rep}"
     run_dir.mkdir(parents=True, exist_ok=True)
     nprocs = st.ranks + (servers if mode == "server" else 0)
-    argv = [_mpiexec(), "-n", str(nprocs), sys.executable, "-m", "ensio.models.stencil",
+    argv = [_mpiexec(), "-n", str(nprocs), *_ensio_command(), "model", "stencil",
             "--nx", str(st.nx), "--ny", str(st.ny), "--nz", str(st.nz),
             "--fields", str(st.fields), "--steps", str(st.steps), "--sweeps", str(st.sweeps),
             "--json", str(run_dir / "result.json")]

@@ -11,6 +11,9 @@ The commands that ``workflow.setup``, ``workflow.member_command`` and
     :mod:`ensio.models.l96_coupled`, :mod:`ensio.models.synthetic_coupled`:
     every cycle of ``ensio cycle --mode online`` in one MPI job
     (``mpiexec -n N_e*P ensio model l96-coupled ...``).
+``ensio model stencil``
+    :mod:`ensio.models.stencil` (3-D diffusion sending its output through the
+    I/O server; the model that ``ensio bench ioserver`` runs).
 
 Why the model modules are imported only by the handlers: a member task is
 started once per member and cycle, so ``ensio model synthrun`` must not pay
@@ -29,13 +32,15 @@ __all__ = ["add_parser", "add_run_arguments"]
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register ``model`` and its sub-commands on the ``ensio`` sub-command parser."""
     p = subparsers.add_parser(
-        "model", help="the example models (Lorenz-96, synthetic field) and coupled programs",
+        "model", help="the example models (Lorenz-96, synthetic field, stencil) and coupled "
+                      "programs",
         description="The example models (Lorenz-96, the synthetic field) and their coupled "
                     "programs: the commands that workflow.setup, workflow.member_command and "
                     "workflow.online.command of examples/*/cycle.yaml run.",
     )  # fmt: skip
     sub = p.add_subparsers(dest="model", metavar="MODEL", required=True)
-    for add in (_add_l96, _add_synthrun, _add_l96_coupled, _add_synthetic_coupled):
+    for add in (_add_l96, _add_synthrun, _add_l96_coupled, _add_synthetic_coupled,
+                _add_stencil):
         add(sub)
 
 
@@ -228,4 +233,47 @@ def _synthetic_coupled(args: argparse.Namespace) -> int:
                           tasks_per_member=args.tasks_per_member, sleep=args.sleep,
                           shift=args.shift, variable=args.variable, timeout=args.timeout)
     print_reports(world, reports)
+    return 0
+
+
+# ----------------------------------------------------------- stencil model
+
+
+def _add_stencil(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "stencil", help="3-D diffusion model writing through the I/O server (run under mpiexec)",
+        description="The 3-D diffusion stencil of ensio bench ioserver: --steps time steps of "
+                    "--sweeps sweeps each on --nz x --ny x --nx points, rows decomposed over "
+                    "the model ranks, sending --fields 3-D fields and a surface field through "
+                    "the I/O server of --iodef. Run under mpiexec (-n P, or P+S in server "
+                    "mode); --mode none runs without output (the baseline).",
+    )  # fmt: skip
+    p.add_argument("--iodef", type=Path, help="YAML with the ioserver: section")
+    p.add_argument("--mode", default="server", choices=("none", "server", "attached", "sync"),
+                   help="none: no output at all (the baseline); else the iodef's mode is used")
+    p.add_argument("--nx", type=int, default=128, help="longitudes (default 128)")
+    p.add_argument("--ny", type=int, default=64, help="latitudes (default 64)")
+    p.add_argument("--nz", type=int, default=16, help="levels (default 16)")
+    p.add_argument("--fields", type=int, default=4, help="3-D output fields (default 4)")
+    p.add_argument("--steps", type=int, default=96, help="time steps (default 96)")
+    p.add_argument("--sweeps", type=int, default=4,
+                   help="diffusion sweeps per time step (default 4)")
+    p.add_argument("--json", type=Path, default=None, metavar="FILE",
+                   help="write the result (model rank 0)")
+    p.set_defaults(func=_stencil)
+
+
+def _stencil(args: argparse.Namespace) -> int:
+    import json
+    from dataclasses import asdict
+
+    from ..models.stencil import StencilSettings, run
+
+    st = StencilSettings(iodef=args.iodef, mode=args.mode, nx=args.nx, ny=args.ny, nz=args.nz,
+                         fields=args.fields, steps=args.steps, sweeps=args.sweeps)
+    from mpi4py import MPI
+
+    res = run(MPI.COMM_WORLD, st)
+    if res is not None and args.json is not None:
+        args.json.write_text(json.dumps(asdict(res), indent=2) + "\n")
     return 0

@@ -3,36 +3,79 @@
 Why a stencil and not a sleep: the output cost of seed 002 (2 % with XIOS
 against 23 % for sequential output) is the cost seen by a model that computes,
 communicates halos and competes for memory bandwidth while the servers write.
-The model integrates ``T ← T + κ ∇²T + forcing`` (periodic in longitude, closed
-at the poles, levels coupled) on ``(nz, ny, nx)`` points decomposed over the
-model ranks by latitude rows, exchanging one halo row with each neighbour per
-sweep. Every ``every`` steps it sends ``fields`` 3-D fields (``T`` scaled) and
-the 2-D surface field ``sfc`` through :mod:`ensio.ioserver`.
 
-Run it under ``mpiexec``: ``python -m ensio.models.stencil --iodef FILE ...``
-(``--mode none`` runs without any output, the baseline of ``ensio bench ioserver``).
-The JSON it writes (rank 0) holds the wall time of the time loop including the
-final ``close()`` (which waits for the servers to finish writing) and the
-client report.
+One sweep on ``T[k, j, i]`` (``nz`` levels, ``ny`` latitude rows, ``nx``
+longitudes) is ``T ← T + κ (∇²_h T + ½ ∇²_z T) + 10⁻³ sin(0.01 n)`` at step ``n``,
+with κ = :data:`KAPPA`:
+
+* ``∇²_h T = T[j-1] + T[j+1] + T[i-1] + T[i+1] − 4 T``, periodic in longitude
+  and closed at the poles: the row beyond the first (last) latitude is a
+  mirror of it, so no heat crosses a pole;
+* ``∇²_z T = T[k-1] + T[k+1] − 2 T``, closed at the top and bottom levels the
+  same way (a missing level counts as ``T[k]``): one level alone does not diffuse.
+
+The rows are decomposed over the model ranks in contiguous blocks, exchanging
+one halo row with each neighbour per sweep. Every ``every`` steps the model
+sends ``fields`` 3-D fields (field ``i`` is ``T × (1 + 0.01 i)``) and the 2-D
+surface field ``sfc`` (the first level) through :mod:`ensio.ioserver`.
+
+Run it under ``mpiexec``: ``ensio model stencil --iodef FILE ...``
+(``--mode none`` runs without any output, the baseline of ``ensio bench ioserver``);
+:func:`run` is the same from Python. Its :class:`RunResult` (model rank 0)
+holds the wall time of the time loop including the final ``close()`` (which
+waits for the servers to finish writing) and the client report.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..errors import ConfigError
 from ..parallel.distribution import RowDistribution
 
-__all__ = ["StencilModel", "field_ids", "iodef", "main"]
+__all__ = ["KAPPA", "MODES", "RunResult", "StencilModel", "StencilSettings", "field_ids",
+           "iodef", "latitudes", "longitudes", "run"]
 
 KAPPA = 0.1
+
+#: ``none`` runs without output (the baseline); the others need an iodef, whose mode is used.
+MODES = ("none", "server", "attached", "sync")
+
+
+@dataclass(frozen=True)
+class StencilSettings:
+    """One run of the stencil model, resolved once (what ``ensio model stencil`` parses).
+
+    ``mode`` says whether there is output at all: with an output mode the I/O
+    server runs as ``iodef``'s ``ioserver.mode`` says, and the result names
+    that mode (the benchmark writes both the same).
+    """
+
+    iodef: Path | None = None
+    mode: str = "server"
+    nx: int = 128
+    ny: int = 64
+    nz: int = 16
+    fields: int = 4
+    steps: int = 96
+    sweeps: int = 4
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError(f"mode: expected one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.mode != "none" and self.iodef is None:
+            raise ConfigError(f"iodef: required unless mode is none (mode is {self.mode})")
+        for key in ("nx", "ny", "nz", "steps"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"{key}: must be at least 1, got {getattr(self, key)}")
+        for key in ("fields", "sweeps"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"{key}: must be at least 0, got {getattr(self, key)}")
 
 
 @dataclass
@@ -54,6 +97,14 @@ class StencilModel:
 
     @classmethod
     def build(cls, nx: int, ny: int, nz: int, comm: Any) -> StencilModel:
+        """The initial state (a wave in longitude, cooler with height) on this rank's rows.
+
+        Every rank needs a row: a rank without one would have no halo to exchange
+        and its neighbours would wait for it.
+        """
+        if ny < comm.size:
+            raise ConfigError(f"ny: {ny} latitude rows for {comm.size} model ranks; "
+                              "every model rank needs at least one row")
         dist = RowDistribution.of(ny, comm)
         j0, nj = int(dist.start), int(dist.count)
         lat = np.deg2rad(latitudes(ny)[j0:j0 + nj])
@@ -105,8 +156,6 @@ class StencilModel:
         up = rank - 1 if rank > 0 else None
         down = rank + 1 if rank < size - 1 else None
         # closed boundaries: mirror the edge row where there is no neighbour
-        if self.nj == 0:
-            return
         if up is None:
             t[:, 0] = t[:, 1]
         if down is None:
@@ -180,8 +229,12 @@ def iodef(nx: int, ny: int, nz: int, fields: int, every: int, mode: str, servers
     }
 
 
+
+
 @dataclass
 class RunResult:
+    """What model rank 0 reports of a run (``ensio model stencil --json``)."""
+
     mode: str
     model_ranks: int
     steps: int
@@ -191,36 +244,45 @@ class RunResult:
     report: dict[str, Any] | None
 
 
-def run(args: argparse.Namespace) -> RunResult | None:
-    """Run the model on this process; returns the result on model rank 0, else ``None``."""
+def run(world: Any, settings: StencilSettings) -> RunResult | None:
+    """Run the model on this process of ``world`` (collective).
+
+    Returns the result on model rank 0, else ``None`` (other model ranks, and
+    server ranks after the servers have written everything). A model rank that
+    fails aborts the I/O server, so the servers close the files and end the job
+    instead of waiting for a client that is gone.
+    """
+    if settings.mode == "none":
+        return _time_loop(world, settings, None)
+    from .. import ioserver
+
+    client = ioserver.start(world, settings.iodef)
+    if client is None:
+        return None  # a server rank: the loop ran inside start()
+    with client:
+        return _time_loop(client.comm, settings, client)
+
+
+def _time_loop(comm: Any, st: StencilSettings, client: Any) -> RunResult | None:
+    """Build, integrate ``st.steps`` steps sending the output, close; timed on every rank."""
     from mpi4py import MPI
 
-    world = MPI.COMM_WORLD
-    client = None
-    comm = world
-    if args.mode != "none":
-        from .. import ioserver
-
-        client = ioserver.start(world, args.iodef)
-        if client is None:
-            return None  # a server rank: the loop ran inside start()
-        comm = client.comm
-    model = StencilModel.build(args.nx, args.ny, args.nz, comm)
-    ids = field_ids(args.fields)
+    model = StencilModel.build(st.nx, st.ny, st.nz, comm)
+    ids = field_ids(st.fields)
     if client is not None:
-        client.set_domain("dom", ibegin=0, ni=args.nx, jbegin=model.j0, nj=model.nj,
-                          lon=longitudes(args.nx),
-                          lat=latitudes(args.ny)[model.j0:model.j0 + model.nj])
+        client.set_domain("dom", ibegin=0, ni=st.nx, jbegin=model.j0, nj=model.nj,
+                          lon=longitudes(st.nx),
+                          lat=latitudes(st.ny)[model.j0:model.j0 + model.nj])
         client.close_definition()
     comm.Barrier()
     t_start = time.perf_counter()
     in_calls = 0.0
-    for n in range(1, args.steps + 1):
+    for n in range(1, st.steps + 1):
         if client is not None:
             c = time.perf_counter()
             client.update_timestep(n)
             in_calls += time.perf_counter() - c
-        model.step(comm, n, args.sweeps)
+        model.step(comm, n, st.sweeps)
         if client is None:
             continue
         c = time.perf_counter()
@@ -243,30 +305,6 @@ def run(args: argparse.Namespace) -> RunResult | None:
     in_close = comm.allreduce(in_close, op=MPI.MAX)
     if comm.Get_rank() != 0:
         return None
-    return RunResult(args.mode, comm.Get_size(), args.steps, seconds, in_calls + in_close,
+    mode = "none" if client is None else client.cfg.mode  # what ran, whatever the label
+    return RunResult(mode, comm.Get_size(), st.steps, seconds, in_calls + in_close,
                      in_close, report)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ensio.models.stencil", description=__doc__)
-    p.add_argument("--iodef", type=Path, help="YAML with the ioserver: section")
-    p.add_argument("--mode", default="server", choices=("none", "server", "attached", "sync"),
-                   help="none: no output at all (the baseline); else the iodef's mode is used")
-    p.add_argument("--nx", type=int, default=128)
-    p.add_argument("--ny", type=int, default=64)
-    p.add_argument("--nz", type=int, default=16)
-    p.add_argument("--fields", type=int, default=4)
-    p.add_argument("--steps", type=int, default=96)
-    p.add_argument("--sweeps", type=int, default=4, help="diffusion sweeps per time step")
-    p.add_argument("--json", type=Path, default=None, help="result (model rank 0)")
-    args = p.parse_args(argv)
-    if args.mode != "none" and args.iodef is None:
-        p.error("--iodef is required unless --mode none")
-    res = run(args)
-    if res is not None and args.json is not None:
-        args.json.write_text(json.dumps(asdict(res), indent=2) + "\n")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
