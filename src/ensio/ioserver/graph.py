@@ -44,7 +44,8 @@ import numpy as np
 from ..config.errors import ConfigError
 from .calendar import STEP, Calendar, Freq, parse_freq
 from .config import FieldDef, FileDef, IOServerConfig
-from .expr import ExprError, evaluate, parse
+from .expr import parse
+from .exprtree import ExprError, evaluate
 from .timeops import ACCUMULATORS, Accumulator
 
 __all__ = ["Record", "Graph"]
