@@ -20,7 +20,8 @@ import numpy as np
 from mpi4py import MPI
 
 from .client import Client, ServerLink, recv_text
-from .config import FieldDef, FileDef, IOServerConfig, load_ioserver_config
+from .config import FieldDef, FileDef, IOServerConfig
+from .configload import load_ioserver_config
 from .pipeline import OutputPipeline, SinkFactory, field_periods
 from .protocol import (
     TAG_TABLE,
