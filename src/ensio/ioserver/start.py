@@ -192,7 +192,7 @@ def _start_server_mode(world: MPI.Comm, cfg: IOServerConfig, context: str, role:
 def _run_server(cfg: IOServerConfig, world: MPI.Comm, iocomm: MPI.Comm, sub: MPI.Comm,
                 servers: tuple[int, ...], clients: tuple[int, ...], context: str,
                 sink_factory: SinkFactory, periods: PeriodsFn) -> None:
-    from .server import serve
+    from .serverend import serve
 
     try:
         plan = build_plan(cfg, servers, periods)
