@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from ensio.config.errors import ConfigError
-from ensio.ioserver.config import (
-    Box,
+from ensio.ioserver.config import Box
+from ensio.ioserver.configload import (
     expression_refs,
     ioserver_from_dict,
     load_ioserver_config,

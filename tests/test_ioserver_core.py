@@ -21,7 +21,8 @@ import pytest
 
 from ensio.ioserver import IOServerError, Report
 from ensio.ioserver.client import Client, Transport
-from ensio.ioserver.config import DomainDef, ioserver_from_dict, load_ioserver_config
+from ensio.ioserver.config import DomainDef
+from ensio.ioserver.configload import ioserver_from_dict, load_ioserver_config
 from ensio.ioserver.parts import (
     assemble_geometry,
     domain_from_message,

@@ -14,10 +14,9 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 
-from ensio.ioserver.expr import (
+from ensio.ioserver.expr import MAX_DEPTH, MAX_LENGTH, parse
+from ensio.ioserver.exprtree import (
     FUNCTIONS,
-    MAX_DEPTH,
-    MAX_LENGTH,
     AtName,
     Binary,
     Call,
@@ -26,7 +25,6 @@ from ensio.ioserver.expr import (
     Num,
     Unary,
     evaluate,
-    parse,
 )
 
 

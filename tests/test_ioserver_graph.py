@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ensio.config.errors import ConfigError
-from ensio.ioserver.config import ioserver_from_dict
+from ensio.ioserver.configload import ioserver_from_dict
 from ensio.ioserver.graph import Graph
 
 SHAPE = (3, 4)

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from ensio.config.errors import ConfigError
-from ensio.ioserver.config import ioserver_from_dict
+from ensio.ioserver.configload import ioserver_from_dict
 from ensio.ioserver.start import build_plan
 
 HERE = Path(__file__).parent / "data" / "ioserver_e2e"

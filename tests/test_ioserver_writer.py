@@ -28,7 +28,8 @@ import xarray as xr
 
 from ensio.config.errors import ConfigError
 from ensio.errors import FileOpError
-from ensio.ioserver.config import DomainDef, FieldDef, IOServerConfig, ioserver_from_dict
+from ensio.ioserver.config import DomainDef, FieldDef, IOServerConfig
+from ensio.ioserver.configload import ioserver_from_dict
 from ensio.ioserver.geometry import DomainGeometry, regular_geometry
 from ensio.ioserver.writer import FileSet
 
@@ -390,7 +391,7 @@ import json, sys
 from datetime import timedelta
 from pathlib import Path
 import cftime, numpy as np
-from ensio.ioserver.config import ioserver_from_dict
+from ensio.ioserver.configload import ioserver_from_dict
 from ensio.ioserver.geometry import regular_geometry
 from ensio.ioserver.writer import FileSet
 section, out = json.loads(sys.argv[1]), Path(sys.argv[2])

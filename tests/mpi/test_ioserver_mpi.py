@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from ensio import ioserver
-from ensio.ioserver.config import load_ioserver_config
+from ensio.ioserver.configload import load_ioserver_config
 
 DATA = Path(__file__).parent.parent / "data" / "ioserver"
 sys.path.insert(0, str(DATA))

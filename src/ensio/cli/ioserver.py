@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     from mpi4py import MPI
 
     from ..ioserver import start
-    from ..ioserver.config import load_ioserver_config
+    from ..ioserver.configload import load_ioserver_config
 
     cfg = load_ioserver_config(args.config, args.overrides)
     start(MPI.COMM_WORLD, cfg, context=args.context, role="server")

@@ -8,22 +8,9 @@ output periods that are complete. Everything is point-wise in space, so the same
 graph runs on global arrays (servers) or on a rank's part (attached mode) — the
 spatial operations (box, global and zonal means) are the writer's business.
 
-The graph is made of *streams*, things that have a value at some steps:
-
-* a **source** has the value the model pushed at a step (``missing_value`` -> NaN);
-* a definition field with ``field_ref`` and no ``expr`` *is* the stream of the field
-  it references (its instant data), down to a source;
-* an **expression** field is evaluated from the instant values of the fields it
-  names and, for ``@X``, from an ``@`` node; an expression with ``@`` has a value
-  only at the end of its own ``freq_op`` periods (the reductions are only complete
-  there), one without ``@`` wherever its operands have one;
-* an ``@`` node ``(X, F)`` reduces X's stream, sampled on X's ``freq_op`` grid, with
-  X's operation over the periods of F (the consumer's ``freq_op``); its value
-  exists at the end of each period of F. ``@`` nodes nest (``@Y`` where Y is
-  ``"@X"``) and are shared by consumers with the same ``freq_op``.
-
-Each file field (an *output*) samples its stream on its ``freq_op`` grid and reduces
-the samples with its operation over the file's ``output_freq`` periods. Streams are
+This module builds the graph (one node per source, expression and ``@`` pair, shared
+between consumers) and runs it; what each node computes — sources, expressions,
+``@`` reductions and file outputs — is in :mod:`.graphnodes`. Streams are
 evaluated step by step with a per-step memo (each node once a step); memory is the
 pushed data of the steps not yet advanced plus one accumulator per output/``@`` node
 and open period. The ``is_active`` rule follows from the same structure: a source
@@ -36,219 +23,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
-import cftime
 import numpy as np
 
 from ..config.errors import ConfigError
-from .calendar import STEP, Calendar, Freq, parse_freq
+from .calendar import STEP, Calendar, Freq
 from .config import FieldDef, FileDef, IOServerConfig
-from .expr import ExprError, evaluate, parse
-from .timeops import ACCUMULATORS, Accumulator
+from .graphnodes import AtNode, ExprNode, Node, Output, Record, SourceNode, Step
 
-__all__ = ["Record", "Graph"]
+__all__ = ["Graph"]
 
-
-@dataclass(frozen=True)
-class Record:
-    """One output period of one file field, ready for the writer.
-
-    Attributes
-    ----------
-    file_id : str
-        The file definition's id.
-    field : FieldDef
-        The file field (output name, attributes, spatial operation).
-    period : int
-        Output period index ``k`` (0 for ``once`` fields).
-    t0, t1 : cftime.datetime
-        Bounds ``(b_k, b_{k+1}]`` of the period (``once``: of the sample's period).
-    t_instant : cftime.datetime or None
-        Time of the sample kept by ``instant``/``once`` (``t1`` if the period
-        had no sample); None for the other operations.
-    data : numpy.ndarray
-        float64, the field's (part) shape, NaN = missing.
-    """
-
-    file_id: str
-    field: FieldDef
-    period: int
-    t0: cftime.datetime
-    t1: cftime.datetime
-    t_instant: cftime.datetime | None
-    data: np.ndarray
-
-
-# ----------------------------------------------------------------------------- nodes
-
-
-class _Step:
-    """The evaluation of one step: pushed data and a memo of node values."""
-
-    def __init__(self, step: int, pushed: Mapping[str, np.ndarray], cal: Calendar):
-        self.step = step
-        self.pushed = pushed
-        self.cal = cal
-        self._memo: dict[int, np.ndarray | None] = {}
-
-    def get(self, node: _Node) -> np.ndarray | None:
-        key = id(node)
-        if key not in self._memo:
-            self._memo[key] = node.value(self)
-        return self._memo[key]
-
-
-class _Node:
-    """A stream: ``value(step)`` is its array at that step, or None when it has none."""
-
-    shape: tuple[int, ...]
-
-    def value(self, st: _Step) -> np.ndarray | None:
-        raise NotImplementedError
-
-
-class _Source(_Node):
-    def __init__(self, fd: FieldDef, shape: tuple[int, ...]):
-        self.fd = fd
-        self.shape = shape
-
-    def value(self, st: _Step) -> np.ndarray | None:
-        return st.pushed.get(self.fd.id)
-
-
-class _Expr(_Node):
-    def __init__(self, fd: FieldDef, shape: tuple[int, ...]):
-        self.fd = fd
-        self.shape = shape
-        self.freq = parse_freq(fd.freq_op)
-        try:
-            self.expr = parse(fd.expr)
-        except ExprError as exc:
-            raise ConfigError(f"ioserver field {fd.id}.expr: {exc}") from None
-        self.refs: dict[str, _Node] = {}
-        self.ats: dict[str, _At] = {}
-
-    def value(self, st: _Step) -> np.ndarray | None:
-        if self.ats and not st.cal.on_grid(self.freq, st.step):
-            return None
-        env: dict[str, np.ndarray] = {}
-        for name, node in self.refs.items():
-            v = st.get(node)
-            if v is None:
-                return None
-            env[name] = v
-        for name, node in self.ats.items():
-            v = st.get(node)
-            if v is None:
-                return None
-            env["@" + name] = v
-        out = np.asarray(evaluate(self.expr, env), dtype=np.float64)
-        if out.shape != self.shape:  # a constant expression, or one of scalars
-            out = np.array(np.broadcast_to(out, self.shape))
-        return out
-
-
-class _At(_Node):
-    """``@X`` over the periods of ``freq``: X's operation on X's samples in each period."""
-
-    def __init__(self, fd: FieldDef, target: _Node, freq: Freq):
-        self.fd = fd
-        self.target = target
-        self.shape = target.shape
-        self.sample_freq = parse_freq(fd.freq_op)
-        self.freq = freq
-        self.op = ACCUMULATORS[fd.operation]
-        self.accs: dict[int, Accumulator] = {}
-
-    def value(self, st: _Step) -> np.ndarray | None:
-        cal, n = st.cal, st.step
-        k = cal.period_index(self.freq, n)
-        if cal.on_grid(self.sample_freq, n):
-            v = st.get(self.target)
-            if v is not None:
-                if k not in self.accs:
-                    self.accs[k] = self.op(self.shape)
-                self.accs[k].add(v)
-        for old in [j for j in self.accs if j < k]:  # periods no step closes exactly
-            del self.accs[old]
-        if not cal.on_grid(self.freq, n):
-            return None
-        acc = self.accs.pop(k, None)
-        return acc.result() if acc is not None else np.full(self.shape, np.nan)
-
-
-class _Output:
-    """A file field: its stream sampled on its ``freq_op`` grid, reduced per output period."""
-
-    def __init__(self, file: FileDef, fd: FieldDef, stream: _Node):
-        self.file = file
-        self.fd = fd
-        self.stream = stream
-        self.shape = stream.shape
-        self.freq_op = parse_freq(fd.freq_op)
-        self.out_freq = parse_freq(file.output_freq)
-        self.op = ACCUMULATORS[fd.operation]
-        self.accs: dict[int, Accumulator] = {}
-        self.t_last: dict[int, cftime.datetime] = {}
-        self.next_period = 0
-        self.once: tuple[cftime.datetime, np.ndarray] | None = None
-        self.once_done = False
-        self.once_period = 0
-
-    def sample(self, st: _Step) -> None:
-        cal, n = st.cal, st.step
-        if not cal.on_grid(self.freq_op, n):
-            return
-        if self.fd.operation == "once" and (self.once is not None or self.once_done):
-            return
-        v = st.get(self.stream)
-        if v is None:
-            return
-        if self.fd.operation == "once":
-            self.once = (cal.time(n), np.array(v, dtype=np.float64))
-            self.once_period = cal.period_index(self.out_freq, n)
-            return
-        k = cal.period_index(self.out_freq, n)
-        if k not in self.accs:
-            self.accs[k] = self.op(self.shape)
-        self.accs[k].add(v)
-        self.t_last[k] = cal.time(n)
-
-    def emit(self, t: cftime.datetime, cal: Calendar) -> list[Record]:
-        """Records of the periods that end at or before ``t``, oldest first."""
-        out: list[Record] = []
-        if self.fd.operation == "once":
-            if self.once is not None and not self.once_done:
-                t0, t1 = cal.bounds(self.out_freq, self.once_period)
-                out.append(Record(self.file.id, self.fd, 0, t0, t1, *self.once))
-                self.once, self.once_done = None, True
-            return out
-        instant = self.fd.operation == "instant"
-        while True:
-            k = self.next_period
-            t0, t1 = cal.bounds(self.out_freq, k)
-            if t1 > t:
-                return out
-            acc = self.accs.pop(k, None)
-            data = acc.result() if acc is not None else np.full(self.shape, np.nan)
-            t_last = self.t_last.pop(k, t1)
-            t_inst = t_last if instant else None
-            out.append(Record(self.file.id, self.fd, k, t0, t1, t_inst, data))
-            self.next_period = k + 1
-
-    def drop(self) -> None:
-        self.accs.clear()
-        self.t_last.clear()
-        self.once = None
-
-    @property
-    def nbytes(self) -> int:
-        held = sum(a.nbytes for a in self.accs.values())
-        return held + (self.once[1].nbytes if self.once is not None else 0)
-
-
-# ----------------------------------------------------------------------------- graph
 
 class Graph:
     """The post-processing graph of the files one process writes.
@@ -289,13 +73,13 @@ class Graph:
         self.cfg = cfg
         self.calendar = Calendar(cfg.calendar)
         self._points = points
-        self._nodes: dict[tuple[str, ...], _Node] = {}
-        self._ats: list[_At] = []
-        self._outputs: list[_Output] = []
+        self._nodes: dict[tuple[str, ...], Node] = {}
+        self._ats: list[AtNode] = []
+        self._outputs: list[Output] = []
         for file in self._select(files):
             for fd in file.fields:
                 if fd.enabled:
-                    self._outputs.append(_Output(file, fd, self._file_stream(fd)))
+                    self._outputs.append(Output(file, fd, self._file_stream(fd)))
         self.sources = self._requirements()
         self._pending: dict[int, dict[str, np.ndarray]] = {}
         if first_step < 1:
@@ -324,12 +108,12 @@ class Graph:
             raise ConfigError(f"ioserver field {fd.id}: no point shape given for grid {fd.grid!r}")
         return tuple(int(n) for n in self._points[fd.grid])
 
-    def _file_stream(self, fd: FieldDef) -> _Node:
+    def _file_stream(self, fd: FieldDef) -> Node:
         if fd.expr is not None:
             return self._expr(fd, ())
         return self._def_stream(fd.field_ref, ())
 
-    def _def_stream(self, fid: str, stack: tuple[str, ...]) -> _Node:
+    def _def_stream(self, fid: str, stack: tuple[str, ...]) -> Node:
         """The instant data of definition field ``fid``: its expr, its reference, or itself."""
         if fid in stack:  # the config rejects cycles; this keeps a bug from recursing forever
             raise ConfigError(f"ioserver field {fid}: reference cycle {' -> '.join(stack)}")
@@ -340,14 +124,14 @@ class Graph:
             return self._def_stream(fd.field_ref, (*stack, fid))
         key = ("src", fid)
         if key not in self._nodes:
-            self._nodes[key] = _Source(fd, self._shape(fd))
+            self._nodes[key] = SourceNode(fd, self._shape(fd))
         return self._nodes[key]
 
-    def _expr(self, fd: FieldDef, stack: tuple[str, ...]) -> _Node:
+    def _expr(self, fd: FieldDef, stack: tuple[str, ...]) -> Node:
         key = ("expr", fd.id)
         if key in self._nodes:
             return self._nodes[key]
-        node = _Expr(fd, self._shape(fd))
+        node = ExprNode(fd, self._shape(fd))
         for name in sorted(node.expr.names()):
             node.refs[name] = self._def_stream(name, stack)
         for name in sorted(node.expr.at_names()):
@@ -355,11 +139,11 @@ class Graph:
         self._nodes[key] = node
         return node
 
-    def _at(self, fid: str, freq: Freq, stack: tuple[str, ...]) -> _At:
+    def _at(self, fid: str, freq: Freq, stack: tuple[str, ...]) -> AtNode:
         key = ("at", fid, str(freq))
         if key not in self._nodes:
             target = self._def_stream(fid, stack)
-            node = _At(self.cfg.fields[fid], target, freq)
+            node = AtNode(self.cfg.fields[fid], target, freq)
             self._nodes[key] = node
             self._ats.append(node)
         return self._nodes[key]
@@ -370,20 +154,20 @@ class Graph:
         found: dict[str, set[frozenset[Freq]]] = {}
         seen: set[tuple[int, frozenset[Freq]]] = set()
 
-        def require(node: _Node, cond: frozenset[Freq]) -> None:
+        def require(node: Node, cond: frozenset[Freq]) -> None:
             cond = frozenset(f for f in cond if cal.grid_period(f) != 1)
             if (id(node), cond) in seen:
                 return
             seen.add((id(node), cond))
-            if isinstance(node, _Source):
+            if isinstance(node, SourceNode):
                 found.setdefault(node.fd.id, set()).add(cond)
-            elif isinstance(node, _Expr):
+            elif isinstance(node, ExprNode):
                 inner = cond | {node.freq} if node.ats else cond
                 for ref in node.refs.values():
                     require(ref, inner)
                 for at in node.ats.values():
                     require(at, inner)
-            elif isinstance(node, _At):  # the whole period is reduced: every sample counts
+            elif isinstance(node, AtNode):  # the whole period is reduced: every sample counts
                 require(node.target, self._sampling(node.fd.operation, node.sample_freq,
                                                     node.freq))
 
@@ -504,7 +288,7 @@ class Graph:
         if step <= self._done:
             return []
         for n in range(self._done + 1, step + 1):
-            st = _Step(n, self._pending.pop(n, {}), self.calendar)
+            st = Step(n, self._pending.pop(n, {}), self.calendar)
             for at in self._ats:
                 st.get(at)
             for out in self._outputs:

@@ -15,21 +15,18 @@ the ranks the oldest incomplete pair waits for (and small control messages
 from anyone, so an ABORT is never missed); the other clients' bounded
 buffers fill and they stall, instead of the server growing without bound.
 
-Failures (a bad message, a client's ABORT, an error in the pipeline): the
-client at fault gets a tag-7704 error, every server closes its files (valid,
-with every complete record), the first prints ``ensio ioserver: <reason>``
-and the job ends with ``MPI_Abort`` — never a hang.
+Failures (a bad message, a client's ABORT, a rank that will never send): the
+client at fault gets a tag-7704 error and the core raises :class:`ServerAbort`;
+how the servers then end the job together is :mod:`.serverend`.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from mpi4py import MPI
@@ -43,18 +40,15 @@ from .protocol import (
     HEADER_BYTES,
     TAG_ERROR,
     TAG_MSG,
-    TAG_REPORT,
     Header,
     Kind,
     ProtocolError,
     decode,
-    encode,
     split_restart_part,
 )
-from .report import combine_servers, server_text
 from .restart import RestartAssembler, RestartError, RestartMeta
 
-__all__ = ["ServerCore", "ServerAbort", "serve"]
+__all__ = ["ServerCore", "ServerAbort"]
 
 #: Messages up to this size are received even under back-pressure (control, ABORT).
 SMALL_MESSAGE = HEADER_BYTES + 4096
@@ -116,7 +110,7 @@ class ServerCore:
         self.advanced = 0
         self.busy = 0.0
         self.stash: dict[int, np.ndarray] = {}
-        self._errors: list[MPI.Request] = []
+        self.error_sends: list[MPI.Request] = []  # tag-7704 sends, awaited before MPI_Abort
         self.failures: list[str] = []  # model ranks that sent ABORT, in order
         self.aborted: set[int] = set()
         self.drain_end: float | None = None
@@ -422,7 +416,7 @@ class ServerCore:
     def _fail(self, client: int, reason: str) -> None:
         """Send ``reason`` to the client at fault (tag 7704), then end the run."""
         text = bytearray(reason.encode())
-        self._errors.append(self.iocomm.Isend([text, MPI.CHAR], dest=client, tag=TAG_ERROR))
+        self.error_sends.append(self.iocomm.Isend([text, MPI.CHAR], dest=client, tag=TAG_ERROR))
         raise ServerAbort(reason)
 
     def close_files(self) -> None:
@@ -430,85 +424,6 @@ class ServerCore:
         sink, self.sink = self.sink, None
         if sink is not None:  # shared files are abandoned, not closed collectively
             getattr(sink, "abort", sink.close)()
-
-
-def _stop_for(core: ServerCore, servers: Sequence[int], reason: str) -> list[MPI.Request]:
-    """A failure here: tell the other servers (they may be in their loop), close the files."""
-    iocomm = core.iocomm
-    msg = encode(Header(Kind.ABORT), reason.encode()[:4096])
-    reqs = [iocomm.Isend([msg, MPI.BYTE], dest=r, tag=TAG_MSG)
-            for r in servers if r != iocomm.rank]
-    try:
-        core.close_files()
-    except Exception as exc:  # the job ends anyway; say so
-        print(f"ensio ioserver: closing files failed: {exc}", file=sys.stderr, flush=True)
-    return reqs + core._errors
-
-
-def _first_failed(srvcomm: MPI.Comm, failed: bool) -> int | None:
-    """Collective over the servers, once each at its end: the lowest failed server rank.
-
-    A server that ended normally waits for the others (they end too: every
-    client sent CLOSE to every server, or a failing server sent ABORT); one
-    that failed waits at most a minute, then ends the job anyway.
-    """
-    mine = np.array([srvcomm.rank if failed else srvcomm.size], dtype=np.intc)
-    lowest = np.empty(1, dtype=np.intc)
-    req = srvcomm.Iallreduce([mine, MPI.INT], [lowest, MPI.INT], op=MPI.MIN)
-    if failed:
-        _wait_all([req], 60.0)
-        if not MPI.Request.Testall([req]):
-            return srvcomm.rank  # someone is stuck: speak for the job
-    else:
-        req.Wait()
-    return None if int(lowest[0]) == srvcomm.size else int(lowest[0])
-
-
-def _wait_all(reqs: list[MPI.Request], seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while reqs and not MPI.Request.Testall(reqs) and time.monotonic() < deadline:
-        time.sleep(0.001)
-
-
-def serve(cfg: IOServerConfig, iocomm: MPI.Comm, srvcomm: MPI.Comm, servers: Sequence[int],
-          clients: Sequence[int], files: Sequence[str], fields: set[str],
-          sink_factory: SinkFactory, out_dir: Path, history: str) -> dict[str, Any]:
-    """Run one server rank to the end; the combined report (first server) or ``{}``.
-
-    On any failure, on any server, the job ends here: every server closes its
-    files, the lowest failed one prints ``ensio ioserver: <reason>`` and all
-    call ``MPI_Abort`` (exit status 2).
-    """
-    core = ServerCore(cfg, iocomm, clients, files, fields, sink_factory, out_dir, history)
-    reason = None
-    try:
-        summary = core.run()
-    except ServerAbort as exc:
-        reason = str(exc)
-    except Exception as exc:  # a bug or an I/O error in the pipeline: same clean ending
-        reason = f"server rank {iocomm.rank} failed: {type(exc).__name__}: {exc}"
-    if reason is not None and core.restarts.incomplete and "incomplete" not in reason:
-        reason += f" (restarts not written: {', '.join(core.restarts.incomplete)})"
-    pending = _stop_for(core, servers, reason) if reason is not None else []
-    if reason is not None:  # the files are closed: release the failed ranks (Client.abort)
-        verdict = bytearray(f"files closed; the run ends: {reason}".encode())
-        pending += [iocomm.Isend([verdict, MPI.CHAR], dest=c, tag=TAG_ERROR)
-                    for c in sorted(core.aborted)]
-    first = _first_failed(srvcomm, reason is not None)
-    if first is not None:
-        if first == srvcomm.rank:
-            print(f"ensio ioserver: {reason}", file=sys.stderr, flush=True)
-        _wait_all([srvcomm.Ibarrier()], 10.0)  # the line is out before anyone aborts
-        _wait_all(pending, 2.0)
-        iocomm.Abort(2)
-    summaries = srvcomm.gather(summary, root=0)
-    if srvcomm.rank != 0:
-        return {}
-    combined = combine_servers(summaries)
-    text = bytearray(server_text(combined).encode())
-    reqs = [iocomm.Isend([text, MPI.CHAR], dest=c, tag=TAG_REPORT) for c in clients]
-    MPI.Request.Waitall(reqs)
-    return combined
 
 
 def geometry_of(cfg: IOServerConfig, parts: Mapping[str, Sequence[LocalDomain]]

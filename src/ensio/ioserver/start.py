@@ -20,7 +20,8 @@ import numpy as np
 from mpi4py import MPI
 
 from .client import Client, ServerLink, recv_text
-from .config import FieldDef, FileDef, IOServerConfig, load_ioserver_config
+from .config import FieldDef, FileDef, IOServerConfig
+from .configload import load_ioserver_config
 from .pipeline import OutputPipeline, SinkFactory, field_periods
 from .protocol import (
     TAG_TABLE,
@@ -191,7 +192,7 @@ def _start_server_mode(world: MPI.Comm, cfg: IOServerConfig, context: str, role:
 def _run_server(cfg: IOServerConfig, world: MPI.Comm, iocomm: MPI.Comm, sub: MPI.Comm,
                 servers: tuple[int, ...], clients: tuple[int, ...], context: str,
                 sink_factory: SinkFactory, periods: PeriodsFn) -> None:
-    from .server import serve
+    from .serverend import serve
 
     try:
         plan = build_plan(cfg, servers, periods)

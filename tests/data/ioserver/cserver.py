@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from iocore_model import Recorder  # noqa: E402
 
 from ensio import ioserver  # noqa: E402
-from ensio.ioserver.config import load_ioserver_config  # noqa: E402
+from ensio.ioserver.configload import load_ioserver_config  # noqa: E402
 
 PERIODS = {"tas": (1,), "ta": (2,), "cu": (3, 4), "sst": (1,), "pr": ()}
 

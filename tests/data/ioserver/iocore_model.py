@@ -20,7 +20,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ensio import ioserver
-from ensio.ioserver.config import load_ioserver_config
+from ensio.ioserver.configload import load_ioserver_config
 from ensio.ioserver.protocol import Header, Kind, encode
 
 NI, NJ, NK, STEPS = 7, 5, 3, 6

@@ -14,7 +14,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ensio import ioserver
-from ensio.ioserver.config import load_ioserver_config
+from ensio.ioserver.configload import load_ioserver_config
 
 STEPS = 30
 ROWS = [10, 50, 40]

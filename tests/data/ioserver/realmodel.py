@@ -12,7 +12,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ensio import ioserver
-from ensio.ioserver.config import load_ioserver_config
+from ensio.ioserver.configload import load_ioserver_config
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import iocore_model as M  # noqa: E402
