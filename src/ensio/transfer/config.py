@@ -286,7 +286,8 @@ def _connection(raw: Any, key: str, components: tuple[str, ...], base: Path) -> 
     except ConfigError as exc:
         raise ConfigError(str(exc).replace(f"{key}.source", f"{key}.from")) from None
     if not _NAME.match(conn.name):
-        raise ConfigError(f"{key}.name: {conn.name!r} is not a simple name (letters, digits, _ . -)")
+        raise ConfigError(f"{key}.name: {conn.name!r} is not a simple name "
+                          "(letters, digits, _ . -)")
     known = ", ".join(components)
     if conn.source not in components:
         raise ConfigError(f"{key}.from: {conn.source!r} is not a component ({known})")

@@ -82,6 +82,7 @@ __all__ = [
 ]
 
 PROTOCOL_VERSION = 1
+_CLOSED = "the staging daemon closed the connection"
 #: Largest packet (two paths of PATH_MAX and the other fields fit).
 MAX_PACKET = 16384
 
@@ -197,9 +198,9 @@ class Client:
             send_message(self.sock, data, fd)
             reply = recv_message(self.sock)
         except (BrokenPipeError, ConnectionResetError) as exc:
-            raise DaemonUnavailable(exc.errno, "the staging daemon closed the connection") from None
+            raise DaemonUnavailable(exc.errno, _CLOSED) from None
         if reply is None:
-            raise DaemonUnavailable(errno.ECONNRESET, "the staging daemon closed the connection")
+            raise DaemonUnavailable(errno.ECONNRESET, _CLOSED)
         return reply
 
     def status(self) -> list[FileStatus]:
@@ -211,7 +212,7 @@ class Client:
         while True:
             msg = recv_message(self.sock)
             if msg is None:
-                raise DaemonUnavailable(errno.ECONNRESET, "the staging daemon closed the connection")
+                raise DaemonUnavailable(errno.ECONNRESET, _CLOSED)
             if msg.verb == "END":
                 return
             yield FileStatus(path=msg.get("path"), size=msg.int("size"), state=msg.get("state"),
