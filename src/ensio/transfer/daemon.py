@@ -133,7 +133,8 @@ class Daemon:
                     break
                 if msg.verb == "HELLO":
                     peer = Peer(id=peer.id, component=msg.get("component", "?"), pid=pid)
-                    self._reply(conn, Reply("OK", {"proto": PROTOCOL_VERSION}))
+                    self._reply(conn, Reply("OK", {"proto": PROTOCOL_VERSION,
+                                                   "pid": os.getpid()}))
                     continue
                 if msg.verb == "STATUS":
                     self._send_status(conn)

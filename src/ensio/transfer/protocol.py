@@ -19,7 +19,7 @@ the newline; a path containing a newline is never interposed, so none is sent)::
 Requests (interposer → daemon), and their replies
 -------------------------------------------------
 ``HELLO component= pid= proto=``
-    First packet of a connection. → ``OK proto=``
+    First packet of a connection. → ``OK proto= pid=`` (the daemon's process id)
 ``CREATE path= conn= budget= fallback= persist= mode= excl= keep= exist=`` + memfd
     A producer creates (or opens for writing) ``path``; the packet carries the
     producer's new memfd. ``budget`` is the connection's limit in bytes (-1: none),
@@ -53,7 +53,8 @@ Requests (interposer → daemon), and their replies
 
 Control requests (``ensio transfer status|stop``)
 -------------------------------------------------
-``STATUS`` → ``FILE path= size= state= component= conn= persist=`` … ``END``
+``STATUS`` → ``FILE path= size= state= component= conn= persist= waiters=`` … ``END``
+(``waiters``: consumers blocked in an open of the file)
 ``STOP`` → ``OK``; the daemon then exits (see :mod:`.daemon` for held files).
 
 Errors are Linux ``errno`` numbers: daemon and interposer run on the same host.
@@ -166,6 +167,7 @@ class FileStatus:
     component: str
     connection: str
     persist: str
+    waiters: int = 0
 
 
 class Client:
@@ -191,6 +193,7 @@ class Client:
         if reply.verb != "OK":
             self.close()
             raise DaemonUnavailable(errno.EPROTO, f"staging daemon refused: {reply.verb}")
+        self.daemon_pid = reply.int("pid")
 
     def request(self, data: bytes, fd: int | None = None) -> Message:
         """Send a packet and return the reply (DaemonUnavailable if the daemon is gone)."""
@@ -217,7 +220,7 @@ class Client:
                 return
             yield FileStatus(path=msg.get("path"), size=msg.int("size"), state=msg.get("state"),
                              component=msg.get("component"), connection=msg.get("conn"),
-                             persist=msg.get("persist"))
+                             persist=msg.get("persist"), waiters=msg.int("waiters"))
 
     def stop(self) -> None:
         """Ask the daemon to exit."""

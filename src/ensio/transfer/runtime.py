@@ -138,6 +138,7 @@ def _spawn(path: Path, idle_timeout: float) -> int:
             os.dup2(null, 0)
             os.dup2(log, 1)
             os.dup2(log, 2)
+            os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # hold none of the starter's pipes open
             os.execve(sys.executable, argv, env)
         finally:
             os._exit(127)

@@ -80,6 +80,7 @@ class Entry:
     persist: bool
     state: str = "writing"
     persist_state: str = ""
+    waiters: int = 0
 
     def size(self) -> int:
         return os.fstat(self.fd).st_size if self.fd is not None else 0
@@ -286,7 +287,11 @@ class Table:
                     self.log.error("%s: open by %s timed out (ETIMEDOUT) after %.0f s: still "
                                    "being written by %s", path, peer, wait_s, e.writer or "?")
                     return Reply.err(errno.ETIMEDOUT)
-                self.cond.wait(left)
+                e.waiters += 1
+                try:
+                    self.cond.wait(left)
+                finally:
+                    e.waiters -= 1
 
     # -- names -------------------------------------------------------------------------
 
@@ -396,7 +401,8 @@ class Table:
         with self.cond:
             return [{"path": e.path, "size": e.size(), "state": e.state,
                      "component": e.component, "conn": e.conn.split(":", 1)[-1],
-                     "persist": e.persist_state or ("no" if not e.persist else "")}
+                     "persist": e.persist_state or ("no" if not e.persist else ""),
+                     "waiters": e.waiters}
                     for e in sorted(self.entries.values(), key=lambda x: x.path)]
 
     def __len__(self) -> int:
