@@ -209,16 +209,18 @@ def test_budget_fallback_error_fails_with_enospc(daemon, files, rng):
         fd = memfd(rng.bytes(5000))
         r = create(c, files / "big.nc", fd, budget=4000, fallback="error")
         os.close(fd)
-        done = c.request(encode("COMPLETE", id=r.get("id")))
-        assert done.verb == "ERR" and done.int("errno") == errno.ENOSPC
-        produce(daemon, files / "small.nc", b"12345", budget=5, fallback="error")
+        # a file that grows past the budget is kept (nothing lost), the next open fails
+        assert c.request(encode("COMPLETE", id=r.get("id"))).verb == "OK"
         fd = memfd()
-        r = create(c, files / "next.nc", fd, budget=5, fallback="error")
+        r = create(c, files / "next.nc", fd, budget=4000, fallback="error")
         os.close(fd)
         assert r.verb == "ERR" and r.int("errno") == errno.ENOSPC
+        assert c.request(encode("UNLINK", path=str(files / "big.nc"))).verb == "OK"
+        produce(daemon, files / "next.nc", b"fits now", budget=4000, fallback="error")
     assert not (files / "big.nc").exists() and not (files / "next.nc").exists()
+    assert [s.path for s in daemon_status(daemon.dir)] == [str(files / "next.nc")]
     log = (daemon.dir / "daemon.log").read_text()
-    assert f"{files / 'big.nc'}: written by model (pid" in log
+    assert f"{files / 'big.nc'}: written by model (pid {os.getpid()}), takes connection " in log
     assert f"{files / 'next.nc'}: connection restarts is at its memory budget: open by model" in log
 
 

@@ -1,8 +1,10 @@
 """Shared pieces of the transfer tests: a private daemon directory, ``ensio run``, waiting.
 
-Every test gets its own socket directory under /tmp (a Unix socket path must stay
-under 108 bytes, which pytest's tmp_path may exceed) and its own daemon, stopped (or
-killed) at teardown. The interposer is built once per session into a private cache.
+Test modules import the fixtures ``host_fixture`` and ``interposer_cache_fixture``
+(registered as ``host`` and ``interposer_cache``). Every test gets its own socket
+directory under /tmp (a Unix socket path must stay under 108 bytes, which pytest's
+tmp_path may exceed) and its own daemon, stopped (or killed) at teardown. The interposer
+is built once per session into a private cache.
 """
 
 from __future__ import annotations
@@ -72,8 +74,8 @@ def process_gone(pid: int) -> bool:
     return False
 
 
-@pytest.fixture(scope="session")
-def interposer_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+@pytest.fixture(scope="session", name="interposer_cache")
+def interposer_cache_fixture(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A private XDG cache with the interposer built once (skips without a C compiler)."""
     if shutil.which(os.environ.get("CC", "cc")) is None and shutil.which("gcc") is None:
         pytest.skip("no C compiler to build the transfer interposer")
@@ -122,8 +124,8 @@ class Host:
         return path.read_text() if path.exists() else ""
 
 
-@pytest.fixture
-def host(interposer_cache: Path, tmp_path: Path) -> Iterator[Host]:
+@pytest.fixture(name="host")
+def host_fixture(interposer_cache: Path, tmp_path: Path) -> Iterator[Host]:
     """A fresh daemon directory; whatever daemon runs there is stopped at the end."""
     sock_dir = Path(tempfile.mkdtemp(prefix="ensio-t-", dir="/tmp"))
     work = tmp_path / "work"

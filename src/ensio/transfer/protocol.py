@@ -32,7 +32,8 @@ Requests (interposer → daemon), and their replies
 ``COMPLETE id=``
     The producer closed its last descriptor of the file registered as ``id``: the
     daemon seals it (no write, grow or shrink, ever) and wakes waiting consumers.
-    → ``OK`` | ``ERR errno=`` (ENOSPC: over the budget with ``fallback: error``)
+    Past the budget, a ``fallback: files`` file is written to its real path before the
+    reply. → ``OK`` | ``ERR errno=``
 ``OPEN path= wait_ms=``
     A consumer opens ``path`` read-only; blocks while the file is being written, at
     most ``wait_ms``. → ``OK mode=`` (octal, leading 0) + a new read-only descriptor (its own file

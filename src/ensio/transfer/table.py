@@ -191,12 +191,12 @@ class Table:
             e.writer = None
             over = e.budget >= 0 and self._usage(e.conn) > e.budget
             if over and e.fallback == "error":
-                self.log.error("%s: written by %s, exceeds the memory budget of connection %s: "
-                               "dropped, the producer's close fails with ENOSPC",
-                               e.path, peer, e.conn.split(":", 1)[-1])
-                self._drop(e.path)
-                self.cond.notify_all()
-                return Reply.err(errno.ENOSPC)
+                # Kept: failing the close would lose a complete file (and netCDF 4.9
+                # crashes on a failed close); the connection's next open fails instead.
+                self.log.warning("%s: written by %s, takes connection %s past its memory "
+                                 "budget: kept; new files fail with ENOSPC until memory is "
+                                 "freed", e.path, peer, e.conn.split(":", 1)[-1])
+                over = False
             e.state = "spilling" if over else "complete"
             if e.persist and not over:
                 e.persist_state = "pending"
