@@ -27,7 +27,8 @@ Requests (interposer → daemon), and their replies
     (octal, after the umask), ``excl`` ``1`` for ``O_EXCL``, ``keep`` ``1`` when the
     open does not truncate (the daemon copies the current content, held or on disk,
     into the memfd before answering), ``exist`` ``1`` without ``O_CREAT`` (ENOENT if
-    the file is neither held nor on disk). → ``OK id=`` | ``FALLBACK`` (use the real path)
+    the file is neither held nor on disk). → ``OK id= mode=`` (the file's permission
+    bits: an existing file keeps its own) | ``FALLBACK`` (use the real path)
     | ``ERR errno=``
 ``COMPLETE id=``
     The producer closed its last descriptor of the file registered as ``id``: the

@@ -128,9 +128,11 @@ class Table:
             if budget >= 0 and self._usage(conn, exclude=cur) >= budget:
                 return self._over_budget(peer, path, conn, fallback)
             source = os.dup(cur.fd) if keep and cur is not None and cur.fd is not None else None
+            mode = self._existing_mode(path, cur, mode)
         try:
             if keep:
                 self._copy_current(path, source, memfd)
+                os.lseek(memfd, 0, os.SEEK_SET)  # the offset is the producer's (one description)
         except OSError as exc:
             self.log.warning("%s: cannot copy the current content for %s: %s", path, peer,
                              exc.strerror)
@@ -146,7 +148,17 @@ class Table:
             self.entries[path] = entry
             self._by_id[entry.id] = entry
             self.cond.notify_all()
-        return Reply("OK", {"id": entry.id})
+        return Reply("OK", {"id": entry.id, "mode": f"0{mode:o}"})
+
+    @staticmethod
+    def _existing_mode(path: str, cur: Entry | None, mode: int) -> int:
+        """An open of an existing file keeps its permission bits (``mode`` is for creating)."""
+        if cur is not None and cur.state != "failed":
+            return cur.mode
+        try:
+            return os.stat(path).st_mode & 0o7777
+        except OSError:
+            return mode
 
     def _copy_current(self, path: str, source: int | None, memfd: int) -> None:
         """``keep``: the new version starts as the held one, else as the real file (if any)."""

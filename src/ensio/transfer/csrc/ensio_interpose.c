@@ -290,7 +290,7 @@ static int produce(const struct ei_rule *r, const char *path, int flags, mode_t 
     w->keeper = keeper;
     w->refs = 0;
     w->id = ei_reply_long(reply, "id", 0);
-    w->mode = perm;
+    w->mode = (mode_t)ei_reply_long(reply, "mode", (long)perm);
     snprintf(w->path, sizeof w->path, "%s", path);
     if (flags & O_APPEND) ei_real.fcntl(mfd, F_SETFL, O_APPEND);
     track(mfd, idx);
