@@ -320,9 +320,10 @@ static int open_path(int dirfd, const char *path, int flags, mode_t mode)
 {
     ei_init();
     char canon[PATH_MAX];
-    const struct ei_rule *r = ei_classify(dirfd, path, canon);
-    if (r == NULL || (flags & (O_DIRECTORY | O_PATH))) return -2;
     int writing = (flags & O_ACCMODE) != O_RDONLY || (flags & (O_CREAT | O_TRUNC));
+    const struct ei_rule *r = ei_classify(dirfd, path, canon,
+                                          writing ? EI_PRODUCER : EI_CONSUMER);
+    if (r == NULL || (flags & (O_DIRECTORY | O_PATH))) return -2;
     pthread_mutex_lock(&ei_lock);
     int fd = -2;
     struct wfile *w = wfile_by_path(canon);

@@ -71,7 +71,11 @@ EI_HIDDEN void ei_local_forget(const char *path);  /* unlinked: a new open creat
 
 /* paths */
 EI_HIDDEN int ei_load_rules(const char *file);
-EI_HIDDEN const struct ei_rule *ei_classify(int dirfd, const char *path, char out[PATH_MAX]);
+/* The rule of (dirfd, path) (out: its canonical form), NULL if none matches. Of several
+ * matching rules (one path in two connections, e.g. restarts model->analysis and
+ * analyses analysis->model), the first with a role in `want`, else the first. */
+EI_HIDDEN const struct ei_rule *ei_classify(int dirfd, const char *path, char out[PATH_MAX],
+                                            int want);
 EI_HIDDEN int ei_glob_match(const char *pat, const char *s);
 EI_HIDDEN int ei_canonical(int dirfd, const char *path, char out[PATH_MAX]);
 

@@ -32,11 +32,12 @@ int __fxstatat64(int, int, const char *, struct stat64 *, int);
 /* Is (dirfd, path) a held transferred file? 1: *fd is a read-only descriptor of it
  * (close it) and *mode its permission bits; 0: not ours, call the real function;
  * -1: error (errno, e.g. EIO for a file whose producer died). */
-static int held(int dirfd, const char *path, int *fd, mode_t *mode, const struct ei_rule **rule)
+static int held(int dirfd, const char *path, int *fd, mode_t *mode, const struct ei_rule **rule,
+                int want)
 {
     ei_init();
     char canon[PATH_MAX];
-    const struct ei_rule *r = ei_classify(dirfd, path, canon);
+    const struct ei_rule *r = ei_classify(dirfd, path, canon, want);
     if (rule) *rule = r;
     if (r == NULL) return 0;
     int rc = 0;
@@ -68,7 +69,7 @@ static int held(int dirfd, const char *path, int *fd, mode_t *mode, const struct
 #define STAT_BODY(dirfd, path, buf, fstatfn, realcall)                   \
     int fd_;                                                             \
     mode_t mode_;                                                        \
-    int h_ = held(dirfd, path, &fd_, &mode_, NULL);                      \
+    int h_ = held(dirfd, path, &fd_, &mode_, NULL, EI_CONSUMER);         \
     if (h_ == 0) return (realcall);                                      \
     if (h_ < 0) return -1;                                               \
     int rc_ = fstatfn(fd_, buf);                                         \
@@ -177,7 +178,7 @@ EXPORT int statx(int dirfd, const char *path, int flags, unsigned int mask, stru
     if (empty(path, flags)) return real_statx(dirfd, path, flags, mask, buf);
     int fd;
     mode_t mode;
-    int h = held(dirfd, path, &fd, &mode, NULL);
+    int h = held(dirfd, path, &fd, &mode, NULL, EI_CONSUMER);
     if (h == 0) return real_statx(dirfd, path, flags, mask, buf);
     if (h < 0) return -1;
     int rc = real_statx(fd, "", AT_EMPTY_PATH, mask, buf);
@@ -196,7 +197,7 @@ static int access_held(int dirfd, const char *path, int amode, int *answered)
     int fd;
     mode_t mode;
     const struct ei_rule *r;
-    int h = held(dirfd, path, &fd, &mode, &r);
+    int h = held(dirfd, path, &fd, &mode, &r, (amode & W_OK) ? EI_PRODUCER : EI_CONSUMER);
     *answered = h != 0;
     if (h <= 0) return -1;
     ei_real.close(fd);
@@ -227,7 +228,7 @@ static int unlink_held(int dirfd, const char *path, int *ondisk)
 {
     ei_init();
     char canon[PATH_MAX];
-    if (ei_classify(dirfd, path, canon) == NULL) return 0;
+    if (ei_classify(dirfd, path, canon, EI_PRODUCER) == NULL) return 0;
     int rc = 0;
     pthread_mutex_lock(&ei_lock);
     ei_local_forget(canon);
@@ -268,8 +269,8 @@ static int rename_held(int od, const char *old, int nd, const char *new, unsigne
 {
     ei_init();
     char cold[PATH_MAX];
-    const struct ei_rule *ro = ei_classify(od, old, cold);
-    const struct ei_rule *rn = ei_classify(nd, new, cnew);
+    const struct ei_rule *ro = ei_classify(od, old, cold, EI_PRODUCER);
+    const struct ei_rule *rn = ei_classify(nd, new, cnew, EI_PRODUCER);
     *drop = 0;
     if (ro == NULL && rn == NULL) return -2;
     if (flags) { errno = EINVAL; return -1; }  /* RENAME_NOREPLACE/EXCHANGE: not for these */

@@ -148,7 +148,7 @@ int ei_canonical(int dirfd, const char *path, char out[PATH_MAX])
     return 0;
 }
 
-const struct ei_rule *ei_classify(int dirfd, const char *path, char out[PATH_MAX])
+const struct ei_rule *ei_classify(int dirfd, const char *path, char out[PATH_MAX], int want)
 {
     if (!ei_active || path == NULL || path[0] == '\0' || strchr(path, '\n')) return NULL;
     const char *base = last_component(path);
@@ -156,9 +156,12 @@ const struct ei_rule *ei_classify(int dirfd, const char *path, char out[PATH_MAX
     for (int i = 0; i < nrules && !maybe; i++)
         maybe = ei_glob_match(rules[i].last, base);
     if (!maybe || ei_canonical(dirfd, path, out) != 0) return NULL;
+    const struct ei_rule *first = NULL;
     for (int i = 0; i < nrules; i++)
         if (strncmp(out, rules[i].pattern, rules[i].prefix_len) == 0
-            && ei_glob_match(rules[i].pattern, out))
-            return &rules[i];
-    return NULL;
+            && ei_glob_match(rules[i].pattern, out)) {
+            if (rules[i].role & want) return &rules[i];
+            if (first == NULL) first = &rules[i];
+        }
+    return first;
 }
