@@ -244,6 +244,10 @@ def test_without_a_daemon_a_new_producer_writes_the_real_file(case):
     [line] = _transfer_lines(err)
     assert "staging daemon unreachable" in line and "using real files for new opens" in line
     assert (host.work / "fc" / "mem001.nc").read_bytes() == ref.read_bytes()
+    # the next ensio run starts a new daemon over the dead one's socket
+    _ok(host.run(config, "model", "ncgen", "-4", "-o", "fc/mem002.nc", "sample.cdl"))
+    assert [s.path for s in host.status()] == [str((host.work / "fc/mem002.nc").resolve())]
+    assert not (host.work / "fc" / "mem002.nc").exists()
 
 
 def test_a_daemon_dying_under_a_producer_does_not_lose_its_file(case):

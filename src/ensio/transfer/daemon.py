@@ -132,6 +132,11 @@ class Daemon:
                 if msg is None:
                     break
                 if msg.verb == "HELLO":
+                    if msg.int("proto", PROTOCOL_VERSION) != PROTOCOL_VERSION:
+                        self.log.warning("refused pid %d: protocol %s, not %d", pid,
+                                         msg.get("proto"), PROTOCOL_VERSION)
+                        self._reply(conn, Reply.err(errno.EPROTO))
+                        break
                     peer = Peer(id=peer.id, component=msg.get("component", "?"), pid=pid)
                     self._reply(conn, Reply("OK", {"proto": PROTOCOL_VERSION,
                                                    "pid": os.getpid()}))

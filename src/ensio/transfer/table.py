@@ -437,3 +437,4 @@ class Table:
         with self.cond:
             for path in list(self.entries):
                 self._drop(path)
+            self.cond.notify_all()  # consumers still waiting find nothing: real files
