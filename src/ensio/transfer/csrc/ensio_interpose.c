@@ -58,7 +58,7 @@ static int nwfiles;
 #define FD_CHUNKS 1024
 static int *fdmap[FD_CHUNKS];  /* fd -> wfile index + 1; chunks never freed */
 
-static int fdmap_get(int fd)
+int ei_fd_tracked(int fd)
 {
     if (fd < 0 || fd >= FD_CHUNK * FD_CHUNKS) return 0;
     int *chunk = __atomic_load_n(&fdmap[fd / FD_CHUNK], __ATOMIC_ACQUIRE);
@@ -148,9 +148,9 @@ static int wfile_finish(struct wfile *w)
 }
 
 /* A program descriptor of a written file went away (lock held). */
-static int untrack(int fd)
+int ei_untrack(int fd)
 {
-    int idx = fdmap_get(fd);
+    int idx = ei_fd_tracked(fd);
     if (idx == 0) return 0;
     fdmap_set(fd, 0);
     struct wfile *w = &wfiles[idx - 1];
@@ -316,7 +316,7 @@ static int consume(const struct ei_rule *r, const char *path, int flags)
 }
 
 /* Every open variant ends here. Returns -2 when the real function should run. */
-static int open_path(int dirfd, const char *path, int flags, mode_t mode)
+int ei_open_path(int dirfd, const char *path, int flags, mode_t mode)
 {
     ei_init();
     char canon[PATH_MAX];
@@ -347,8 +347,8 @@ static mode_t va_mode(int flags, va_list ap)
     return (flags & (O_CREAT | O_TMPFILE)) ? (mode_t)va_arg(ap, int) : 0;
 }
 
-#define OPEN_BODY(dirfd, path, flags, mode, realcall)       \
-    int fd_ = open_path(dirfd, path, flags, mode);         \
+#define OPEN_BODY(dirfd, path, flags, mode, realcall)  \
+    int fd_ = ei_open_path(dirfd, path, flags, mode);  \
     return fd_ != -2 ? fd_ : (realcall)
 
 EXPORT int open(const char *path, int flags, ...)
@@ -406,73 +406,16 @@ EXPORT int __openat64_2(int dirfd, const char *path, int flags)
     return openat(dirfd, path, flags);
 }
 
-/* ---- stdio: netCDF reads a file's magic number through fopen ----------------------- */
-
-static int fopen_flags(const char *mode)
-{
-    int f;
-    switch (mode[0]) {
-    case 'r': f = 0; break;
-    case 'w': f = O_CREAT | O_TRUNC; break;
-    case 'a': f = O_CREAT | O_APPEND; break;
-    default: return -1;
-    }
-    int plus = strchr(mode, '+') != NULL;
-    f |= plus ? O_RDWR : mode[0] == 'r' ? O_RDONLY : O_WRONLY;
-    if (strchr(mode, 'e')) f |= O_CLOEXEC;
-    if (strchr(mode, 'x')) f |= O_EXCL;
-    return f;
-}
-
-static FILE *fopen_common(const char *path, const char *mode, int large)
-{
-    static FILE *(*real_fopen)(const char *, const char *);
-    static FILE *(*real_fopen64)(const char *, const char *);
-    if (!real_fopen) {
-        real_fopen = dlsym(RTLD_NEXT, "fopen");
-        real_fopen64 = dlsym(RTLD_NEXT, "fopen64");
-    }
-    int flags = fopen_flags(mode);
-    int fd = flags < 0 ? -2 : open_path(AT_FDCWD, path, flags, 0666);
-    if (fd == -2) return large && real_fopen64 ? real_fopen64(path, mode) : real_fopen(path, mode);
-    if (fd < 0) return NULL;
-    FILE *fp = fdopen(fd, mode);
-    if (fp == NULL) {
-        int saved = errno;
-        close(fd);
-        errno = saved;
-    }
-    return fp;
-}
-
-EXPORT FILE *fopen(const char *path, const char *mode) { return fopen_common(path, mode, 0); }
-EXPORT FILE *fopen64(const char *path, const char *mode) { return fopen_common(path, mode, 1); }
-
-EXPORT int fclose(FILE *fp)
-{
-    static int (*real_fclose)(FILE *);
-    if (!real_fclose) real_fclose = dlsym(RTLD_NEXT, "fclose");
-    int fd = fp ? fileno(fp) : -1;
-    if (fdmap_get(fd) == 0) return real_fclose(fp);
-    pthread_mutex_lock(&ei_lock);
-    int rc = real_fclose(fp);  /* closes fd inside glibc, not through close() */
-    int saved = errno;
-    if (untrack(fd) != 0) { rc = EOF; saved = errno; }
-    pthread_mutex_unlock(&ei_lock);
-    errno = saved;
-    return rc;
-}
-
 /* ---- close and the descriptor copies ---------------------------------------------- */
 
 EXPORT int close(int fd)
 {
     ei_init();
-    if (fdmap_get(fd) == 0) return ei_real.close(fd);
+    if (ei_fd_tracked(fd) == 0) return ei_real.close(fd);
     pthread_mutex_lock(&ei_lock);
     int rc = ei_real.close(fd);
     int saved = errno;
-    if (untrack(fd) != 0) { rc = -1; saved = errno; }
+    if (ei_untrack(fd) != 0) { rc = -1; saved = errno; }
     pthread_mutex_unlock(&ei_lock);
     errno = saved;
     return rc;
@@ -484,8 +427,8 @@ static int copied(int oldfd, int newfd, int result)
     if (result < 0 || oldfd == newfd) return result;
     pthread_mutex_lock(&ei_lock);
     int saved = errno;
-    untrack(newfd);
-    int idx = fdmap_get(oldfd);
+    ei_untrack(newfd);
+    int idx = ei_fd_tracked(oldfd);
     if (idx) track(newfd, idx - 1);
     pthread_mutex_unlock(&ei_lock);
     errno = saved;
@@ -496,28 +439,28 @@ EXPORT int dup(int fd)
 {
     ei_init();
     int r = ei_real.dup(fd);
-    return fdmap_get(fd) ? copied(fd, r, r) : r;
+    return ei_fd_tracked(fd) ? copied(fd, r, r) : r;
 }
 
 EXPORT int dup2(int oldfd, int newfd)
 {
     ei_init();
     int r = ei_real.dup2(oldfd, newfd);
-    return fdmap_get(oldfd) || fdmap_get(newfd) ? copied(oldfd, newfd, r) : r;
+    return ei_fd_tracked(oldfd) || ei_fd_tracked(newfd) ? copied(oldfd, newfd, r) : r;
 }
 
 EXPORT int dup3(int oldfd, int newfd, int flags)
 {
     ei_init();
     int r = ei_real.dup3(oldfd, newfd, flags);
-    return fdmap_get(oldfd) || fdmap_get(newfd) ? copied(oldfd, newfd, r) : r;
+    return ei_fd_tracked(oldfd) || ei_fd_tracked(newfd) ? copied(oldfd, newfd, r) : r;
 }
 
 static int fcntl_common(int fd, int cmd, void *arg)
 {
     ei_init();
     int r = ei_real.fcntl(fd, cmd, arg);
-    if ((cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) && r >= 0 && fdmap_get(fd))
+    if ((cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) && r >= 0 && ei_fd_tracked(fd))
         return copied(fd, r, r);
     return r;
 }

@@ -2,6 +2,7 @@
  *
  *   ensio_interpose.c         open, fopen, close, dup: the descriptors of transferred files
  *   ensio_interpose_names.c   stat, access, unlink, rename: the names of transferred files
+ *   ensio_interpose_stdio.c   fopen, fclose
  *   ensio_interpose_paths.c   the rules file, path canonicalization, glob matching
  *   ensio_interpose_daemon.c  the staging daemon's socket (protocol: ensio/transfer/protocol.py)
  *
@@ -64,6 +65,11 @@ struct ei_real {
 };
 extern EI_HIDDEN struct ei_real ei_real;
 EI_HIDDEN void ei_init(void);
+
+/* descriptors (ensio_interpose.c) */
+EI_HIDDEN int ei_open_path(int dirfd, const char *path, int flags, mode_t mode); /* -2: real */
+EI_HIDDEN int ei_fd_tracked(int fd);  /* lock-free: nonzero if fd is a file this process writes */
+EI_HIDDEN int ei_untrack(int fd);     /* lock held: fd is gone; the file completes at its last */
 
 /* files this process writes (lock held): its own descriptor of the memory, or -1 */
 EI_HIDDEN int ei_local_file(const char *path, mode_t *mode);
