@@ -10,6 +10,7 @@ the result from a separate consumer process.
 from __future__ import annotations
 
 import json
+import select
 import sys
 
 import pytest
@@ -17,6 +18,7 @@ from transfer_support import (  # noqa: F401  (the *_fixture names are fixtures)
     Host,
     host_fixture,
     interposer_cache_fixture,
+    wait_for,
     write_config,
 )
 
@@ -163,3 +165,46 @@ def test_a_normal_exit_completes_a_file_left_open(setup):
     assert st.state == "complete"
     c = host.run(config, "post", "cat", str(fc / "mem001.nc"))
     assert c.stdout == "never closed, but the program exits normally"
+
+
+HOLD = r"""
+import sys
+f = open(sys.argv[1], "wb")
+f.write(b"first half, ")
+f.flush()
+print("written", flush=True)
+sys.stdin.readline()
+f.write(b"second half")
+f.close()
+"""
+
+TWO_THREADS = r"""
+import os, sys, threading
+d = sys.argv[1]
+def slow():
+    with open(f"{d}/mem001.nc", "rb") as f:  # still being written: this thread waits
+        print("A " + f.read().decode(), flush=True)
+t = threading.Thread(target=slow)
+t.start()
+sys.stdin.readline()  # the test saw A waiting
+with open(f"{d}/mem002.nc", "rb") as f:  # complete: must not queue behind A's wait
+    print("B " + f.read().decode() + " " + str(os.stat(f"{d}/mem002.nc").st_size), flush=True)
+t.join()
+"""
+
+
+def test_a_waiting_open_does_not_hold_up_other_threads(setup):
+    host, fc, config = setup
+    assert host.run(config, "model", "sh", "-c", f"printf ready > {fc}/mem002.nc").returncode == 0
+    prod = host.start(config, "model", PY, "-c", HOLD, str(fc / "mem001.nc"))
+    assert prod.stdout.readline() == "written\n"
+    cons = host.start(config, "post", PY, "-c", TWO_THREADS, str(fc))
+    wait_for(lambda: [s.waiters for s in host.status()] == [1, 0], what="thread A waiting")
+    cons.stdin.write("go\n")
+    cons.stdin.flush()
+    ready, _, _ = select.select([cons.stdout], [], [], 60)
+    assert ready and cons.stdout.readline() == "B ready 5\n"
+    prod.communicate("go\n", timeout=60)
+    out, err = cons.communicate(timeout=60)
+    assert cons.returncode == 0, err
+    assert out == "A first half, second half\n"

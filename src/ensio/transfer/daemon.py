@@ -172,7 +172,7 @@ class Daemon:
                 reply = self.table.complete(peer, msg.int("id"))
             elif msg.verb in ("OPEN", "STAT"):
                 wait = msg.int("wait_ms", 600_000) / 1000.0 if msg.verb == "OPEN" else None
-                reply = self.table.open(peer, msg.get("path"), wait)
+                reply = self.table.open(peer, msg.get("path"), wait, msg.get("defer") == "1")
             elif msg.verb == "UNLINK":
                 reply = self.table.unlink(msg.get("path"))
             elif msg.verb == "RENAME":

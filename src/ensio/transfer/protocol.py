@@ -35,11 +35,14 @@ Requests (interposer → daemon), and their replies
     daemon seals it (no write, grow or shrink, ever) and wakes waiting consumers.
     Past the budget, a ``fallback: files`` file is written to its real path before the
     reply. → ``OK`` | ``ERR errno=``
-``OPEN path= wait_ms=``
+``OPEN path= wait_ms= defer=``
     A consumer opens ``path`` read-only; blocks while the file is being written, at
-    most ``wait_ms``. → ``OK mode=`` (octal, leading 0) + a new read-only descriptor (its own file
-    offset) | ``ABSENT`` (not held: use the real path) | ``ERR errno=`` (EIO: the
-    producer died; ETIMEDOUT)
+    most ``wait_ms``. → ``OK mode=`` (octal, leading 0) + a new read-only descriptor
+    (its own file offset) | ``ABSENT`` (not held: use the real path) | ``BUSY`` |
+    ``ERR errno=`` (EIO: the producer died; ETIMEDOUT). With ``defer=1`` the daemon
+    answers ``BUSY`` instead of blocking: the interposer asks so on the process's shared
+    connection, then waits with a second ``OPEN`` on a connection of its own, without
+    holding its lock (the process's other threads go on).
 ``STAT path=``
     As ``OPEN`` without waiting (a file being written is reported at its current
     size). → ``OK mode=`` + descriptor | ``ABSENT`` | ``ERR errno=``

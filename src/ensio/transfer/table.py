@@ -276,8 +276,12 @@ class Table:
 
     # -- consumers ---------------------------------------------------------------------
 
-    def open(self, peer: Peer, path: str, wait_s: float | None) -> Reply:
-        """A read-only descriptor of ``path`` (``wait_s`` None: STAT, never wait)."""
+    def open(self, peer: Peer, path: str, wait_s: float | None, defer: bool = False) -> Reply:
+        """A read-only descriptor of ``path`` (``wait_s`` None: STAT, never wait).
+
+        ``defer``: answer ``BUSY`` at once instead of waiting (the interposer then waits on
+        a connection of its own, so the process's other threads are not held up).
+        """
         deadline = None if wait_s is None else time.monotonic() + wait_s
         with self.cond:
             while True:
@@ -294,6 +298,8 @@ class Table:
                     assert e.fd is not None
                     fd = os.open(f"/proc/self/fd/{e.fd}", os.O_RDONLY | os.O_CLOEXEC)
                     return Reply("OK", {"mode": f"0{e.mode:o}"}, fd)
+                if defer:
+                    return Reply("BUSY")
                 left = deadline - time.monotonic() if deadline is not None else 0.0
                 if left <= 0:
                     self.log.error("%s: open by %s timed out (ETIMEDOUT) after %.0f s: still "

@@ -29,6 +29,7 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define EXPORT __attribute__((visibility("default")))
@@ -224,7 +225,10 @@ __attribute__((constructor)) static void ei_constructor(void) { ei_init(); }
 __attribute__((destructor)) static void ei_destructor(void)
 {
     if (!ei_active) return;
-    pthread_mutex_lock(&ei_lock);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 10;  /* another thread stuck in a request: its files fail, as on a kill */
+    if (pthread_mutex_timedlock(&ei_lock, &until) != 0) return;
     for (int i = 0; i < nwfiles; i++)
         if (wfiles[i].used) wfile_finish(&wfiles[i]);
     pthread_mutex_unlock(&ei_lock);
@@ -297,15 +301,12 @@ static int produce(const struct ei_rule *r, const char *path, int flags, mode_t 
     return set_cloexec(mfd, flags & O_CLOEXEC);
 }
 
-/* A consumer's open: the daemon's read-only descriptor, or -2: use the real path. */
-static int consume(const struct ei_rule *r, const char *path, int flags)
+/* The consumer's reply: the descriptor, -1 with errno, -2: the real path, -3: BUSY. */
+static int consumer_reply(int rc, const char *reply, int fd, int flags)
 {
-    char msg[PATH_MAX + 64], reply[EI_REPLY_MAX];
-    int n = snprintf(msg, sizeof msg, "OPEN\npath=%s\nwait_ms=%ld", path, r->timeout_ms);
-    int fd;
-    if (ei_request(msg, (size_t)n, -1, reply, &fd) != 0 || ei_reply_is(reply, "ABSENT")) {
+    if (rc != 0 || ei_reply_is(reply, "ABSENT") || ei_reply_is(reply, "BUSY")) {
         if (fd >= 0) ei_real.close(fd);
-        return -2;
+        return rc == 0 && ei_reply_is(reply, "BUSY") ? -3 : -2;
     }
     if (!ei_reply_is(reply, "OK") || fd < 0) {
         if (fd >= 0) ei_real.close(fd);
@@ -313,6 +314,30 @@ static int consume(const struct ei_rule *r, const char *path, int flags)
         return -1;
     }
     return set_cloexec(fd, flags & O_CLOEXEC);
+}
+
+/* A consumer's open (lock held): the daemon's read-only descriptor, -2: use the real
+ * path, -3: the file is being written, wait with consume_wait() after unlocking. */
+static int consume(const struct ei_rule *r, const char *path, int flags)
+{
+    char msg[PATH_MAX + 64], reply[EI_REPLY_MAX];
+    int n = snprintf(msg, sizeof msg, "OPEN\npath=%s\nwait_ms=%ld\ndefer=1", path,
+                     r->timeout_ms);
+    int fd;
+    int rc = ei_request(msg, (size_t)n, -1, reply, &fd);
+    return consumer_reply(rc, reply, fd, flags);
+}
+
+/* The sync wait for a file still being written, on a connection of its own and without
+ * the lock: the process's other threads (and its exit) are not held up. */
+static int consume_wait(const struct ei_rule *r, const char *path, int flags)
+{
+    char msg[PATH_MAX + 64], reply[EI_REPLY_MAX];
+    int n = snprintf(msg, sizeof msg, "OPEN\npath=%s\nwait_ms=%ld", path, r->timeout_ms);
+    int fd;
+    int rc = ei_request_private(msg, (size_t)n, reply, &fd);
+    int got = consumer_reply(rc, reply, fd, flags);
+    return got == -3 ? -2 : got;
 }
 
 /* Every open variant ends here. Returns -2 when the real function should run. */
@@ -339,7 +364,7 @@ int ei_open_path(int dirfd, const char *path, int flags, mode_t mode)
         fd = writing ? produce(r, canon, flags, mode) : consume(r, canon, flags);
     }
     pthread_mutex_unlock(&ei_lock);
-    return fd;
+    return fd == -3 ? consume_wait(r, canon, flags) : fd;
 }
 
 static mode_t va_mode(int flags, va_list ap)

@@ -89,6 +89,9 @@ EI_HIDDEN int ei_canonical(int dirfd, const char *path, char out[PATH_MAX]);
 #define EI_REPLY_MAX 1024
 EI_HIDDEN int ei_request(const char *msg, size_t len, int send_fd, char reply[EI_REPLY_MAX],
                          int *recv_fd);
+/* without the lock: one request on a connection of its own (a consumer's long wait) */
+EI_HIDDEN int ei_request_private(const char *msg, size_t len, char reply[EI_REPLY_MAX],
+                                 int *recv_fd);
 EI_HIDDEN long ei_reply_long(const char *reply, const char *key, long dflt);
 EI_HIDDEN int ei_reply_is(const char *reply, const char *verb);
 EI_HIDDEN int ei_daemon_usable(void);

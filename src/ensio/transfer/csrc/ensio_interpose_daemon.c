@@ -56,7 +56,7 @@ static void gone(const char *why)
     sock = -1;
 }
 
-static int send_packet(const char *msg, size_t len, int fd)
+static int send_packet(int s, const char *msg, size_t len, int fd)
 {
     struct iovec iov = {(void *)msg, len};
     union { struct cmsghdr h; char buf[CMSG_SPACE(sizeof(int))]; } ctl;
@@ -74,12 +74,12 @@ static int send_packet(const char *msg, size_t len, int fd)
         memcpy(CMSG_DATA(c), &fd, sizeof(int));
     }
     ssize_t n;
-    do n = sendmsg(sock, &mh, MSG_NOSIGNAL); while (n < 0 && errno == EINTR);
+    do n = sendmsg(s, &mh, MSG_NOSIGNAL); while (n < 0 && errno == EINTR);
     return n == (ssize_t)len ? 0 : -1;
 }
 
 /* One reply packet (NUL-terminated) and its descriptor, if any; -1: connection lost. */
-static int recv_packet(char reply[EI_REPLY_MAX], int *fd)
+static int recv_packet(int s, char reply[EI_REPLY_MAX], int *fd)
 {
     struct iovec iov = {reply, EI_REPLY_MAX - 1};
     union { struct cmsghdr h; char buf[CMSG_SPACE(sizeof(int))]; } ctl;
@@ -89,7 +89,7 @@ static int recv_packet(char reply[EI_REPLY_MAX], int *fd)
     mh.msg_control = ctl.buf;
     mh.msg_controllen = sizeof ctl.buf;
     ssize_t n;
-    do n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC); while (n < 0 && errno == EINTR);
+    do n = recvmsg(s, &mh, MSG_CMSG_CLOEXEC); while (n < 0 && errno == EINTR);
     if (n <= 0) return -1;
     reply[n] = '\0';
     if (fd) *fd = -1;
@@ -104,41 +104,60 @@ static int recv_packet(char reply[EI_REPLY_MAX], int *fd)
     return 0;
 }
 
-static int connect_daemon(void)
+/* A new connection to the daemon, greeted (HELLO); -1 with the reason in why. */
+static int open_connection(char *why, size_t whylen)
 {
     const char *path = getenv("ENSIO_TRANSFER_SOCKET");
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     if (path == NULL || strlen(path) >= sizeof addr.sun_path) {
-        gone("ENSIO_TRANSFER_SOCKET unset or too long");
+        snprintf(why, whylen, "ENSIO_TRANSFER_SOCKET unset or too long");
         return -1;
     }
     strcpy(addr.sun_path, path);
     int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-    if (s < 0) { gone(strerror(errno)); return -1; }
+    if (s < 0) { snprintf(why, whylen, "%s", strerror(errno)); return -1; }
     if (connect(s, (struct sockaddr *)&addr, sizeof addr) != 0) {
-        char why[PATH_MAX + 64];
-        snprintf(why, sizeof why, "%s: %s", path, strerror(errno));
+        snprintf(why, whylen, "%s: %s", path, strerror(errno));
         ei_real.close(s);
-        gone(why);
         return -1;
     }
     int high = ei_real.fcntl(s, F_DUPFD_CLOEXEC, 500);
     if (high >= 0) { ei_real.close(s); s = high; }
+    char hello[256], reply[EI_REPLY_MAX];
+    int n = snprintf(hello, sizeof hello, "HELLO\ncomponent=%s\npid=%d\nproto=1", ei_component,
+                     (int)getpid());
+    if (send_packet(s, hello, (size_t)n, -1) != 0 || recv_packet(s, reply, NULL) != 0
+        || !ei_reply_is(reply, "OK")) {
+        snprintf(why, whylen, "%s: no answer to HELLO", path);
+        ei_real.close(s);
+        return -1;
+    }
+    return s;
+}
+
+static int connect_daemon(void)
+{
+    char why[PATH_MAX + 64];
+    int s = open_connection(why, sizeof why);
+    if (s < 0) { gone(why); return -1; }
     struct stat st;
     fstat(s, &st);
     sock = s;
     sock_pid = getpid();
     sock_dev = st.st_dev;
     sock_ino = st.st_ino;
-    char hello[256], reply[EI_REPLY_MAX];
-    int n = snprintf(hello, sizeof hello, "HELLO\ncomponent=%s\npid=%d\nproto=1", ei_component,
-                     (int)sock_pid);
-    if (send_packet(hello, (size_t)n, -1) != 0 || recv_packet(reply, NULL) != 0
-        || !ei_reply_is(reply, "OK")) {
-        gone("no answer to HELLO");
-        return -1;
-    }
     return 0;
+}
+
+int ei_request_private(const char *msg, size_t len, char reply[EI_REPLY_MAX], int *recv_fd)
+{
+    char why[PATH_MAX + 64];
+    *recv_fd = -1;
+    int s = open_connection(why, sizeof why);
+    if (s < 0) return -1;
+    int rc = send_packet(s, msg, len, -1) == 0 && recv_packet(s, reply, recv_fd) == 0 ? 0 : -1;
+    ei_real.close(s);
+    return rc;
 }
 
 int ei_daemon_usable(void)
@@ -157,7 +176,7 @@ int ei_request(const char *msg, size_t len, int send_fd, char reply[EI_REPLY_MAX
 {
     if (recv_fd) *recv_fd = -1;
     if (!ei_daemon_usable()) return -1;
-    if (send_packet(msg, len, send_fd) != 0 || recv_packet(reply, recv_fd) != 0) {
+    if (send_packet(sock, msg, len, send_fd) != 0 || recv_packet(sock, reply, recv_fd) != 0) {
         gone("connection lost");
         return -1;
     }
