@@ -268,3 +268,20 @@ def test_run_passes_the_exit_status_through(case):
     assert host.run(config, "model", "sh", "-c", "exit 7").returncode == 7
     p = host.run(config, "model", "no-such-program-ensio")
     assert p.returncode == 127 and "command not found: no-such-program-ensio" in p.stderr
+
+
+def test_transfer_status_and_stop_commands(case):
+    host, config = case
+    _ok(host.run(config, "model", "ncgen", "-k", "classic", "-o", "fc/mem001.nc", "sample.cdl"))
+    out = _ok(host.ensio("transfer", "status")).stdout.splitlines()
+    assert out[0] == f"staging daemon in {host.dir}: 1 file(s)"
+    assert out[1].split() == ["path", "bytes", "state", "component", "connection", "persist"]
+    size = (host.work / "in" / "classic.nc").stat().st_size  # ncgen writes the same bytes
+    assert out[2].split() == [str((host.work / "fc/mem001.nc").resolve()), str(size),
+                              "complete", "model", "restarts", "no"]
+    stopped = _ok(host.ensio("transfer", "stop")).stdout
+    assert stopped == f"stopped the staging daemon in {host.dir}\n"
+    p = host.ensio("transfer", "status")
+    assert p.returncode == 1 and p.stdout == f"no staging daemon runs in {host.dir}\n"
+    # stop wrote the unconsumed file of this fallback: files connection to its real path
+    assert (host.work / "fc/mem001.nc").read_bytes() == (host.work / "in/classic.nc").read_bytes()
