@@ -36,6 +36,8 @@ COMMANDS = (
     "model",
     "ioserver",
     "ioclient",
+    "run",
+    "transfer",
 )
 
 

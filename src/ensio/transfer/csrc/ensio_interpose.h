@@ -1,0 +1,102 @@
+/* ensio transfer interposer: declarations shared by its three source files.
+ *
+ *   ensio_interpose.c         open, fopen, close, dup: the descriptors of transferred files
+ *   ensio_interpose_names.c   stat, access, unlink, rename: the names of transferred files
+ *   ensio_interpose_stdio.c   fopen, fclose
+ *   ensio_interpose_paths.c   the rules file, path canonicalization, glob matching
+ *   ensio_interpose_daemon.c  the staging daemon's socket (protocol: ensio/transfer/protocol.py)
+ *
+ * Built into one shared object by `ensio run` (ensio/transfer/build.py); loaded with
+ * LD_PRELOAD; configured by two environment variables set by `ensio run`:
+ *   ENSIO_TRANSFER_RULES   the rules file (component and connection patterns)
+ *   ENSIO_TRANSFER_SOCKET  the daemon's socket
+ * Without them every function passes straight through to glibc.
+ */
+#ifndef ENSIO_INTERPOSE_H
+#define ENSIO_INTERPOSE_H
+
+#define _GNU_SOURCE
+#include <limits.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+#define EI_HIDDEN __attribute__((visibility("hidden")))
+
+/* Pattern bytes (ensio/transfer/config.py writes the same): any run of characters
+ * but '/', one or more digits, exactly one digit. Everything else is literal. */
+#define EI_STAR '\x01'
+#define EI_DIGITS '\x02'
+#define EI_DIGIT '\x03'
+
+#define EI_PRODUCER 1
+#define EI_CONSUMER 2
+#define EI_MAX_RULES 256
+
+struct ei_rule {
+    int role;             /* EI_PRODUCER | EI_CONSUMER */
+    long long budget;     /* bytes, -1: no limit */
+    char fallback[8];     /* "files" | "error" */
+    int persist;
+    long timeout_ms;      /* consumer wait for a file being written */
+    char conn[160];       /* "<config id>:<connection name>" */
+    char *pattern;        /* absolute, encoded */
+    size_t prefix_len;    /* literal bytes before the first wildcard */
+    const char *last;     /* the pattern's last path component */
+};
+
+/* Global state, guarded by ei_lock except where noted. */
+extern EI_HIDDEN int ei_active;            /* rules loaded (set once at init) */
+extern EI_HIDDEN pthread_mutex_t ei_lock;
+extern EI_HIDDEN char ei_component[128];
+extern EI_HIDDEN mode_t ei_umask;
+
+/* The real glibc functions (resolved once with dlsym(RTLD_NEXT)). */
+struct ei_real {
+    int (*open)(const char *, int, ...);
+    int (*openat)(int, const char *, int, ...);
+    int (*close)(int);
+    int (*dup)(int);
+    int (*dup2)(int, int);
+    int (*dup3)(int, int, int);
+    int (*fcntl)(int, int, ...);
+    int (*rename)(const char *, const char *);
+    int (*unlink)(const char *);
+};
+extern EI_HIDDEN struct ei_real ei_real;
+EI_HIDDEN void ei_init(void);
+
+/* descriptors (ensio_interpose.c) */
+EI_HIDDEN int ei_open_path(int dirfd, const char *path, int flags, mode_t mode); /* -2: real */
+EI_HIDDEN int ei_fd_tracked(int fd);  /* lock-free: nonzero if fd is a file this process writes */
+EI_HIDDEN int ei_untrack(int fd);     /* lock held: fd is gone; the file completes at its last */
+
+/* files this process writes (lock held): its own descriptor of the memory, or -1 */
+EI_HIDDEN int ei_local_file(const char *path, mode_t *mode);
+EI_HIDDEN void ei_local_forget(const char *path);  /* unlinked: a new open creates anew */
+
+/* paths */
+EI_HIDDEN int ei_load_rules(const char *file);
+/* The rule of (dirfd, path) (out: its canonical form), NULL if none matches. Of several
+ * matching rules (one path in two connections, e.g. restarts model->analysis and
+ * analyses analysis->model), the first with a role in `want`, else the first. */
+EI_HIDDEN const struct ei_rule *ei_classify(int dirfd, const char *path, char out[PATH_MAX],
+                                            int want);
+EI_HIDDEN int ei_glob_match(const char *pat, const char *s);
+EI_HIDDEN int ei_canonical(int dirfd, const char *path, char out[PATH_MAX]);
+
+/* daemon: every call with ei_lock held */
+#define EI_REPLY_MAX 1024
+EI_HIDDEN int ei_request(const char *msg, size_t len, int send_fd, char reply[EI_REPLY_MAX],
+                         int *recv_fd);
+/* without the lock: one request on a connection of its own (a consumer's long wait) */
+EI_HIDDEN int ei_request_private(const char *msg, size_t len, char reply[EI_REPLY_MAX],
+                                 int *recv_fd);
+EI_HIDDEN long ei_reply_long(const char *reply, const char *key, long dflt);
+EI_HIDDEN int ei_reply_is(const char *reply, const char *verb);
+EI_HIDDEN int ei_daemon_usable(void);
+EI_HIDDEN void ei_after_fork_child(void);
+EI_HIDDEN int ei_write_real_file(int src_fd, const char *path, mode_t mode);
+EI_HIDDEN void ei_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+#endif

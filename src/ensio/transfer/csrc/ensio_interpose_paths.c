@@ -1,0 +1,167 @@
+/* ensio transfer interposer: the rules file, path canonicalization, glob matching.
+ *
+ * Rules file (written by `ensio run`, ensio/transfer/run.py):
+ *   ensio-transfer-rules 1
+ *   component <name>
+ *   rule <P|C|B> <budget bytes|-1> <files|error> <persist 0|1> <timeout ms> <conn> <pattern>
+ * The pattern runs to the end of its line (it may contain spaces).
+ *
+ * The cost for a path no rule can match is one pass over its last component
+ * (no system call): the full canonicalization (getcwd or the directory descriptor's
+ * name, then "." / ".." / "//" removed lexically) happens only when the last
+ * component already matches some rule's last component.
+ */
+#include "ensio_interpose.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static struct ei_rule rules[EI_MAX_RULES];
+static int nrules;
+
+int ei_glob_match(const char *p, const char *s)
+{
+    for (;; p++, s++) {
+        switch (*p) {
+        case '\0':
+            return *s == '\0';
+        case EI_STAR:
+            for (const char *t = s;; t++) {
+                if (ei_glob_match(p + 1, t)) return 1;
+                if (*t == '\0' || *t == '/') return 0;
+            }
+        case EI_DIGITS:
+            if (*s < '0' || *s > '9') return 0;
+            while (s[1] >= '0' && s[1] <= '9') {
+                if (ei_glob_match(p + 1, s + 1)) return 1;
+                s++;
+            }
+            break;
+        case EI_DIGIT:
+            if (*s < '0' || *s > '9') return 0;
+            break;
+        default:
+            if (*p != *s) return 0;
+        }
+    }
+}
+
+/* The last component of a slash-terminated-or-not string (pattern or path). */
+static const char *last_component(const char *s)
+{
+    const char *slash = strrchr(s, '/');
+    return slash ? slash + 1 : s;
+}
+
+static int parse_rule(char *line, struct ei_rule *r)
+{
+    char role;
+    int used = 0;
+    if (sscanf(line, "rule %c %lld %7s %d %ld %159s %n", &role, &r->budget, r->fallback,
+               &r->persist, &r->timeout_ms, r->conn, &used) != 6 || used == 0)
+        return -1;
+    r->role = role == 'P' ? EI_PRODUCER : role == 'C' ? EI_CONSUMER
+            : role == 'B' ? EI_PRODUCER | EI_CONSUMER : 0;
+    r->pattern = strdup(line + used);
+    if (r->role == 0 || r->pattern == NULL || r->pattern[0] != '/') return -1;
+    r->prefix_len = strcspn(r->pattern, "\x01\x02\x03");
+    r->last = last_component(r->pattern);
+    return 0;
+}
+
+/* Read the rules once at start-up (real open/read: the wrappers are not ready yet). */
+int ei_load_rules(const char *file)
+{
+    int fd = ei_real.open(file, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    static char text[1 << 16];
+    size_t len = 0;
+    ssize_t n;
+    while (len < sizeof text - 1 && (n = read(fd, text + len, sizeof text - 1 - len)) > 0)
+        len += (size_t)n;
+    ei_real.close(fd);
+    text[len] = '\0';
+    if (strncmp(text, "ensio-transfer-rules 1\n", 23) != 0) return -1;
+    for (char *line = text, *next; line && *line; line = next) {
+        next = strchr(line, '\n');
+        if (next) *next++ = '\0';
+        if (strncmp(line, "component ", 10) == 0) {
+            snprintf(ei_component, sizeof ei_component, "%s", line + 10);
+        } else if (strncmp(line, "rule ", 5) == 0 && nrules < EI_MAX_RULES) {
+            if (parse_rule(line, &rules[nrules]) == 0) nrules++;
+            else return -1;
+        }
+    }
+    return nrules > 0 ? 0 : -1;
+}
+
+/* Remove "//", "/./" and resolve "/../" lexically, in place (absolute path). */
+static void normalize(char *p)
+{
+    char *out = p;
+    const char *in = p;
+    while (*in) {
+        while (*in == '/') in++;
+        const char *end = strchrnul(in, '/');
+        size_t n = (size_t)(end - in);
+        if (n == 0) break;
+        if (n == 1 && in[0] == '.') {
+            /* skip */
+        } else if (n == 2 && in[0] == '.' && in[1] == '.') {
+            while (out > p && *--out != '/') {}
+        } else {
+            *out++ = '/';
+            memmove(out, in, n);
+            out += n;
+        }
+        in = end;
+    }
+    if (out == p) *out++ = '/';
+    *out = '\0';
+}
+
+/* The absolute, normalized form of (dirfd, path) in out; -1 if it does not fit. */
+int ei_canonical(int dirfd, const char *path, char out[PATH_MAX])
+{
+    size_t len;
+    if (path[0] == '/') {
+        len = 0;
+    } else if (dirfd == AT_FDCWD) {
+        if (getcwd(out, PATH_MAX) == NULL) return -1;
+        len = strlen(out);
+    } else {
+        char link[64];
+        snprintf(link, sizeof link, "/proc/self/fd/%d", dirfd);
+        ssize_t n = readlink(link, out, PATH_MAX - 1);
+        if (n <= 0 || out[0] != '/') return -1;
+        len = (size_t)n;
+    }
+    size_t plen = strlen(path);
+    if (len + 1 + plen >= PATH_MAX) return -1;
+    if (len) out[len++] = '/';
+    memcpy(out + len, path, plen + 1);
+    normalize(out);
+    return 0;
+}
+
+const struct ei_rule *ei_classify(int dirfd, const char *path, char out[PATH_MAX], int want)
+{
+    if (!ei_active || path == NULL || path[0] == '\0' || strchr(path, '\n')) return NULL;
+    const char *base = last_component(path);
+    int maybe = base[0] == '\0' || strcmp(base, ".") == 0 || strcmp(base, "..") == 0;
+    for (int i = 0; i < nrules && !maybe; i++)
+        maybe = ei_glob_match(rules[i].last, base);
+    if (!maybe || ei_canonical(dirfd, path, out) != 0) return NULL;
+    const struct ei_rule *first = NULL;
+    for (int i = 0; i < nrules; i++)
+        if (strncmp(out, rules[i].pattern, rules[i].prefix_len) == 0
+            && ei_glob_match(rules[i].pattern, out)) {
+            if (rules[i].role & want) return &rules[i];
+            if (first == NULL) first = &rules[i];
+        }
+    return first;
+}

@@ -1,0 +1,260 @@
+"""The per-host staging daemon: ``ensio transfer daemon``.
+
+It listens on ``<socket dir>/daemon.sock`` (a ``SOCK_SEQPACKET`` Unix socket in a
+directory of mode 0700 owned by this user, see :mod:`.runtime`), refuses peers of
+another uid (``SO_PEERCRED``, logged), and serves each connection in its own
+thread: a consumer's open may block until its file is complete, and must not hold
+up anyone else. The held files and all decisions are :class:`~.table.Table`'s.
+
+One daemon per directory: the daemon holds an exclusive ``flock`` on
+``daemon.lock`` for its lifetime; a second one started by accident exits at once.
+It exits on ``STOP`` (``ensio transfer stop``), on SIGTERM/SIGINT, or after
+``idle_timeout`` seconds without clients and without held files. At exit, complete
+files of ``fallback: files`` connections that are not on disk yet are written to
+their real paths; anything else held is logged as lost.
+
+Log lines (one per event: refusals, producers that died, budgets, timeouts) go to
+``<socket dir>/daemon.log``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import signal
+import socket
+import struct
+import threading
+import time
+from pathlib import Path
+
+from .protocol import PROTOCOL_VERSION, Message, encode, recv_message, send_message
+from .table import Peer, Reply, Table
+
+__all__ = ["AlreadyRunning", "Daemon", "serve"]
+
+LOCK_NAME = "daemon.lock"
+SOCKET_NAME = "daemon.sock"
+LOG_NAME = "daemon.log"
+
+
+class AlreadyRunning(RuntimeError):
+    """Another daemon holds the directory's lock."""
+
+
+class Daemon:
+    """A listening staging daemon (``serve_forever`` blocks until it stops)."""
+
+    def __init__(self, socket_dir: str | os.PathLike, idle_timeout: float = 600.0,
+                 log: logging.Logger | None = None) -> None:
+        self.dir = Path(socket_dir)
+        self.idle_timeout = idle_timeout
+        self.log = log or _file_logger(self.dir / LOG_NAME)
+        self._lock_fd = _take_lock(self.dir / LOCK_NAME)
+        self.table = Table(self.log)
+        self._stop = threading.Event()
+        self._clients = 0
+        self._last_active = time.monotonic()
+        self._state = threading.Condition()
+        self._ids = iter(range(1, 1 << 62))
+        path = self.dir / SOCKET_NAME
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # a dead daemon's socket (we hold the lock, so it is dead)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        self.sock.bind(os.fspath(path))
+        os.chmod(path, 0o600)
+        self.sock.listen(128)
+        self.socket_path = path
+
+    def serve_forever(self) -> None:
+        """Accept clients until stopped; then write out or report what is held."""
+        self.log.info("listening on %s (pid %d)", self.socket_path, os.getpid())
+        persister = threading.Thread(target=self.table.persist_loop, name="persist", daemon=True)
+        persister.start()
+        acceptor = threading.Thread(target=self._accept_loop, name="accept", daemon=True)
+        acceptor.start()
+        with self._state:
+            while not self._stop.is_set():
+                idle = self._clients == 0 and len(self.table) == 0
+                left = self._last_active + self.idle_timeout - time.monotonic()
+                if idle and left <= 0:
+                    self.log.info("idle for %.0f s: stopping", self.idle_timeout)
+                    break
+                self._state.wait(max(0.05, left) if idle else self.idle_timeout)
+        self._stop.set()
+        self._shutdown(persister)
+
+    def stop(self) -> None:
+        """Ask ``serve_forever`` to return (any thread, signal handlers)."""
+        self._stop.set()
+        with self._state:
+            self._state.notify_all()
+
+    def _shutdown(self, persister: threading.Thread) -> None:
+        with contextlib.suppress(OSError):
+            self.socket_path.unlink()
+        self.sock.close()
+        if not self.table.wait_persisted(timeout=120.0):
+            self.log.error("write-behind still pending after 120 s at exit")
+        self.table.shut()
+        persister.join(timeout=10.0)
+        self.log.info("stopped")
+        os.close(self._lock_fd)
+
+    def _accept_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return  # the listening socket was closed: stopping
+            uid, pid = _peer_credentials(conn)
+            if uid != os.getuid():
+                self.log.warning("refused a connection from uid %d (pid %d): not this user",
+                                 uid, pid)
+                conn.close()
+                continue
+            threading.Thread(target=self._serve_client, args=(conn, pid), daemon=True,
+                             name=f"client-{pid}").start()
+
+    def _serve_client(self, conn: socket.socket, pid: int) -> None:
+        """One connection: HELLO, then requests until it closes (a producer's death)."""
+        peer = Peer(id=next(self._ids), component="?", pid=pid)
+        self._count(+1)
+        try:
+            while True:
+                try:
+                    msg = recv_message(conn)
+                except OSError:
+                    msg = None
+                if msg is None:
+                    break
+                if msg.verb == "HELLO":
+                    if msg.int("proto", PROTOCOL_VERSION) != PROTOCOL_VERSION:
+                        self.log.warning("refused pid %d: protocol %s, not %d", pid,
+                                         msg.get("proto"), PROTOCOL_VERSION)
+                        self._reply(conn, Reply.err(errno.EPROTO))
+                        break
+                    peer = Peer(id=peer.id, component=msg.get("component", "?"), pid=pid)
+                    self._reply(conn, Reply("OK", {"proto": PROTOCOL_VERSION,
+                                                   "pid": os.getpid()}))
+                    continue
+                if msg.verb == "STATUS":
+                    self._send_status(conn)
+                    continue
+                reply = self._dispatch(peer, msg)
+                self._reply(conn, reply)
+                if msg.verb == "STOP":
+                    self.log.info("stop requested by %s", peer)
+                    self.stop()
+        finally:
+            conn.close()
+            self.table.peer_gone(peer)
+            self._count(-1)
+
+    def _dispatch(self, peer: Peer, msg: Message) -> Reply:
+        """One request → the table's reply; a descriptor received and not kept is closed."""
+        try:
+            if msg.verb == "CREATE":
+                if msg.fd is None:
+                    return Reply.err(errno.EBADF)
+                reply = self.table.create(
+                    peer, msg.get("path"), msg.fd, conn=msg.get("conn"),
+                    budget=msg.int("budget", -1), fallback=msg.get("fallback", "files"),
+                    persist=msg.get("persist") == "1", mode=int(msg.get("mode", "644"), 8),
+                    excl=msg.get("excl") == "1", keep=msg.get("keep") == "1",
+                    exist=msg.get("exist") == "1")
+                if reply.verb == "OK":
+                    return reply
+            elif msg.verb == "COMPLETE":
+                reply = self.table.complete(peer, msg.int("id"))
+            elif msg.verb in ("OPEN", "STAT"):
+                wait = msg.int("wait_ms", 600_000) / 1000.0 if msg.verb == "OPEN" else None
+                reply = self.table.open(peer, msg.get("path"), wait, msg.get("defer") == "1")
+            elif msg.verb == "UNLINK":
+                reply = self.table.unlink(msg.get("path"))
+            elif msg.verb == "RENAME":
+                reply = self.table.rename(msg.get("old"), msg.get("new"), msg.get("export") == "1")
+            elif msg.verb == "DROP":
+                reply = self.table.drop(msg.get("path"))
+            elif msg.verb == "STOP":
+                reply = Reply("OK")
+            else:
+                reply = Reply.err(errno.ENOSYS)
+        except (OSError, ValueError) as exc:
+            self.log.error("%s from %s failed: %s", msg.verb, peer, exc)
+            reply = Reply.err(getattr(exc, "errno", None) or errno.EIO)
+        if msg.fd is not None:
+            os.close(msg.fd)
+        return reply
+
+    def _reply(self, conn: socket.socket, reply: Reply) -> None:
+        try:
+            send_message(conn, encode(reply.verb, **reply.fields), reply.fd)
+        except OSError:
+            pass  # the client is gone; its thread ends at the next receive
+        finally:
+            if reply.fd is not None:
+                os.close(reply.fd)
+
+    def _send_status(self, conn: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            for row in self.table.status():
+                send_message(conn, encode("FILE", **row))
+            send_message(conn, encode("END"))
+
+    def _count(self, delta: int) -> None:
+        with self._state:
+            self._clients += delta
+            self._last_active = time.monotonic()
+            self._state.notify_all()
+
+
+def _peer_credentials(conn: socket.socket) -> tuple[int, int]:
+    """(uid, pid) of the process at the other end (``SO_PEERCRED``)."""
+    raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, _gid = struct.unpack("3i", raw)
+    return uid, pid
+
+
+def _take_lock(path: Path) -> int:
+    """Hold ``daemon.lock`` for the daemon's life; AlreadyRunning if another one has it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise AlreadyRunning(f"a staging daemon already runs in {path.parent}") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def _file_logger(path: Path) -> logging.Logger:
+    log = logging.getLogger(f"ensio.transfer.daemon.{path}")
+    if not log.handlers:
+        handler = logging.FileHandler(path)
+        handler.setFormatter(logging.Formatter(
+            "%(asctime)s ensio-transfer[%(process)d] %(levelname)s %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+    return log
+
+
+def serve(socket_dir: str | os.PathLike, idle_timeout: float = 600.0) -> None:
+    """Run a daemon in the foreground until it stops (SIGTERM/SIGINT stop it cleanly).
+
+    Raises
+    ------
+    AlreadyRunning
+        Another daemon serves ``socket_dir``.
+    """
+    os.environ.pop("LD_PRELOAD", None)  # the daemon itself is never interposed
+    d = Daemon(socket_dir, idle_timeout=idle_timeout)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: d.stop())
+    d.serve_forever()
+

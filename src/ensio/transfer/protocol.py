@@ -1,0 +1,241 @@
+"""The staging daemon's message format: the one description shared with the C interposer.
+
+Transport
+---------
+An ``AF_UNIX`` ``SOCK_SEQPACKET`` socket (``<socket dir>/daemon.sock``): one request
+is one packet, one reply is one packet (``STATUS`` answers with one packet per file
+and a final ``END``), so a descriptor passed with ``SCM_RIGHTS`` belongs to exactly
+one message and no framing is needed. Each interposed process keeps one
+connection; the daemon learns that a producer died when it closes. At most
+:data:`MAX_PACKET` bytes per packet.
+
+Packet text
+-----------
+The first line is the verb, every further line ``key=value`` (values are bytes up to
+the newline; a path containing a newline is never interposed, so none is sent)::
+
+    CREATE\\npath=/scratch/fc/mem001.nc\\nconn=3fa2c1d09e0b:restarts\\n...
+
+Requests (interposer → daemon), and their replies
+-------------------------------------------------
+``HELLO component= pid= proto=``
+    First packet of a connection. → ``OK proto= pid=`` (the daemon's process id)
+``CREATE path= conn= budget= fallback= persist= mode= excl= keep= exist=`` + memfd
+    A producer creates (or opens for writing) ``path``; the packet carries the
+    producer's new memfd. ``budget`` is the connection's limit in bytes (-1: none),
+    ``fallback`` ``files|error``, ``persist`` ``0|1``, ``mode`` the permission bits
+    (octal, after the umask), ``excl`` ``1`` for ``O_EXCL``, ``keep`` ``1`` when the
+    open does not truncate (the daemon copies the current content, held or on disk,
+    into the memfd before answering), ``exist`` ``1`` without ``O_CREAT`` (ENOENT if
+    the file is neither held nor on disk). → ``OK id= mode=`` (the file's permission
+    bits: an existing file keeps its own) | ``FALLBACK`` (use the real path)
+    | ``ERR errno=``
+``COMPLETE id=``
+    The producer closed its last descriptor of the file registered as ``id``: the
+    daemon seals it (no write, grow or shrink, ever) and wakes waiting consumers.
+    Past the budget, a ``fallback: files`` file is written to its real path before the
+    reply. → ``OK`` | ``ERR errno=``
+``OPEN path= wait_ms= defer=``
+    A consumer opens ``path`` read-only; blocks while the file is being written, at
+    most ``wait_ms``. → ``OK mode=`` (octal, leading 0) + a new read-only descriptor
+    (its own file offset) | ``ABSENT`` (not held: use the real path) | ``BUSY`` |
+    ``ERR errno=`` (EIO: the producer died; ETIMEDOUT). With ``defer=1`` the daemon
+    answers ``BUSY`` instead of blocking: the interposer asks so on the process's shared
+    connection, then waits with a second ``OPEN`` on a connection of its own, without
+    holding its lock (the process's other threads go on).
+``STAT path=``
+    As ``OPEN`` without waiting (a file being written is reported at its current
+    size). → ``OK mode=`` + descriptor | ``ABSENT`` | ``ERR errno=``
+``UNLINK path=``
+    → ``OK ondisk=0|1`` (``1``: a persisted copy exists, remove it too) | ``ABSENT``
+``RENAME old= new= export=``
+    Both names transferred (``export=0``): the file moves to ``new``, replacing what
+    was held there. ``export=1``: ``new`` is not transferred, so the daemon writes the
+    file there (atomically) and forgets ``old``. → ``OK`` | ``ABSENT`` | ``ERR errno=``
+``DROP path=``
+    A real file was renamed onto a transferred name: forget what was held there.
+    → ``OK``
+
+Control requests (``ensio transfer status|stop``)
+-------------------------------------------------
+``STATUS`` → ``FILE path= size= state= component= conn= persist= waiters=`` … ``END``
+(``waiters``: consumers blocked in an open of the file)
+``STOP`` → ``OK``; the daemon then exits (see :mod:`.daemon` for held files).
+
+Errors are Linux ``errno`` numbers: daemon and interposer run on the same host.
+"""
+
+from __future__ import annotations
+
+import array
+import errno
+import os
+import socket
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+__all__ = [
+    "MAX_PACKET",
+    "PROTOCOL_VERSION",
+    "Client",
+    "DaemonUnavailable",
+    "FileStatus",
+    "Message",
+    "decode",
+    "encode",
+    "recv_message",
+    "send_message",
+]
+
+PROTOCOL_VERSION = 1
+_CLOSED = "the staging daemon closed the connection"
+#: Largest packet (two paths of PATH_MAX and the other fields fit).
+MAX_PACKET = 16384
+
+
+class DaemonUnavailable(OSError):
+    """No staging daemon answers on the socket."""
+
+
+@dataclass(frozen=True)
+class Message:
+    """One packet: a verb, its fields and at most one descriptor."""
+
+    verb: str
+    fields: Mapping[str, str]
+    fd: int | None = None
+
+    def get(self, key: str, default: str = "") -> str:
+        return self.fields.get(key, default)
+
+    def int(self, key: str, default: int = 0) -> int:
+        v = self.fields.get(key)
+        return default if v is None or v == "" else int(v)
+
+
+def encode(verb: str, **fields: object) -> bytes:
+    """The packet text of ``verb`` with ``fields`` (str/bytes/int values, no newlines)."""
+    parts = [verb.encode()]
+    for k, v in fields.items():
+        val = v if isinstance(v, bytes) else os.fsencode(str(v))
+        if b"\n" in val:
+            raise ValueError(f"protocol field {k}: newline in value")
+        parts.append(k.encode() + b"=" + val)
+    data = b"\n".join(parts)
+    if len(data) > MAX_PACKET:
+        raise ValueError(f"protocol: {verb} packet of {len(data)} bytes exceeds {MAX_PACKET}")
+    return data
+
+
+def decode(data: bytes, fd: int | None = None) -> Message:
+    """Parse a packet (bytes values decoded with the file-system encoding)."""
+    lines = data.split(b"\n")
+    fields = {}
+    for line in lines[1:]:
+        k, sep, v = line.partition(b"=")
+        if sep:
+            fields[k.decode("ascii", "replace")] = os.fsdecode(v)
+    return Message(verb=lines[0].decode("ascii", "replace"), fields=fields, fd=fd)
+
+
+def send_message(sock: socket.socket, data: bytes, fd: int | None = None) -> None:
+    """Send one packet, with ``fd`` passed by ``SCM_RIGHTS`` when given."""
+    if fd is None:
+        sock.sendall(data)
+    else:
+        socket.send_fds(sock, [data], [fd])
+
+
+def recv_message(sock: socket.socket) -> Message | None:
+    """Receive one packet (None when the peer closed); extra descriptors are closed."""
+    fds = array.array("i")
+    data, ancdata, _flags, _addr = sock.recvmsg(
+        MAX_PACKET, socket.CMSG_SPACE(4 * fds.itemsize), socket.MSG_CMSG_CLOEXEC)
+    for level, kind, cdata in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            usable = len(cdata) - len(cdata) % fds.itemsize
+            fds.frombytes(cdata[:usable])
+    if not data and not fds:
+        return None
+    for extra in fds[1:]:
+        os.close(extra)
+    return decode(data, fds[0] if fds else None)
+
+
+@dataclass(frozen=True)
+class FileStatus:
+    """One held file, as ``ensio transfer status`` lists it."""
+
+    path: str
+    size: int
+    state: str
+    component: str
+    connection: str
+    persist: str
+    waiters: int = 0
+
+
+class Client:
+    """A Python connection to the staging daemon (``ensio run``, status, stop, tests).
+
+    Speaks exactly what the interposer speaks, so tests can drive the daemon
+    without C.
+    """
+
+    def __init__(self, socket_path: str | os.PathLike, component: str = "ensio",
+                 timeout: float | None = 30.0) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        self.sock.settimeout(timeout)
+        try:
+            self.sock.connect(os.fspath(socket_path))
+        except OSError as exc:
+            self.sock.close()
+            raise DaemonUnavailable(exc.errno or errno.ECONNREFUSED,
+                                    f"no staging daemon at {os.fspath(socket_path)} "
+                                    f"({exc.strerror})") from None
+        reply = self.request(encode("HELLO", component=component, pid=os.getpid(),
+                                    proto=PROTOCOL_VERSION))
+        if reply.verb != "OK":
+            self.close()
+            raise DaemonUnavailable(errno.EPROTO, f"staging daemon refused: {reply.verb}")
+        self.daemon_pid = reply.int("pid")
+
+    def request(self, data: bytes, fd: int | None = None) -> Message:
+        """Send a packet and return the reply (DaemonUnavailable if the daemon is gone)."""
+        try:
+            send_message(self.sock, data, fd)
+            reply = recv_message(self.sock)
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            raise DaemonUnavailable(exc.errno, _CLOSED) from None
+        if reply is None:
+            raise DaemonUnavailable(errno.ECONNRESET, _CLOSED)
+        return reply
+
+    def status(self) -> list[FileStatus]:
+        """The files the daemon holds."""
+        send_message(self.sock, encode("STATUS"))
+        return list(self._status_lines())
+
+    def _status_lines(self) -> Iterator[FileStatus]:
+        while True:
+            msg = recv_message(self.sock)
+            if msg is None:
+                raise DaemonUnavailable(errno.ECONNRESET, _CLOSED)
+            if msg.verb == "END":
+                return
+            yield FileStatus(path=msg.get("path"), size=msg.int("size"), state=msg.get("state"),
+                             component=msg.get("component"), connection=msg.get("conn"),
+                             persist=msg.get("persist"), waiters=msg.int("waiters"))
+
+    def stop(self) -> None:
+        """Ask the daemon to exit."""
+        self.request(encode("STOP"))
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

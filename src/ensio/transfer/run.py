@@ -1,0 +1,106 @@
+"""``ensio run --transfer CONFIG --component NAME -- COMMAND ...``: start a program
+under the interposer.
+
+Three things happen before COMMAND replaces this process (``exec``, so its exit
+status, signals and process id are its own): the interposer is built if the cache
+has none (:mod:`.build`), the daemon is started if none answers (:mod:`.runtime`),
+and the component's rules (which globs it produces, which it consumes, with each
+connection's budget, fallback, persist and consumer timeout) are written to a rules
+file the interposer reads at load time. COMMAND gets::
+
+    LD_PRELOAD=<interposer>[ <previous LD_PRELOAD>]
+    ENSIO_TRANSFER_RULES=<socket dir>/rules/<config id>-<component>.rules
+    ENSIO_TRANSFER_SOCKET=<socket dir>/daemon.sock
+
+Extension point: the cross-host modes (patterns between hosts, async) add lines to
+the rules file and requests to the protocol; the single-host exchange stays as is.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from ..config.errors import ConfigError
+from ..durable import atomic_write
+from .build import interposer
+from .config import ConnectionDef, TransferConfig, load_transfer_config
+from .runtime import ensure_daemon
+
+__all__ = ["command_env", "exec_command", "prepare", "rules_text"]
+
+
+def _role(conn: ConnectionDef, component: str) -> str | None:
+    producer, consumer = conn.source == component, component in conn.to
+    return {(True, True): "B", (True, False): "P", (False, True): "C"}.get((producer, consumer))
+
+
+def rules_text(cfg: TransferConfig, component: str) -> str:
+    """The interposer's rules for ``component`` (format: ``csrc/ensio_interpose_paths.c``).
+
+    A connection the component neither produces nor consumes gives no rule: its files
+    are plain files for this component.
+    """
+    lines = ["ensio-transfer-rules 1", f"component {component}"]
+    for conn in cfg.connections:
+        role = _role(conn, component)
+        if role is None:
+            continue
+        budget = -1 if conn.budget_bytes is None else conn.budget_bytes
+        head = (f"rule {role} {budget} {conn.fallback} {int(conn.persist)} "
+                f"{int(conn.consumer_timeout_s * 1000)} {cfg.identity or 'local'}:{conn.name}")
+        seen = set()
+        for pattern in conn.patterns:
+            for variant in (pattern, pattern.resolved()):
+                if variant.encoded() not in seen:
+                    seen.add(variant.encoded())
+                    lines.append(f"{head} {variant.encoded()}")
+    return "\n".join(lines) + "\n"
+
+
+def prepare(config: str | os.PathLike | TransferConfig, component: str,
+            socket_dir: str | os.PathLike | None = None, idle_timeout: float = 600.0
+            ) -> dict[str, str]:
+    """Build, start and write what COMMAND needs; the environment variables to add.
+
+    Raises
+    ------
+    ConfigError
+        ``component`` is not one of the config's components.
+    TransferError
+        No compiler, an unsafe socket directory, a daemon that does not start.
+    """
+    cfg = config if isinstance(config, TransferConfig) else load_transfer_config(config)
+    if component not in cfg.components:
+        where = f"{cfg.source}: " if cfg.source else ""
+        raise ConfigError(f"{where}--component {component!r} is not one of the components "
+                          f"({', '.join(cfg.components)})")
+    lib = interposer()
+    sock = ensure_daemon(socket_dir, idle_timeout=idle_timeout)
+    rules = Path(sock).parent / "rules" / f"{cfg.identity or 'local'}-{component}.rules"
+    rules.parent.mkdir(mode=0o700, exist_ok=True)
+    atomic_write(rules, rules_text(cfg, component), fsync=False)
+    return command_env(lib, rules, Path(sock))
+
+
+def command_env(lib: Path, rules: Path, sock: Path) -> dict[str, str]:
+    """The variables that put a program under the interposer."""
+    previous = os.environ.get("LD_PRELOAD", "")
+    kept = " ".join(p for p in previous.replace(":", " ").split() if "ensio_interpose" not in p)
+    return {"LD_PRELOAD": f"{lib} {kept}".strip(), "ENSIO_TRANSFER_RULES": str(rules),
+            "ENSIO_TRANSFER_SOCKET": str(sock)}
+
+
+def exec_command(argv: Sequence[str], extra_env: dict[str, str]) -> NoReturn:
+    """Replace this process with ``argv`` (PATH searched) with ``extra_env`` added.
+
+    Raises
+    ------
+    OSError
+        The command cannot be executed (not found: FileNotFoundError).
+    """
+    env = dict(os.environ)
+    env.update(extra_env)
+    os.execvpe(argv[0], list(argv), env)

@@ -1,0 +1,446 @@
+"""The staging daemon's held files: states, versions, budgets and waiting consumers.
+
+One :class:`Table` per daemon; every method is one request of :mod:`.protocol`
+(the daemon's client threads call them concurrently). A file is held as the
+daemon's own descriptor of the producer's memfd, so it outlives the producer.
+
+States of a held file (:class:`Entry`)::
+
+    writing ──COMPLETE──► complete   (sealed: its bytes never change again)
+       │                     │
+       └─producer's socket───┴─► failed (memory released; consumers get EIO)
+         closed first
+
+A new ``CREATE`` of a held path makes a new version: the old one leaves the table at
+once (readers that have it open keep their descriptors, and sealed bytes), and
+consumers then wait for the new one. ``spilling`` is a complete file on its way to
+the real path (budget exceeded with ``fallback: files``); consumers wait for it too
+and then read the real file.
+
+Every blocking wait has a deadline; nothing here sleeps.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import itertools
+import logging
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+from . import materialize
+
+__all__ = ["Entry", "Peer", "Reply", "Table"]
+
+SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL
+
+
+@dataclass(frozen=True)
+class Peer:
+    """A connected client: its connection id, component and process."""
+
+    id: int
+    component: str
+    pid: int
+
+    def __str__(self) -> str:
+        return f"{self.component} (pid {self.pid})"
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A reply packet: verb, fields and an optional descriptor the daemon closes after sending."""
+
+    verb: str
+    fields: dict[str, object] = field(default_factory=dict)
+    fd: int | None = None
+
+    @classmethod
+    def err(cls, code: int) -> Reply:
+        return cls("ERR", {"errno": code})
+
+
+@dataclass(eq=False)
+class Entry:
+    """One held version of a file."""
+
+    id: int
+    path: str
+    fd: int | None
+    conn: str
+    component: str
+    writer: Peer | None
+    mode: int
+    budget: int
+    fallback: str
+    persist: bool
+    state: str = "writing"
+    persist_state: str = ""
+    waiters: int = 0
+
+    def size(self) -> int:
+        return os.fstat(self.fd).st_size if self.fd is not None else 0
+
+    def release(self) -> None:
+        """Close the daemon's descriptor: the memory goes when the last reader closes."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+class Table:
+    """The held files of one daemon, guarded by one lock (``cond``)."""
+
+    def __init__(self, log: logging.Logger) -> None:
+        self.log = log
+        self.cond = threading.Condition()
+        self.entries: dict[str, Entry] = {}
+        self._ids = itertools.count(1)
+        self._by_id: dict[int, Entry] = {}
+        self.persist_queue: queue.Queue[Entry | None] = queue.Queue()
+
+    # -- producers ---------------------------------------------------------------------
+
+    def create(self, peer: Peer, path: str, memfd: int, *, conn: str, budget: int,
+               fallback: str, persist: bool, mode: int, excl: bool, keep: bool,
+               exist: bool = False) -> Reply:
+        """Register ``memfd`` as the new version of ``path`` being written by ``peer``.
+
+        ``exist``: the open had no ``O_CREAT``, so the file must exist (held or on disk).
+        The caller keeps ownership of ``memfd`` unless the reply is ``OK``.
+        """
+        with self.cond:
+            cur = self.entries.get(path)
+            if excl and ((cur is not None and cur.state != "failed") or os.path.lexists(path)):
+                return Reply.err(errno.EEXIST)
+            if exist and cur is None and not os.path.exists(path):
+                return Reply.err(errno.ENOENT)
+            if keep and cur is not None and cur.state == "failed":
+                return Reply.err(errno.EIO)
+            if cur is not None and cur.state in ("writing", "spilling"):
+                self.log.warning("%s: %s opened it for writing while %s still writes it: refused "
+                                 "(EBUSY)", path, peer, cur.writer or cur.component)
+                return Reply.err(errno.EBUSY)
+            if budget >= 0 and self._usage(conn, exclude=cur) >= budget:
+                return self._over_budget(peer, path, conn, fallback)
+            source = os.dup(cur.fd) if keep and cur is not None and cur.fd is not None else None
+            mode = self._existing_mode(path, cur, mode)
+        try:
+            if keep:
+                self._copy_current(path, source, memfd)
+                os.lseek(memfd, 0, os.SEEK_SET)  # the offset is the producer's (one description)
+        except OSError as exc:
+            self.log.warning("%s: cannot copy the current content for %s: %s", path, peer,
+                             exc.strerror)
+            return Reply.err(exc.errno or errno.EIO)
+        finally:
+            if source is not None:
+                os.close(source)
+        with self.cond:
+            self._drop(path)
+            entry = Entry(id=next(self._ids), path=path, fd=memfd, conn=conn,
+                          component=peer.component, writer=peer, mode=mode, budget=budget,
+                          fallback=fallback, persist=persist)
+            self.entries[path] = entry
+            self._by_id[entry.id] = entry
+            self.cond.notify_all()
+        return Reply("OK", {"id": entry.id, "mode": f"0{mode:o}"})
+
+    @staticmethod
+    def _existing_mode(path: str, cur: Entry | None, mode: int) -> int:
+        """An open of an existing file keeps its permission bits (``mode`` is for creating)."""
+        if cur is not None and cur.state != "failed":
+            return cur.mode
+        try:
+            return os.stat(path).st_mode & 0o7777
+        except OSError:
+            return mode
+
+    def _copy_current(self, path: str, source: int | None, memfd: int) -> None:
+        """``keep``: the new version starts as the held one, else as the real file (if any)."""
+        if source is not None:
+            materialize.copy_into(source, memfd)
+            return
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return
+        try:
+            materialize.copy_into(fd, memfd)
+        finally:
+            os.close(fd)
+
+    def _over_budget(self, peer: Peer, path: str, conn: str, fallback: str) -> Reply:
+        name = conn.split(":", 1)[-1]
+        if fallback == "files":
+            self.log.warning("%s: connection %s is at its memory budget: %s writes the real "
+                             "file (fallback: files)", path, name, peer)
+            return Reply("FALLBACK")
+        self.log.error("%s: connection %s is at its memory budget: open by %s fails with "
+                       "ENOSPC (fallback: error)", path, name, peer)
+        return Reply.err(errno.ENOSPC)
+
+    def _usage(self, conn: str, exclude: Entry | None = None) -> int:
+        return sum(e.size() for e in self.entries.values() if e.conn == conn and e is not exclude)
+
+    def complete(self, peer: Peer, entry_id: int) -> Reply:
+        """The producer closed the file: seal it, check the budget, wake the consumers."""
+        with self.cond:
+            e = self._by_id.get(entry_id)
+            if e is None or self.entries.get(e.path) is not e or e.state != "writing":
+                return Reply("OK")  # unlinked or replaced meanwhile: nothing to hold
+            if e.writer is None or e.writer.id != peer.id:
+                return Reply.err(errno.EPERM)
+            try:
+                self._seal(e)
+            except OSError as exc:
+                self._fail(e, f"cannot seal it ({exc.strerror})")
+                return Reply.err(errno.EIO)
+            e.writer = None
+            over = e.budget >= 0 and self._usage(e.conn) > e.budget
+            if over and e.fallback == "error":
+                # Kept: failing the close would lose a complete file (and netCDF 4.9
+                # crashes on a failed close); the connection's next open fails instead.
+                self.log.warning("%s: written by %s, takes connection %s past its memory "
+                                 "budget: kept; new files fail with ENOSPC until memory is "
+                                 "freed", e.path, peer, e.conn.split(":", 1)[-1])
+                over = False
+            e.state = "spilling" if over else "complete"
+            if e.persist and not over:
+                e.persist_state = "pending"
+                self.persist_queue.put(e)
+            self.cond.notify_all()
+        if over:
+            self._spill(e, f"over the memory budget of connection {e.conn.split(':', 1)[-1]}")
+        return Reply("OK")
+
+    def _seal(self, e: Entry) -> None:
+        """Seal the memory and hold it through a descriptor of our own.
+
+        The descriptor received from the producer shares its open file description,
+        and with it any lock the producer took (HDF5 flocks its files): a fresh
+        description from ``/proc/self/fd`` carries none. A writable mapping still
+        alive (EBUSY) gets a sealed copy instead.
+        """
+        assert e.fd is not None
+        try:
+            fcntl.fcntl(e.fd, fcntl.F_ADD_SEALS, SEALS)
+            fresh = os.open(f"/proc/self/fd/{e.fd}", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            if exc.errno != errno.EBUSY:
+                raise
+            fresh = os.memfd_create(os.path.basename(e.path),
+                                    os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+            materialize.copy_into(e.fd, fresh)
+            fcntl.fcntl(fresh, fcntl.F_ADD_SEALS, SEALS)
+        os.close(e.fd)
+        e.fd = fresh
+
+    def _spill(self, e: Entry, why: str) -> None:
+        """``fallback: files`` (over the budget, daemon exit): the file goes to its real path."""
+        assert e.fd is not None
+        try:
+            tmp = materialize.write_temporary(e.fd, e.path, e.mode, fsync=False)
+        except OSError as exc:
+            with self.cond:
+                self._fail(e, f"{why}, and cannot be written to disk ({exc.strerror})")
+            return
+        with self.cond:
+            if self.entries.get(e.path) is e:
+                materialize.publish(tmp, e.path, fsync=False)
+                self.log.warning("%s: %s: written to the real path (fallback: files)", e.path,
+                                 why)
+                self._drop(e.path)
+            else:
+                tmp.unlink(missing_ok=True)
+            self.cond.notify_all()
+
+    def _fail(self, e: Entry, why: str) -> None:
+        """Mark ``e`` failed (lock held): its memory is released, consumers get EIO."""
+        e.state = "failed"
+        e.writer = None
+        e.release()
+        self.log.error("%s: %s: consumers get EIO (component %s)", e.path, why, e.component)
+        self.cond.notify_all()
+
+    def peer_gone(self, peer: Peer) -> None:
+        """A connection closed: files it was still writing are failed (the producer died)."""
+        with self.cond:
+            for e in list(self.entries.values()):
+                if e.state == "writing" and e.writer is not None and e.writer.id == peer.id:
+                    self._fail(e, f"the producer {peer} died before closing it")
+
+    # -- consumers ---------------------------------------------------------------------
+
+    def open(self, peer: Peer, path: str, wait_s: float | None, defer: bool = False) -> Reply:
+        """A read-only descriptor of ``path`` (``wait_s`` None: STAT, never wait).
+
+        ``defer``: answer ``BUSY`` at once instead of waiting (the interposer then waits on
+        a connection of its own, so the process's other threads are not held up).
+        """
+        deadline = None if wait_s is None else time.monotonic() + wait_s
+        with self.cond:
+            while True:
+                e = self.entries.get(path)
+                if e is None:
+                    return Reply("ABSENT")
+                if e.state == "failed":
+                    if wait_s is not None:
+                        self.log.error("%s: open by %s fails with EIO: the producer (component "
+                                       "%s) died before closing it", path, peer, e.component)
+                    return Reply.err(errno.EIO)
+                mine = e.writer is not None and e.writer.id == peer.id
+                if e.state == "complete" or wait_s is None or mine:
+                    assert e.fd is not None
+                    fd = os.open(f"/proc/self/fd/{e.fd}", os.O_RDONLY | os.O_CLOEXEC)
+                    return Reply("OK", {"mode": f"0{e.mode:o}"}, fd)
+                if defer:
+                    return Reply("BUSY")
+                left = deadline - time.monotonic() if deadline is not None else 0.0
+                if left <= 0:
+                    self.log.error("%s: open by %s timed out (ETIMEDOUT) after %.0f s: still "
+                                   "being written by %s", path, peer, wait_s, e.writer or "?")
+                    return Reply.err(errno.ETIMEDOUT)
+                e.waiters += 1
+                try:
+                    self.cond.wait(left)
+                finally:
+                    e.waiters -= 1
+
+    # -- names -------------------------------------------------------------------------
+
+    def unlink(self, path: str) -> Reply:
+        """Forget ``path``; say whether a persisted copy is on disk."""
+        with self.cond:
+            e = self.entries.get(path)
+            if e is None:
+                return Reply("ABSENT")
+            ondisk = e.persist_state == "done"
+            self._drop(path)
+            self.cond.notify_all()
+            return Reply("OK", {"ondisk": int(ondisk)})
+
+    def rename(self, old: str, new: str, export: bool) -> Reply:
+        """Move a held file to another transferred name, or write it out (``export``)."""
+        with self.cond:
+            e = self.entries.get(old)
+            if e is None:
+                if not export:
+                    self._drop(new)
+                    self.cond.notify_all()
+                return Reply("ABSENT")
+            if e.state != "complete":
+                return Reply.err(errno.EBUSY)
+            if not export:
+                self._drop(new)
+                del self.entries[old]
+                if e.persist_state == "done":
+                    try:
+                        os.replace(old, new)
+                    except OSError:
+                        e.persist_state = ""
+                e.path = new
+                self.entries[new] = e
+                self.cond.notify_all()
+                return Reply("OK")
+            assert e.fd is not None
+            source = os.dup(e.fd)
+        try:
+            tmp = materialize.write_temporary(source, new, e.mode, fsync=False)
+        except OSError as exc:
+            return Reply.err(exc.errno or errno.EIO)
+        finally:
+            os.close(source)
+        with self.cond:
+            materialize.publish(tmp, new, fsync=False)
+            if self.entries.get(old) is e:
+                self._drop(old)
+            self.cond.notify_all()
+        return Reply("OK")
+
+    def drop(self, path: str) -> Reply:
+        with self.cond:
+            self._drop(path)
+            self.cond.notify_all()
+        return Reply("OK")
+
+    def _drop(self, path: str) -> None:
+        """Remove ``path``'s entry (lock held)."""
+        e = self.entries.pop(path, None)
+        if e is not None:
+            self._by_id.pop(e.id, None)
+            e.release()
+
+    # -- write-behind (persist) ----------------------------------------------------------
+
+    def persist_loop(self) -> None:
+        """Write completed ``persist`` files to their real paths, in order; None stops."""
+        while (e := self.persist_queue.get()) is not None:
+            with self.cond:
+                if self.entries.get(e.path) is not e or e.fd is None:
+                    continue
+                source, target = os.dup(e.fd), e.path
+            try:
+                tmp = materialize.write_temporary(source, target, e.mode, fsync=True)
+            except OSError as exc:
+                self.log.error("%s: persist failed: %s (the file stays in memory)", target,
+                               exc.strerror)
+                with self.cond:
+                    e.persist_state = "failed"
+                continue
+            finally:
+                os.close(source)
+            with self.cond:
+                if self.entries.get(e.path) is e and e.path == target:
+                    materialize.publish(tmp, target, fsync=True)
+                    e.persist_state = "done"
+                else:
+                    tmp.unlink(missing_ok=True)
+                self.cond.notify_all()
+
+    def wait_persisted(self, timeout: float) -> bool:
+        """Wait until no write-behind is pending (stop, tests); False at the deadline."""
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while any(e.persist_state == "pending" for e in self.entries.values()):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.cond.wait(left)
+        return True
+
+    # -- the whole table -------------------------------------------------------------------
+
+    def status(self) -> list[dict[str, object]]:
+        with self.cond:
+            return [{"path": e.path, "size": e.size(), "state": e.state,
+                     "component": e.component, "conn": e.conn.split(":", 1)[-1],
+                     "persist": e.persist_state or ("no" if not e.persist else ""),
+                     "waiters": e.waiters}
+                    for e in sorted(self.entries.values(), key=lambda x: x.path)]
+
+    def __len__(self) -> int:
+        with self.cond:
+            return len(self.entries)
+
+    def shut(self) -> None:
+        """Daemon exit: complete files of ``fallback: files`` that are not on disk yet are
+        written to their real paths; every other held file is logged as lost."""
+        self.persist_queue.put(None)
+        with self.cond:
+            held = list(self.entries.values())
+        for e in held:
+            if e.state == "complete" and e.persist_state != "done" and e.fallback == "files":
+                e.state = "spilling"
+                self._spill(e, "held at daemon exit")
+            elif e.persist_state != "done":
+                self.log.warning("%s: lost at daemon exit (state %s, component %s)",
+                                 e.path, e.state, e.component)
+        with self.cond:
+            for path in list(self.entries):
+                self._drop(path)
+            self.cond.notify_all()  # consumers still waiting find nothing: real files
