@@ -246,7 +246,10 @@ def plot_result(res: Mapping[str, Any], path: str | Path) -> None:
     import matplotlib.pyplot as plt
 
     rows = [r for r in res["rows"] if r["mode"] != "none"]
-    labels = [r["mode"] for r in rows] + ["server\n(projected)"]
+    cores = res.get("cores") or 0
+    labels = [r["mode"] + (f"\n({r['processes']} procs on\n{cores} cores)"
+                           if cores and r["processes"] > cores else "") for r in rows]
+    labels.append("server\n(projected)")
     values = [100 * r["cost"] for r in rows] + [100 * res["cost_server_projected"]]
     colors = ["tab:red", "tab:orange"] + ["tab:blue"] * (len(rows) - 2) + ["tab:cyan"]
     fig, ax = plt.subplots(figsize=(7, 4))
