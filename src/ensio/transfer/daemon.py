@@ -31,6 +31,7 @@ import threading
 import time
 from pathlib import Path
 
+from .network import Network, parse_ranges
 from .protocol import PROTOCOL_VERSION, Message, encode, recv_message, send_message
 from .table import Peer, Reply, Table
 
@@ -55,6 +56,7 @@ class Daemon:
         self.log = log or _file_logger(self.dir / LOG_NAME)
         self._lock_fd = _take_lock(self.dir / LOCK_NAME)
         self.table = Table(self.log)
+        self.network = Network(self.table, self.log)
         self._stop = threading.Event()
         self._clients = 0
         self._last_active = time.monotonic()
@@ -97,6 +99,7 @@ class Daemon:
         with contextlib.suppress(OSError):
             self.socket_path.unlink()
         self.sock.close()
+        self.network.close()
         if not self.table.wait_persisted(timeout=120.0):
             self.log.error("write-behind still pending after 120 s at exit")
         self.table.shut()
@@ -152,6 +155,7 @@ class Daemon:
         finally:
             conn.close()
             self.table.peer_gone(peer)
+            self.network.peer_gone(peer)
             self._count(-1)
 
     def _dispatch(self, peer: Peer, msg: Message) -> Reply:
@@ -167,9 +171,22 @@ class Daemon:
                     excl=msg.get("excl") == "1", keep=msg.get("keep") == "1",
                     exist=msg.get("exist") == "1")
                 if reply.verb == "OK":
+                    if msg.get("targets"):
+                        self.network.announce(peer, int(str(reply.fields["id"])), {
+                            **msg.fields, "component": peer.component,
+                            "mode": str(reply.fields["mode"])})
                     return reply
             elif msg.verb == "COMPLETE":
                 reply = self.table.complete(peer, msg.int("id"))
+                if reply.verb == "OK":
+                    self.network.finish(msg.int("id"), parse_ranges(msg.get("r")))
+            elif msg.verb == "RANGES":
+                self.network.ranges(msg.int("id"), parse_ranges(msg.get("r")))
+                reply = Reply("OK")
+            elif msg.verb == "NETWORK":
+                peers = dict(p.split("=", 1) for p in msg.get("peers").split(",") if "=" in p)
+                reply = self.network.register(msg.get("identity"), msg.get("host"),
+                                              msg.get("listen"), msg.get("secret"), peers)
             elif msg.verb in ("OPEN", "STAT"):
                 wait = msg.int("wait_ms", 600_000) / 1000.0 if msg.verb == "OPEN" else None
                 reply = self.table.open(peer, msg.get("path"), wait, msg.get("defer") == "1")

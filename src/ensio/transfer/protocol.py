@@ -173,6 +173,8 @@ class FileStatus:
     connection: str
     persist: str
     waiters: int = 0
+    sent: int = 0          #: bytes streamed to other hosts
+    after_close: int = 0   #: of which after the producer's close
 
 
 class Client:
@@ -225,7 +227,8 @@ class Client:
                 return
             yield FileStatus(path=msg.get("path"), size=msg.int("size"), state=msg.get("state"),
                              component=msg.get("component"), connection=msg.get("conn"),
-                             persist=msg.get("persist"), waiters=msg.int("waiters"))
+                             persist=msg.get("persist"), waiters=msg.int("waiters"),
+                             sent=msg.int("sent"), after_close=msg.int("after_close"))
 
     def stop(self) -> None:
         """Ask the daemon to exit."""

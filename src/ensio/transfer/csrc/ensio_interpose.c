@@ -44,12 +44,20 @@ static pthread_once_t once = PTHREAD_ONCE_INIT;
 
 /* ---- files being written by this process ------------------------------------------ */
 
+#define EI_BATCH 64            /* ranges per RANGES report */
+#define EI_BATCH_BYTES (1 << 20) /* report once this much is written */
+
 struct wfile {
     int used;
     int keeper;   /* our own descriptor of the memfd (reopen, fallback write) */
     int refs;     /* program descriptors referring to it */
     long id;      /* the daemon's id */
     mode_t mode;
+    int async;    /* report written ranges (async connection with other hosts) */
+    int whole;    /* written in untracked ways (stdio, shared mmap): all of it at close */
+    int nranges;
+    long long bytes;                  /* in the batch */
+    long long ranges[EI_BATCH][2];    /* written and not reported yet: offset, length */
     char path[PATH_MAX];
 };
 static struct wfile *wfiles;
@@ -57,14 +65,18 @@ static int nwfiles;
 
 #define FD_CHUNK 1024
 #define FD_CHUNKS 1024
-static int *fdmap[FD_CHUNKS];  /* fd -> wfile index + 1; chunks never freed */
+#define FD_ASYNC (1 << 24)
+static int *fdmap[FD_CHUNKS];  /* fd -> wfile index + 1 (| FD_ASYNC); chunks never freed */
 
-int ei_fd_tracked(int fd)
+static int fdmap_get(int fd)
 {
     if (fd < 0 || fd >= FD_CHUNK * FD_CHUNKS) return 0;
     int *chunk = __atomic_load_n(&fdmap[fd / FD_CHUNK], __ATOMIC_ACQUIRE);
     return chunk ? __atomic_load_n(&chunk[fd % FD_CHUNK], __ATOMIC_RELAXED) : 0;
 }
+
+int ei_fd_tracked(int fd) { return fdmap_get(fd) & (FD_ASYNC - 1); }
+int ei_fd_async(int fd) { return fdmap_get(fd) & FD_ASYNC; }
 
 static int fdmap_set(int fd, int value)  /* lock held */
 {
@@ -113,13 +125,76 @@ void ei_local_forget(const char *path)
     if (w) w->path[0] = '\0';
 }
 
+/* "off+len,..." of w's batch into out (which has room for EI_BATCH ranges). */
+static int batch_text(struct wfile *w, char *out, size_t room)
+{
+    int n = 0;
+    for (int i = 0; i < w->nranges && (size_t)n < room; i++)
+        n += snprintf(out + n, room - (size_t)n, "%s%lld+%lld", i ? "," : "", w->ranges[i][0],
+                      w->ranges[i][1]);
+    return n;
+}
+
+/* Report w's batch to the daemon (lock held): one RANGES packet for many writes. */
+static void wfile_report(struct wfile *w)
+{
+    if (w->nranges == 0) return;
+    char msg[64 + EI_BATCH * 44], reply[EI_REPLY_MAX];
+    int n = snprintf(msg, sizeof msg, "RANGES\nid=%ld\nr=", w->id);
+    n += batch_text(w, msg + n, sizeof msg - (size_t)n);
+    w->nranges = 0;
+    w->bytes = 0;
+    if ((size_t)n < sizeof msg) ei_request(msg, (size_t)n, -1, reply, NULL);
+}
+
+void ei_wrote(int fd, long long off, long long n)
+{
+    if (n <= 0) return;
+    pthread_mutex_lock(&ei_lock);
+    int idx = ei_fd_tracked(fd);
+    if (idx) {
+        struct wfile *w = &wfiles[idx - 1];
+        long long (*last)[2] = w->nranges ? &w->ranges[w->nranges - 1] : NULL;
+        if (last && (*last)[0] + (*last)[1] == off) {
+            (*last)[1] += n;  /* sequential writes: one range */
+        } else {
+            if (w->nranges == EI_BATCH) wfile_report(w);
+            w->ranges[w->nranges][0] = off;
+            w->ranges[w->nranges][1] = n;
+            w->nranges++;
+        }
+        w->bytes += n;
+        if (w->bytes >= EI_BATCH_BYTES) wfile_report(w);
+    }
+    pthread_mutex_unlock(&ei_lock);
+}
+
+void ei_mark_whole(int fd)
+{
+    pthread_mutex_lock(&ei_lock);
+    int idx = ei_fd_tracked(fd);
+    if (idx) wfiles[idx - 1].whole = 1;
+    pthread_mutex_unlock(&ei_lock);
+}
+
 /* The last descriptor of w closed (or the process exits): tell the daemon, which seals
- * the file. Without a daemon the file is written to its real path instead. */
+ * the file. Without a daemon the file is written to its real path instead. Async: the
+ * ranges written since the last report go with it (the daemon sends them after the
+ * close: the dirty remainder). */
 static int wfile_finish(struct wfile *w)
 {
     int rc = 0;
-    char msg[64], reply[EI_REPLY_MAX];
+    char msg[96 + EI_BATCH * 44], reply[EI_REPLY_MAX];
     int n = snprintf(msg, sizeof msg, "COMPLETE\nid=%ld", w->id);
+    if (w->whole) {
+        struct stat st;
+        if (fstat(w->keeper, &st) == 0)
+            n += snprintf(msg + n, sizeof msg - (size_t)n, "\nr=0+%lld", (long long)st.st_size);
+    } else if (w->nranges) {
+        n += snprintf(msg + n, sizeof msg - (size_t)n, "\nr=");
+        n += batch_text(w, msg + n, sizeof msg - (size_t)n);
+    }
+    w->nranges = 0;
     /* flock() locks (HDF5 takes one) belong to the open file description, which the
      * daemon shares: release them, or no consumer could lock the file. */
     flock(w->keeper, LOCK_UN);
@@ -141,7 +216,7 @@ static int wfile_finish(struct wfile *w)
     for (int c = 0; c < FD_CHUNKS; c++)  /* exit path: descriptors still mapped to w */
         if (fdmap[c] && w->refs > 0)
             for (int i = 0; i < FD_CHUNK; i++)
-                if (fdmap[c][i] == (int)(w - wfiles) + 1) fdmap[c][i] = 0;
+                if ((fdmap[c][i] & (FD_ASYNC - 1)) == (int)(w - wfiles) + 1) fdmap[c][i] = 0;
     ei_real.close(w->keeper);
     w->used = 0;
     errno = saved;
@@ -160,7 +235,7 @@ int ei_untrack(int fd)
 
 static void track(int fd, int idx)
 {
-    if (fdmap_set(fd, idx + 1) == 0) wfiles[idx].refs++;
+    if (fdmap_set(fd, (idx + 1) | (wfiles[idx].async ? FD_ASYNC : 0)) == 0) wfiles[idx].refs++;
 }
 
 /* ---- initialization --------------------------------------------------------------- */
@@ -252,6 +327,7 @@ static int reopen_local(struct wfile *w, int flags, int writing)
     if (fd < 0) return -1;
     if (writing) {
         if ((flags & O_TRUNC) && ftruncate(fd, 0) != 0) { ei_real.close(fd); return -1; }
+        if (flags & O_TRUNC) w->whole = w->async;  /* content gone untracked: send it all */
         track(fd, (int)(w - wfiles));
     }
     return fd;
@@ -264,7 +340,7 @@ static int produce(const struct ei_rule *r, const char *path, int flags, mode_t 
     const char *base = strrchr(path, '/') + 1;
     int mfd = memfd_create(base, MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (mfd < 0) return -2;
-    char msg[PATH_MAX + 512], reply[EI_REPLY_MAX];
+    char msg[PATH_MAX + 1024], reply[EI_REPLY_MAX];
     mode_t perm = (flags & O_CREAT ? mode : 0666) & ~ei_umask & 07777;
     int n = snprintf(msg, sizeof msg,
                      "CREATE\npath=%s\nconn=%s\nbudget=%lld\nfallback=%s\npersist=%d\n"
@@ -272,6 +348,9 @@ static int produce(const struct ei_rule *r, const char *path, int flags, mode_t 
                      path, r->conn, r->budget, r->fallback, r->persist, (unsigned)perm,
                      (flags & O_CREAT) && (flags & O_EXCL), !(flags & O_TRUNC),
                      !(flags & O_CREAT));
+    if (r->targets[0])  /* streamed to other hosts (sync or async) */
+        n += snprintf(msg + n, sizeof msg - (size_t)n, "\ntargets=%s\nxmode=%s", r->targets,
+                      r->async ? "async" : "sync");
     if (ei_request(msg, (size_t)n, mfd, reply, NULL) != 0 || ei_reply_is(reply, "FALLBACK")) {
         ei_real.close(mfd);
         return -2;
@@ -293,6 +372,10 @@ static int produce(const struct ei_rule *r, const char *path, int flags, mode_t 
     w->used = 1;
     w->keeper = keeper;
     w->refs = 0;
+    w->async = r->async && r->targets[0];
+    w->whole = !(flags & O_TRUNC) && w->async;  /* kept content: never reported as written */
+    w->nranges = 0;
+    w->bytes = 0;
     w->id = ei_reply_long(reply, "id", 0);
     w->mode = (mode_t)ei_reply_long(reply, "mode", (long)perm);
     snprintf(w->path, sizeof w->path, "%s", path);

@@ -3,6 +3,7 @@
  *   ensio_interpose.c         open, fopen, close, dup: the descriptors of transferred files
  *   ensio_interpose_names.c   stat, access, unlink, rename: the names of transferred files
  *   ensio_interpose_stdio.c   fopen, fclose
+ *   ensio_interpose_writes.c  write, pwrite, writev, ftruncate, mmap: async dirty ranges
  *   ensio_interpose_paths.c   the rules file, path canonicalization, glob matching
  *   ensio_interpose_daemon.c  the staging daemon's socket (protocol: ensio/transfer/protocol.py)
  *
@@ -40,6 +41,8 @@ struct ei_rule {
     int persist;
     long timeout_ms;      /* consumer wait for a file being written */
     char conn[160];       /* "<config id>:<connection name>" */
+    int async;            /* route line: the connection's mode is async */
+    char targets[256];    /* route line: hosts receiving this process's files, "" none */
     char *pattern;        /* absolute, encoded */
     size_t prefix_len;    /* literal bytes before the first wildcard */
     const char *last;     /* the pattern's last path component */
@@ -69,6 +72,10 @@ EI_HIDDEN void ei_init(void);
 /* descriptors (ensio_interpose.c) */
 EI_HIDDEN int ei_open_path(int dirfd, const char *path, int flags, mode_t mode); /* -2: real */
 EI_HIDDEN int ei_fd_tracked(int fd);  /* lock-free: nonzero if fd is a file this process writes */
+EI_HIDDEN int ei_fd_async(int fd);    /* lock-free: ... and its connection is async */
+/* async: fd's file was written at [off, off+n) (takes the lock; reports in batches) */
+EI_HIDDEN void ei_wrote(int fd, long long off, long long n);
+EI_HIDDEN void ei_mark_whole(int fd); /* written in ways not tracked: send it all at close */
 EI_HIDDEN int ei_untrack(int fd);     /* lock held: fd is gone; the file completes at its last */
 
 /* files this process writes (lock held): its own descriptor of the memory, or -1 */
