@@ -118,3 +118,156 @@ def test_every_pattern_crosses_the_hosts(two_hosts, work, pattern):
                                        capture_output=True, text=True)).stdout
             assert dumped == plain
     assert not list((work / "fc").iterdir())  # never on disk, on either host
+
+
+# -- async ---------------------------------------------------------------------------------
+
+#: A producer that writes 1 MiB, waits, rewrites `dirty` bytes at `at`, and closes.
+REWRITER = r"""
+import sys
+path, size, at, dirty = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+data = bytearray((i * 7 + 3) % 251 for i in range(size))
+f = open(path, "wb", buffering=0)
+f.write(data)
+print("written", flush=True)
+sys.stdin.readline()
+f.seek(at)
+f.write(bytes(255 - b for b in data[at:at + dirty]))
+f.close()
+print("closed", flush=True)
+"""
+
+
+def _rewritten(size: int, at: int, dirty: int) -> bytes:
+    data = bytearray((i * 7 + 3) % 251 for i in range(size))
+    data[at:at + dirty] = bytes(255 - b for b in data[at:at + dirty])
+    return bytes(data)
+
+
+def test_async_sends_while_the_producer_runs_and_only_dirty_bytes_after_close(two_hosts,
+                                                                               work):
+    from transfer_support import wait_for
+
+    a, b = two_hosts
+    config = hosts_config(work / "t.yaml", {"a": ["model"], "b": ["post"]}, "1-1",
+                          ["fc/mem*.nc"], mode="async")
+    b.up(config, "post")
+    size, at, dirty = 1 << 20, 123_457, 4099
+    prod = a.start(config, "model", PY, "-c", REWRITER, "fc/mem000.nc", str(size), str(at),
+                   str(dirty))
+    assert prod.stdout.readline() == "written\n", prod.stderr.read()
+    # the whole first write reaches b while the producer still runs
+    wait_for(lambda: _held(a)["mem000.nc"].sent == size, what="the async send of 1 MiB")
+    assert _held(b)["mem000.nc"].state == "writing"
+    out, err = prod.communicate("go\n", timeout=60)
+    assert prod.returncode == 0 and out == "closed\n", err
+    st = _held(a)["mem000.nc"]
+    assert (st.after_close, st.sent) == (dirty, size + dirty)
+    got = b.run(config, "post", PY, "-c",
+                "import sys; sys.stdout.buffer.write(open('fc/mem000.nc','rb').read())",
+                text=False)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout == _rewritten(size, at, dirty)
+    assert not list((work / "fc").iterdir())
+
+
+def test_async_ncgen_gives_the_consumer_host_the_plain_bytes(two_hosts, work):
+    a, b = two_hosts
+    config = hosts_config(work / "t.yaml", {"a": ["model"], "b": ["post"]}, "1-N",
+                          ["fc/mem*.nc"], mode="async")
+    b.up(config, "post")
+    for name, argv in PRODUCERS.items():
+        _ok(a.run(config, "model", *[x.format(out=f"fc/{name}") for x in argv]))
+        got = json.loads(_ok(b.run(config, "post", PY, "-c", READER, f"fc/{name}")).stdout)
+        assert got["sha256"] == hashlib.sha256((work / "ref" / name).read_bytes()).hexdigest()
+        st = _held(a)[name]
+        # under 1 MiB: reported with the close; never-written holes are not sent at all
+        assert 0 < st.after_close == st.sent <= st.size
+    assert not list((work / "fc").iterdir())
+
+
+# -- the secret and faults ---------------------------------------------------------------
+
+ROGUE = r"""
+import socket, sys
+from ensio.transfer.wire import AuthError, client_handshake, tune
+sock = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)
+try:
+    client_handshake(sock, b"not-the-secret-of-this-experiment", sys.argv[3], "a")
+except AuthError as exc:
+    print("refused:", exc.strerror)
+else:
+    print("accepted")
+"""
+
+
+def test_a_wrong_secret_is_refused_and_logged(two_hosts, work):
+    from ensio.transfer.config import load_transfer_config
+
+    a, b = two_hosts
+    config = hosts_config(work / "t.yaml", {"a": ["model"], "b": ["post"]}, "1-1",
+                          ["fc/mem*.nc"])
+    b.up(config, "post")
+    secret = work / "t.yaml.secret"
+    assert secret.stat().st_mode & 0o777 == 0o600  # created by ensio run
+    identity = load_transfer_config(config).identity
+    p = subprocess.run(
+        ["ip", "netns", "exec", a.ns, PY, "-c", ROGUE, b.address, "7790", identity],
+        env=a.env, capture_output=True, text=True, timeout=60)
+    assert p.stdout.startswith("refused:"), p.stderr
+    assert (f"refused a TCP connection from {a.address}: host a: wrong secret for "
+            f"experiment {identity}") in b.log()
+    assert secret.read_text().strip() not in b.log()
+
+
+def test_a_secret_others_may_read_is_refused(two_hosts, work):
+    a, _ = two_hosts
+    config = hosts_config(work / "t.yaml", {"a": ["model"], "b": ["post"]}, "1-1",
+                          ["fc/mem*.nc"])
+    secret = work / "t.yaml.secret"
+    secret.write_text("0123456789abcdef0123456789abcdef\n")
+    secret.chmod(0o640)
+    p = a.run(config, "model", "true")
+    assert p.returncode == 2
+    assert p.stderr.strip() == (f"ensio: error: transfer secret {secret}: mode 0640, must be "
+                                "0600 (group and others must not read it)")
+
+
+HALF = r"""
+import sys
+f = open(sys.argv[1], "wb", buffering=0)
+f.write(b"CDF\x01" + bytes(4 << 20))
+print("written", flush=True)
+sys.stdin.readline()
+f.close()
+"""
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_killed_tcp_peer_gives_consumers_eio_not_a_hang(two_hosts, work, mode):
+    import os
+    import signal
+
+    from transfer_support import daemon_pid, process_gone, wait_for
+
+    a, b = two_hosts
+    config = hosts_config(work / "t.yaml", {"a": ["model"], "b": ["post"]}, "1-1",
+                          ["fc/mem*.nc"], mode=mode)
+    b.up(config, "post")
+    prod = a.start(config, "model", PY, "-c", HALF, "fc/mem000.nc")
+    assert prod.stdout.readline() == "written\n", prod.stderr.read()
+    cons = b.start(config, "post", PY, "-c", "open('fc/mem000.nc', 'rb').read()")
+    wait_for(lambda: _held(b)["mem000.nc"].waiters == 1, what="the consumer waiting on b")
+    pid = daemon_pid(a.dir)
+    os.kill(pid, signal.SIGKILL)  # the TCP peer of b's daemon dies mid-stream
+    wait_for(lambda: process_gone(pid), what="a's daemon's death")
+    _, err = cons.communicate(timeout=60)
+    assert cons.returncode != 0 and "[Errno 5] Input/output error" in err
+    prod.kill()
+    prod.communicate(timeout=60)
+    assert _held(b)["mem000.nc"].state == "failed"
+    path = (work / "fc" / "mem000.nc").resolve()
+    log = b.log()
+    assert f"{path}: the stream from host a broke off before the file was complete" in log
+    assert f"{path}: open by post (pid " in log
+    assert not path.exists()
