@@ -33,8 +33,15 @@ from .errors import TransferError
 from .outgoing import Stream
 from .secret import read_secret
 from .table import Peer, Reply, Table
-from .wire import AuthError, client_handshake, recv_exact_into, recv_frame, send_frame, \
-    server_handshake, tune
+from .wire import (
+    AuthError,
+    client_handshake,
+    recv_exact_into,
+    recv_frame,
+    send_frame,
+    server_handshake,
+    tune,
+)
 
 __all__ = ["Network", "parse_endpoint", "parse_ranges"]
 
@@ -323,7 +330,7 @@ def _connect(endpoint: str) -> socket.socket:
     while True:
         try:
             sock = socket.create_connection((addr, port), timeout=_HANDSHAKE_S)
-        except (ConnectionRefusedError, socket.timeout) as exc:
+        except (TimeoutError, ConnectionRefusedError) as exc:
             if time.monotonic() > deadline:
                 raise OSError(exc.errno or errno.ECONNREFUSED,
                               f"no daemon listens there ({exc})") from None
