@@ -44,23 +44,7 @@ static pthread_once_t once = PTHREAD_ONCE_INIT;
 
 /* ---- files being written by this process ------------------------------------------ */
 
-#define EI_BATCH 64            /* ranges per RANGES report */
-#define EI_BATCH_BYTES (1 << 20) /* report once this much is written */
-
-struct wfile {
-    int used;
-    int keeper;   /* our own descriptor of the memfd (reopen, fallback write) */
-    int refs;     /* program descriptors referring to it */
-    long id;      /* the daemon's id */
-    mode_t mode;
-    int async;    /* report written ranges (async connection with other hosts) */
-    int whole;    /* written in untracked ways (stdio, shared mmap): all of it at close */
-    int nranges;
-    long long bytes;                  /* in the batch */
-    long long ranges[EI_BATCH][2];    /* written and not reported yet: offset, length */
-    char path[PATH_MAX];
-};
-static struct wfile *wfiles;
+struct wfile *ei_wfiles;
 static int nwfiles;
 
 #define FD_CHUNK 1024
@@ -95,7 +79,7 @@ static int fdmap_set(int fd, int value)  /* lock held */
 static struct wfile *wfile_by_path(const char *path)
 {
     for (int i = 0; i < nwfiles; i++)
-        if (wfiles[i].used && strcmp(wfiles[i].path, path) == 0) return &wfiles[i];
+        if (ei_wfiles[i].used && strcmp(ei_wfiles[i].path, path) == 0) return &ei_wfiles[i];
     return NULL;
 }
 
@@ -110,11 +94,11 @@ int ei_local_file(const char *path, mode_t *mode)
 static int wfile_new(void)
 {
     for (int i = 0; i < nwfiles; i++)
-        if (!wfiles[i].used) return i;
-    struct wfile *grown = realloc(wfiles, (size_t)(nwfiles + 8) * sizeof *grown);
+        if (!ei_wfiles[i].used) return i;
+    struct wfile *grown = realloc(ei_wfiles, (size_t)(nwfiles + 8) * sizeof *grown);
     if (grown == NULL) return -1;
     memset(grown + nwfiles, 0, 8 * sizeof *grown);
-    wfiles = grown;
+    ei_wfiles = grown;
     nwfiles += 8;
     return nwfiles - 8;
 }
@@ -125,58 +109,6 @@ void ei_local_forget(const char *path)
     if (w) w->path[0] = '\0';
 }
 
-/* "off+len,..." of w's batch into out (which has room for EI_BATCH ranges). */
-static int batch_text(struct wfile *w, char *out, size_t room)
-{
-    int n = 0;
-    for (int i = 0; i < w->nranges && (size_t)n < room; i++)
-        n += snprintf(out + n, room - (size_t)n, "%s%lld+%lld", i ? "," : "", w->ranges[i][0],
-                      w->ranges[i][1]);
-    return n;
-}
-
-/* Report w's batch to the daemon (lock held): one RANGES packet for many writes. */
-static void wfile_report(struct wfile *w)
-{
-    if (w->nranges == 0) return;
-    char msg[64 + EI_BATCH * 44], reply[EI_REPLY_MAX];
-    int n = snprintf(msg, sizeof msg, "RANGES\nid=%ld\nr=", w->id);
-    n += batch_text(w, msg + n, sizeof msg - (size_t)n);
-    w->nranges = 0;
-    w->bytes = 0;
-    if ((size_t)n < sizeof msg) ei_request(msg, (size_t)n, -1, reply, NULL);
-}
-
-void ei_wrote(int fd, long long off, long long n)
-{
-    if (n <= 0) return;
-    pthread_mutex_lock(&ei_lock);
-    int idx = ei_fd_tracked(fd);
-    if (idx) {
-        struct wfile *w = &wfiles[idx - 1];
-        long long (*last)[2] = w->nranges ? &w->ranges[w->nranges - 1] : NULL;
-        if (last && (*last)[0] + (*last)[1] == off) {
-            (*last)[1] += n;  /* sequential writes: one range */
-        } else {
-            if (w->nranges == EI_BATCH) wfile_report(w);
-            w->ranges[w->nranges][0] = off;
-            w->ranges[w->nranges][1] = n;
-            w->nranges++;
-        }
-        w->bytes += n;
-        if (w->bytes >= EI_BATCH_BYTES) wfile_report(w);
-    }
-    pthread_mutex_unlock(&ei_lock);
-}
-
-void ei_mark_whole(int fd)
-{
-    pthread_mutex_lock(&ei_lock);
-    int idx = ei_fd_tracked(fd);
-    if (idx) wfiles[idx - 1].whole = 1;
-    pthread_mutex_unlock(&ei_lock);
-}
-
 /* The last descriptor of w closed (or the process exits): tell the daemon, which seals
  * the file. Without a daemon the file is written to its real path instead. Async: the
  * ranges written since the last report go with it (the daemon sends them after the
@@ -185,16 +117,7 @@ static int wfile_finish(struct wfile *w)
 {
     int rc = 0;
     char msg[96 + EI_BATCH * 44], reply[EI_REPLY_MAX];
-    int n = snprintf(msg, sizeof msg, "COMPLETE\nid=%ld", w->id);
-    if (w->whole) {
-        struct stat st;
-        if (fstat(w->keeper, &st) == 0)
-            n += snprintf(msg + n, sizeof msg - (size_t)n, "\nr=0+%lld", (long long)st.st_size);
-    } else if (w->nranges) {
-        n += snprintf(msg + n, sizeof msg - (size_t)n, "\nr=");
-        n += batch_text(w, msg + n, sizeof msg - (size_t)n);
-    }
-    w->nranges = 0;
+    int n = ei_complete_text(w, msg, sizeof msg);
     /* flock() locks (HDF5 takes one) belong to the open file description, which the
      * daemon shares: release them, or no consumer could lock the file. */
     flock(w->keeper, LOCK_UN);
@@ -216,7 +139,7 @@ static int wfile_finish(struct wfile *w)
     for (int c = 0; c < FD_CHUNKS; c++)  /* exit path: descriptors still mapped to w */
         if (fdmap[c] && w->refs > 0)
             for (int i = 0; i < FD_CHUNK; i++)
-                if ((fdmap[c][i] & (FD_ASYNC - 1)) == (int)(w - wfiles) + 1) fdmap[c][i] = 0;
+                if ((fdmap[c][i] & (FD_ASYNC - 1)) == (int)(w - ei_wfiles) + 1) fdmap[c][i] = 0;
     ei_real.close(w->keeper);
     w->used = 0;
     errno = saved;
@@ -229,13 +152,13 @@ int ei_untrack(int fd)
     int idx = ei_fd_tracked(fd);
     if (idx == 0) return 0;
     fdmap_set(fd, 0);
-    struct wfile *w = &wfiles[idx - 1];
+    struct wfile *w = &ei_wfiles[idx - 1];
     return --w->refs == 0 ? wfile_finish(w) : 0;
 }
 
 static void track(int fd, int idx)
 {
-    if (fdmap_set(fd, (idx + 1) | (wfiles[idx].async ? FD_ASYNC : 0)) == 0) wfiles[idx].refs++;
+    if (fdmap_set(fd, (idx + 1) | (ei_wfiles[idx].async ? FD_ASYNC : 0)) == 0) ei_wfiles[idx].refs++;
 }
 
 /* ---- initialization --------------------------------------------------------------- */
@@ -262,7 +185,7 @@ static void atfork_child(void)
      * child's copies of their descriptors are plain descriptors. */
     ei_after_fork_child();
     for (int i = 0; i < nwfiles; i++)
-        if (wfiles[i].used) { ei_real.close(wfiles[i].keeper); wfiles[i].used = 0; }
+        if (ei_wfiles[i].used) { ei_real.close(ei_wfiles[i].keeper); ei_wfiles[i].used = 0; }
     for (int c = 0; c < FD_CHUNKS; c++)
         if (fdmap[c]) memset(fdmap[c], 0, FD_CHUNK * sizeof(int));
     pthread_mutex_init(&ei_lock, NULL);
@@ -305,7 +228,7 @@ __attribute__((destructor)) static void ei_destructor(void)
     until.tv_sec += 10;  /* another thread stuck in a request: its files fail, as on a kill */
     if (pthread_mutex_timedlock(&ei_lock, &until) != 0) return;
     for (int i = 0; i < nwfiles; i++)
-        if (wfiles[i].used) wfile_finish(&wfiles[i]);
+        if (ei_wfiles[i].used) wfile_finish(&ei_wfiles[i]);
     pthread_mutex_unlock(&ei_lock);
 }
 
@@ -328,7 +251,7 @@ static int reopen_local(struct wfile *w, int flags, int writing)
     if (writing) {
         if ((flags & O_TRUNC) && ftruncate(fd, 0) != 0) { ei_real.close(fd); return -1; }
         if (flags & O_TRUNC) w->whole = w->async;  /* content gone untracked: send it all */
-        track(fd, (int)(w - wfiles));
+        track(fd, (int)(w - ei_wfiles));
     }
     return fd;
 }
@@ -368,7 +291,7 @@ static int produce(const struct ei_rule *r, const char *path, int flags, mode_t 
         errno = EMFILE;
         return -1;
     }
-    struct wfile *w = &wfiles[idx];
+    struct wfile *w = &ei_wfiles[idx];
     w->used = 1;
     w->keeper = keeper;
     w->refs = 0;

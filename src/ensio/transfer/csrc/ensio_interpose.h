@@ -69,6 +69,24 @@ struct ei_real {
 extern EI_HIDDEN struct ei_real ei_real;
 EI_HIDDEN void ei_init(void);
 
+#define EI_BATCH 64            /* ranges per RANGES report */
+#define EI_BATCH_BYTES (1 << 20) /* report once this much is written */
+
+struct wfile {
+    int used;
+    int keeper;   /* our own descriptor of the memfd (reopen, fallback write) */
+    int refs;     /* program descriptors referring to it */
+    long id;      /* the daemon's id */
+    mode_t mode;
+    int async;    /* report written ranges (async connection with other hosts) */
+    int whole;    /* written in untracked ways (stdio, shared mmap): all of it at close */
+    int nranges;
+    long long bytes;                  /* in the batch */
+    long long ranges[EI_BATCH][2];    /* written and not reported yet: offset, length */
+    char path[PATH_MAX];
+};
+extern EI_HIDDEN struct wfile *ei_wfiles;  /* guarded by ei_lock; index = fdmap value - 1 */
+
 /* descriptors (ensio_interpose.c) */
 EI_HIDDEN int ei_open_path(int dirfd, const char *path, int flags, mode_t mode); /* -2: real */
 EI_HIDDEN int ei_fd_tracked(int fd);  /* lock-free: nonzero if fd is a file this process writes */
@@ -76,6 +94,9 @@ EI_HIDDEN int ei_fd_async(int fd);    /* lock-free: ... and its connection is as
 /* async: fd's file was written at [off, off+n) (takes the lock; reports in batches) */
 EI_HIDDEN void ei_wrote(int fd, long long off, long long n);
 EI_HIDDEN void ei_mark_whole(int fd); /* written in ways not tracked: send it all at close */
+/* "off+len,..." of w's unreported ranges into out (lock held); the length written */
+EI_HIDDEN int ei_batch_text(struct wfile *w, char *out, size_t room);
+EI_HIDDEN int ei_complete_text(struct wfile *w, char *msg, size_t room);
 EI_HIDDEN int ei_untrack(int fd);     /* lock held: fd is gone; the file completes at its last */
 
 /* files this process writes (lock held): its own descriptor of the memory, or -1 */

@@ -16,6 +16,8 @@
 #include "ensio_interpose.h"
 
 #include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -26,6 +28,75 @@
     if (!real_##name) real_##name = (type)dlsym(RTLD_NEXT, #name)
 
 /* After a write at the descriptor's offset of r bytes: the range it covered. */
+/* "off+len,..." of w's batch into out (which has room for EI_BATCH ranges). */
+int ei_batch_text(struct wfile *w, char *out, size_t room)
+{
+    int n = 0;
+    for (int i = 0; i < w->nranges && (size_t)n < room; i++)
+        n += snprintf(out + n, room - (size_t)n, "%s%lld+%lld", i ? "," : "", w->ranges[i][0],
+                      w->ranges[i][1]);
+    return n;
+}
+
+/* Report w's batch to the daemon (lock held): one RANGES packet for many writes. */
+static void wfile_report(struct wfile *w)
+{
+    if (w->nranges == 0) return;
+    char msg[64 + EI_BATCH * 44], reply[EI_REPLY_MAX];
+    int n = snprintf(msg, sizeof msg, "RANGES\nid=%ld\nr=", w->id);
+    n += ei_batch_text(w, msg + n, sizeof msg - (size_t)n);
+    w->nranges = 0;
+    w->bytes = 0;
+    if ((size_t)n < sizeof msg) ei_request(msg, (size_t)n, -1, reply, NULL);
+}
+
+void ei_wrote(int fd, long long off, long long n)
+{
+    if (n <= 0) return;
+    pthread_mutex_lock(&ei_lock);
+    int idx = ei_fd_tracked(fd);
+    if (idx) {
+        struct wfile *w = &ei_wfiles[idx - 1];
+        long long (*last)[2] = w->nranges ? &w->ranges[w->nranges - 1] : NULL;
+        if (last && (*last)[0] + (*last)[1] == off) {
+            (*last)[1] += n;  /* sequential writes: one range */
+        } else {
+            if (w->nranges == EI_BATCH) wfile_report(w);
+            w->ranges[w->nranges][0] = off;
+            w->ranges[w->nranges][1] = n;
+            w->nranges++;
+        }
+        w->bytes += n;
+        if (w->bytes >= EI_BATCH_BYTES) wfile_report(w);
+    }
+    pthread_mutex_unlock(&ei_lock);
+}
+
+void ei_mark_whole(int fd)
+{
+    pthread_mutex_lock(&ei_lock);
+    int idx = ei_fd_tracked(fd);
+    if (idx) ei_wfiles[idx - 1].whole = 1;
+    pthread_mutex_unlock(&ei_lock);
+}
+
+/* The COMPLETE packet of w (lock held): async, with the ranges written since the last
+ * report (sent after the close: the dirty remainder), or all of it when untracked. */
+int ei_complete_text(struct wfile *w, char *msg, size_t room)
+{
+    int n = snprintf(msg, room, "COMPLETE\nid=%ld", w->id);
+    if (w->whole) {
+        struct stat st;
+        if (fstat(w->keeper, &st) == 0)
+            n += snprintf(msg + n, room - (size_t)n, "\nr=0+%lld", (long long)st.st_size);
+    } else if (w->nranges) {
+        n += snprintf(msg + n, room - (size_t)n, "\nr=");
+        n += ei_batch_text(w, msg + n, room - (size_t)n);
+    }
+    w->nranges = 0;
+    return n;
+}
+
 static void wrote_at_offset(int fd, ssize_t r)
 {
     if (r <= 0) return;
