@@ -127,8 +127,10 @@ def server_handshake(sock: socket.socket, secrets_by_identity) -> tuple[str, str
     ns = secrets.token_hex(16)
     send_frame(sock, "CHALLENGE", nonce=ns, mac=proof(secret, "server", nc, ns, identity))
     m = recv_frame(sock)
-    if m is None or m.verb != "AUTH" or not verify(secret, m.get("mac"), "client", ns, nc,
-                                                   identity, host):
+    if m is None:  # the client found our proof wrong: a different secret file
+        raise AuthError(errno.EACCES, f"host {host}: left during the handshake (does it use "
+                                      f"another secret for experiment {identity}?)")
+    if m.verb != "AUTH" or not verify(secret, m.get("mac"), "client", ns, nc, identity, host):
         raise AuthError(errno.EACCES, f"host {host}: wrong secret for experiment {identity}")
     send_frame(sock, "OK")
     return identity, host
