@@ -144,25 +144,34 @@ def _rewritten(size: int, at: int, dirty: int) -> bytes:
     return bytes(data)
 
 
-def test_async_sends_while_the_producer_runs_and_only_dirty_bytes_after_close(two_hosts,
-                                                                               work):
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_async_sends_while_the_producer_runs_and_only_dirty_bytes_after_close(two_hosts, work,
+                                                                               mode):
+    """The seed's measure in bytes: what is sent after the producer's close. Sync: the
+    whole file; async: only the bytes written again after the first send (dirty)."""
     from transfer_support import wait_for
 
     a, b = two_hosts
     config = hosts_config(work / "t.yaml", {"a": ["model"], "b": ["post"]}, "1-1",
-                          ["fc/mem*.nc"], mode="async")
+                          ["fc/mem*.nc"], mode=mode)
     b.up(config, "post")
     size, at, dirty = 1 << 20, 123_457, 4099
     prod = a.start(config, "model", PY, "-c", REWRITER, "fc/mem000.nc", str(size), str(at),
                    str(dirty))
     assert prod.stdout.readline() == "written\n", prod.stderr.read()
-    # the whole first write reaches b while the producer still runs
-    wait_for(lambda: _held(a)["mem000.nc"].sent == size, what="the async send of 1 MiB")
+    if mode == "async":  # the whole first write reaches b while the producer still runs
+        wait_for(lambda: _held(a)["mem000.nc"].sent == size, what="the async send of 1 MiB")
+    else:
+        assert _held(a)["mem000.nc"].sent == 0
     assert _held(b)["mem000.nc"].state == "writing"
     out, err = prod.communicate("go\n", timeout=60)
     assert prod.returncode == 0 and out == "closed\n", err
     st = _held(a)["mem000.nc"]
-    assert (st.after_close, st.sent) == (dirty, size + dirty)
+    want = (dirty, size + dirty) if mode == "async" else (size, size)
+    assert (st.after_close, st.sent) == want
+    [row] = [json.loads(x) for x in _ok(a.ensio("transfer", "status", "--json")).stdout
+             .splitlines()]
+    assert (row["after_close"], row["sent"], row["size"]) == (*want, size)
     got = b.run(config, "post", PY, "-c",
                 "import sys; sys.stdout.buffer.write(open('fc/mem000.nc','rb').read())",
                 text=False)

@@ -9,7 +9,8 @@ up anyone else. The held files and all decisions are :class:`~.table.Table`'s.
 One daemon per directory: the daemon holds an exclusive ``flock`` on
 ``daemon.lock`` for its lifetime; a second one started by accident exits at once.
 It exits on ``STOP`` (``ensio transfer stop``), on SIGTERM/SIGINT, or after
-``idle_timeout`` seconds without clients and without held files. At exit, complete
+``idle_timeout`` seconds without clients, without held files and without TCP
+activity (an experiment registered, a stream received: :mod:`.network`). At exit, complete
 files of ``fallback: files`` connections that are not on disk yet are written to
 their real paths; anything else held is logged as lost.
 
@@ -56,7 +57,7 @@ class Daemon:
         self.log = log or _file_logger(self.dir / LOG_NAME)
         self._lock_fd = _take_lock(self.dir / LOCK_NAME)
         self.table = Table(self.log)
-        self.network = Network(self.table, self.log)
+        self.network = Network(self.table, self.log, on_activity=lambda: self._count(0))
         self._stop = threading.Event()
         self._clients = 0
         self._last_active = time.monotonic()

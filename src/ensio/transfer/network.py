@@ -27,6 +27,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .errors import TransferError
@@ -48,6 +49,7 @@ __all__ = ["Network", "parse_endpoint", "parse_ranges"]
 _CONNECT_S = 15.0     # how long a producer's daemon retries a host that is not up yet
 _HANDSHAKE_S = 15.0
 _CHUNK = 8 << 20      # bytes received per recv_into/pwrite
+_DOWN_S = 30.0        # a host that did not answer is not retried for this long
 
 
 @dataclass(frozen=True)
@@ -79,9 +81,12 @@ def parse_ranges(text: str) -> list[tuple[int, int]]:
 class Network:
     """Registered experiments, listeners, and the streams of this daemon."""
 
-    def __init__(self, table: Table, log: logging.Logger) -> None:
+    def __init__(self, table: Table, log: logging.Logger,
+                 on_activity: Callable[[], None] = lambda: None) -> None:
         self.table = table
         self.log = log
+        self.on_activity = on_activity  # the daemon's idle clock
+        self._down: dict[str, float] = {}  # host → until when it is not retried
         self.lock = threading.Lock()
         self.experiments: dict[str, Experiment] = {}
         self.listeners: dict[str, socket.socket] = {}
@@ -100,6 +105,7 @@ class Network:
         except TransferError as exc:
             self.log.error("experiment %s: %s", identity, exc)
             return Reply("ERR", {"errno": errno.EACCES, "why": str(exc)})
+        self.on_activity()
         with self.lock:
             self.experiments[identity] = Experiment(identity, host, listen, secret, peers)
             if listen in self.listeners:
@@ -132,6 +138,7 @@ class Network:
                              name=f"in-{addr[0]}").start()
 
     def _incoming(self, conn: socket.socket, addr: tuple) -> None:
+        self.on_activity()
         tune(conn)
         conn.settimeout(_HANDSHAKE_S)
         try:
@@ -148,6 +155,7 @@ class Network:
         finally:
             conn.close()
             self.table.peer_gone(peer)
+            self.on_activity()
 
     def _receive(self, conn: socket.socket, peer: Peer, host: str) -> None:
         """One file: ``FILE``, ``DATA``…, ``DONE`` (see :mod:`.wire`)."""
@@ -222,6 +230,10 @@ class Network:
         if endpoint is None:
             self.log.error("%s: host %s is not in the config's hosts", path, target)
             return None
+        if self._down.get(target, 0.0) > time.monotonic():
+            self.log.error("%s: not streamed to host %s: it did not answer recently", path,
+                           target)
+            return None
         fd = self.table.dup_fd(entry_id)
         if fd is None:
             return None
@@ -236,11 +248,14 @@ class Network:
         except (OSError, TransferError) as exc:
             self.log.error("%s: cannot stream to host %s (%s): %s", path, target, endpoint,
                            getattr(exc, "strerror", None) or exc)
+            if not isinstance(exc, AuthError):  # unreachable: do not stall every file on it
+                self._down[target] = time.monotonic() + _DOWN_S
             os.close(fd)
             with contextlib.suppress(NameError, OSError):
                 sock.close()
             return None
         sock.settimeout(None)
+        self._down.pop(target, None)
         return Stream(sock, fd, target, path, fields.get("xmode", "sync"),
                       on_sent=lambda n, after: self.table.add_sent(entry_id, n, after))
 
