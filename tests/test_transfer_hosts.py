@@ -300,3 +300,24 @@ def test_a_killed_tcp_peer_gives_consumers_eio_not_a_hang(two_hosts, work, mode)
     assert f"{path}: the stream from host a broke off before the file was complete" in log
     assert f"{path}: open by post (pid " in log
     assert not path.exists()
+
+
+def test_all_to_all_pulls_on_demand_to_a_host_no_file_was_pushed_to(two_hosts, work):
+    """post is placed on no host, so nothing is pushed; its open on b pulls from a."""
+    a, b = two_hosts
+    config = hosts_config(work / "t.yaml", {"a": ["model"], "b": []}, "all-to-all",
+                          ["fc/mem*.nc"])
+    b.up(config, "post")
+    _ok(a.run(config, "model", "ncgen", "-4", "-o", "fc/mem000.nc", "sample.cdl"))
+    assert _held(b) == {}
+    dumped = _ok(b.run(config, "post", "ncdump", "fc/mem000.nc")).stdout
+    assert dumped == _ok(subprocess.run(["ncdump", "ref/mem000.nc"], cwd=work,
+                                        capture_output=True, text=True)).stdout
+    assert _held(b)["mem000.nc"].state == "complete"
+    got = json.loads(_ok(b.run(config, "post", PY, "-c", READER, "fc/mem000.nc")).stdout)
+    assert got["sha256"] == hashlib.sha256((work / "ref/mem000.nc").read_bytes()).hexdigest()
+    assert f"{(work / 'fc/mem000.nc').resolve()}: pulled from host a" in b.log()
+    # a file no host holds is still the real path's business: ENOENT, not a hang
+    p = b.run(config, "post", PY, "-c", "open('fc/mem009.nc', 'rb')")
+    assert p.returncode != 0 and "No such file or directory" in p.stderr
+    assert not list((work / "fc").iterdir())

@@ -23,9 +23,11 @@ Where the rest extends it:
 * ``workflow.transfer`` in ``ensio cycle``: :func:`.run.prepare` returns the
   environment a member command needs; a driver adds it to each job's environment.
 * ``ensio bench transfer``: drives :func:`.run.prepare` and :class:`.protocol.Client`.
-* pull on demand (all-to-all to a host not listed in ``hosts``) and
-  ``serve_partial``: not done; :meth:`.table.Table.open` is where an absent file
-  would be asked of the other hosts.
+* ``serve_partial`` (serve the complete ranges of a file still streaming): not
+  done; :meth:`.table.Table.open` and :meth:`.network.Network._receive` are where.
+
+An ``all-to-all`` connection's file absent on a consumer's host is pulled on demand
+from the other hosts (a consumer on a host ``hosts`` does not place it on).
 
 Imports: config (the key-error helpers), durable, errors (DESIGN.md: transfer →
 config, durable; errors is the bottom layer).

@@ -186,11 +186,15 @@ class Daemon:
                 reply = Reply("OK")
             elif msg.verb == "NETWORK":
                 peers = dict(p.split("=", 1) for p in msg.get("peers").split(",") if "=" in p)
+                pull = frozenset(filter(None, msg.get("pull").split(",")))
                 reply = self.network.register(msg.get("identity"), msg.get("host"),
-                                              msg.get("listen"), msg.get("secret"), peers)
+                                              msg.get("listen"), msg.get("secret"), peers,
+                                              pull)
             elif msg.verb in ("OPEN", "STAT"):
                 wait = msg.int("wait_ms", 600_000) / 1000.0 if msg.verb == "OPEN" else None
                 reply = self.table.open(peer, msg.get("path"), wait, msg.get("defer") == "1")
+                if reply.verb == "ABSENT" and self.network.can_pull(msg.get("conn")):
+                    reply = self._pull(peer, msg, wait)
             elif msg.verb == "UNLINK":
                 reply = self.table.unlink(msg.get("path"))
             elif msg.verb == "RENAME":
@@ -207,6 +211,19 @@ class Daemon:
         if msg.fd is not None:
             os.close(msg.fd)
         return reply
+
+    def _pull(self, peer: Peer, msg: Message, wait: float | None) -> Reply:
+        """An absent file of an all-to-all connection: ask the other hosts for it.
+
+        Not on the process's shared connection (``defer``): the interposer asks again on
+        a connection of its own, without its lock, and the pull happens then.
+        """
+        if msg.get("defer") == "1":
+            return Reply("BUSY")
+        path = msg.get("path")
+        if self.network.pull(msg.get("conn"), path, msg.int("wait_ms", 600_000)):
+            return self.table.open(peer, path, wait)
+        return Reply("ABSENT")
 
     def _reply(self, conn: socket.socket, reply: Reply) -> None:
         try:

@@ -61,6 +61,7 @@ class Experiment:
     listen: str
     secret_path: str
     peers: dict[str, str]
+    pull: frozenset[str] = frozenset()   # connections (identity:name) pulled on demand
 
 
 def parse_endpoint(text: str) -> tuple[str, int]:
@@ -98,7 +99,7 @@ class Network:
     # -- registration ----------------------------------------------------------------------
 
     def register(self, identity: str, host: str, listen: str, secret: str,
-                 peers: dict[str, str]) -> Reply:
+                 peers: dict[str, str], pull: frozenset[str] = frozenset()) -> Reply:
         """``NETWORK``: remember the experiment; listen on ``listen`` if nobody does yet."""
         try:
             read_secret(secret)
@@ -107,7 +108,7 @@ class Network:
             return Reply("ERR", {"errno": errno.EACCES, "why": str(exc)})
         self.on_activity()
         with self.lock:
-            self.experiments[identity] = Experiment(identity, host, listen, secret, peers)
+            self.experiments[identity] = Experiment(identity, host, listen, secret, peers, pull)
             if listen in self.listeners:
                 return Reply("OK")
             try:
@@ -151,17 +152,19 @@ class Network:
         conn.settimeout(None)
         peer = Peer(id=next(self._ids), component="?", pid=0)
         try:
-            self._receive(conn, peer, host)
+            first = recv_frame(conn)
+            if first is not None and first.verb == "PULL":
+                self._serve_pull(conn, first, host)
+            elif first is not None and first.verb == "FILE":
+                self._receive(conn, peer, host, first)
         finally:
             conn.close()
             self.table.peer_gone(peer)
             self.on_activity()
 
-    def _receive(self, conn: socket.socket, peer: Peer, host: str) -> None:
-        """One file: ``FILE``, ``DATA``…, ``DONE`` (see :mod:`.wire`)."""
-        m = recv_frame(conn)
-        if m is None or m.verb != "FILE":
-            return
+    def _receive(self, conn: socket.socket, peer: Peer, host: str, m) -> bool:
+        """One file after its ``FILE`` frame ``m``: ``DATA``…, ``DONE`` (see :mod:`.wire`);
+        True if it is held here, complete, at the end."""
         path = m.get("path")
         peer = Peer(id=peer.id, component=f"{m.get('component', '?')}@{host}", pid=0)
         memfd = os.memfd_create(os.path.basename(path), os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
@@ -174,7 +177,7 @@ class Network:
             if reply.verb != "OK":
                 os.close(memfd)
                 send_frame(conn, reply.verb, **reply.fields)
-                return
+                return False
             send_frame(conn, "OK")
             entry_id = int(str(reply.fields["id"]))
             buf = bytearray(min(_CHUNK, max(1 << 16, m.int("size", 0))))
@@ -188,7 +191,7 @@ class Network:
                     wfd = -1
                     done = self.table.complete(peer, entry_id)
                     send_frame(conn, done.verb, **done.fields)
-                    return
+                    return done.verb == "OK"
                 else:
                     break
             self.log.error("%s: the stream from host %s broke off before the file was "
@@ -199,6 +202,61 @@ class Network:
         finally:
             if wfd >= 0:
                 os.close(wfd)
+        return False
+
+    # -- pull on demand (all-to-all, a consumer on a host no file was pushed to) ---------------
+
+    def can_pull(self, conn_key: str) -> bool:
+        exp = self.experiments.get(conn_key.split(":", 1)[0])
+        return exp is not None and conn_key in exp.pull
+
+    def pull(self, conn_key: str, path: str, wait_ms: int) -> bool:
+        """Ask the other hosts for ``path``; True once one has streamed it here."""
+        exp = self.experiments.get(conn_key.split(":", 1)[0])
+        if exp is None:
+            return False
+        for host, endpoint in exp.peers.items():
+            if host == exp.host or self._down.get(host, 0.0) > time.monotonic():
+                continue
+            try:
+                sock = _connect(endpoint, patience=0.0)
+                client_handshake(sock, read_secret(exp.secret_path), exp.identity, exp.host)
+                send_frame(sock, "PULL", path=path, conn=conn_key, wait_ms=wait_ms)
+                sock.settimeout(None)
+            except (OSError, TransferError) as exc:
+                self.log.warning("%s: cannot ask host %s for it: %s", path, host,
+                                 getattr(exc, "strerror", None) or exc)
+                continue
+            peer = Peer(id=next(self._ids), component="?", pid=0)
+            try:
+                first = recv_frame(sock)
+                if first is not None and first.verb == "FILE" and \
+                        self._receive(sock, peer, host, first):
+                    self.log.info("%s: pulled from host %s", path, host)
+                    return True
+            finally:
+                sock.close()
+                self.table.peer_gone(peer)
+        return False
+
+    def _serve_pull(self, conn: socket.socket, m, host: str) -> None:
+        """Another host's consumer wants ``path``: stream it if held (once complete)."""
+        path = m.get("path")
+        asker = Peer(id=next(self._ids), component=f"pull@{host}", pid=0)
+        got = self.table.open(asker, path, m.int("wait_ms", 600_000) / 1000.0)
+        if got.verb != "OK" or got.fd is None:
+            send_frame(conn, got.verb, **got.fields)
+            return
+        component = self.table.component_of(path)
+        send_frame(conn, "FILE", path=path, conn=m.get("conn"), component=component,
+                   mode=str(got.fields.get("mode", "0644")))
+        reply = recv_frame(conn)
+        if reply is None or reply.verb != "OK":
+            os.close(got.fd)
+            return
+        err = Stream(conn, got.fd, host, path, "sync").finish([])
+        if err is not None:
+            self.log.error("%s: %s", path, err)
 
     # -- producer host: outgoing streams -------------------------------------------------------
 
@@ -338,10 +396,10 @@ def _listen(endpoint: str) -> socket.socket:
     return sock
 
 
-def _connect(endpoint: str) -> socket.socket:
+def _connect(endpoint: str, patience: float = _CONNECT_S) -> socket.socket:
     """Connect, retrying while the other host's daemon is not listening yet."""
     addr, port = parse_endpoint(endpoint)
-    deadline = time.monotonic() + _CONNECT_S
+    deadline = time.monotonic() + patience
     while True:
         try:
             sock = socket.create_connection((addr, port), timeout=_HANDSHAKE_S)

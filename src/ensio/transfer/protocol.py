@@ -43,9 +43,10 @@ Requests (interposer → daemon), and their replies
     reply. With other hosts, the reply waits until each has sealed its copy (sync: the
     whole file is sent now; async: only ``r``, the ranges written since the last
     report, and what was not sent yet). → ``OK`` | ``ERR errno=``
-``OPEN path= wait_ms= defer=``
+``OPEN path= wait_ms= defer= conn=``
     A consumer opens ``path`` read-only; blocks while the file is being written, at
-    most ``wait_ms``. → ``OK mode=`` (octal, leading 0) + a new read-only descriptor
+    most ``wait_ms``. A file of an ``all-to-all`` connection (``conn``) that is not
+    held here is pulled from the other hosts first (not with ``defer=1``: ``BUSY``). → ``OK mode=`` (octal, leading 0) + a new read-only descriptor
     (its own file offset) | ``ABSENT`` (not held: use the real path) | ``BUSY`` |
     ``ERR errno=`` (EIO: the producer died; ETIMEDOUT). With ``defer=1`` the daemon
     answers ``BUSY`` instead of blocking: the interposer asks so on the process's shared
@@ -66,10 +67,11 @@ Requests (interposer → daemon), and their replies
 
 Control requests (``ensio run``, ``ensio transfer status|stop``)
 ----------------------------------------------------------------
-``NETWORK identity= host= listen=ADDR:PORT secret=PATH peers=HOST=ADDR:PORT,...``
+``NETWORK identity= host= listen=ADDR:PORT secret=PATH peers=HOST=ADDR:PORT,... pull=``
     ``ensio run`` of a config with ``hosts``: this daemon is ``host`` of experiment
     ``identity``; it listens on ``listen`` (TCP, that address only) and accepts
-    streams proved with the secret in ``PATH``. → ``OK`` | ``ERR errno= why=``
+    streams proved with the secret in ``PATH``; ``pull`` lists the connections
+    (``identity:name``) pulled on demand. → ``OK`` | ``ERR errno= why=``
 ``STATUS`` → ``FILE path= size= state= component= conn= persist= waiters= sent=
 after_close=`` … ``END`` (``waiters``: consumers blocked in an open of the file;
 ``sent``: bytes streamed to other hosts, ``after_close`` of them after the producer's

@@ -118,9 +118,11 @@ def register_network(cfg: TransferConfig, sock: Path) -> None:
     assert cfg.secret is not None
     secret = ensure_secret(cfg.secret)
     peers = ",".join(f"{h.name}={h.endpoint}" for h in cfg.hosts)
+    ident = cfg.identity or "local"
+    pull = ",".join(f"{ident}:{c.name}" for c in cfg.connections if c.pattern == "all-to-all")
     with Client(sock) as c:
-        reply = c.request(encode("NETWORK", identity=cfg.identity or "local", host=host,
-                                 listen=me.endpoint, secret=str(secret), peers=peers))
+        reply = c.request(encode("NETWORK", identity=ident, host=host, listen=me.endpoint,
+                                 secret=str(secret), peers=peers, pull=pull))
     if reply.verb != "OK":
         raise TransferError(f"staging daemon: {reply.get('why') or 'NETWORK refused'}")
 

@@ -423,6 +423,12 @@ class Table:
             e = self._by_id.get(entry_id)
             return None if e is None or e.fd is None else os.dup(e.fd)
 
+    def component_of(self, path: str) -> str:
+        """The component that wrote the held ``path`` ("?" if none is held)."""
+        with self.cond:
+            e = self.entries.get(path)
+            return e.component if e is not None else "?"
+
     def add_sent(self, entry_id: int, sent: int, after_close: int) -> None:
         """Count bytes streamed for ``entry_id`` (``ensio transfer status``)."""
         with self.cond:

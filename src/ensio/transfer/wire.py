@@ -15,6 +15,10 @@ Frames are a 4-byte big-endian length and a packet of :mod:`.protocol`'s text fo
     client: DONE size=
     server: OK | ERR errno=                      (the file is sealed on the consumer host)
 
+Pull on demand (all-to-all): the consumer host's daemon connects and, after the
+handshake, sends ``PULL path= conn= wait_ms=``; the other answers ``ABSENT`` (or
+``ERR``) or streams the file back as above, ``FILE`` first, once it is complete.
+
 The connection closing before ``DONE`` fails the file on the consumer host (EIO for
 its consumers). Keepalive and ``TCP_USER_TIMEOUT`` turn a vanished host into a
 closed connection within about a minute instead of a hang.

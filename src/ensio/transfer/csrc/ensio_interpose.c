@@ -326,9 +326,9 @@ static int consumer_reply(int rc, const char *reply, int fd, int flags)
  * path, -3: the file is being written, wait with consume_wait() after unlocking. */
 static int consume(const struct ei_rule *r, const char *path, int flags)
 {
-    char msg[PATH_MAX + 64], reply[EI_REPLY_MAX];
-    int n = snprintf(msg, sizeof msg, "OPEN\npath=%s\nwait_ms=%ld\ndefer=1", path,
-                     r->timeout_ms);
+    char msg[PATH_MAX + 256], reply[EI_REPLY_MAX];
+    int n = snprintf(msg, sizeof msg, "OPEN\npath=%s\nwait_ms=%ld\ndefer=1\nconn=%s", path,
+                     r->timeout_ms, r->conn);
     int fd;
     int rc = ei_request(msg, (size_t)n, -1, reply, &fd);
     return consumer_reply(rc, reply, fd, flags);
@@ -338,8 +338,9 @@ static int consume(const struct ei_rule *r, const char *path, int flags)
  * the lock: the process's other threads (and its exit) are not held up. */
 static int consume_wait(const struct ei_rule *r, const char *path, int flags)
 {
-    char msg[PATH_MAX + 64], reply[EI_REPLY_MAX];
-    int n = snprintf(msg, sizeof msg, "OPEN\npath=%s\nwait_ms=%ld", path, r->timeout_ms);
+    char msg[PATH_MAX + 256], reply[EI_REPLY_MAX];
+    int n = snprintf(msg, sizeof msg, "OPEN\npath=%s\nwait_ms=%ld\nconn=%s", path,
+                     r->timeout_ms, r->conn);
     int fd;
     int rc = ei_request_private(msg, (size_t)n, reply, &fd);
     int got = consumer_reply(rc, reply, fd, flags);
