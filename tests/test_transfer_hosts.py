@@ -273,6 +273,39 @@ f.close()
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_killed_producer_on_the_other_host_gives_eio(two_hosts, work, mode):
+    from transfer_support import wait_for
+
+    a, b = two_hosts
+    config = hosts_config(work / "t.yaml", {"a": ["model"], "b": ["post"]}, "1-1",
+                          ["fc/mem*.nc"], mode=mode)
+    b.up(config, "post")
+    prod = a.start(config, "model", PY, "-c", HALF, "fc/mem000.nc")
+    assert prod.stdout.readline() == "written\n", prod.stderr.read()
+    cons = b.start(config, "post", "ncdump", "-h", "fc/mem000.nc")
+    wait_for(lambda: _held(b)["mem000.nc"].waiters == 1, what="ncdump waiting on b")
+    prod.kill()  # ensio run exec'd: this is the producer itself
+    prod.communicate(timeout=60)
+    _, err = cons.communicate(timeout=60)
+    assert cons.returncode != 0 and "Input/output error" in err
+    path = (work / "fc" / "mem000.nc").resolve()
+    assert f"{path}: the producer model (pid {prod.pid}) died before closing it" in a.log()
+    assert f"{path}: the stream from host a broke off before the file was complete" in b.log()
+    assert _held(b)["mem000.nc"].state == "failed" and not path.exists()
+
+
+def test_a_host_not_in_hosts_is_one_line(two_hosts, work):
+    a, _ = two_hosts
+    config = hosts_config(work / "t.yaml", {"a": ["model"], "b": ["post"]}, "1-1",
+                          ["fc/mem*.nc"])
+    p = a.ensio("run", "--transfer", str(config), "--component", "model", "--", "true",
+                env={"ENSIO_TRANSFER_HOST": "c"})
+    assert p.returncode == 2
+    assert p.stderr.strip() == (f"ensio: error: {config.resolve()}: this host 'c' is not in "
+                                "hosts (a, b): set ENSIO_TRANSFER_HOST")
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
 def test_a_killed_tcp_peer_gives_consumers_eio_not_a_hang(two_hosts, work, mode):
     import os
     import signal

@@ -179,8 +179,10 @@ class Daemon:
                     return reply
             elif msg.verb == "COMPLETE":
                 reply = self.table.complete(peer, msg.int("id"))
-                if reply.verb == "OK":
+                if reply.verb == "OK" and self.table.is_current(msg.int("id")):
                     self.network.finish(msg.int("id"), parse_ranges(msg.get("r")))
+                else:  # unlinked or replaced while written: the other hosts drop it too
+                    self.network.abort(msg.int("id"))
             elif msg.verb == "RANGES":
                 self.network.ranges(msg.int("id"), parse_ranges(msg.get("r")))
                 reply = Reply("OK")

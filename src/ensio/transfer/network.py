@@ -180,9 +180,11 @@ class Network:
                 return False
             send_frame(conn, "OK")
             entry_id = int(str(reply.fields["id"]))
-            buf = bytearray(min(_CHUNK, max(1 << 16, m.int("size", 0))))
+            buf = bytearray(0)  # grown to the largest DATA seen, at most _CHUNK
             while (m := recv_frame(conn)) is not None:
                 if m.verb == "DATA":
+                    if len(buf) < min(_CHUNK, m.int("len")):
+                        buf = bytearray(min(_CHUNK, m.int("len")))
                     if not _receive_data(conn, wfd, m.int("off"), m.int("len"), buf):
                         break
                 elif m.verb == "DONE":
@@ -342,6 +344,14 @@ class Network:
         for s, err in zip(streams, errors, strict=True):
             if err is not None:
                 self.log.error("%s: %s", s.path, err)
+
+    def abort(self, entry_id: int) -> None:
+        """End the streams of ``entry_id`` unfinished (the other hosts fail their copies)."""
+        with self.lock:
+            streams = self.streams.pop(entry_id, [])
+            self._writers.pop(entry_id, None)
+        for s in streams:
+            s.abort()
 
     def peer_gone(self, peer: Peer) -> None:
         """The producer's connection closed: abort the streams of files it still wrote."""

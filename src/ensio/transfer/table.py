@@ -423,6 +423,13 @@ class Table:
             e = self._by_id.get(entry_id)
             return None if e is None or e.fd is None else os.dup(e.fd)
 
+    def is_current(self, entry_id: int) -> bool:
+        """Whether ``entry_id`` is still the held version of its path (not unlinked or
+        replaced)."""
+        with self.cond:
+            e = self._by_id.get(entry_id)
+            return e is not None and self.entries.get(e.path) is e
+
     def component_of(self, path: str) -> str:
         """The component that wrote the held ``path`` ("?" if none is held)."""
         with self.cond:
