@@ -47,7 +47,8 @@ Requests (interposer → daemon), and their replies
     A consumer opens ``path`` read-only; blocks while the file is being written, at
     most ``wait_ms``. A file of an ``all-to-all`` connection (``conn``) that is not
     held here is pulled from the other hosts first (not with ``defer=1``: ``BUSY``).
-    → ``OK mode=`` (octal, leading 0) + a new read-only descriptor (its own file offset) | ``ABSENT`` (not held: use the real path) | ``BUSY`` |
+    → ``OK mode=`` (octal, leading 0) + a new read-only descriptor (its own file offset)
+    | ``ABSENT`` (not held: use the real path) | ``BUSY`` |
     ``ERR errno=`` (EIO: the producer died; ETIMEDOUT). With ``defer=1`` the daemon
     answers ``BUSY`` instead of blocking: the interposer asks so on the process's shared
     connection, then waits with a second ``OPEN`` on a connection of its own, without
