@@ -46,7 +46,7 @@ from .wire import (
 
 __all__ = ["Network", "parse_endpoint", "parse_ranges"]
 
-_CONNECT_S = 15.0     # how long a producer's daemon retries a host that is not up yet
+_CONNECT_S = 5.0      # how long a producer's daemon retries a host that is not up yet
 _HANDSHAKE_S = 15.0
 _CHUNK = 8 << 20      # bytes received per recv_into/pwrite
 _DOWN_S = 30.0        # a host that did not answer is not retried for this long
