@@ -34,6 +34,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     s.set_defaults(func=_stop)
     st = sub.add_parser("status", help="list the files the daemon holds")
     st.add_argument("--socket-dir", type=Path, metavar="DIR", help=_DIR_HELP)
+    st.add_argument("--json", action="store_true",
+                    help="one JSON object per file, with every field (bytes sent to other "
+                         "hosts: sent, of which after the producer's close: after_close)")
     st.set_defaults(func=_status)
     b = sub.add_parser("build", help="compile the interposer into the cache now",
                        description="Compile the LD_PRELOAD interposer (ensio run does it on "
@@ -70,6 +73,13 @@ def _status(args: argparse.Namespace) -> int:
     if files is None:
         print(f"no staging daemon runs in {where}")
         return 1
+    if args.json:
+        import dataclasses
+        import json
+
+        for f in files:
+            print(json.dumps(dataclasses.asdict(f), sort_keys=True))
+        return 0
     print(f"staging daemon in {where}: {len(files)} file(s)")
     if files:
         width = max(len(f.path) for f in files)

@@ -9,20 +9,25 @@ without the file system. ``ensio run`` (:mod:`.run`) builds the interposer
 program under it. The message format shared with the C side is :mod:`.protocol`; the
 config is :mod:`.config`.
 
-This is the single-host, synchronous foundation. Where the rest extends it:
+Across hosts (the config's ``hosts``, :mod:`.hosts`): the daemon of each host also
+listens on TCP at its configured address (:mod:`.network`), accepting only daemons
+that prove the experiment's secret (:mod:`.secret`, :mod:`.wire`). A producer's file
+is streamed (:mod:`.outgoing`) to the hosts its connection's ``pattern`` names, where
+it becomes a held file like a local one. ``async`` connections send the ranges the
+interposer reports (``csrc/ensio_interpose_writes.c``) while the producer runs, and
+after its close only what was written again; on one host ``async`` behaves as
+``sync`` (the memory is shared, nothing is sent).
 
-* cross-host streaming: a second listener in :mod:`.daemon` (TCP on the configured
-  interface, authenticated by the experiment's secret) and verbs in :mod:`.protocol`;
-  :meth:`.table.Table.complete` is where a completed file is handed to the remote
-  daemons the connection's ``pattern`` names, and :meth:`.table.Table.open` where an
-  absent file is pulled on demand (all-to-all). On one host every pattern is the same.
-* async mode: the rules file gains the connection's mode; dirty-range tracking adds
-  ``write``/``pwrite`` wrappers in ``csrc/ensio_interpose.c`` for descriptors in its
-  ``fdmap`` and a ``RANGES`` verb; on one host ``async`` behaves as ``sync`` (the
-  memory is shared, nothing is sent).
+Where the rest extends it:
+
 * ``workflow.transfer`` in ``ensio cycle``: :func:`.run.prepare` returns the
   environment a member command needs; a driver adds it to each job's environment.
 * ``ensio bench transfer``: drives :func:`.run.prepare` and :class:`.protocol.Client`.
+* ``serve_partial`` (serve the complete ranges of a file still streaming): not
+  done; :meth:`.table.Table.open` and :meth:`.network.Network._receive` are where.
+
+An ``all-to-all`` connection's file absent on a consumer's host is pulled on demand
+from the other hosts (a consumer on a host ``hosts`` does not place it on).
 
 Imports: config (the key-error helpers), durable, errors (DESIGN.md: transfer →
 config, durable; errors is the bottom layer).

@@ -33,6 +33,7 @@ import yaml
 
 from ..config.errors import ConfigError
 from ..config.load import from_plain
+from .hosts import HostDef, parse_hosts
 
 __all__ = [
     "ConnectionDef",
@@ -194,6 +195,12 @@ class TransferConfig:
     connections: tuple[ConnectionDef, ...]
     source: Path | None = None
     identity: str = ""
+    hosts: tuple[HostDef, ...] = ()
+    secret: Path | None = None
+
+    def host(self, name: str) -> HostDef | None:
+        """The host called ``name`` in ``hosts`` (None if it is not listed)."""
+        return next((h for h in self.hosts if h.name == name), None)
 
     def connection(self, name: str) -> ConnectionDef:
         """The connection called ``name`` (KeyError if there is none)."""
@@ -233,7 +240,10 @@ def load_transfer_config(path: str | os.PathLike) -> TransferConfig:
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
     digest = hashlib.sha256(f"{path.resolve()}\n{text}".encode()).hexdigest()[:12]
-    return replace(cfg, source=path.resolve(), identity=digest)
+    secret = cfg.secret
+    if cfg.hosts and secret is None:
+        secret = path.resolve().parent / f"{path.name}.secret"
+    return replace(cfg, source=path.resolve(), identity=digest, secret=secret)
 
 
 def transfer_from_dict(raw: Mapping[str, Any], base_dir: str | os.PathLike = ".") -> TransferConfig:
@@ -244,7 +254,7 @@ def transfer_from_dict(raw: Mapping[str, Any], base_dir: str | os.PathLike = "."
     numbers are positive.
     """
     for k in raw:
-        if k not in ("components", "connections"):
+        if k not in ("components", "connections", "hosts", "secret"):
             raise ConfigError(f"{k}: unknown config key")
     for k in ("components", "connections"):
         if k not in raw:
@@ -259,7 +269,13 @@ def transfer_from_dict(raw: Mapping[str, Any], base_dir: str | os.PathLike = "."
     connections = tuple(_connection(c, f"connections[{i}]", components, Path(base_dir))
                         for i, c in enumerate(conns_raw))
     _unique_names([c.name for c in connections], "connections", suffix=".name")
-    return TransferConfig(components=components, connections=connections)
+    hosts = parse_hosts(raw["hosts"], components) if "hosts" in raw else ()
+    secret = None
+    if "secret" in raw:
+        given = from_plain(str, raw["secret"], "secret")
+        secret = Path(base_dir, os.path.expanduser(given)).resolve()
+    return TransferConfig(components=components, connections=connections, hosts=hosts,
+                          secret=secret)
 
 
 def _unique_names(names: Any, key: str, suffix: str = "") -> None:

@@ -9,7 +9,8 @@ up anyone else. The held files and all decisions are :class:`~.table.Table`'s.
 One daemon per directory: the daemon holds an exclusive ``flock`` on
 ``daemon.lock`` for its lifetime; a second one started by accident exits at once.
 It exits on ``STOP`` (``ensio transfer stop``), on SIGTERM/SIGINT, or after
-``idle_timeout`` seconds without clients and without held files. At exit, complete
+``idle_timeout`` seconds without clients, without held files and without TCP
+activity (an experiment registered, a stream received: :mod:`.network`). At exit, complete
 files of ``fallback: files`` connections that are not on disk yet are written to
 their real paths; anything else held is logged as lost.
 
@@ -31,6 +32,7 @@ import threading
 import time
 from pathlib import Path
 
+from .network import Network, parse_ranges
 from .protocol import PROTOCOL_VERSION, Message, encode, recv_message, send_message
 from .table import Peer, Reply, Table
 
@@ -55,6 +57,7 @@ class Daemon:
         self.log = log or _file_logger(self.dir / LOG_NAME)
         self._lock_fd = _take_lock(self.dir / LOCK_NAME)
         self.table = Table(self.log)
+        self.network = Network(self.table, self.log, on_activity=lambda: self._count(0))
         self._stop = threading.Event()
         self._clients = 0
         self._last_active = time.monotonic()
@@ -97,6 +100,7 @@ class Daemon:
         with contextlib.suppress(OSError):
             self.socket_path.unlink()
         self.sock.close()
+        self.network.close()
         if not self.table.wait_persisted(timeout=120.0):
             self.log.error("write-behind still pending after 120 s at exit")
         self.table.shut()
@@ -152,6 +156,7 @@ class Daemon:
         finally:
             conn.close()
             self.table.peer_gone(peer)
+            self.network.peer_gone(peer)
             self._count(-1)
 
     def _dispatch(self, peer: Peer, msg: Message) -> Reply:
@@ -167,12 +172,31 @@ class Daemon:
                     excl=msg.get("excl") == "1", keep=msg.get("keep") == "1",
                     exist=msg.get("exist") == "1")
                 if reply.verb == "OK":
+                    if msg.get("targets"):
+                        self.network.announce(peer, int(str(reply.fields["id"])), {
+                            **msg.fields, "component": peer.component,
+                            "mode": str(reply.fields["mode"])})
                     return reply
             elif msg.verb == "COMPLETE":
                 reply = self.table.complete(peer, msg.int("id"))
+                if reply.verb == "OK" and self.table.is_current(msg.int("id")):
+                    self.network.finish(msg.int("id"), parse_ranges(msg.get("r")))
+                else:  # unlinked or replaced while written: the other hosts drop it too
+                    self.network.abort(msg.int("id"))
+            elif msg.verb == "RANGES":
+                self.network.ranges(msg.int("id"), parse_ranges(msg.get("r")))
+                reply = Reply("OK")
+            elif msg.verb == "NETWORK":
+                peers = dict(p.split("=", 1) for p in msg.get("peers").split(",") if "=" in p)
+                pull = frozenset(filter(None, msg.get("pull").split(",")))
+                reply = self.network.register(msg.get("identity"), msg.get("host"),
+                                              msg.get("listen"), msg.get("secret"), peers,
+                                              pull)
             elif msg.verb in ("OPEN", "STAT"):
                 wait = msg.int("wait_ms", 600_000) / 1000.0 if msg.verb == "OPEN" else None
                 reply = self.table.open(peer, msg.get("path"), wait, msg.get("defer") == "1")
+                if reply.verb == "ABSENT" and self.network.can_pull(msg.get("conn")):
+                    reply = self._pull(peer, msg, wait)
             elif msg.verb == "UNLINK":
                 reply = self.table.unlink(msg.get("path"))
             elif msg.verb == "RENAME":
@@ -189,6 +213,19 @@ class Daemon:
         if msg.fd is not None:
             os.close(msg.fd)
         return reply
+
+    def _pull(self, peer: Peer, msg: Message, wait: float | None) -> Reply:
+        """An absent file of an all-to-all connection: ask the other hosts for it.
+
+        Not on the process's shared connection (``defer``): the interposer asks again on
+        a connection of its own, without its lock, and the pull happens then.
+        """
+        if msg.get("defer") == "1":
+            return Reply("BUSY")
+        path = msg.get("path")
+        if self.network.pull(msg.get("conn"), path, msg.int("wait_ms", 600_000)):
+            return self.table.open(peer, path, wait)
+        return Reply("ABSENT")
 
     def _reply(self, conn: socket.socket, reply: Reply) -> None:
         try:

@@ -29,16 +29,26 @@ Requests (interposer → daemon), and their replies
     into the memfd before answering), ``exist`` ``1`` without ``O_CREAT`` (ENOENT if
     the file is neither held nor on disk). → ``OK id= mode=`` (the file's permission
     bits: an existing file keeps its own) | ``FALLBACK`` (use the real path)
-    | ``ERR errno=``
-``COMPLETE id=``
+    | ``ERR errno=``. Two more fields when the file goes to other hosts:
+    ``targets=HOST,HOST`` (the hosts the connection's pattern names for this producer
+    process) and ``xmode=sync|async``; the daemon opens a stream to each of them
+    (:mod:`.network`) before answering, so consumers there find the file and wait.
+``RANGES id= r=OFF+LEN,OFF+LEN,...``
+    Async: byte ranges the producer wrote since its last report (a batch: 1 MiB or 64
+    ranges). The daemon sends them to the other hosts while the producer runs. → ``OK``
+``COMPLETE id= [r=OFF+LEN,...]``
     The producer closed its last descriptor of the file registered as ``id``: the
     daemon seals it (no write, grow or shrink, ever) and wakes waiting consumers.
     Past the budget, a ``fallback: files`` file is written to its real path before the
-    reply. → ``OK`` | ``ERR errno=``
-``OPEN path= wait_ms= defer=``
+    reply. With other hosts, the reply waits until each has sealed its copy (sync: the
+    whole file is sent now; async: only ``r``, the ranges written since the last
+    report, and what was not sent yet). → ``OK`` | ``ERR errno=``
+``OPEN path= wait_ms= defer= conn=``
     A consumer opens ``path`` read-only; blocks while the file is being written, at
-    most ``wait_ms``. → ``OK mode=`` (octal, leading 0) + a new read-only descriptor
-    (its own file offset) | ``ABSENT`` (not held: use the real path) | ``BUSY`` |
+    most ``wait_ms``. A file of an ``all-to-all`` connection (``conn``) that is not
+    held here is pulled from the other hosts first (not with ``defer=1``: ``BUSY``).
+    → ``OK mode=`` (octal, leading 0) + a new read-only descriptor (its own file offset)
+    | ``ABSENT`` (not held: use the real path) | ``BUSY`` |
     ``ERR errno=`` (EIO: the producer died; ETIMEDOUT). With ``defer=1`` the daemon
     answers ``BUSY`` instead of blocking: the interposer asks so on the process's shared
     connection, then waits with a second ``OPEN`` on a connection of its own, without
@@ -56,13 +66,21 @@ Requests (interposer → daemon), and their replies
     A real file was renamed onto a transferred name: forget what was held there.
     → ``OK``
 
-Control requests (``ensio transfer status|stop``)
--------------------------------------------------
-``STATUS`` → ``FILE path= size= state= component= conn= persist= waiters=`` … ``END``
-(``waiters``: consumers blocked in an open of the file)
+Control requests (``ensio run``, ``ensio transfer status|stop``)
+----------------------------------------------------------------
+``NETWORK identity= host= listen=ADDR:PORT secret=PATH peers=HOST=ADDR:PORT,... pull=``
+    ``ensio run`` of a config with ``hosts``: this daemon is ``host`` of experiment
+    ``identity``; it listens on ``listen`` (TCP, that address only) and accepts
+    streams proved with the secret in ``PATH``; ``pull`` lists the connections
+    (``identity:name``) pulled on demand. → ``OK`` | ``ERR errno= why=``
+``STATUS`` → ``FILE path= size= state= component= conn= persist= waiters= sent=
+after_close=`` … ``END`` (``waiters``: consumers blocked in an open of the file;
+``sent``: bytes streamed to other hosts, ``after_close`` of them after the producer's
+close)
 ``STOP`` → ``OK``; the daemon then exits (see :mod:`.daemon` for held files).
 
 Errors are Linux ``errno`` numbers: daemon and interposer run on the same host.
+Daemon-to-daemon TCP is :mod:`.wire`.
 """
 
 from __future__ import annotations
@@ -173,6 +191,8 @@ class FileStatus:
     connection: str
     persist: str
     waiters: int = 0
+    sent: int = 0          #: bytes streamed to other hosts
+    after_close: int = 0   #: of which after the producer's close
 
 
 class Client:
@@ -225,7 +245,8 @@ class Client:
                 return
             yield FileStatus(path=msg.get("path"), size=msg.int("size"), state=msg.get("state"),
                              component=msg.get("component"), connection=msg.get("conn"),
-                             persist=msg.get("persist"), waiters=msg.int("waiters"))
+                             persist=msg.get("persist"), waiters=msg.int("waiters"),
+                             sent=msg.int("sent"), after_close=msg.int("after_close"))
 
     def stop(self) -> None:
         """Ask the daemon to exit."""

@@ -27,7 +27,11 @@ from ..config.errors import ConfigError
 from ..durable import atomic_write
 from .build import interposer
 from .config import ConnectionDef, TransferConfig, load_transfer_config
+from .errors import TransferError
+from .hosts import consumer_hosts, process_rank, this_host
+from .protocol import Client, encode
 from .runtime import ensure_daemon
+from .secret import ensure_secret
 
 __all__ = ["command_env", "exec_command", "prepare", "rules_text"]
 
@@ -37,13 +41,16 @@ def _role(conn: ConnectionDef, component: str) -> str | None:
     return {(True, True): "B", (True, False): "P", (False, True): "C"}.get((producer, consumer))
 
 
-def rules_text(cfg: TransferConfig, component: str) -> str:
+def rules_text(cfg: TransferConfig, component: str, rank: int = 0) -> str:
     """The interposer's rules for ``component`` (format: ``csrc/ensio_interpose_paths.c``).
 
     A connection the component neither produces nor consumes gives no rule: its files
-    are plain files for this component.
+    are plain files for this component. A connection it produces in ``async`` mode or
+    to other hosts adds a ``route`` line: the mode, and the hosts that receive the
+    files of producer process ``rank`` (by the connection's ``pattern``).
     """
     lines = ["ensio-transfer-rules 1", f"component {component}"]
+    routes = []
     for conn in cfg.connections:
         role = _role(conn, component)
         if role is None:
@@ -57,7 +64,13 @@ def rules_text(cfg: TransferConfig, component: str) -> str:
                 if variant.encoded() not in seen:
                     seen.add(variant.encoded())
                     lines.append(f"{head} {variant.encoded()}")
-    return "\n".join(lines) + "\n"
+        producer = role in ("P", "B")
+        targets = consumer_hosts(cfg.hosts, conn.pattern, conn.to, rank) if producer else ()
+        if targets or (conn.mode == "async" and producer):
+            mode = "A" if conn.mode == "async" else "S"
+            routes.append(f"route {cfg.identity or 'local'}:{conn.name} {mode} "
+                          f"{','.join(targets) or '-'}")
+    return "\n".join(lines + routes) + "\n"
 
 
 def prepare(config: str | os.PathLike | TransferConfig, component: str,
@@ -81,8 +94,37 @@ def prepare(config: str | os.PathLike | TransferConfig, component: str,
     sock = ensure_daemon(socket_dir, idle_timeout=idle_timeout)
     rules = Path(sock).parent / "rules" / f"{cfg.identity or 'local'}-{component}.rules"
     rules.parent.mkdir(mode=0o700, exist_ok=True)
-    atomic_write(rules, rules_text(cfg, component), fsync=False)
+    rank = process_rank()
+    if cfg.hosts:
+        register_network(cfg, Path(sock))
+        rules = rules.with_name(f"{rules.stem}-{rank}.rules")
+    atomic_write(rules, rules_text(cfg, component, rank), fsync=False)
     return command_env(lib, rules, Path(sock))
+
+
+def register_network(cfg: TransferConfig, sock: Path) -> None:
+    """Tell the daemon this experiment's hosts, its own address and the secret.
+
+    Raises
+    ------
+    TransferError
+        This host is not in ``hosts``, the secret is unsafe, or the daemon cannot listen.
+    """
+    host = this_host()
+    me = cfg.host(host)
+    if me is None:
+        raise TransferError(f"{cfg.source}: this host {host!r} is not in hosts "
+                            f"({', '.join(h.name for h in cfg.hosts)}): set ENSIO_TRANSFER_HOST")
+    assert cfg.secret is not None
+    secret = ensure_secret(cfg.secret)
+    peers = ",".join(f"{h.name}={h.endpoint}" for h in cfg.hosts)
+    ident = cfg.identity or "local"
+    pull = ",".join(f"{ident}:{c.name}" for c in cfg.connections if c.pattern == "all-to-all")
+    with Client(sock) as c:
+        reply = c.request(encode("NETWORK", identity=ident, host=host, listen=me.endpoint,
+                                 secret=str(secret), peers=peers, pull=pull))
+    if reply.verb != "OK":
+        raise TransferError(f"staging daemon: {reply.get('why') or 'NETWORK refused'}")
 
 
 def command_env(lib: Path, rules: Path, sock: Path) -> dict[str, str]:

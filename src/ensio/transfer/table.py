@@ -81,6 +81,8 @@ class Entry:
     state: str = "writing"
     persist_state: str = ""
     waiters: int = 0
+    sent: int = 0          # bytes streamed to other hosts (all of them together)
+    after_close: int = 0   # of which after the producer's close
 
     def size(self) -> int:
         return os.fstat(self.fd).st_size if self.fd is not None else 0
@@ -413,6 +415,35 @@ class Table:
                 self.cond.wait(left)
         return True
 
+    # -- cross-host streams (network.py) ----------------------------------------------------
+
+    def dup_fd(self, entry_id: int) -> int | None:
+        """A descriptor of the memory of entry ``entry_id`` (the caller closes it)."""
+        with self.cond:
+            e = self._by_id.get(entry_id)
+            return None if e is None or e.fd is None else os.dup(e.fd)
+
+    def is_current(self, entry_id: int) -> bool:
+        """Whether ``entry_id`` is still the held version of its path (not unlinked or
+        replaced)."""
+        with self.cond:
+            e = self._by_id.get(entry_id)
+            return e is not None and self.entries.get(e.path) is e
+
+    def component_of(self, path: str) -> str:
+        """The component that wrote the held ``path`` ("?" if none is held)."""
+        with self.cond:
+            e = self.entries.get(path)
+            return e.component if e is not None else "?"
+
+    def add_sent(self, entry_id: int, sent: int, after_close: int) -> None:
+        """Count bytes streamed for ``entry_id`` (``ensio transfer status``)."""
+        with self.cond:
+            e = self._by_id.get(entry_id)
+            if e is not None:
+                e.sent += sent
+                e.after_close += after_close
+
     # -- the whole table -------------------------------------------------------------------
 
     def status(self) -> list[dict[str, object]]:
@@ -420,7 +451,7 @@ class Table:
             return [{"path": e.path, "size": e.size(), "state": e.state,
                      "component": e.component, "conn": e.conn.split(":", 1)[-1],
                      "persist": e.persist_state or ("no" if not e.persist else ""),
-                     "waiters": e.waiters}
+                     "waiters": e.waiters, "sent": e.sent, "after_close": e.after_close}
                     for e in sorted(self.entries.values(), key=lambda x: x.path)]
 
     def __len__(self) -> int:

@@ -44,27 +44,23 @@ static pthread_once_t once = PTHREAD_ONCE_INIT;
 
 /* ---- files being written by this process ------------------------------------------ */
 
-struct wfile {
-    int used;
-    int keeper;   /* our own descriptor of the memfd (reopen, fallback write) */
-    int refs;     /* program descriptors referring to it */
-    long id;      /* the daemon's id */
-    mode_t mode;
-    char path[PATH_MAX];
-};
-static struct wfile *wfiles;
+struct wfile *ei_wfiles;
 static int nwfiles;
 
 #define FD_CHUNK 1024
 #define FD_CHUNKS 1024
-static int *fdmap[FD_CHUNKS];  /* fd -> wfile index + 1; chunks never freed */
+#define FD_ASYNC (1 << 24)
+static int *fdmap[FD_CHUNKS];  /* fd -> wfile index + 1 (| FD_ASYNC); chunks never freed */
 
-int ei_fd_tracked(int fd)
+static int fdmap_get(int fd)
 {
     if (fd < 0 || fd >= FD_CHUNK * FD_CHUNKS) return 0;
     int *chunk = __atomic_load_n(&fdmap[fd / FD_CHUNK], __ATOMIC_ACQUIRE);
     return chunk ? __atomic_load_n(&chunk[fd % FD_CHUNK], __ATOMIC_RELAXED) : 0;
 }
+
+int ei_fd_tracked(int fd) { return fdmap_get(fd) & (FD_ASYNC - 1); }
+int ei_fd_async(int fd) { return fdmap_get(fd) & FD_ASYNC; }
 
 static int fdmap_set(int fd, int value)  /* lock held */
 {
@@ -83,7 +79,7 @@ static int fdmap_set(int fd, int value)  /* lock held */
 static struct wfile *wfile_by_path(const char *path)
 {
     for (int i = 0; i < nwfiles; i++)
-        if (wfiles[i].used && strcmp(wfiles[i].path, path) == 0) return &wfiles[i];
+        if (ei_wfiles[i].used && strcmp(ei_wfiles[i].path, path) == 0) return &ei_wfiles[i];
     return NULL;
 }
 
@@ -98,11 +94,11 @@ int ei_local_file(const char *path, mode_t *mode)
 static int wfile_new(void)
 {
     for (int i = 0; i < nwfiles; i++)
-        if (!wfiles[i].used) return i;
-    struct wfile *grown = realloc(wfiles, (size_t)(nwfiles + 8) * sizeof *grown);
+        if (!ei_wfiles[i].used) return i;
+    struct wfile *grown = realloc(ei_wfiles, (size_t)(nwfiles + 8) * sizeof *grown);
     if (grown == NULL) return -1;
     memset(grown + nwfiles, 0, 8 * sizeof *grown);
-    wfiles = grown;
+    ei_wfiles = grown;
     nwfiles += 8;
     return nwfiles - 8;
 }
@@ -114,12 +110,14 @@ void ei_local_forget(const char *path)
 }
 
 /* The last descriptor of w closed (or the process exits): tell the daemon, which seals
- * the file. Without a daemon the file is written to its real path instead. */
+ * the file. Without a daemon the file is written to its real path instead. Async: the
+ * ranges written since the last report go with it (the daemon sends them after the
+ * close: the dirty remainder). */
 static int wfile_finish(struct wfile *w)
 {
     int rc = 0;
-    char msg[64], reply[EI_REPLY_MAX];
-    int n = snprintf(msg, sizeof msg, "COMPLETE\nid=%ld", w->id);
+    char msg[96 + EI_BATCH * 44], reply[EI_REPLY_MAX];
+    int n = ei_complete_text(w, msg, sizeof msg);
     /* flock() locks (HDF5 takes one) belong to the open file description, which the
      * daemon shares: release them, or no consumer could lock the file. */
     flock(w->keeper, LOCK_UN);
@@ -141,7 +139,7 @@ static int wfile_finish(struct wfile *w)
     for (int c = 0; c < FD_CHUNKS; c++)  /* exit path: descriptors still mapped to w */
         if (fdmap[c] && w->refs > 0)
             for (int i = 0; i < FD_CHUNK; i++)
-                if (fdmap[c][i] == (int)(w - wfiles) + 1) fdmap[c][i] = 0;
+                if ((fdmap[c][i] & (FD_ASYNC - 1)) == (int)(w - ei_wfiles) + 1) fdmap[c][i] = 0;
     ei_real.close(w->keeper);
     w->used = 0;
     errno = saved;
@@ -154,13 +152,13 @@ int ei_untrack(int fd)
     int idx = ei_fd_tracked(fd);
     if (idx == 0) return 0;
     fdmap_set(fd, 0);
-    struct wfile *w = &wfiles[idx - 1];
+    struct wfile *w = &ei_wfiles[idx - 1];
     return --w->refs == 0 ? wfile_finish(w) : 0;
 }
 
 static void track(int fd, int idx)
 {
-    if (fdmap_set(fd, idx + 1) == 0) wfiles[idx].refs++;
+    if (fdmap_set(fd, (idx + 1) | (ei_wfiles[idx].async ? FD_ASYNC : 0)) == 0) ei_wfiles[idx].refs++;
 }
 
 /* ---- initialization --------------------------------------------------------------- */
@@ -187,7 +185,7 @@ static void atfork_child(void)
      * child's copies of their descriptors are plain descriptors. */
     ei_after_fork_child();
     for (int i = 0; i < nwfiles; i++)
-        if (wfiles[i].used) { ei_real.close(wfiles[i].keeper); wfiles[i].used = 0; }
+        if (ei_wfiles[i].used) { ei_real.close(ei_wfiles[i].keeper); ei_wfiles[i].used = 0; }
     for (int c = 0; c < FD_CHUNKS; c++)
         if (fdmap[c]) memset(fdmap[c], 0, FD_CHUNK * sizeof(int));
     pthread_mutex_init(&ei_lock, NULL);
@@ -230,7 +228,7 @@ __attribute__((destructor)) static void ei_destructor(void)
     until.tv_sec += 10;  /* another thread stuck in a request: its files fail, as on a kill */
     if (pthread_mutex_timedlock(&ei_lock, &until) != 0) return;
     for (int i = 0; i < nwfiles; i++)
-        if (wfiles[i].used) wfile_finish(&wfiles[i]);
+        if (ei_wfiles[i].used) wfile_finish(&ei_wfiles[i]);
     pthread_mutex_unlock(&ei_lock);
 }
 
@@ -252,7 +250,8 @@ static int reopen_local(struct wfile *w, int flags, int writing)
     if (fd < 0) return -1;
     if (writing) {
         if ((flags & O_TRUNC) && ftruncate(fd, 0) != 0) { ei_real.close(fd); return -1; }
-        track(fd, (int)(w - wfiles));
+        if (flags & O_TRUNC) w->whole = w->async;  /* content gone untracked: send it all */
+        track(fd, (int)(w - ei_wfiles));
     }
     return fd;
 }
@@ -264,7 +263,7 @@ static int produce(const struct ei_rule *r, const char *path, int flags, mode_t 
     const char *base = strrchr(path, '/') + 1;
     int mfd = memfd_create(base, MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (mfd < 0) return -2;
-    char msg[PATH_MAX + 512], reply[EI_REPLY_MAX];
+    char msg[PATH_MAX + 1024], reply[EI_REPLY_MAX];
     mode_t perm = (flags & O_CREAT ? mode : 0666) & ~ei_umask & 07777;
     int n = snprintf(msg, sizeof msg,
                      "CREATE\npath=%s\nconn=%s\nbudget=%lld\nfallback=%s\npersist=%d\n"
@@ -272,6 +271,9 @@ static int produce(const struct ei_rule *r, const char *path, int flags, mode_t 
                      path, r->conn, r->budget, r->fallback, r->persist, (unsigned)perm,
                      (flags & O_CREAT) && (flags & O_EXCL), !(flags & O_TRUNC),
                      !(flags & O_CREAT));
+    if (r->targets[0])  /* streamed to other hosts (sync or async) */
+        n += snprintf(msg + n, sizeof msg - (size_t)n, "\ntargets=%s\nxmode=%s", r->targets,
+                      r->async ? "async" : "sync");
     if (ei_request(msg, (size_t)n, mfd, reply, NULL) != 0 || ei_reply_is(reply, "FALLBACK")) {
         ei_real.close(mfd);
         return -2;
@@ -289,10 +291,14 @@ static int produce(const struct ei_rule *r, const char *path, int flags, mode_t 
         errno = EMFILE;
         return -1;
     }
-    struct wfile *w = &wfiles[idx];
+    struct wfile *w = &ei_wfiles[idx];
     w->used = 1;
     w->keeper = keeper;
     w->refs = 0;
+    w->async = r->async && r->targets[0];
+    w->whole = !(flags & O_TRUNC) && w->async;  /* kept content: never reported as written */
+    w->nranges = 0;
+    w->bytes = 0;
     w->id = ei_reply_long(reply, "id", 0);
     w->mode = (mode_t)ei_reply_long(reply, "mode", (long)perm);
     snprintf(w->path, sizeof w->path, "%s", path);
@@ -320,9 +326,9 @@ static int consumer_reply(int rc, const char *reply, int fd, int flags)
  * path, -3: the file is being written, wait with consume_wait() after unlocking. */
 static int consume(const struct ei_rule *r, const char *path, int flags)
 {
-    char msg[PATH_MAX + 64], reply[EI_REPLY_MAX];
-    int n = snprintf(msg, sizeof msg, "OPEN\npath=%s\nwait_ms=%ld\ndefer=1", path,
-                     r->timeout_ms);
+    char msg[PATH_MAX + 256], reply[EI_REPLY_MAX];
+    int n = snprintf(msg, sizeof msg, "OPEN\npath=%s\nwait_ms=%ld\ndefer=1\nconn=%s", path,
+                     r->timeout_ms, r->conn);
     int fd;
     int rc = ei_request(msg, (size_t)n, -1, reply, &fd);
     return consumer_reply(rc, reply, fd, flags);
@@ -332,8 +338,9 @@ static int consume(const struct ei_rule *r, const char *path, int flags)
  * the lock: the process's other threads (and its exit) are not held up. */
 static int consume_wait(const struct ei_rule *r, const char *path, int flags)
 {
-    char msg[PATH_MAX + 64], reply[EI_REPLY_MAX];
-    int n = snprintf(msg, sizeof msg, "OPEN\npath=%s\nwait_ms=%ld", path, r->timeout_ms);
+    char msg[PATH_MAX + 256], reply[EI_REPLY_MAX];
+    int n = snprintf(msg, sizeof msg, "OPEN\npath=%s\nwait_ms=%ld\nconn=%s", path,
+                     r->timeout_ms, r->conn);
     int fd;
     int rc = ei_request_private(msg, (size_t)n, reply, &fd);
     int got = consumer_reply(rc, reply, fd, flags);

@@ -3,6 +3,7 @@
  *   ensio_interpose.c         open, fopen, close, dup: the descriptors of transferred files
  *   ensio_interpose_names.c   stat, access, unlink, rename: the names of transferred files
  *   ensio_interpose_stdio.c   fopen, fclose
+ *   ensio_interpose_writes.c  write, pwrite, writev, ftruncate, mmap: async dirty ranges
  *   ensio_interpose_paths.c   the rules file, path canonicalization, glob matching
  *   ensio_interpose_daemon.c  the staging daemon's socket (protocol: ensio/transfer/protocol.py)
  *
@@ -40,6 +41,8 @@ struct ei_rule {
     int persist;
     long timeout_ms;      /* consumer wait for a file being written */
     char conn[160];       /* "<config id>:<connection name>" */
+    int async;            /* route line: the connection's mode is async */
+    char targets[256];    /* route line: hosts receiving this process's files, "" none */
     char *pattern;        /* absolute, encoded */
     size_t prefix_len;    /* literal bytes before the first wildcard */
     const char *last;     /* the pattern's last path component */
@@ -66,9 +69,34 @@ struct ei_real {
 extern EI_HIDDEN struct ei_real ei_real;
 EI_HIDDEN void ei_init(void);
 
+#define EI_BATCH 64            /* ranges per RANGES report */
+#define EI_BATCH_BYTES (1 << 20) /* report once this much is written */
+
+struct wfile {
+    int used;
+    int keeper;   /* our own descriptor of the memfd (reopen, fallback write) */
+    int refs;     /* program descriptors referring to it */
+    long id;      /* the daemon's id */
+    mode_t mode;
+    int async;    /* report written ranges (async connection with other hosts) */
+    int whole;    /* written in untracked ways (stdio, shared mmap): all of it at close */
+    int nranges;
+    long long bytes;                  /* in the batch */
+    long long ranges[EI_BATCH][2];    /* written and not reported yet: offset, length */
+    char path[PATH_MAX];
+};
+extern EI_HIDDEN struct wfile *ei_wfiles;  /* guarded by ei_lock; index = fdmap value - 1 */
+
 /* descriptors (ensio_interpose.c) */
 EI_HIDDEN int ei_open_path(int dirfd, const char *path, int flags, mode_t mode); /* -2: real */
 EI_HIDDEN int ei_fd_tracked(int fd);  /* lock-free: nonzero if fd is a file this process writes */
+EI_HIDDEN int ei_fd_async(int fd);    /* lock-free: ... and its connection is async */
+/* async: fd's file was written at [off, off+n) (takes the lock; reports in batches) */
+EI_HIDDEN void ei_wrote(int fd, long long off, long long n);
+EI_HIDDEN void ei_mark_whole(int fd); /* written in ways not tracked: send it all at close */
+/* "off+len,..." of w's unreported ranges into out (lock held); the length written */
+EI_HIDDEN int ei_batch_text(struct wfile *w, char *out, size_t room);
+EI_HIDDEN int ei_complete_text(struct wfile *w, char *msg, size_t room);
 EI_HIDDEN int ei_untrack(int fd);     /* lock held: fd is gone; the file completes at its last */
 
 /* files this process writes (lock held): its own descriptor of the memory, or -1 */

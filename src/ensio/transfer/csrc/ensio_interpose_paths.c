@@ -4,7 +4,10 @@
  *   ensio-transfer-rules 1
  *   component <name>
  *   rule <P|C|B> <budget bytes|-1> <files|error> <persist 0|1> <timeout ms> <conn> <pattern>
- * The pattern runs to the end of its line (it may contain spaces).
+ *   route <conn> <S|A> <host,host,...|->
+ * The pattern runs to the end of its line (it may contain spaces). A route line (after
+ * the rules) gives the rules of <conn> their mode (sync/async) and the hosts that
+ * receive this process's files (streamed by the daemon; "-": none).
  *
  * The cost for a path no rule can match is one pass over its last component
  * (no system call): the full canonicalization (getcwd or the directory descriptor's
@@ -73,6 +76,19 @@ static int parse_rule(char *line, struct ei_rule *r)
     return 0;
 }
 
+static int parse_route(const char *line)
+{
+    char conn[160], mode, targets[256];
+    if (sscanf(line, "route %159s %c %255s", conn, &mode, targets) != 3) return -1;
+    for (int i = 0; i < nrules; i++) {
+        if (strcmp(rules[i].conn, conn) != 0) continue;
+        rules[i].async = mode == 'A';
+        snprintf(rules[i].targets, sizeof rules[i].targets, "%s",
+                 strcmp(targets, "-") == 0 ? "" : targets);
+    }
+    return 0;
+}
+
 /* Read the rules once at start-up (real open/read: the wrappers are not ready yet). */
 int ei_load_rules(const char *file)
 {
@@ -94,6 +110,8 @@ int ei_load_rules(const char *file)
         } else if (strncmp(line, "rule ", 5) == 0 && nrules < EI_MAX_RULES) {
             if (parse_rule(line, &rules[nrules]) == 0) nrules++;
             else return -1;
+        } else if (strncmp(line, "route ", 6) == 0 && parse_route(line) != 0) {
+            return -1;
         }
     }
     return nrules > 0 ? 0 : -1;

@@ -41,6 +41,7 @@ static FILE *fopen_common(const char *path, const char *mode, int large)
     int fd = flags < 0 ? -2 : ei_open_path(AT_FDCWD, path, flags, 0666);
     if (fd == -2) return large && real_fopen64 ? real_fopen64(path, mode) : real_fopen(path, mode);
     if (fd < 0) return NULL;
+    if (flags & (O_WRONLY | O_RDWR)) ei_mark_whole(fd);  /* fwrite's writes are glibc's own */
     FILE *fp = fdopen(fd, mode);
     if (fp == NULL) {
         int saved = errno;

@@ -1,0 +1,423 @@
+"""The daemon's side of cross-host transfer: experiments, the TCP listener, streams.
+
+``ensio run`` registers its experiment with the local daemon (``NETWORK``): this
+host's name, the address to listen on, the secret file and the other hosts'
+addresses. The daemon then listens on that address only (one listener per address,
+shared by the experiments that name it) and accepts a connection only from a daemon
+that proves the experiment's secret (:mod:`.wire`).
+
+Producer host: a file created with ``targets`` gets one :class:`~.outgoing.Stream`
+per consumer host (this host excluded: its consumers share the memory); the
+producer's close sends what remains and waits until each host has sealed its copy.
+Consumer host: each incoming stream becomes a held file of the local
+:class:`~.table.Table`, written by a remote "peer": consumers there open it exactly
+as a local file, wait while it streams, and get EIO if the stream breaks off.
+
+Refusals (a wrong secret, an unknown experiment) and broken streams are logged, one
+line each, naming the host and the file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import itertools
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .errors import TransferError
+from .outgoing import Stream
+from .secret import read_secret
+from .table import Peer, Reply, Table
+from .wire import (
+    AuthError,
+    client_handshake,
+    recv_exact_into,
+    recv_frame,
+    send_frame,
+    server_handshake,
+    tune,
+)
+
+__all__ = ["Network", "parse_endpoint", "parse_ranges"]
+
+_CONNECT_S = 5.0      # how long a producer's daemon retries a host that is not up yet
+_HANDSHAKE_S = 15.0
+_CHUNK = 8 << 20      # bytes received per recv_into/pwrite
+_DOWN_S = 30.0        # a host that did not answer is not retried for this long
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One registered experiment (transfer config) on this daemon."""
+
+    identity: str
+    host: str
+    listen: str
+    secret_path: str
+    peers: dict[str, str]
+    pull: frozenset[str] = frozenset()   # connections (identity:name) pulled on demand
+
+
+def parse_endpoint(text: str) -> tuple[str, int]:
+    """``addr:port`` or ``[v6]:port`` → (addr, port)."""
+    host, _, port = text.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def parse_ranges(text: str) -> list[tuple[int, int]]:
+    """``off+len,off+len`` (the interposer's reports) → [(off, len)]."""
+    out = []
+    for item in filter(None, text.split(",")):
+        off, _, n = item.partition("+")
+        out.append((int(off), int(n)))
+    return out
+
+
+class Network:
+    """Registered experiments, listeners, and the streams of this daemon."""
+
+    def __init__(self, table: Table, log: logging.Logger,
+                 on_activity: Callable[[], None] = lambda: None) -> None:
+        self.table = table
+        self.log = log
+        self.on_activity = on_activity  # the daemon's idle clock
+        self._down: dict[str, float] = {}  # host → until when it is not retried
+        self.lock = threading.Lock()
+        self.experiments: dict[str, Experiment] = {}
+        self.listeners: dict[str, socket.socket] = {}
+        self.streams: dict[int, list[Stream]] = {}       # entry id → its streams
+        self._writers: dict[int, int] = {}               # entry id → producer peer id
+        self._ids = itertools.count(-1, -1)              # remote peers: negative ids
+        self._closed = False
+
+    # -- registration ----------------------------------------------------------------------
+
+    def register(self, identity: str, host: str, listen: str, secret: str,
+                 peers: dict[str, str], pull: frozenset[str] = frozenset()) -> Reply:
+        """``NETWORK``: remember the experiment; listen on ``listen`` if nobody does yet."""
+        try:
+            read_secret(secret)
+        except TransferError as exc:
+            self.log.error("experiment %s: %s", identity, exc)
+            return Reply("ERR", {"errno": errno.EACCES, "why": str(exc)})
+        self.on_activity()
+        with self.lock:
+            self.experiments[identity] = Experiment(identity, host, listen, secret, peers, pull)
+            if listen in self.listeners:
+                return Reply("OK")
+            try:
+                sock = _listen(listen)
+            except OSError as exc:
+                why = f"cannot listen on {listen}: {exc.strerror}"
+                self.log.error("experiment %s: %s", identity, why)
+                return Reply("ERR", {"errno": exc.errno or errno.EADDRNOTAVAIL, "why": why})
+            self.listeners[listen] = sock
+        self.log.info("host %s: listening on %s (TCP) for experiment %s", host, listen, identity)
+        threading.Thread(target=self._accept_loop, args=(sock,), daemon=True,
+                         name=f"tcp-{listen}").start()
+        return Reply("OK")
+
+    def _secret_of(self, identity: str) -> bytes | None:
+        exp = self.experiments.get(identity)
+        return None if exp is None else read_secret(exp.secret_path)
+
+    # -- consumer host: incoming streams ------------------------------------------------------
+
+    def _accept_loop(self, lsock: socket.socket) -> None:
+        while True:
+            try:
+                conn, addr = lsock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._incoming, args=(conn, addr), daemon=True,
+                             name=f"in-{addr[0]}").start()
+
+    def _incoming(self, conn: socket.socket, addr: tuple) -> None:
+        self.on_activity()
+        tune(conn)
+        conn.settimeout(_HANDSHAKE_S)
+        try:
+            identity, host = server_handshake(conn, self._secret_of)
+        except (AuthError, TransferError, OSError) as exc:
+            self.log.warning("refused a TCP connection from %s: %s", addr[0],
+                             getattr(exc, "strerror", None) or exc)
+            conn.close()
+            return
+        conn.settimeout(None)
+        peer = Peer(id=next(self._ids), component="?", pid=0)
+        try:
+            first = recv_frame(conn)
+            if first is not None and first.verb == "PULL":
+                self._serve_pull(conn, first, host)
+            elif first is not None and first.verb == "FILE":
+                self._receive(conn, peer, host, first)
+        finally:
+            conn.close()
+            self.table.peer_gone(peer)
+            self.on_activity()
+
+    def _receive(self, conn: socket.socket, peer: Peer, host: str, m) -> bool:
+        """One file after its ``FILE`` frame ``m``: ``DATA``…, ``DONE`` (see :mod:`.wire`);
+        True if it is held here, complete, at the end."""
+        path = m.get("path")
+        peer = Peer(id=peer.id, component=f"{m.get('component', '?')}@{host}", pid=0)
+        memfd = os.memfd_create(os.path.basename(path), os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        wfd = os.dup(memfd)
+        try:
+            reply = self.table.create(peer, path, memfd, conn=m.get("conn"), budget=-1,
+                                      fallback="files", persist=False,
+                                      mode=int(m.get("mode", "644"), 8), excl=False,
+                                      keep=False)
+            if reply.verb != "OK":
+                os.close(memfd)
+                send_frame(conn, reply.verb, **reply.fields)
+                return False
+            send_frame(conn, "OK")
+            entry_id = int(str(reply.fields["id"]))
+            buf = bytearray(0)  # grown to the largest DATA seen, at most _CHUNK
+            while (m := recv_frame(conn)) is not None:
+                if m.verb == "DATA":
+                    if len(buf) < min(_CHUNK, m.int("len")):
+                        buf = bytearray(min(_CHUNK, m.int("len")))
+                    if not _receive_data(conn, wfd, m.int("off"), m.int("len"), buf):
+                        break
+                elif m.verb == "DONE":
+                    os.ftruncate(wfd, m.int("size"))
+                    os.close(wfd)
+                    wfd = -1
+                    done = self.table.complete(peer, entry_id)
+                    send_frame(conn, done.verb, **done.fields)
+                    return done.verb == "OK"
+                else:
+                    break
+            self.log.error("%s: the stream from host %s broke off before the file was "
+                           "complete", path, host)
+        except OSError as exc:
+            self.log.error("%s: the stream from host %s failed: %s", path, host,
+                           exc.strerror or exc)
+        finally:
+            if wfd >= 0:
+                os.close(wfd)
+        return False
+
+    # -- pull on demand (all-to-all, a consumer on a host no file was pushed to) ---------------
+
+    def can_pull(self, conn_key: str) -> bool:
+        exp = self.experiments.get(conn_key.split(":", 1)[0])
+        return exp is not None and conn_key in exp.pull
+
+    def pull(self, conn_key: str, path: str, wait_ms: int) -> bool:
+        """Ask the other hosts for ``path``; True once one has streamed it here."""
+        exp = self.experiments.get(conn_key.split(":", 1)[0])
+        if exp is None:
+            return False
+        for host, endpoint in exp.peers.items():
+            if host == exp.host or self._down.get(host, 0.0) > time.monotonic():
+                continue
+            try:
+                sock = _connect(endpoint, patience=0.0)
+                client_handshake(sock, read_secret(exp.secret_path), exp.identity, exp.host)
+                send_frame(sock, "PULL", path=path, conn=conn_key, wait_ms=wait_ms)
+                sock.settimeout(None)
+            except (OSError, TransferError) as exc:
+                self.log.warning("%s: cannot ask host %s for it: %s", path, host,
+                                 getattr(exc, "strerror", None) or exc)
+                continue
+            peer = Peer(id=next(self._ids), component="?", pid=0)
+            try:
+                first = recv_frame(sock)
+                if first is not None and first.verb == "FILE" and \
+                        self._receive(sock, peer, host, first):
+                    self.log.info("%s: pulled from host %s", path, host)
+                    return True
+            finally:
+                sock.close()
+                self.table.peer_gone(peer)
+        return False
+
+    def _serve_pull(self, conn: socket.socket, m, host: str) -> None:
+        """Another host's consumer wants ``path``: stream it if held (once complete)."""
+        path = m.get("path")
+        asker = Peer(id=next(self._ids), component=f"pull@{host}", pid=0)
+        got = self.table.open(asker, path, m.int("wait_ms", 600_000) / 1000.0)
+        if got.verb != "OK" or got.fd is None:
+            send_frame(conn, got.verb, **got.fields)
+            return
+        component = self.table.component_of(path)
+        send_frame(conn, "FILE", path=path, conn=m.get("conn"), component=component,
+                   mode=str(got.fields.get("mode", "0644")))
+        reply = recv_frame(conn)
+        if reply is None or reply.verb != "OK":
+            os.close(got.fd)
+            return
+        err = Stream(conn, got.fd, host, path, "sync").finish([])
+        if err is not None:
+            self.log.error("%s: %s", path, err)
+
+    # -- producer host: outgoing streams -------------------------------------------------------
+
+    def announce(self, writer: Peer, entry_id: int, fields: dict[str, str]) -> None:
+        """A file with ``targets`` was created: open a stream to each other host."""
+        identity = fields.get("conn", "").split(":", 1)[0]
+        exp = self.experiments.get(identity)
+        targets = [t for t in fields.get("targets", "").split(",") if t]
+        if exp is None:
+            if targets:
+                self.log.error("%s: targets %s but experiment %s is not registered here",
+                               fields.get("path"), ",".join(targets), identity)
+            return
+        streams = []
+        for t in targets:
+            if t == exp.host:
+                continue
+            s = self._open_stream(exp, t, entry_id, fields)
+            if s is not None:
+                streams.append(s)
+        with self.lock:
+            self.streams[entry_id] = streams
+            self._writers[entry_id] = writer.id
+
+    def _open_stream(self, exp: Experiment, target: str, entry_id: int,
+                     fields: dict[str, str]) -> Stream | None:
+        path = fields.get("path", "?")
+        endpoint = exp.peers.get(target)
+        if endpoint is None:
+            self.log.error("%s: host %s is not in the config's hosts", path, target)
+            return None
+        if self._down.get(target, 0.0) > time.monotonic():
+            self.log.error("%s: not streamed to host %s: it did not answer recently", path,
+                           target)
+            return None
+        fd = self.table.dup_fd(entry_id)
+        if fd is None:
+            return None
+        try:
+            sock = _connect(endpoint)
+            client_handshake(sock, read_secret(exp.secret_path), exp.identity, exp.host)
+            send_frame(sock, "FILE", path=path, conn=fields.get("conn", ""),
+                       component=fields.get("component", "?"), mode=fields.get("mode", "644"))
+            reply = recv_frame(sock)
+            if reply is None or reply.verb != "OK":
+                raise OSError(errno.EIO, f"refused the file ({reply.verb if reply else 'closed'})")
+        except (OSError, TransferError) as exc:
+            self.log.error("%s: cannot stream to host %s (%s): %s", path, target, endpoint,
+                           getattr(exc, "strerror", None) or exc)
+            if not isinstance(exc, AuthError):  # unreachable: do not stall every file on it
+                self._down[target] = time.monotonic() + _DOWN_S
+            os.close(fd)
+            with contextlib.suppress(NameError, OSError):
+                sock.close()
+            return None
+        sock.settimeout(None)
+        self._down.pop(target, None)
+        return Stream(sock, fd, target, path, fields.get("xmode", "sync"),
+                      on_sent=lambda n, after: self.table.add_sent(entry_id, n, after))
+
+    def ranges(self, entry_id: int, ranges: list[tuple[int, int]]) -> None:
+        """``RANGES`` from the producer (async): queue them on each stream."""
+        with self.lock:
+            streams = list(self.streams.get(entry_id, ()))
+        for s in streams:
+            s.add(ranges)
+
+    def finish(self, entry_id: int, final: list[tuple[int, int]]) -> None:
+        """The producer closed: each host gets the rest and seals its copy (in parallel)."""
+        with self.lock:
+            streams = self.streams.pop(entry_id, [])
+            self._writers.pop(entry_id, None)
+        errors: list[str | None] = [None] * len(streams)
+
+        def run(i: int, s: Stream) -> None:
+            errors[i] = s.finish(final)
+
+        threads = [threading.Thread(target=run, args=(i, s)) for i, s in enumerate(streams)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for s, err in zip(streams, errors, strict=True):
+            if err is not None:
+                self.log.error("%s: %s", s.path, err)
+
+    def abort(self, entry_id: int) -> None:
+        """End the streams of ``entry_id`` unfinished (the other hosts fail their copies)."""
+        with self.lock:
+            streams = self.streams.pop(entry_id, [])
+            self._writers.pop(entry_id, None)
+        for s in streams:
+            s.abort()
+
+    def peer_gone(self, peer: Peer) -> None:
+        """The producer's connection closed: abort the streams of files it still wrote."""
+        with self.lock:
+            ids = [i for i, w in self._writers.items() if w == peer.id]
+            dead = [(i, self.streams.pop(i, [])) for i in ids]
+            for i in ids:
+                self._writers.pop(i, None)
+        for _, streams in dead:
+            for s in streams:
+                s.abort()
+
+    def close(self) -> None:
+        with self.lock:
+            listeners = list(self.listeners.values())
+            self.listeners.clear()
+            streams = [s for ss in self.streams.values() for s in ss]
+            self.streams.clear()
+        for sock in listeners:
+            with contextlib.suppress(OSError):
+                sock.close()
+        for s in streams:
+            s.abort()
+
+
+def _receive_data(conn: socket.socket, fd: int, off: int, n: int, buf: bytearray) -> bool:
+    """``len`` raw bytes into the memory file at ``off`` (recv_into, then pwrite)."""
+    view = memoryview(buf)
+    while n > 0:
+        k = min(n, len(view))
+        if not recv_exact_into(conn, view[:k]):
+            return False
+        done = 0
+        while done < k:
+            done += os.pwrite(fd, view[done:k], off + done)
+        off += k
+        n -= k
+    return True
+
+
+def _listen(endpoint: str) -> socket.socket:
+    addr, port = parse_endpoint(endpoint)
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((addr, port))
+        sock.listen(64)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _connect(endpoint: str, patience: float = _CONNECT_S) -> socket.socket:
+    """Connect, retrying while the other host's daemon is not listening yet."""
+    addr, port = parse_endpoint(endpoint)
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            sock = socket.create_connection((addr, port), timeout=_HANDSHAKE_S)
+        except (TimeoutError, ConnectionRefusedError) as exc:
+            if time.monotonic() > deadline:
+                raise OSError(exc.errno or errno.ECONNREFUSED,
+                              f"no daemon listens there ({exc})") from None
+            time.sleep(0.1)  # the other daemon starts independently: retry until the deadline
+            continue
+        tune(sock)
+        return sock

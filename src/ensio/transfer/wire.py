@@ -1,0 +1,140 @@
+"""Daemon-to-daemon TCP: framing and the authenticating handshake.
+
+Frames are a 4-byte big-endian length and a packet of :mod:`.protocol`'s text form
+(verb, ``key=value`` lines). File bytes follow a ``DATA off= len=`` frame raw, exactly
+``len`` of them. One TCP connection carries one file, from the producer host's daemon
+(the client) to a consumer host's daemon (the server)::
+
+    client: HELLO proto= identity= host= nonce=NC
+    server: CHALLENGE nonce=NS mac=proof(secret, "server", NC, NS, identity)
+    client: AUTH mac=proof(secret, "client", NS, NC, identity, host)
+    server: OK                                   (or it logs the refusal and closes)
+    client: FILE path= conn= component= mode= size=
+    server: OK | ERR errno=
+    client: DATA off= len= <len bytes> ...       (no replies: TCP is the flow control)
+    client: DONE size=
+    server: OK | ERR errno=                      (the file is sealed on the consumer host)
+
+Pull on demand (all-to-all): the consumer host's daemon connects and, after the
+handshake, sends ``PULL path= conn= wait_ms=``; the other answers ``ABSENT`` (or
+``ERR``) or streams the file back as above, ``FILE`` first, once it is complete.
+
+The connection closing before ``DONE`` fails the file on the consumer host (EIO for
+its consumers). Keepalive and ``TCP_USER_TIMEOUT`` turn a vanished host into a
+closed connection within about a minute instead of a hang.
+"""
+
+from __future__ import annotations
+
+import errno
+import secrets
+import socket
+import struct
+
+from .protocol import MAX_PACKET, Message, decode, encode
+from .secret import proof, verify
+
+__all__ = ["AuthError", "client_handshake", "recv_exact_into", "recv_frame", "send_frame",
+           "server_handshake", "tune"]
+
+WIRE_VERSION = 1
+_LEN = struct.Struct("!I")
+
+
+class AuthError(OSError):
+    """The other side does not know the experiment's secret (or speaks another protocol)."""
+
+
+def tune(sock: socket.socket) -> None:
+    """Keepalive, a bounded wait for unacknowledged data, no Nagle delay."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for opt, val in (("TCP_KEEPIDLE", 20), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 4),
+                     ("TCP_USER_TIMEOUT", 60_000), ("TCP_NODELAY", 1)):
+        if hasattr(socket, opt):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), val)
+
+
+def send_frame(sock: socket.socket, verb: str, **fields: object) -> None:
+    data = encode(verb, **fields)
+    sock.sendall(_LEN.pack(len(data)) + data)
+
+
+def recv_exact_into(sock: socket.socket, view: memoryview) -> bool:
+    """Fill ``view`` from ``sock``; False if the connection closed first."""
+    got = 0
+    while got < len(view):
+        n = sock.recv_into(view[got:])
+        if n == 0:
+            return False
+        got += n
+    return True
+
+
+def recv_frame(sock: socket.socket) -> Message | None:
+    """One frame, or None when the connection closed (or sent garbage)."""
+    head = bytearray(_LEN.size)
+    if not recv_exact_into(sock, memoryview(head)):
+        return None
+    (n,) = _LEN.unpack(head)
+    if n > MAX_PACKET:
+        return None
+    body = bytearray(n)
+    if not recv_exact_into(sock, memoryview(body)):
+        return None
+    return decode(bytes(body))
+
+
+def client_handshake(sock: socket.socket, secret: bytes, identity: str, host: str) -> None:
+    """Prove the secret to the server and check the server's proof.
+
+    Raises
+    ------
+    AuthError
+        The server refused us, or could not prove the secret itself.
+    """
+    nc = secrets.token_hex(16)
+    send_frame(sock, "HELLO", proto=WIRE_VERSION, identity=identity, host=host, nonce=nc)
+    m = recv_frame(sock)
+    if m is None or m.verb != "CHALLENGE":
+        raise AuthError(errno.EACCES, f"refused: {m.get('why') if m else 'connection closed'}")
+    ns = m.get("nonce")
+    if len(ns) < 32 or not verify(secret, m.get("mac"), "server", nc, ns, identity):
+        raise AuthError(errno.EACCES, "the server does not know the experiment's secret")
+    send_frame(sock, "AUTH", mac=proof(secret, "client", ns, nc, identity, host))
+    m = recv_frame(sock)
+    if m is None or m.verb != "OK":
+        raise AuthError(errno.EACCES, "the server refused our proof of the secret "
+                                      "(different secret files?)")
+
+
+def server_handshake(sock: socket.socket, secrets_by_identity) -> tuple[str, str]:
+    """Check the client's proof; (identity, host) of an authenticated client.
+
+    ``secrets_by_identity(identity)`` returns the secret's bytes, or None for an
+    experiment this daemon does not serve.
+
+    Raises
+    ------
+    AuthError
+        With the reason, for the daemon's log.
+    """
+    m = recv_frame(sock)
+    if m is None or m.verb != "HELLO" or m.int("proto", -1) != WIRE_VERSION:
+        raise AuthError(errno.EPROTO, "not an ensio transfer peer (bad HELLO)")
+    identity, host, nc = m.get("identity"), m.get("host", "?"), m.get("nonce")
+    secret = secrets_by_identity(identity)
+    if secret is None:
+        send_frame(sock, "ERR", why=f"unknown experiment {identity}")
+        raise AuthError(errno.EACCES, f"host {host}: unknown experiment {identity}")
+    if len(nc) < 32:
+        raise AuthError(errno.EPROTO, f"host {host}: short nonce")
+    ns = secrets.token_hex(16)
+    send_frame(sock, "CHALLENGE", nonce=ns, mac=proof(secret, "server", nc, ns, identity))
+    m = recv_frame(sock)
+    if m is None:  # the client found our proof wrong: a different secret file
+        raise AuthError(errno.EACCES, f"host {host}: left during the handshake (does it use "
+                                      f"another secret for experiment {identity}?)")
+    if m.verb != "AUTH" or not verify(secret, m.get("mac"), "client", ns, nc, identity, host):
+        raise AuthError(errno.EACCES, f"host {host}: wrong secret for experiment {identity}")
+    send_frame(sock, "OK")
+    return identity, host

@@ -1,0 +1,163 @@
+"""Two "hosts" for the cross-host transfer tests: network namespaces joined by a veth pair.
+
+The fixture ``two_hosts`` (import ``two_hosts_fixture``) creates two network
+namespaces with unique names, a veth pair between them with the addresses
+10.231.7.1/30 and 10.231.7.2/30 (used only inside these namespaces), and loopback up
+in each. A :class:`NetHost` runs commands "on" its host with ``ip netns exec``; the
+mount namespace is shared, so each host has its own daemon directory
+(``ENSIO_TRANSFER_DIR``) and its own name (``ENSIO_TRANSFER_HOST``). The namespaces
+(and with them the veth pair and the daemons' listeners) are removed at teardown,
+also after a failure; the daemons are stopped (or killed) first.
+
+Needs root and ``ip`` (iproute2). Without them the tests skip with the reason; with
+``CI=true`` they FAIL with the reason instead (CI must run them, .ci/run installs
+iproute2).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from transfer_support import Host, daemon_pid
+
+ADDRESSES = ("10.231.7.1", "10.231.7.2")
+PORT = 7790
+
+
+def netns_unavailable_reason() -> str | None:
+    """Why two network namespaces cannot be made here (None: they can)."""
+    if sys.platform != "linux":
+        return "network namespaces need Linux"
+    if shutil.which("ip") is None:
+        return "the ip command (iproute2) is not installed"
+    if os.geteuid() != 0:
+        return "creating network namespaces needs root"
+    return None
+
+
+def require_netns(reason: str | None = None) -> None:
+    """Skip (or, with CI=true, fail) a test that needs two namespaces and cannot have them."""
+    reason = reason or netns_unavailable_reason()
+    if reason is None:
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI=true requires the two-host transfer tests: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def _ip(*args: str) -> None:
+    p = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+    if p.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(args)}: {p.stderr.strip()}")
+
+
+class NetHost(Host):
+    """A daemon directory, a host name and a network namespace: one host of the test."""
+
+    def __init__(self, name: str, ns: str, address: str, sock_dir: Path, cache: Path,
+                 work: Path) -> None:
+        super().__init__(sock_dir, cache, work)
+        self.name, self.ns, self.address = name, ns, address
+        self.env["ENSIO_TRANSFER_HOST"] = name
+
+    def _argv(self, argv: list[str]) -> list[str]:
+        return ["ip", "netns", "exec", self.ns, *argv]
+
+    def ensio(self, *args: str, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
+        return subprocess.run(self._argv([sys.executable, "-m", "ensio.cli.main", *args]),
+                              env={**self.env, **(env or {})}, cwd=self.work,
+                              capture_output=True, text=kw.pop("text", True),
+                              timeout=kw.pop("timeout", 120), **kw)
+
+    def run(self, config: Path, component: str, *cmd: str, rank: int = 0,
+            **kw) -> subprocess.CompletedProcess:
+        """``ensio run`` on this host as process ``rank`` of ``component``, finished."""
+        return self.ensio("run", "--transfer", str(config), "--component", component, "--",
+                          *cmd, env={"ENSIO_TRANSFER_RANK": str(rank)}, **kw)
+
+    def start(self, config: Path, component: str, *cmd: str, rank: int = 0,
+              **kw) -> subprocess.Popen:
+        """The same, started (stdin/stdout/stderr pipes)."""
+        return subprocess.Popen(
+            self._argv([sys.executable, "-m", "ensio.cli.main", "run", "--transfer",
+                        str(config), "--component", component, "--", *cmd]),
+            env={**self.env, "ENSIO_TRANSFER_RANK": str(rank)}, cwd=self.work,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            **kw)
+
+    def up(self, config: Path, component: str) -> None:
+        """Start this host's daemon and register the experiment (it listens from now on)."""
+        p = self.run(config, component, "true")
+        assert p.returncode == 0, p.stderr
+
+
+def _teardown_daemon(sock_dir: Path) -> None:
+    from ensio.transfer.runtime import stop_daemon
+
+    with contextlib.suppress(Exception):
+        stop_daemon(sock_dir, timeout=30)
+    with contextlib.suppress(Exception):
+        os.kill(daemon_pid(sock_dir), signal.SIGKILL)
+    shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+@pytest.fixture(name="two_hosts")
+def two_hosts_fixture(interposer_cache: Path, tmp_path: Path) -> Iterator[tuple[NetHost, NetHost]]:
+    """Hosts ``a`` (10.231.7.1) and ``b`` (10.231.7.2), one work directory for both."""
+    require_netns()
+    tag = secrets.token_hex(3)
+    names = (f"ensio-{tag}-a", f"ensio-{tag}-b")
+    veths = (f"ev{tag}a", f"ev{tag}b")
+    work = tmp_path / "work"
+    work.mkdir()
+    made: list[str] = []
+    dirs: list[Path] = []
+    try:
+        try:
+            for ns in names:
+                _ip("netns", "add", ns)
+                made.append(ns)
+            _ip("link", "add", veths[0], "netns", names[0], "type", "veth", "peer", "name",
+                veths[1], "netns", names[1])
+            for ns, veth, addr in zip(names, veths, ADDRESSES, strict=True):
+                _ip("-n", ns, "addr", "add", f"{addr}/30", "dev", veth)
+                _ip("-n", ns, "link", "set", "lo", "up")
+                _ip("-n", ns, "link", "set", veth, "up")
+        except RuntimeError as exc:  # root without CAP_SYS_ADMIN/CAP_NET_ADMIN (containers)
+            require_netns(f"cannot create network namespaces here: {exc}")
+        hosts = []
+        for ns, addr, name in zip(names, ADDRESSES, ("a", "b"), strict=True):
+            d = Path(tempfile.mkdtemp(prefix=f"ensio-{name}-", dir="/tmp"))
+            dirs.append(d)
+            hosts.append(NetHost(name, ns, addr, d, interposer_cache, work))
+        yield hosts[0], hosts[1]
+    finally:
+        for d in dirs:
+            _teardown_daemon(d)
+        for ns in made:
+            with contextlib.suppress(Exception):
+                _ip("netns", "del", ns)
+
+
+def hosts_config(path: Path, placement: dict[str, list[str]], pattern: str,
+                 files: list[str], mode: str = "sync", **conn: object) -> Path:
+    """A model → post config over hosts a and b; ``placement``: host → its components."""
+    import yaml
+
+    connection = {"name": "restarts", "from": "model", "to": "post", "files": files,
+                  "pattern": pattern, "mode": mode, **conn}
+    hosts = {h: {"address": ADDRESSES["ab".index(h)], "port": PORT, "components": comps}
+             for h, comps in placement.items()}
+    path.write_text(yaml.safe_dump({"components": ["model", "post"], "hosts": hosts,
+                                    "connections": [connection]}, sort_keys=False))
+    return path
