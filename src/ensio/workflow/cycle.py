@@ -211,14 +211,15 @@ def prepare_run(
     return workdir, raw
 
 
-def _start_transfer(config: Config, workdir: Path) -> RunTransfer | None:
-    """``workflow.transfer``: the run's config copy checked, the daemon running."""
+def _check_transfer(config: Config, workdir: Path) -> Path | None:
+    """``workflow.transfer``'s file, checked against the run's paths (nothing written)."""
     wf = config.workflow
     if wf is None or wf.transfer is None:
         return None
-    samples = (forecast_pattern(workdir, 1).format(member=1),
-               analysis_pattern(workdir, 1).format(member=1))
-    return transferred.setup(config.resolve(wf.transfer), workdir, samples)
+    path = config.resolve(wf.transfer)
+    transferred.check(path, workdir.resolve(), (forecast_pattern(workdir, 1).format(member=1),
+                                                analysis_pattern(workdir, 1).format(member=1)))
+    return path
 
 
 def _check_forecasts(workdir: Path, cycle: int, todo: TodoList, rt: RunTransfer) -> None:
@@ -254,11 +255,12 @@ def run_cycles(
     With ``workflow.transfer`` the tasks run under the transfer layer; what reaches
     the disk and how a resume checks its inputs is :mod:`.transferred`'s docstring.
     """
+    tconfig = _check_transfer(config, workdir) if config.workflow is not None else None
     workdir, raw = prepare_run(config_path, config, workdir, cycles, overrides)
     wf = config.workflow
     assert wf is not None
     n = config.ensemble.size
-    rt = _start_transfer(config, workdir)
+    rt = None if tconfig is None else transferred.start(tconfig, workdir)
     python, mpiexec = sys.executable, _mpiexec()
     env = [("PATH", _env()["PATH"])]
     if rt is not None:  # jobs on this host talk to the driver's daemon

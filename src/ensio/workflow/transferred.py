@@ -68,9 +68,10 @@ __all__ = [
     "RUN_CONFIG",
     "RunTransfer",
     "available",
+    "check",
     "export",
     "release",
-    "setup",
+    "start",
     "task_env",
 ]
 
@@ -88,43 +89,57 @@ class RunTransfer:
     socket_dir: Path
 
 
-def setup(user_config: Path, workdir: Path, samples: tuple[str, str]) -> RunTransfer:
-    """Copy and check the config, build the interposer and start the daemon.
-
-    ``samples`` are a forecast path and an analysis member path of the run: the
-    connections must carry them (see the module docstring).
+def check(user_config: Path, workdir: Path, samples: tuple[str, str]) -> None:
+    """Resolve the user's transfer config as the run will (patterns from ``workdir``) and
+    check that its connections carry ``samples`` (a forecast and an analysis member path
+    of the run); nothing is written.
 
     Raises
     ------
     ConfigError
-        ``workflow.transfer: …`` naming the file and the key.
+        ``workflow.transfer: FILE: …`` naming the key.
+    """
+    import yaml
+
+    from ..transfer.config import transfer_from_dict
+
+    where = f"{_KEY}: {user_config}"
+    try:
+        raw = yaml.safe_load(user_config.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read ({exc.strerror})") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: top level must be a mapping (components, connections)")
+    try:
+        cfg = transfer_from_dict(raw, base_dir=workdir)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    for path, src, dst, what in ((samples[0], MEMBERS, ANALYSIS, "forecasts"),
+                                 (samples[1], ANALYSIS, MEMBERS, "analysis members")):
+        conn = cfg.for_path(os.path.realpath(path))
+        if conn is None or conn.source != src or dst not in conn.to:
+            got = "no connection" if conn is None else f"connection {conn.name!r}"
+            raise ConfigError(f"{where}: the {what} ({path}) need a connection from {src} to "
+                              f"{dst} whose files include them; {got} matches (relative "
+                              "patterns are taken from the run directory)")
+
+
+def start(user_config: Path, workdir: Path) -> RunTransfer:
+    """Copy the (checked) config into the run directory, build the interposer, start the
+    daemon.
+
+    Raises
+    ------
     TransferError
         No compiler, an unsafe socket directory, a daemon that does not start.
     """
-    from ..transfer.config import load_transfer_config
     from ..transfer.run import prepare
 
-    try:
-        text = user_config.read_text()
-    except OSError as exc:
-        raise ConfigError(f"{_KEY}: {user_config}: cannot read ({exc.strerror})") from None
     path = workdir / RUN_CONFIG
-    atomic_write(path, text)
-    try:
-        cfg = load_transfer_config(path)
-    except ConfigError as exc:
-        msg = str(exc).replace(str(path.resolve()), str(user_config), 1)
-        raise ConfigError(f"{_KEY}: {msg}") from None
-    forecast, analysis = samples
-    for path_, src, dst, what in ((forecast, MEMBERS, ANALYSIS, "forecasts"),
-                                  (analysis, ANALYSIS, MEMBERS, "analysis members")):
-        conn = cfg.for_path(os.path.realpath(path_))
-        if conn is None or conn.source != src or dst not in conn.to:
-            got = "no connection" if conn is None else f"connection {conn.name!r}"
-            raise ConfigError(f"{_KEY}: {user_config}: the {what} ({path_}) need a connection "
-                              f"from {src} to {dst} whose files include them; {got} "
-                              "matches (relative patterns are taken from the run directory)")
-    env = prepare(cfg, MEMBERS)
+    atomic_write(path, user_config.read_text())
+    env = prepare(path, MEMBERS)
     return RunTransfer(config=path, socket_dir=Path(env["ENSIO_TRANSFER_SOCKET"]).parent)
 
 
