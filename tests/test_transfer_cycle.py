@@ -11,7 +11,9 @@ run), not by looking at the end: a file written and renamed away would leave no 
 from __future__ import annotations
 
 import ctypes
+import json
 import os
+import random
 import re
 import signal
 import struct
@@ -23,6 +25,7 @@ import netCDF4
 import numpy as np
 import pytest
 import yaml
+from test_cycle import _offline_mid_cycle, _signal_run
 from transfer_support import (  # noqa: F401  (the *_fixture names are fixtures)
     Host,
     daemon_pid,
@@ -33,6 +36,7 @@ from transfer_support import (  # noqa: F401  (the *_fixture names are fixtures)
 )
 
 SYNTHETIC = Path(__file__).parents[1] / "examples" / "synthetic" / "cycle.yaml"
+EXAMPLE_TRANSFER = SYNTHETIC.with_name("transfer.yaml")
 NE = 3
 FAST = [
     "--set", f"ensemble.size={NE}", "--set", "workflow.jobs=2",
@@ -115,7 +119,8 @@ def _start(host: Host, workdir: Path, transfer: Path | None, cycles: int = 2) ->
     return subprocess.Popen(
         [sys.executable, "-m", "ensio.cli.main", "cycle", str(SYNTHETIC), "--workdir",
          str(workdir), "--cycles", str(cycles), *fast, *extra],
-        env=host.env, cwd=host.work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        env=host.env, cwd=host.work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
 
 
 def _run(host: Host, workdir: Path, transfer: Path | None, cycles: int = 2):
@@ -155,13 +160,14 @@ def _listing(d: Path) -> list[str]:
 
 
 def test_cycle_through_memory_equals_the_file_based_cycle(setup, reference, tmp_path):
-    host, transfer_yaml = setup
+    """With the example's transfer config (a path relative to the cycle config)."""
+    host, _ = setup
     workdir = tmp_path / "transfer"
     dirs = {(c, k): workdir / f"cycle_{c:03d}" / k for c in (1, 2)
             for k in ("forecast", "analysis")}
     watch = Watch(list(dirs.values()))
     try:
-        proc = _start(host, workdir, transfer_yaml())
+        proc = _start(host, workdir, Path(EXAMPLE_TRANSFER.name))
         out, err = proc.communicate(timeout=600)
         assert proc.returncode == 0, err[-3000:]
         seen = watch.collect()
@@ -200,7 +206,7 @@ def test_cycle_through_memory_equals_the_file_based_cycle(setup, reference, tmp_
             _same_data(dirs[c, "analysis"] / p, reference / f"cycle_{c:03d}" / "analysis" / p)
     # the daemon was started by the run and let go of every file it held
     assert host.status() == []
-    assert (workdir / "transfer.yaml").read_text() == transfer_yaml().read_text()
+    assert (workdir / "transfer.yaml").read_text() == EXAMPLE_TRANSFER.read_text()
 
 
 def _stop_between_cycles(host: Host, workdir: Path, transfer: Path) -> None:
@@ -257,6 +263,52 @@ def test_persisted_restarts_survive_the_daemon(setup, reference, tmp_path):
             (reference / "cycle_002" / "analysis" / name).read_bytes()
         assert (analysis / name).read_bytes() == \
             (reference / "cycle_001" / "analysis" / name).read_bytes()
+
+
+@pytest.mark.parametrize("daemon_too", [False, True], ids=["daemon-lives", "daemon-killed"])
+def test_resume_after_sigkill(setup, reference, tmp_path, daemon_too):
+    """SIGKILL of the run (and of the daemon) at a random moment, then the same command.
+
+    With the daemon alive the run resumes from its memory and ends bitwise as the
+    file-based run, every task done once. With the daemon killed too, the resumed run
+    either ends the same (nothing it needed was lost) or stops with the one-line "lost"
+    error; it never goes on from other data.
+    """
+    host, transfer_yaml = setup
+    workdir, config = tmp_path / "run", transfer_yaml()
+    seed = int(os.environ.get("ENSIO_TEST_SEED") or int.from_bytes(os.urandom(4), "little"))
+    rng = random.Random(seed)
+    c, k = rng.choice((1, 2)), rng.randrange(0, NE)
+    print(f"kill seed {seed}: cycle {c}, after {k} finished members")
+    mid_cycle = _offline_mid_cycle(workdir)
+    proc = _start(host, workdir, config)
+    try:
+        wait_for(lambda: mid_cycle(c, k) or proc.poll() is not None, timeout=300,
+                 what=f"seed {seed}: cycle {c} with {k} members done")
+        _signal_run(workdir, proc, signal.SIGSTOP)
+        landed = mid_cycle(c, k)  # nothing moves: whether the kill lands mid-cycle
+        _signal_run(workdir, proc, signal.SIGKILL)
+    finally:
+        proc.communicate()
+    print(f"seed {seed}: killed mid-cycle: {landed}")
+    if daemon_too:
+        _kill_daemon(host)
+    again, out, err = _run(host, workdir, config)
+    if again.returncode != 0:
+        assert daemon_too, f"seed {seed}: " + err[-3000:]
+        last = err.strip().splitlines()[-1]
+        assert again.returncode == 2 and "lost" in last and "persist: true" in last, err
+        return
+    assert "cycle 2: done" in out
+    for m in range(1, NE + 1):
+        name = f"mem{m:03d}.nc"
+        assert (workdir / "cycle_002" / "analysis" / name).read_bytes() == \
+            (reference / "cycle_002" / "analysis" / name).read_bytes(), f"seed {seed}: {name}"
+    recs = [json.loads(x) for x in (workdir / "records.jsonl").read_text().splitlines()]
+    done = sorted((r["cycle"], r["task"]) for r in recs
+                  if r.get("kind") in ("member", "analysis") and r["status"] == "done")
+    tasks = [f"mem{m:03d}" for m in range(1, NE + 1)] + ["analysis"]
+    assert done == sorted((cy, t) for cy in (1, 2) for t in tasks), f"seed {seed}: {done}"
 
 
 def test_missing_transfer_config_is_one_line_naming_the_key(setup, tmp_path):

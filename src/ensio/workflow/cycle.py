@@ -241,6 +241,32 @@ def _release(workdir: Path, cycle: int, members: Sequence[int], rt: RunTransfer)
     transferred.release(paths, rt.socket_dir)
 
 
+def _worker_spec(raw: dict[str, Any], config: Config, workdir: Path, cycle: int,
+                 rt: RunTransfer | None) -> WorkerSpec:
+    """What the tasks of ``cycle`` run (its ``analysis.yaml`` written first)."""
+    wf = config.workflow
+    assert wf is not None
+    cdir = cycle_dir(workdir, cycle)
+    cfg_path = write_analysis_config(raw, config, workdir, cycle)
+    analyse = [sys.executable, "-m", "ensio", "analyse", str(cfg_path), "--cycle", str(cycle),
+               "--members", "{members}"]  # the members that succeeded (min_members)
+    if wf.analysis_ranks > 1:
+        analyse = [_mpiexec(), "-n", "{analysis_ranks}", *analyse]
+    return WorkerSpec(
+        member_command=wf.member_command,
+        forecast=forecast_pattern(workdir, cycle),
+        analysis=restart_pattern(workdir, cycle, wf.initial),
+        workdir=str(cdir / "work" / "mem{member:03d}"),
+        analysis_command=" ".join(shlex.quote(a) for a in analyse),
+        analysis_workdir=str(cdir),
+        analysis_ranks=wf.analysis_ranks,
+        task_estimate=wf.task_estimate_seconds,
+        records=str(workdir / "records.jsonl"),
+        stage=rt is None,  # under transfer the daemon, not a staging directory, keeps writers apart
+        transfer=None if rt is None else str(rt.config),
+    )
+
+
 def run_cycles(
     config_path: Path,
     config: Config,
@@ -261,7 +287,6 @@ def run_cycles(
     assert wf is not None
     n = config.ensemble.size
     rt = None if tconfig is None else transferred.start(tconfig, workdir)
-    python, mpiexec = sys.executable, _mpiexec()
     env = [("PATH", _env()["PATH"])]
     if rt is not None:  # jobs on this host talk to the driver's daemon
         env.append(("ENSIO_TRANSFER_DIR", str(rt.socket_dir)))
@@ -271,24 +296,7 @@ def run_cycles(
             if rt is not None:
                 _release(workdir, c, range(1, n + 1), rt)  # a kill may have come before
             continue
-        cfg_path = write_analysis_config(raw, config, workdir, c)
-        analyse = [python, "-m", "ensio", "analyse", str(cfg_path), "--cycle", str(c),
-                   "--members", "{members}"]  # the members that succeeded (min_members)
-        if wf.analysis_ranks > 1:
-            analyse = [mpiexec, "-n", "{analysis_ranks}", *analyse]
-        spec = WorkerSpec(
-            member_command=wf.member_command,
-            forecast=forecast_pattern(workdir, c),
-            analysis=restart_pattern(workdir, c, wf.initial),
-            workdir=str(cdir / "work" / "mem{member:03d}"),
-            analysis_command=" ".join(shlex.quote(a) for a in analyse),
-            analysis_workdir=str(cdir),
-            analysis_ranks=wf.analysis_ranks,
-            task_estimate=wf.task_estimate_seconds,
-            records=str(workdir / "records.jsonl"),
-            stage=rt is None,  # the daemon, not a staging directory, keeps writers apart
-            transfer=None if rt is None else str(rt.config),
-        )
+        spec = _worker_spec(raw, config, workdir, c, rt)
         members = _members(workdir, c, n, log, rt)
         todo = create_todo(
             cdir / "todo.json",
