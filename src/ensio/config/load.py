@@ -18,6 +18,7 @@ import yaml
 
 from .analysis import ObservationFile
 from .schema import Config, ConfigError, VariableSpec
+from .workflow import check_transfer_file
 
 __all__ = [
     "apply_overrides",
@@ -57,7 +58,10 @@ def config_from_dict(raw: Mapping[str, Any], base_dir: str | Path = ".") -> Conf
     if "base_dir" in data:
         raise ConfigError("base_dir: not a config key")
     cfg = from_plain(Config, data, "", skip={"base_dir"})
-    return dataclasses.replace(cfg, base_dir=Path(base_dir))
+    cfg = dataclasses.replace(cfg, base_dir=Path(base_dir))
+    if cfg.workflow is not None and cfg.workflow.transfer is not None:
+        check_transfer_file(cfg.resolve(cfg.workflow.transfer))
+    return cfg
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:

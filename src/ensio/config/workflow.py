@@ -12,6 +12,7 @@ Key names are part of the interface (issue 4)::
       min_members: 40            # null: every member must succeed
       task_estimate: "00:01:00"  # used until records give a better estimate
       slurm: {partition: null, account: null, extra: []}
+      transfer: transfer.yaml    # optional: restarts through memory (issue 12)
 
 Durations are strings because that is how schedulers spell them; YAML 1.1
 reads an unquoted ``1:00:00`` as the integer 3600, so numbers are accepted too
@@ -26,8 +27,12 @@ from __future__ import annotations
 
 import shlex
 import string
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
+
+import yaml
 
 from .errors import ConfigError
 
@@ -38,8 +43,10 @@ __all__ = [
     "ONLINE_PLACEHOLDERS",
     "OnlineSection",
     "SlurmSection",
+    "TRANSFER_COMPONENTS",
     "WorkflowSection",
     "check_placeholders",
+    "check_transfer_file",
     "command_fields",
     "parse_duration",
 ]
@@ -56,6 +63,9 @@ SETUP_PLACEHOLDERS: frozenset[str] = frozenset({"workdir", "members", "cycles"})
 ONLINE_PLACEHOLDERS: frozenset[str] = frozenset(
     {"workdir", "first", "cycles", "initial", "tasks_per_member", "members"}
 )
+#: The components a ``workflow.transfer`` config must name: the member tasks and the
+#: analysis task run under the interposer as these components.
+TRANSFER_COMPONENTS: tuple[str, str] = ("members", "analysis")
 #: Placeholders of the analysis command the cycle driver builds.
 ANALYSIS_PLACEHOLDERS: frozenset[str] = frozenset(
     {"cycle", "workdir", "analysis_ranks", "members", "n_members"}
@@ -288,6 +298,14 @@ class WorkflowSection:
         Local back-end: seconds a job stays pending (imitates queueing).
     online : OnlineSection
         ``ensio cycle --mode online``: the coupled program and P.
+    transfer : str or None
+        A transfer config (``ensio run --transfer``; path relative to this
+        config's directory): ``ensio cycle`` runs the member tasks as its
+        component ``members`` and the analysis as ``analysis``, so restarts move
+        through memory. Its file patterns, when relative, are taken from the run
+        directory (``--workdir``), since one config serves many runs; the
+        connections and what reaches the disk are checked and decided by
+        :mod:`ensio.workflow.transferred`.
     """
 
     backend: BackendName = "local"
@@ -303,9 +321,12 @@ class WorkflowSection:
     initial: str = "init/mem{member:03d}.nc"
     start_delay: float = 0.0
     online: OnlineSection = field(default_factory=OnlineSection)
+    transfer: str | None = None
 
     def __post_init__(self) -> None:
         key = "workflow"
+        if self.transfer is not None and not self.transfer.strip():
+            raise ConfigError(f"{key}.transfer: must name a transfer config file")
         if self.setup is not None:
             command_fields(self.setup, SETUP_PLACEHOLDERS, f"{key}.setup")
         check_placeholders(self.initial, frozenset({"member"}), f"{key}.initial")
@@ -339,3 +360,35 @@ class WorkflowSection:
     def task_estimate_seconds(self) -> float:
         """``task_estimate`` in seconds."""
         return parse_duration(self.task_estimate, "workflow.task_estimate")
+
+
+def check_transfer_file(path: Path) -> None:
+    """The file ``workflow.transfer`` names exists, parses and lists the components the
+    workflow runs (:data:`TRANSFER_COMPONENTS`).
+
+    Only what the workflow needs is checked here (the config room imports nothing of
+    ensio); the transfer room resolves the rest when ``ensio cycle`` starts, with the
+    same key in its messages.
+
+    Raises
+    ------
+    ConfigError
+        One line naming ``workflow.transfer`` and the file.
+    """
+    key = "workflow.transfer"
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{key}: {path}: cannot read the transfer config "
+                          f"({exc.strerror})") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{key}: {path}: not valid YAML "
+                          f"({str(exc).splitlines()[0]})") from None
+    comps = raw.get("components") if isinstance(raw, Mapping) else None
+    if not isinstance(comps, list):
+        raise ConfigError(f"{key}: {path}: components: expected a list of names")
+    missing = [c for c in TRANSFER_COMPONENTS if c not in comps]
+    if missing:
+        raise ConfigError(f"{key}: {path}: components: must include "
+                          f"{' and '.join(TRANSFER_COMPONENTS)} (the member tasks and the "
+                          f"analysis run as these); missing {', '.join(missing)}")

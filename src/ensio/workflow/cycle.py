@@ -41,6 +41,7 @@ from ..config.schema import Config, ConfigError
 from ..config.workflow import SETUP_PLACEHOLDERS, command_fields
 from ..durable import atomic_write
 from ..errors import EnsioError
+from . import transferred
 from .backends import JobShape, JobSpec, backend_from_config
 from .pool import drain
 from .records import reconcile_done
@@ -53,6 +54,8 @@ from .rundir import (
     restart_pattern,
 )
 from .spec import WorkerSpec, create_todo, worker_argv
+from .todo import TodoList
+from .transferred import RunTransfer
 
 __all__ = ["prepare_run", "run_cycles", "write_analysis_config"]
 
@@ -121,23 +124,59 @@ def write_analysis_config(
     return path
 
 
-def _analysed(workdir: Path, cycle: int, members: Sequence[int]) -> list[int]:
-    """Members of ``members`` that have an analysis file in ``cycle``."""
+def _analysed(workdir: Path, cycle: int, members: Sequence[int],
+              rt: RunTransfer | None = None) -> list[int]:
+    """Members of ``members`` that have an analysis file in ``cycle`` (on disk, or held
+    by the staging daemon with ``workflow.transfer``)."""
     pattern = analysis_pattern(workdir, cycle)
-    return [m for m in members if Path(pattern.format(member=m)).exists()]
+    if rt is None:
+        return [m for m in members if Path(pattern.format(member=m)).exists()]
+    there = transferred.available([pattern.format(member=m) for m in members], rt.socket_dir)
+    return [m for m in members if there[pattern.format(member=m)]]
 
 
-def _members(workdir: Path, cycle: int, n: int, log: Any) -> list[int]:
+def _done_members(workdir: Path, cycle: int) -> list[int]:
+    """Members whose task is done in ``cycle``'s to-do list (none without a list)."""
+    path = cycle_dir(workdir, cycle) / "todo.json"
+    if not path.exists():
+        return []
+    return [t.member for t in TodoList(path).tasks()
+            if t.kind == "member" and t.state == "done" and t.member is not None]
+
+
+def _lost(what: str, paths: Sequence[str], cure: str) -> EnsioError:
+    """The error of files a run needs that the staging daemon no longer holds."""
+    more = f" (and {len(paths) - 1} more)" if len(paths) > 1 else ""
+    return EnsioError(f"{paths[0]}{more}: {what} lost: the staging daemon that held them is "
+                      f"gone and they are not on disk; {cure} (persist: true on the "
+                      "connection in workflow.transfer keeps them on disk)")
+
+
+def _members(workdir: Path, cycle: int, n: int, log: Any,
+             rt: RunTransfer | None = None) -> list[int]:
     """The members of ``cycle``: all at first, then those the last analysis updated.
 
     A member that finally failed (``workflow.min_members`` let the analysis
     run without it) has no analysis to start from, so it leaves the
     experiment; continuing it from another member's state would duplicate
-    that member and silently shrink the ensemble's spread instead.
+    that member and silently shrink the ensemble's spread instead. Under
+    ``workflow.transfer`` an analysis member can also be *lost* with the staging
+    daemon: the members the last analysis updated are those done in its list, and
+    one of them missing is an error, never a smaller ensemble.
     """
     if cycle == 1:
         return list(range(1, n + 1))
-    alive = _analysed(workdir, cycle - 1, range(1, n + 1))
+    if rt is not None and (updated := _done_members(workdir, cycle - 1)):
+        alive = _analysed(workdir, cycle - 1, updated, rt)
+        if len(alive) < len(updated):
+            pattern = analysis_pattern(workdir, cycle - 1)
+            raise _lost("analysis members", [pattern.format(member=m) for m in updated
+                                             if m not in alive],
+                        f"remove {cycle_dir(workdir, cycle - 1)} to rerun cycle {cycle - 1}")
+        if len(alive) < n:
+            log(f"cycle {cycle}: {len(alive)} of {n} members (the others failed earlier)")
+        return alive
+    alive = _analysed(workdir, cycle - 1, range(1, n + 1), rt)
     if not alive:
         raise EnsioError(f"{cycle_dir(workdir, cycle - 1) / 'analysis'}: no analysis members "
                          f"to start cycle {cycle} from")
@@ -172,6 +211,62 @@ def prepare_run(
     return workdir, raw
 
 
+def _check_transfer(config: Config, workdir: Path) -> Path | None:
+    """``workflow.transfer``'s file, checked against the run's paths (nothing written)."""
+    wf = config.workflow
+    if wf is None or wf.transfer is None:
+        return None
+    path = config.resolve(wf.transfer)
+    transferred.check(path, workdir.resolve(), (forecast_pattern(workdir, 1).format(member=1),
+                                                analysis_pattern(workdir, 1).format(member=1)))
+    return path
+
+
+def _check_forecasts(workdir: Path, cycle: int, todo: TodoList, rt: RunTransfer) -> None:
+    """Resuming under transfer: the members done in ``todo`` still have their forecasts."""
+    pattern = forecast_pattern(workdir, cycle)
+    done = [pattern.format(member=t.member) for t in todo.tasks()
+            if t.kind == "member" and t.state == "done"]
+    there = transferred.available(done, rt.socket_dir)
+    lost = [p for p in done if not there[p]]
+    if lost:
+        raise _lost("forecasts", lost, f"remove {cycle_dir(workdir, cycle)} to rerun the cycle")
+
+
+def _release(workdir: Path, cycle: int, members: Sequence[int], rt: RunTransfer) -> None:
+    """Cycle ``cycle`` is done: its forecasts and the restarts it started from leave memory."""
+    paths = [forecast_pattern(workdir, cycle).format(member=m) for m in members]
+    if cycle > 1:
+        paths += [analysis_pattern(workdir, cycle - 1).format(member=m) for m in members]
+    transferred.release(paths, rt.socket_dir)
+
+
+def _worker_spec(raw: dict[str, Any], config: Config, workdir: Path, cycle: int,
+                 rt: RunTransfer | None) -> WorkerSpec:
+    """What the tasks of ``cycle`` run (its ``analysis.yaml`` written first)."""
+    wf = config.workflow
+    assert wf is not None
+    cdir = cycle_dir(workdir, cycle)
+    cfg_path = write_analysis_config(raw, config, workdir, cycle)
+    analyse = [sys.executable, "-m", "ensio", "analyse", str(cfg_path), "--cycle", str(cycle),
+               "--members", "{members}"]  # the members that succeeded (min_members)
+    if wf.analysis_ranks > 1:
+        analyse = [_mpiexec(), "-n", "{analysis_ranks}", *analyse]
+    return WorkerSpec(
+        member_command=wf.member_command,
+        forecast=forecast_pattern(workdir, cycle),
+        analysis=restart_pattern(workdir, cycle, wf.initial),
+        workdir=str(cdir / "work" / "mem{member:03d}"),
+        analysis_command=" ".join(shlex.quote(a) for a in analyse),
+        analysis_workdir=str(cdir),
+        analysis_ranks=wf.analysis_ranks,
+        task_estimate=wf.task_estimate_seconds,
+        records=str(workdir / "records.jsonl"),
+        stage=rt is None,  # under transfer the daemon, not a staging directory, keeps writers apart
+        transfer=None if rt is None else str(rt.config),
+    )
+
+
 def run_cycles(
     config_path: Path,
     config: Config,
@@ -181,33 +276,28 @@ def run_cycles(
     *,
     log: Any = print,
 ) -> None:
-    """Run (or resume) ``cycles`` cycles of the experiment into ``workdir``."""
+    """Run (or resume) ``cycles`` cycles of the experiment into ``workdir``.
+
+    With ``workflow.transfer`` the tasks run under the transfer layer; what reaches
+    the disk and how a resume checks its inputs is :mod:`.transferred`'s docstring.
+    """
+    tconfig = _check_transfer(config, workdir) if config.workflow is not None else None
     workdir, raw = prepare_run(config_path, config, workdir, cycles, overrides)
     wf = config.workflow
     assert wf is not None
     n = config.ensemble.size
-    python, mpiexec = sys.executable, _mpiexec()
+    rt = None if tconfig is None else transferred.start(tconfig, workdir)
+    env = [("PATH", _env()["PATH"])]
+    if rt is not None:  # jobs on this host talk to the driver's daemon
+        env.append(("ENSIO_TRANSFER_DIR", str(rt.socket_dir)))
     for c in range(1, cycles + 1):
         cdir = cycle_dir(workdir, c)
         if done_marker(workdir, c).exists():
+            if rt is not None:
+                _release(workdir, c, range(1, n + 1), rt)  # a kill may have come before
             continue
-        cfg_path = write_analysis_config(raw, config, workdir, c)
-        analyse = [python, "-m", "ensio", "analyse", str(cfg_path), "--cycle", str(c),
-                   "--members", "{members}"]  # the members that succeeded (min_members)
-        if wf.analysis_ranks > 1:
-            analyse = [mpiexec, "-n", "{analysis_ranks}", *analyse]
-        spec = WorkerSpec(
-            member_command=wf.member_command,
-            forecast=forecast_pattern(workdir, c),
-            analysis=restart_pattern(workdir, c, wf.initial),
-            workdir=str(cdir / "work" / "mem{member:03d}"),
-            analysis_command=" ".join(shlex.quote(a) for a in analyse),
-            analysis_workdir=str(cdir),
-            analysis_ranks=wf.analysis_ranks,
-            task_estimate=wf.task_estimate_seconds,
-            records=str(workdir / "records.jsonl"),
-        )
-        members = _members(workdir, c, n, log)
+        spec = _worker_spec(raw, config, workdir, c, rt)
+        members = _members(workdir, c, n, log, rt)
         todo = create_todo(
             cdir / "todo.json",
             spec,
@@ -218,12 +308,14 @@ def run_cycles(
             lease_seconds=60.0,
             exist_ok=True,
         )
+        if rt is not None:
+            _check_forecasts(workdir, c, todo, rt)
         job = JobSpec(
             name=f"ensio-c{c:03d}",
             argv=tuple(worker_argv(todo.path, time_limit=wf.time_limit_seconds)),
             time_limit=wf.time_limit_seconds,
             workdir=str(workdir / "logs"),
-            env=(("PATH", _env()["PATH"]),),
+            env=tuple(env),
         )
         Path(job.workdir).mkdir(exist_ok=True)
         # any job may run the analysis: every job asks for its ranks
@@ -236,7 +328,13 @@ def run_cycles(
             raise EnsioError(res.error)
         done = [t for t in todo.snapshot()["tasks"] if t["state"] == "done"]
         reconcile_done(workdir / "records.jsonl", c, done)  # records lost to a kill
+        analysed = _analysed(workdir, c, members, rt)
+        if rt is not None and c == cycles:  # the run's result reaches the disk
+            pattern = analysis_pattern(workdir, c)
+            transferred.export([pattern.format(member=m) for m in analysed], rt.socket_dir)
         _write_atomic(done_marker(workdir, c), "")
-        failed = sorted(set(members) - set(_analysed(workdir, c, members)))
+        if rt is not None:
+            _release(workdir, c, members, rt)
+        failed = sorted(set(members) - set(analysed))
         log(f"cycle {c}: done ({len(members) - len(failed)} of {len(members)} members + analysis"
             + (f"; failed: {', '.join(f'mem{m:03d}' for m in failed)})" if failed else ")"))

@@ -88,6 +88,10 @@ class WorkerSpec:
         Let members write into a staging directory, moved into place on commit.
     fsync : bool
         fsync a member's output before committing it.
+    transfer : str or None
+        The run's transfer config (``workflow.transfer``): member tasks run as its
+        component ``members``, the analysis as ``analysis``
+        (:mod:`ensio.workflow.transferred`); set ``stage`` false with it.
     prefetch : bool
         Lease the next task while one runs and start it as soon as the
         running one exits, committing that one afterwards: the commit (a
@@ -110,6 +114,7 @@ class WorkerSpec:
     stage: bool = True
     fsync: bool = True
     prefetch: bool = True
+    transfer: str | None = None
 
     def validate(self) -> None:
         """Check every template once, before any job runs (raises ConfigError)."""
@@ -244,6 +249,10 @@ def prepare_task(spec: WorkerSpec, lease: Lease, base: Path, job_id: str,
                ENSIO_ATTEMPT=str(lease.attempt), ENSIO_JOB_ID=job_id,
                ENSIO_MEMBER="" if lease.member is None else str(lease.member),
                ENSIO_FORECAST="" if final is None else str(final), ENSIO_REPORT=str(report))
+    if spec.transfer is not None:
+        from .transferred import task_env  # the transfer room, only when configured
+
+        env.update(task_env(spec.transfer, "members" if lease.kind == "member" else "analysis"))
     return TaskCommand(argv, workdir, env, staged, final, report)
 
 

@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..config.errors import ConfigError
+from ..errors import EnsioError
 from .records import RecordTail, append_record
 from .renewer import Renewer
 from .spec import (
@@ -314,7 +315,7 @@ class Worker:
             rec["started"] = time.time()
             proc = subprocess.Popen(cmd.argv, cwd=cmd.workdir, env=cmd.env,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
-        except (OSError, ConfigError, KeyError, ValueError) as exc:
+        except (OSError, ConfigError, KeyError, ValueError, EnsioError) as exc:
             rec["started"] = rec["started"] or time.time()
             rec["ended"] = time.time()
             rec["status"] = self._failed(lease, f"{lease.task}: cannot start the command: {exc}")
@@ -373,7 +374,7 @@ class Worker:
             rc = task.proc.returncode
             how = f"killed by signal {-rc}" if rc < 0 else f"exit status {rc}"
             rec["status"] = self._failed(lease, f"{lease.task}: {how}")
-        elif cmd.staged is not None and not cmd.staged.exists():
+        elif cmd.staged is not None and not self._written(cmd.staged):
             rec["status"] = self._failed(lease, f"{lease.task}: exit status 0 but "
                                                 f"{cmd.final} was not written")
         else:
@@ -387,6 +388,15 @@ class Worker:
                 pass
         self._record(rec)
         return nxt
+
+    def _written(self, path: Path) -> bool:
+        """Whether a member wrote its output: on disk, or held complete by the staging
+        daemon (``workflow.transfer``)."""
+        if self.spec.transfer is None:
+            return path.exists()
+        from .transferred import available
+
+        return available([path])[str(path)]
 
     def _commit(self, task: _Running, following: _Running | None) -> tuple[str, Lease | None]:
         lease, cmd = task.lease, task.cmd
