@@ -402,6 +402,8 @@ class Table:
                     e.persist_state = "done"
                 else:
                     tmp.unlink(missing_ok=True)
+                    if self.entries.get(e.path) is e:  # renamed meanwhile: its new name
+                        self.persist_queue.put(e)
                 self.cond.notify_all()
 
     def wait_persisted(self, timeout: float) -> bool:
