@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from .transfer_cases import CASES, Case, direct_host, run_case, unavailable
+from .transfer_cases import CASES, Case, DirectHost, Placement, direct_host, run_case, unavailable
 from .transfer_programs import field_shape
 
 __all__ = ["TransferBenchSettings", "bench_transfer", "fresh_memory_write_seconds",
@@ -124,9 +124,8 @@ def bench_transfer(st: TransferBenchSettings, workdir: str | Path | None = None,
     root.mkdir(parents=True, exist_ok=True)
     cases = [CASES[c] for c in st.cases]
     load_start = list(os.getloadavg())
-    wanted = any(c.exchange == "direct" for c in cases)
-    with direct_host() if wanted else contextlib.nullcontext() as host:
-        skipped = {c.name: why for c in cases if (why := unavailable(c, host)) is not None}
+    with contextlib.ExitStack() as stack:
+        host, places, skipped = _placements(cases, stack)
         runs: dict[str, list[dict[str, Any]]] = {}
         copies: list[float] = []
         fresh: list[float] = []
@@ -136,7 +135,8 @@ def bench_transfer(st: TransferBenchSettings, workdir: str | Path | None = None,
                     continue
                 if on_step is not None:
                     on_step(f"{case.name} (repeat {rep + 1}/{st.repeat})")
-                r = run_case(case, asdict(st), root / f"{case.name}-{rep}", host)
+                r = run_case(case, asdict(st), root / f"{case.name}-{rep}",
+                             places.get(case.hosts) if case.exchange == "direct" else None)
                 _check(case, r)
                 runs.setdefault(case.name, []).append(r)
                 shutil.rmtree(Path(r["run_dir"]) / "data", ignore_errors=True)
@@ -151,6 +151,26 @@ def bench_transfer(st: TransferBenchSettings, workdir: str | Path | None = None,
         "load_average_start": load_start,
         "load_average": list(os.getloadavg()), "daemon_features": features,
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+
+
+def _placements(cases: Sequence[Case], stack: contextlib.ExitStack
+                ) -> tuple[DirectHost | None, dict[int, Placement], dict[str, str]]:
+    """The one-host daemon and, if a two-host case can run, the namespace pair; the cases
+    that cannot be measured, with the reason. Everything started is closed by ``stack``."""
+    from .transfer_netns import netns_pair
+
+    host = None
+    if any(c.exchange == "direct" for c in cases):
+        host = stack.enter_context(direct_host())
+    skipped = {c.name: why for c in cases if (why := unavailable(c, host)) is not None}
+    places: dict[int, Placement] = {} if host is None else {1: host}
+    if any(c.hosts == 2 and c.name not in skipped for c in cases):
+        try:
+            places[2] = stack.enter_context(netns_pair())
+        except RuntimeError as exc:
+            skipped.update({c.name: f"two network namespaces: {exc}" for c in cases
+                            if c.hosts == 2})
+    return host, places, skipped
 
 
 def _check(case: Case, r: Mapping[str, Any]) -> None:

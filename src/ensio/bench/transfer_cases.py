@@ -8,10 +8,13 @@ plug in by adding a :class:`Case` to :data:`CASES`; :func:`unavailable` decides 
 run time, from what the installed transfer layer accepts and what the running
 daemon advertises, whether a case can be measured, and says why not otherwise.
 
-What the daemon advertises: the ``features`` field of its ``HELLO`` reply (a comma
-list: ``async`` for the asynchronous mode, ``tcp`` for streaming between hosts).
-The single-host foundation sends none, so its async and cross-host cases are
-reported as not measured rather than measured as something they are not.
+What the installed transfer layer supports is found out, not assumed: async if the
+daemon advertises ``async`` in its ``HELLO`` reply (``features=a,b``) or ``ensio run``
+routes an async connection (:func:`async_unsupported`); two hosts if the daemon
+advertises ``tcp`` or the config accepts a ``hosts`` key, and root and ``ip`` are
+there for the namespaces (:func:`cross_host_unsupported`, :mod:`.transfer_netns`).
+The single-host foundation has neither, so its async and two-host cases are reported
+as not measured rather than measured as something they are not.
 """
 
 from __future__ import annotations
@@ -27,11 +30,33 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import yaml
 
-__all__ = ["CASES", "Case", "DirectHost", "run_case", "unavailable"]
+__all__ = ["CASES", "Case", "DirectHost", "Placement", "async_unsupported",
+           "cross_host_unsupported", "daemon_features", "direct_host", "run_case", "unavailable"]
+
+
+class Placement(Protocol):
+    """Where the programs of a direct case run: :class:`DirectHost` (one host) or
+    :class:`~.transfer_netns.NetnsPair` (two network namespaces)."""
+
+    def prefix(self, role: str) -> list[str]:
+        """Argv put before ``ensio run`` for ``role`` (``producer`` / ``consumer``)."""
+        ...
+
+    def env(self, role: str) -> dict[str, str]:
+        """Variables added to ``role``'s environment."""
+        ...
+
+    def config_keys(self) -> dict[str, Any]:
+        """Top-level keys added to the transfer config."""
+        ...
+
+    def forget(self, paths: list[str]) -> None:
+        """Release what daemons other than the consumer's still hold of a finished run."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -89,22 +114,59 @@ def daemon_features(sock: str | os.PathLike) -> frozenset[str]:
     return frozenset(f for f in reply.get("features").split(",") if f)
 
 
-def _config_accepts_mode(mode: str) -> str | None:
-    """None if a connection may have ``mode``; else the config's one-line error."""
+def _config_error(**keys: Any) -> str | None:
+    """None if the installed transfer config accepts a two-component config with these
+    top-level and connection keys (``conn``); else its one-line error."""
     from ..config.errors import ConfigError
     from ..transfer.config import transfer_from_dict
 
+    conn = {"name": "c", "from": "a", "to": "b", "files": ["/x/*.nc"], **keys.pop("conn", {})}
     try:
-        transfer_from_dict({"components": ["a", "b"], "connections": [
-            {"name": "c", "from": "a", "to": "b", "files": ["/x/*.nc"], "mode": mode}]})
+        transfer_from_dict({"components": ["a", "b"], "connections": [conn], **keys})
     except ConfigError as exc:
         return str(exc)
     return None
 
 
+def async_unsupported(features: frozenset[str]) -> str | None:
+    """Why the installed transfer layer has no async mode (None: it has).
+
+    It has one if the daemon advertises ``async``, or if ``ensio run`` routes an async
+    connection's files (a ``route`` line in the producer's interposer rules: the
+    interposer then reports written ranges); the single-host foundation accepts
+    ``mode: async`` in the config but does neither.
+    """
+    refused = _config_error(conn={"mode": "async"})
+    if refused is not None:
+        return f"the transfer config refuses mode async: {refused}"
+    if "async" in features:
+        return None
+    from ..transfer.config import transfer_from_dict
+    from ..transfer.run import rules_text
+
+    cfg = transfer_from_dict({"components": ["a", "b"], "connections": [
+        {"name": "c", "from": "a", "to": "b", "files": ["/x/*.nc"], "mode": "async"}]})
+    if any(line.startswith("route ") for line in rules_text(cfg, "a").splitlines()):
+        return None
+    return "the transfer layer does not implement mode async yet (it runs async as sync)"
+
+
+def cross_host_unsupported(features: frozenset[str]) -> str | None:
+    """Why two hosts cannot be measured here (None: they can): the config needs a ``hosts``
+    key (or the daemon advertises ``tcp``), and the namespaces need root and ``ip``."""
+    from .transfer_netns import netns_unavailable
+
+    if "tcp" not in features:
+        refused = _config_error(hosts={"h": {"address": "10.0.0.1", "components": ["a"]}})
+        if refused is not None:
+            return f"the transfer layer has no cross-host streaming yet ({refused})"
+    return netns_unavailable()
+
+
 class DirectHost:
-    """The daemon of the direct cases: a private socket directory, started once, stopped at
-    the end. ``error`` says why there is none (no C compiler, a daemon that does not start).
+    """The daemon of the one-host direct cases: a private socket directory, started once,
+    stopped at the end. ``error`` says why there is none (no C compiler, a daemon that
+    does not start); ``features`` is what the daemon advertises.
     """
 
     def __init__(self, directory: Path) -> None:
@@ -120,6 +182,18 @@ class DirectHost:
             self.features = daemon_features(ensure_daemon(directory, idle_timeout=3600.0))
         except (TransferError, OSError) as exc:
             self.error = f"the transfer layer is unavailable here: {exc}"
+
+    def prefix(self, role: str) -> list[str]:
+        return []
+
+    def env(self, role: str) -> dict[str, str]:
+        return {"ENSIO_TRANSFER_DIR": str(self.dir)}
+
+    def config_keys(self) -> dict[str, Any]:
+        return {}
+
+    def forget(self, paths: list[str]) -> None:
+        return None  # one daemon: the consumer's unlink released the files
 
     def stop(self) -> None:
         from ..transfer.runtime import stop_daemon
@@ -148,51 +222,47 @@ def unavailable(case: Case, host: DirectHost | None) -> str | None:
         return None
     if host is None or host.error:
         return host.error if host is not None else "no transfer daemon was started"
-    if case.mode != "sync":
-        refused = _config_accepts_mode(case.mode)
-        if refused is not None:
-            return f"the transfer config refuses mode {case.mode}: {refused}"
-        if case.mode not in host.features:
-            return (f"the staging daemon does not support mode {case.mode} yet "
-                    f"(it advertises {sorted(host.features) or 'no features'})")
+    if case.mode == "async":
+        why = async_unsupported(host.features)
+        if why is not None:
+            return why
+    elif case.mode != "sync":
+        return _config_error(conn={"mode": case.mode}) or f"unknown mode {case.mode}"
     if case.hosts > 1:
-        if "tcp" not in host.features:
-            return ("the staging daemon has no cross-host streaming yet (it does not "
-                    "advertise tcp)")
-        if os.geteuid() != 0 or shutil.which("ip") is None:
-            return "two network namespaces need root and the ip command"
-        return "the benchmark's two-namespace launcher is not written yet"
+        return cross_host_unsupported(host.features)
     return None
 
 
-def _env(host: DirectHost | None) -> dict[str, str]:
+def _env(place: Placement | None, role: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     src = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
     env.setdefault("OMP_NUM_THREADS", "1")
-    if host is not None:
-        env["ENSIO_TRANSFER_DIR"] = str(host.dir)
+    if place is not None:
+        env.update(place.env(role))
     return env
 
 
-def _argv(case: Case, role: str, spec: Path, config: Path | None) -> list[str]:
+def _argv(case: Case, role: str, spec: Path, config: Path | None,
+          place: Placement | None) -> list[str]:
     program = [sys.executable, "-m", "ensio.bench.transfer_programs", role, str(spec)]
-    if case.exchange == "file":
+    if case.exchange == "file" or place is None:
         return program
-    return [sys.executable, "-m", "ensio.cli.main", "run", "--transfer", str(config),
-            "--component", role, "--", *program]
+    return [*place.prefix(role), sys.executable, "-m", "ensio.cli.main", "run", "--transfer",
+            str(config), "--component", role, "--", *program]
 
 
-def _config(case: Case, path: Path, data: Path) -> Path:
+def _config(case: Case, path: Path, data: Path, place: Placement) -> Path:
     conn = {"name": "bench", "from": "producer", "to": "consumer",
             "files": [str(data / "mem*.nc")], "pattern": "1-1", "mode": case.mode}
     path.write_text(yaml.safe_dump({"components": ["producer", "consumer"],
-                                    "connections": [conn]}, sort_keys=False))
+                                    **place.config_keys(), "connections": [conn]},
+                                   sort_keys=False))
     return path
 
 
 def run_case(case: Case, settings: Mapping[str, Any], run_dir: Path,
-             host: DirectHost | None) -> dict[str, Any]:
+             place: Placement | None) -> dict[str, Any]:
     """One run of ``case``: both programs started, waited for, their results joined.
 
     The consumer starts first and tells the producer it is ready through the ``go``
@@ -209,7 +279,8 @@ def run_case(case: Case, settings: Mapping[str, Any], run_dir: Path,
     data = run_dir / "data"
     data.mkdir(parents=True, exist_ok=True)
     paths = [str(data / f"mem{i + 1:03d}.nc") for i in range(settings["files"])]
-    config = _config(case, run_dir / "transfer.yaml", data) if case.exchange == "direct" else None
+    direct = case.exchange == "direct" and place is not None
+    config = _config(case, run_dir / "transfer.yaml", data, place) if direct else None
     go_r, go_w = os.pipe()
     note_r, note_w = os.pipe()
     common = {"paths": paths, "size_mb": settings["size_mb"], "fields": settings["fields"],
@@ -223,12 +294,15 @@ def run_case(case: Case, settings: Mapping[str, Any], run_dir: Path,
                                         "result": str(run_dir / f"{role}.json")}))
             with (run_dir / f"{role}.log").open("w") as log:
                 procs[role] = subprocess.Popen(
-                    _argv(case, role, spec, config), stdin=subprocess.DEVNULL, stdout=log,
-                    stderr=subprocess.STDOUT, env=_env(host), cwd=run_dir, pass_fds=fds)
+                    _argv(case, role, spec, config, place), stdin=subprocess.DEVNULL,
+                    stdout=log, stderr=subprocess.STDOUT, env=_env(place, role), cwd=run_dir,
+                    pass_fds=fds)
         for fd in (go_r, go_w, note_r, note_w):
             os.close(fd)
         go_r = go_w = note_r = note_w = -1
         _wait(procs, run_dir, settings["timeout_s"])
+        if direct:
+            place.forget(paths)
     finally:
         for fd in (go_r, go_w, note_r, note_w):
             if fd >= 0:

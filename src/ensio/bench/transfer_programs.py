@@ -82,11 +82,11 @@ def producer(spec: dict[str, Any]) -> dict[str, Any]:
             ds.close()
             if spec["fsync"]:
                 _fsync(target)
+            closes.append(time.monotonic())  # complete (and durable): before anyone is told
             if poll:
                 os.rename(target, path)
                 if spec["fsync"]:
                     _fsync(os.path.dirname(path))
-            closes.append(time.monotonic())
             if notify == "close":
                 out.write(f"{i}\n")
                 out.flush()
