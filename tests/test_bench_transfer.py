@@ -146,3 +146,16 @@ def test_summary_ratios_take_the_faster_file_exchange():
     assert [(r["case"], r["reason"]) for r in res["rows"] if not r["measured"]] == [
         ("direct-async", "not supported")]
     assert res["rows"][0]["direct_speedup"] == pytest.approx(4.0)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--cases", "pagecache,nope"], "argument --cases: unknown case 'nope'"),
+    (["--files", "0"], "argument --files: must be positive, got '0'"),
+    (["--size-mb", "x"], "argument --size-mb: expected a number, got 'x'"),
+])
+def test_bad_arguments_are_one_line_errors(tmp_path, args, message):
+    p = subprocess.run([sys.executable, "-m", "ensio", "bench", "transfer", *args,
+                        "--workdir", str(tmp_path / "w")], capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=str(SRC)), timeout=60)
+    assert p.returncode == 2 and message in p.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "w").exists()  # nothing was run or written
