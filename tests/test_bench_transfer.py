@@ -91,7 +91,7 @@ def test_every_consumer_read_what_the_producer_wrote(bench):
         assert row["read_from"] == ("memory" if direct else "file")
         if direct:
             assert cons["on_disk"] == []
-        assert len(prod["closes"]) == len(cons["opened"]) == FILES
+        assert len(prod["closes"]) == len(prod["close_calls"]) == len(cons["opened"]) == FILES
         assert row["seconds"] > 0 and row["producer_seconds"] > 0
         if not direct:  # a plain file is opened only once complete (and fsync'd)
             assert all(o >= c for o, c in zip(cons["opened"], prod["closes"], strict=True))
@@ -129,8 +129,11 @@ def test_summary_ratios_take_the_faster_file_exchange():
 
     def run(seconds, after=0.1):
         return [{"seconds": seconds, "producer_seconds": seconds - after,
-                 "after_close_seconds": after, "run_dir": "x", "verified": True,
-                 "sources": ["file"]}]
+                 "after_close_seconds": after, "last_close_seconds": 0.01, "run_dir": "x",
+                 "verified": True, "sources": ["file"]},
+                {"seconds": seconds * 2, "producer_seconds": seconds - after,
+                 "after_close_seconds": after * 3, "last_close_seconds": 0.01, "run_dir": "y",
+                 "verified": True, "sources": ["file"]}]
 
     runs = {"pagecache": run(4.0), "pagecache-poll": run(3.0), "fsync": run(10.0),
             "fsync-poll": run(12.0), "direct": run(1.0, after=0.3),
@@ -146,6 +149,7 @@ def test_summary_ratios_take_the_faster_file_exchange():
     assert [(r["case"], r["reason"]) for r in res["rows"] if not r["measured"]] == [
         ("direct-async", "not supported")]
     assert res["rows"][0]["direct_speedup"] == pytest.approx(4.0)
+    assert res["rows"][0]["median_seconds"] == pytest.approx(6.0)  # of 4 and 8
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -313,9 +313,11 @@ def run_case(case: Case, settings: Mapping[str, Any], run_dir: Path,
                 p.wait()
     prod = json.loads((run_dir / "producer.json").read_text())
     cons = json.loads((run_dir / "consumer.json").read_text())
-    t0, last_close, t_end = prod["t0"], prod["closes"][-1], cons["t_end"]
-    return {"seconds": t_end - t0, "producer_seconds": last_close - t0,
-            "after_close_seconds": t_end - last_close, "bytes": cons["bytes"],
+    t0, t_end = prod["t0"], cons["t_end"]
+    return {"seconds": t_end - t0, "producer_seconds": prod["closes"][-1] - t0,
+            "after_close_seconds": t_end - prod["close_calls"][-1],
+            "last_close_seconds": prod["closes"][-1] - prod["close_calls"][-1],
+            "bytes": cons["bytes"],
             "verified": cons["sha256"] == prod["sha256"], "sources": sorted(set(cons["sources"])),
             "on_disk": cons["on_disk"], "run_dir": str(run_dir)}
 

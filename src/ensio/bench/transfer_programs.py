@@ -68,7 +68,7 @@ def producer(spec: dict[str, Any]) -> dict[str, Any]:
         if go.read(1) != b"g":
             raise RuntimeError("the consumer exited before it was ready")
         t0 = time.monotonic()
-        closes = []
+        closes, close_calls = [], []
         for i, (path, arrays) in enumerate(zip(spec["paths"], data, strict=True)):
             target = path + ".part" if poll else path
             ds = netCDF4.Dataset(target, "w", format="NETCDF4")
@@ -79,6 +79,7 @@ def producer(spec: dict[str, Any]) -> dict[str, Any]:
             ds.createDimension("x", shape[1])
             for k, a in enumerate(arrays):
                 ds.createVariable(f"f{k}", "f4", ("y", "x"))[...] = a
+            close_calls.append(time.monotonic())  # the producer hands the file over
             ds.close()
             if spec["fsync"]:
                 _fsync(target)
@@ -90,7 +91,8 @@ def producer(spec: dict[str, Any]) -> dict[str, Any]:
             if notify == "close":
                 out.write(f"{i}\n")
                 out.flush()
-    return {"t0": t0, "closes": closes, "sha256": sums, "shape": list(shape)}
+    return {"t0": t0, "close_calls": close_calls, "closes": closes, "sha256": sums,
+            "shape": list(shape)}
 
 
 def _fsync(path: str) -> None:
