@@ -56,6 +56,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cases", type=_cases, default=d.cases, metavar="NAME[,NAME…]",
                    help=f"cases to run (default all: {','.join(d.cases)}); cases the transfer "
                         "layer does not support yet are reported as not measured")
+    p.add_argument("--no-warm", dest="warm", action="store_false",
+                   help="do not touch and free the memory a run will allocate before its start "
+                        "(on a VM with lazily backed memory the first touch of a page then "
+                        "dominates the times)")
     p.add_argument("--poll-ms", type=_positive(float), default=d.poll_ms, metavar="MS",
                    help=f"poll interval of the *-poll cases (default {d.poll_ms:g})")
 
@@ -67,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
     from ..bench.transfer import TransferBenchSettings, bench_transfer, plot_result, result_table
 
     st = TransferBenchSettings(files=args.files, size_mb=args.size_mb, fields=args.fields,
-                               repeat=args.repeat, cases=args.cases, poll_ms=args.poll_ms)
+                               repeat=args.repeat, cases=args.cases, poll_ms=args.poll_ms,
+                               warm=args.warm)
     console = Console(stderr=True)
     status = console.status("ensio bench transfer", spinner="dots") if console.is_terminal \
         else contextlib.nullcontext()
