@@ -98,10 +98,26 @@ def _add_ioserver(sub: Any) -> None:
     p.set_defaults(bench_run=run)
 
 
+def _add_transfer(sub: Any) -> None:
+    from .bench_transfer import add_arguments, run
+
+    p = sub.add_parser(
+        "transfer", help="netCDF files from a producer to a consumer: files vs direct transfer",
+        description="A producer process writes N netCDF-4 files of S MiB and a consumer "
+                    "process reads every variable of them, through plain files (page cache; "
+                    "fsync) and through the transfer layer (ensio run --transfer): time from "
+                    "the first write to the last byte read, speedups over the file "
+                    "exchanges, bandwidth relative to memcpy. No mpiexec needed.",
+    )
+    add_arguments(p)
+    p.set_defaults(bench_run=run)
+
+
 #: Sub-commands of ``ensio bench``: name → function adding its parser.
 COMMANDS: dict[str, Callable[[Any], None]] = {"io": _add_io, "analysis": _add_analysis,
                                               "pool": _add_pool, "modes": _add_modes,
-                                              "ioserver": _add_ioserver}
+                                              "ioserver": _add_ioserver,
+                                              "transfer": _add_transfer}
 
 
 def add_parser(subparsers: Any) -> None:

@@ -1,0 +1,342 @@
+"""``ensio bench transfer``: handing netCDF-4 files from a producer to a consumer.
+
+Seed 004 reports 7.6–29× the throughput of exchanging files through the parallel
+file system. Here a producer process writes N netCDF-4 files of S MiB through the
+netCDF library and a consumer process reads every variable of every file through
+the netCDF library (decoded arrays, not raw bytes), in each case of
+:data:`~.transfer_cases.CASES`: plain files left in the page cache, plain files
+fsync'd (with their directory) before the consumer is told, each also with a
+consumer that polls for the name instead of being told, and the transfer layer
+(``ensio run --transfer``) on one host; async and two network namespaces when the
+installed transfer layer supports them, "not measured" otherwise.
+
+The time of a run is from the producer's first write (its first netCDF create) to
+the consumer's last byte (the close of the last file after reading it), on the one
+monotonic clock of the host. Both programs are started, and the consumer ready,
+before that start (:mod:`.transfer_programs`), so interpreter start-up is not timed.
+Repeats are interleaved (slow drifts of a shared machine hit every case alike), the
+order rotated each round (no case always runs after the same one), and the best
+time of each case is reported, as is a ``memcpy`` of the same bytes
+(numpy, between two buffers of one file's size, already touched) measured in every
+round, best of all. Every run checks that the consumer read exactly the arrays the
+producer wrote (SHA-256 per variable): ``verified``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .transfer_cases import CASES, Case, DirectHost, Placement, direct_host, run_case, unavailable
+from .transfer_programs import field_shape
+
+__all__ = ["TransferBenchSettings", "bench_transfer", "fresh_memory_write_seconds",
+           "markdown_rows", "memcpy_seconds", "plot_result", "result_table", "summary"]
+
+BASELINES = ("pagecache", "fsync")
+
+
+@dataclass(frozen=True)
+class TransferBenchSettings:
+    """Sizes of the benchmark. ``size_mb`` is MiB of float32 data per file, in ``fields``
+    2-D variables of 1024 columns (rounded to whole rows); ``poll_ms`` is the poll
+    interval of the ``*-poll`` cases; ``warm``: each program (and the fresh-memory
+    reference) touches and frees as much memory as it will allocate before its start
+    (see :func:`.transfer_programs._warm`)."""
+
+    files: int = 8
+    size_mb: float = 64.0
+    fields: int = 4
+    repeat: int = 3
+    cases: tuple[str, ...] = tuple(CASES)
+    poll_ms: float = 1.0
+    warm: bool = True
+    seed: int = 20041
+    timeout_s: float = 600.0
+
+    @property
+    def bytes_per_file(self) -> int:
+        """Data bytes of one file (the netCDF header and metadata not counted)."""
+        rows, cols = field_shape(self.size_mb, self.fields)
+        return 4 * rows * cols * self.fields
+
+
+def memcpy_seconds(nbytes: int, copies: int, repeat: int = 3) -> float:
+    """Seconds to copy ``copies`` times ``nbytes`` between two touched buffers (best of
+    ``repeat``): the memory bandwidth the transfer is measured against."""
+    src = np.frombuffer(np.random.default_rng(0).bytes(nbytes), dtype=np.uint8)
+    dst = np.empty_like(src)
+    dst[...] = 1
+    best = math.inf
+    for _ in range(repeat):
+        t = time.perf_counter()
+        for _ in range(copies):
+            np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def fresh_memory_write_seconds(nbytes: int, copies: int, warm: bool = True) -> float:
+    """Seconds to write ``copies`` times ``nbytes`` into fresh memfds (one each, closed).
+
+    Not a headline number: the floor of anything that puts a file into memory not
+    touched before (the kernel allocates and zeroes every page), which a direct
+    transfer's producer pays and a memcpy between touched buffers does not.
+    """
+    src = np.frombuffer(np.random.default_rng(1).bytes(nbytes), dtype=np.uint8)
+    if warm:
+        np.ones(nbytes * copies, dtype=np.uint8)  # as the programs do before their start
+    t = time.perf_counter()
+    for _ in range(copies):
+        fd = os.memfd_create("ensio-bench", os.MFD_CLOEXEC)
+        try:
+            view = memoryview(src)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+    return time.perf_counter() - t
+
+
+def bench_transfer(st: TransferBenchSettings, workdir: str | Path | None = None,
+                   on_step: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run every case ``st.repeat`` times, interleaved; the best time of each and the ratios.
+
+    Raises
+    ------
+    ValueError
+        A case name is unknown.
+    RuntimeError
+        A program failed, or a consumer read something else than was written.
+    """
+    from .machine import describe_machine
+
+    unknown = [c for c in st.cases if c not in CASES]
+    if unknown:
+        raise ValueError(f"--cases: unknown case {unknown[0]!r} (known: {', '.join(CASES)})")
+    root = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(
+        prefix="ensio-bench-transfer-"))
+    root.mkdir(parents=True, exist_ok=True)
+    cases = [CASES[c] for c in st.cases]
+    load_start = list(os.getloadavg())
+    with contextlib.ExitStack() as stack:
+        host, places, skipped = _placements(cases, stack)
+        runs: dict[str, list[dict[str, Any]]] = {}
+        copies: list[float] = []
+        fresh: list[float] = []
+        for rep in range(st.repeat):
+            for case in cases[rep % len(cases):] + cases[:rep % len(cases)]:
+                if case.name in skipped:
+                    continue
+                if on_step is not None:
+                    on_step(f"{case.name} (repeat {rep + 1}/{st.repeat})")
+                r = run_case(case, asdict(st), root / f"{case.name}-{rep}",
+                             places.get(case.hosts) if case.exchange == "direct" else None)
+                _check(case, r)
+                runs.setdefault(case.name, []).append(r)
+                shutil.rmtree(Path(r["run_dir"]) / "data", ignore_errors=True)
+            copies.append(memcpy_seconds(st.bytes_per_file, st.files))
+            fresh.append(fresh_memory_write_seconds(st.bytes_per_file, st.files, st.warm))
+        features = sorted(host.features) if host is not None else []
+    total = st.files * st.bytes_per_file
+    return summary(st, runs, skipped, min(copies), {
+        "fresh_memory_write_seconds": min(fresh),
+        "fresh_memory_write_gb_per_s": total / min(fresh) / 1e9,
+        "machine": describe_machine(root), "workdir": str(root), "cores": os.cpu_count(),
+        "load_average_start": load_start,
+        "load_average": list(os.getloadavg()), "daemon_features": features,
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+
+
+def _placements(cases: Sequence[Case], stack: contextlib.ExitStack
+                ) -> tuple[DirectHost | None, dict[int, Placement], dict[str, str]]:
+    """The one-host daemon and, if a two-host case can run, the namespace pair; the cases
+    that cannot be measured, with the reason. Everything started is closed by ``stack``."""
+    from .transfer_netns import netns_pair
+
+    host = None
+    if any(c.exchange == "direct" for c in cases):
+        host = stack.enter_context(direct_host())
+    skipped = {c.name: why for c in cases if (why := unavailable(c, host)) is not None}
+    places: dict[int, Placement] = {} if host is None else {1: host}
+    if any(c.hosts == 2 and c.name not in skipped for c in cases):
+        try:
+            places[2] = stack.enter_context(netns_pair())
+        except RuntimeError as exc:
+            skipped.update({c.name: f"two network namespaces: {exc}" for c in cases
+                            if c.hosts == 2})
+    return host, places, skipped
+
+
+def _check(case: Case, r: Mapping[str, Any]) -> None:
+    """Refuse a run whose consumer read other data, or by another way, than the case says."""
+    if not r["verified"]:
+        raise RuntimeError(f"{case.name}: the consumer read other data than the producer "
+                           f"wrote (see {r['run_dir']})")
+    want = ["memory"] if case.exchange == "direct" else ["file"]
+    if r["sources"] != want or (case.exchange == "direct" and r["on_disk"]):
+        raise RuntimeError(f"{case.name}: the consumer read from {r['sources']} (files on "
+                           f"disk: {r['on_disk']}), expected {want[0]} (see {r['run_dir']})")
+
+
+def summary(st: TransferBenchSettings, runs: Mapping[str, Sequence[Mapping[str, Any]]],
+            skipped: Mapping[str, str], t_memcpy: float, extra: Mapping[str, Any]
+            ) -> dict[str, Any]:
+    """Rows per case (best run) and the headline ratios, from the measured runs.
+
+    ``speedup_fsync`` and ``speedup_pagecache`` divide the faster of the two ways of
+    telling the consumer (pipe or polling) by the direct sync case, so the file
+    exchange is given its best showing. ``memcpy_fraction`` is the direct case's
+    bandwidth over memcpy's (N·S bytes each). ``async_after_close_ratio`` is the time
+    from the producer's last close call (the netCDF close: the file handed over; a sync
+    close may itself wait for the transfer) to the consumer's last byte, the shortest of
+    the repeats, async over sync: across the two namespaces when both were measured
+    (where async has something to hide), else on one host. A ratio whose cases were not
+    measured is None.
+    """
+    total = st.files * st.bytes_per_file
+    best = {k: min(v, key=lambda r: r["seconds"]) for k, v in runs.items()}
+
+    def seconds(*names: str) -> float | None:
+        got = [best[n]["seconds"] for n in names if n in best]
+        return min(got) if got else None
+
+    direct = seconds("direct")
+    rows = []
+    for name in st.cases:
+        case = CASES[name]
+        row: dict[str, Any] = {"case": name, "label": case.label, "exchange": case.exchange,
+                               "notify": case.notify, "fsync": case.fsync, "mode": case.mode,
+                               "hosts": case.hosts, "measured": name in best,
+                               "reason": skipped.get(name)}
+        if name in best:
+            r = best[name]
+            row.update({k: r[k] for k in ("seconds", "producer_seconds", "after_close_seconds",
+                                          "last_close_seconds", "run_dir")})
+            row["min_after_close_seconds"] = min(x["after_close_seconds"] for x in runs[name])
+            row["all_seconds"] = [x["seconds"] for x in runs[name]]
+            row["median_seconds"] = float(np.median(row["all_seconds"]))
+            row["gb_per_s"] = total / r["seconds"] / 1e9
+            row["memcpy_fraction"] = t_memcpy / r["seconds"]
+            row["direct_speedup"] = None if direct is None else r["seconds"] / direct
+            row["verified"] = all(x["verified"] for x in runs[name])
+            row["read_from"] = r["sources"][0] if len(r["sources"]) == 1 else r["sources"]
+        rows.append(row)
+    fsync, pagecache = seconds("fsync", "fsync-poll"), seconds("pagecache", "pagecache-poll")
+    after = {n: min(x["after_close_seconds"] for x in v) for n, v in runs.items()}
+    by_hosts = {"1": _ratio(after.get("direct-async"), after.get("direct")),
+                "2": _ratio(after.get("direct-2ns-async"), after.get("direct-2ns"))}
+    return {
+        "speedup_fsync": _ratio(fsync, direct),
+        "speedup_pagecache": _ratio(pagecache, direct),
+        "memcpy_fraction": _ratio(t_memcpy, direct),
+        "async_after_close_ratio": by_hosts["2"] if by_hosts["2"] is not None else by_hosts["1"],
+        "async_after_close_ratio_by_hosts": by_hosts,
+        "verified": bool(best) and all(r.get("verified", True) for r in rows),
+        "settings": {**asdict(st), "bytes_per_file": st.bytes_per_file, "bytes_total": total,
+                     "shape": list(field_shape(st.size_mb, st.fields))},
+        "reading": "netCDF4 (every variable read whole, decoded arrays)",
+        "memcpy_seconds": t_memcpy, "memcpy_gb_per_s": total / t_memcpy / 1e9,
+        "rows": rows, **extra,
+    }
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    return None if num is None or den is None or den <= 0 else num / den
+
+
+def _fmt(x: float | None, spec: str, none: str = "—") -> str:
+    return none if x is None else format(x, spec)
+
+
+def result_table(res: Mapping[str, Any]) -> Any:
+    """A rich table of :func:`bench_transfer`: one row per case, the ratios as caption."""
+    from rich.table import Table
+
+    st = res["settings"]
+    t = Table(title=f"ensio bench transfer: {st['files']} netCDF-4 files × "
+                    f"{st['bytes_per_file'] / 2**20:.1f} MiB, best of {st['repeat']}; "
+                    f"{res['cores']} cores, load {res['load_average'][0]:.2f}")
+    for c in ("case", "seconds", "producer s", "after close s", "GB/s", "of memcpy",
+              "direct ×"):
+        t.add_column(c, justify="left" if c == "case" else "right")
+    for r in res["rows"]:
+        if not r["measured"]:
+            t.add_row(r["case"], "not measured", "", "", "", "", "")
+            continue
+        t.add_row(r["case"], f"{r['seconds']:.3f}", f"{r['producer_seconds']:.3f}",
+                  f"{r['after_close_seconds']:.3f}", f"{r['gb_per_s']:.2f}",
+                  f"{100 * r['memcpy_fraction']:.0f} %", _fmt(r["direct_speedup"], ".1f"))
+    t.caption = (f"memcpy {res['memcpy_gb_per_s']:.2f} GB/s (write into fresh memory "
+                 f"{res['fresh_memory_write_gb_per_s']:.2f} GB/s); speedup_fsync "
+                 f"{_fmt(res['speedup_fsync'], '.2f')}, speedup_pagecache "
+                 f"{_fmt(res['speedup_pagecache'], '.2f')}, memcpy_fraction "
+                 f"{_fmt(res['memcpy_fraction'], '.3f')}, async_after_close_ratio "
+                 f"{_fmt(res['async_after_close_ratio'], '.3f', 'not measured')}; "
+                 f"verified {res['verified']}")
+    for r in res["rows"]:
+        if not r["measured"]:
+            t.caption += f"\n{r['case']} not measured: {r['reason']}"
+    return t
+
+
+def plot_result(res: Mapping[str, Any], path: str | Path) -> None:
+    """Bar chart of the bandwidth of every case (measured ones), memcpy as a line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = res["rows"]
+    colors = {"file": "tab:orange", "direct": "tab:blue"}
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ys = range(len(rows))
+    ax.barh(ys, [r.get("gb_per_s", 0.0) for r in rows],
+            color=[colors[r["exchange"]] for r in rows])
+    for y, r in zip(ys, rows, strict=True):
+        if not r["measured"]:
+            ax.text(0.02, y, "not measured", va="center", color="0.4",
+                    transform=ax.get_yaxis_transform())
+    ax.axvline(res["memcpy_gb_per_s"], color="k", ls="--", lw=0.8,
+               label=f"memcpy {res['memcpy_gb_per_s']:.1f} GB/s")
+    ax.axvline(0.5 * res["memcpy_gb_per_s"], color="tab:green", ls=":", lw=0.8,
+               label="goal: 50 % of memcpy")
+    ax.axvline(res["fresh_memory_write_gb_per_s"], color="0.5", ls="-.", lw=0.8,
+               label=f"write into fresh memory {res['fresh_memory_write_gb_per_s']:.1f} GB/s")
+    ax.set_yticks(list(ys), [r["case"] for r in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel("N·S bytes / (consumer's last byte − producer's first write)  [GB/s]")
+    st = res["settings"]
+    ax.set_title(f"ensio bench transfer: {st['files']} × {st['bytes_per_file'] / 2**20:.0f} MiB "
+                 f"netCDF-4 files")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def markdown_rows(res: Mapping[str, Any]) -> Sequence[str]:
+    """Rows of the docs/benchmarks.md table."""
+    out = ["| case | how | seconds (best) | median | producer s | after close s | GB/s "
+           "| of memcpy | direct × |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in res["rows"]:
+        if not r["measured"]:
+            out.append(f"| {r['case']} | {r['label']} | not measured: {r['reason']} "
+                       "| | | | | | |")
+            continue
+        out.append(f"| {r['case']} | {r['label']} | {r['seconds']:.3f} | "
+                   f"{r['median_seconds']:.3f} | {r['producer_seconds']:.3f} | "
+                   f"{r['after_close_seconds']:.3f} | "
+                   f"{r['gb_per_s']:.2f} | {100 * r['memcpy_fraction']:.0f} % | "
+                   f"{_fmt(r['direct_speedup'], '.1f')} |")
+    return out

@@ -1,0 +1,91 @@
+"""``ensio bench transfer``: the command line of :func:`ensio.bench.transfer.bench_transfer`."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+from pathlib import Path
+
+__all__ = ["add_arguments", "run"]
+
+
+def _cases(text: str) -> tuple[str, ...]:
+    from ..bench.transfer_cases import CASES
+
+    out = tuple(x.strip() for x in text.split(",") if x.strip())
+    for name in out:
+        if name not in CASES:
+            raise argparse.ArgumentTypeError(f"unknown case {name!r} (known: {', '.join(CASES)})")
+    if not out:
+        raise argparse.ArgumentTypeError("name at least one case")
+    return out
+
+
+def _positive(kind: type) -> object:
+    def parse(text: str) -> object:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+        return value
+    return parse
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Arguments of ``ensio bench transfer``."""
+    from ..bench.transfer import TransferBenchSettings
+
+    d = TransferBenchSettings()
+    p.add_argument("--workdir", type=Path, default=None, metavar="DIR",
+                   help="run directories (specs, logs, results of both programs; the data "
+                        "files are removed after each run) (default: a temporary directory)")
+    p.add_argument("--json", type=Path, default=None, metavar="FILE", help="write all numbers")
+    p.add_argument("--plot", type=Path, default=None, metavar="PNG",
+                   help="bar chart of the bandwidth per case")
+    p.add_argument("--files", type=_positive(int), default=d.files, metavar="N",
+                   help=f"files the producer writes (default {d.files})")
+    p.add_argument("--size-mb", type=_positive(float), default=d.size_mb, metavar="S",
+                   help=f"MiB of data per file (default {d.size_mb:g})")
+    p.add_argument("--fields", type=_positive(int), default=d.fields, metavar="F",
+                   help=f"float32 2-D variables per file (default {d.fields})")
+    p.add_argument("--repeat", type=_positive(int), default=d.repeat, metavar="R",
+                   help=f"runs per case, interleaved; the best is reported (default {d.repeat})")
+    p.add_argument("--cases", type=_cases, default=d.cases, metavar="NAME[,NAME…]",
+                   help=f"cases to run (default all: {','.join(d.cases)}); cases the transfer "
+                        "layer does not support yet are reported as not measured")
+    p.add_argument("--no-warm", dest="warm", action="store_false",
+                   help="do not touch and free the memory a run will allocate before its start "
+                        "(on a VM with lazily backed memory the first touch of a page then "
+                        "dominates the times)")
+    p.add_argument("--poll-ms", type=_positive(float), default=d.poll_ms, metavar="MS",
+                   help=f"poll interval of the *-poll cases (default {d.poll_ms:g})")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Measure, print the table, write JSON and PNG."""
+    from rich.console import Console
+
+    from ..bench.transfer import TransferBenchSettings, bench_transfer, plot_result, result_table
+
+    st = TransferBenchSettings(files=args.files, size_mb=args.size_mb, fields=args.fields,
+                               repeat=args.repeat, cases=args.cases, poll_ms=args.poll_ms,
+                               warm=args.warm)
+    console = Console(stderr=True)
+    status = console.status("ensio bench transfer", spinner="dots") if console.is_terminal \
+        else contextlib.nullcontext()
+    with status as s:
+        def on_step(label: str) -> None:
+            if s is not None:
+                s.update(f"ensio bench transfer: {label}")
+
+        res = bench_transfer(st, args.workdir, on_step)
+    Console().print(result_table(res))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(res, indent=2) + "\n")
+    if args.plot is not None:
+        plot_result(res, args.plot)
+    return 0
