@@ -52,7 +52,9 @@ class TransferBenchSettings:
     2-D variables of 1024 columns (rounded to whole rows); ``poll_ms`` is the poll
     interval of the ``*-poll`` cases; ``warm``: each program (and the fresh-memory
     reference) touches and frees as much memory as it will allocate before its start
-    (see :func:`.transfer_programs._warm`)."""
+    (see :func:`.transfer_programs._warm`); ``compute_ms``: the producer computes
+    this long after writing each variable, as a model computes between its outputs
+    (the overlap the seed's asynchronous mode exists for; 0 writes back to back)."""
 
     files: int = 8
     size_mb: float = 64.0
@@ -61,6 +63,7 @@ class TransferBenchSettings:
     cases: tuple[str, ...] = tuple(CASES)
     poll_ms: float = 1.0
     warm: bool = True
+    compute_ms: float = 0.0
     seed: int = 20041
     timeout_s: float = 600.0
 

@@ -286,7 +286,7 @@ def run_case(case: Case, settings: Mapping[str, Any], run_dir: Path,
     common = {"paths": paths, "size_mb": settings["size_mb"], "fields": settings["fields"],
               "seed": settings["seed"], "fsync": case.fsync, "notify": case.notify,
               "poll_s": settings["poll_ms"] / 1000.0, "deadline_s": settings["timeout_s"],
-              "warm": settings["warm"]}
+              "warm": settings["warm"], "compute_s": settings.get("compute_ms", 0.0) / 1000.0}
     procs: dict[str, subprocess.Popen] = {}
     try:
         for role, fds in (("consumer", (go_w, note_r)), ("producer", (go_r, note_w))):

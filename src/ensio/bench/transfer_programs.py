@@ -81,6 +81,7 @@ def producer(spec: dict[str, Any]) -> dict[str, Any]:
             ds.createDimension("x", shape[1])
             for k, a in enumerate(arrays):
                 ds.createVariable(f"f{k}", "f4", ("y", "x"))[...] = a
+                _compute(spec.get("compute_s", 0.0), a)
             close_calls.append(time.monotonic())  # the producer hands the file over
             ds.close()
             if spec["fsync"]:
@@ -95,6 +96,13 @@ def producer(spec: dict[str, Any]) -> dict[str, Any]:
                 out.flush()
     return {"t0": t0, "close_calls": close_calls, "closes": closes, "sha256": sums,
             "shape": list(shape)}
+
+
+def _compute(seconds: float, a: Any) -> None:
+    """Busy arithmetic for ``seconds`` (a model's time step), on one core like a model."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        float(a[:64].sum())
 
 
 def _warm(nbytes: int) -> None:

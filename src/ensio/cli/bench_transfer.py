@@ -62,6 +62,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "dominates the times)")
     p.add_argument("--poll-ms", type=_positive(float), default=d.poll_ms, metavar="MS",
                    help=f"poll interval of the *-poll cases (default {d.poll_ms:g})")
+    p.add_argument("--compute-ms", type=float, default=d.compute_ms, metavar="MS",
+                   help="the producer computes this long after each variable it writes, as a "
+                        f"model between outputs (default {d.compute_ms:g}: back to back)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
 
     st = TransferBenchSettings(files=args.files, size_mb=args.size_mb, fields=args.fields,
                                repeat=args.repeat, cases=args.cases, poll_ms=args.poll_ms,
-                               warm=args.warm)
+                               warm=args.warm, compute_ms=args.compute_ms)
     console = Console(stderr=True)
     status = console.status("ensio bench transfer", spinner="dots") if console.is_terminal \
         else contextlib.nullcontext()
