@@ -30,6 +30,8 @@ from pathlib import Path
 import pytest
 from transfer_support import Host, daemon_pid
 
+from ensio.bench.transfer_netns import link_namespaces, remove_namespaces
+
 ADDRESSES = ("10.231.7.1", "10.231.7.2")
 PORT = 7790
 
@@ -53,12 +55,6 @@ def require_netns(reason: str | None = None) -> None:
     if os.environ.get("CI") == "true":
         pytest.fail(f"CI=true requires the two-host transfer tests: {reason}", pytrace=False)
     pytest.skip(reason)
-
-
-def _ip(*args: str) -> None:
-    p = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
-    if p.returncode != 0:
-        raise RuntimeError(f"ip {' '.join(args)}: {p.stderr.strip()}")
 
 
 class NetHost(Host):
@@ -124,15 +120,7 @@ def two_hosts_fixture(interposer_cache: Path, tmp_path: Path) -> Iterator[tuple[
     dirs: list[Path] = []
     try:
         try:
-            for ns in names:
-                _ip("netns", "add", ns)
-                made.append(ns)
-            _ip("link", "add", veths[0], "netns", names[0], "type", "veth", "peer", "name",
-                veths[1], "netns", names[1])
-            for ns, veth, addr in zip(names, veths, ADDRESSES, strict=True):
-                _ip("-n", ns, "addr", "add", f"{addr}/30", "dev", veth)
-                _ip("-n", ns, "link", "set", "lo", "up")
-                _ip("-n", ns, "link", "set", veth, "up")
+            link_namespaces(names, veths, ADDRESSES, made)
         except RuntimeError as exc:  # root without CAP_SYS_ADMIN/CAP_NET_ADMIN (containers)
             require_netns(f"cannot create network namespaces here: {exc}")
         hosts = []
@@ -144,9 +132,7 @@ def two_hosts_fixture(interposer_cache: Path, tmp_path: Path) -> Iterator[tuple[
     finally:
         for d in dirs:
             _teardown_daemon(d)
-        for ns in made:
-            with contextlib.suppress(Exception):
-                _ip("netns", "del", ns)
+        remove_namespaces(made)
 
 
 def hosts_config(path: Path, placement: dict[str, list[str]], pattern: str,

@@ -25,7 +25,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ADDRESSES", "NetnsPair", "netns_pair", "netns_unavailable"]
+__all__ = ["ADDRESSES", "NetnsPair", "link_namespaces", "netns_pair", "netns_unavailable",
+           "remove_namespaces"]
 
 ADDRESSES = ("10.231.8.1", "10.231.8.2")
 PORT = 7790
@@ -47,6 +48,32 @@ def _ip(*args: str) -> None:
     p = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
     if p.returncode != 0:
         raise RuntimeError(f"ip {' '.join(args)}: {p.stderr.strip()}")
+
+
+def link_namespaces(names: tuple[str, str], veths: tuple[str, str],
+                    addresses: tuple[str, str], made: list[str]) -> None:
+    """Create the namespaces ``names`` joined by the veth pair ``veths`` (``/30`` addresses).
+
+    The bench and the two-host tests use the same two "hosts". Each namespace
+    is appended to ``made`` as soon as it exists, so the caller removes exactly what
+    was created even when a later ``ip`` command fails (``RuntimeError``).
+    """
+    for ns in names:
+        _ip("netns", "add", ns)
+        made.append(ns)
+    _ip("link", "add", veths[0], "netns", names[0], "type", "veth", "peer", "name",
+        veths[1], "netns", names[1])
+    for ns, veth, addr in zip(names, veths, addresses, strict=True):
+        _ip("-n", ns, "addr", "add", f"{addr}/30", "dev", veth)
+        _ip("-n", ns, "link", "set", "lo", "up")
+        _ip("-n", ns, "link", "set", veth, "up")
+
+
+def remove_namespaces(made: list[str]) -> None:
+    """Delete the namespaces ``link_namespaces`` made (the veth pair goes with them)."""
+    for ns in made:
+        with contextlib.suppress(Exception):
+            _ip("netns", "del", ns)
 
 
 class NetnsPair:
@@ -116,15 +143,7 @@ def netns_pair() -> Iterator[NetnsPair]:
     made: list[str] = []
     pair = None
     try:
-        for ns in names:
-            _ip("netns", "add", ns)
-            made.append(ns)
-        _ip("link", "add", veths[0], "netns", names[0], "type", "veth", "peer", "name",
-            veths[1], "netns", names[1])
-        for ns, veth, addr in zip(names, veths, ADDRESSES, strict=True):
-            _ip("-n", ns, "addr", "add", f"{addr}/30", "dev", veth)
-            _ip("-n", ns, "link", "set", "lo", "up")
-            _ip("-n", ns, "link", "set", veth, "up")
+        link_namespaces(names, veths, ADDRESSES, made)
         dirs = tuple(Path(tempfile.mkdtemp(prefix=f"ensio-bt-{r[0]}-", dir="/tmp"))
                      for r in ROLES)
         pair = NetnsPair(names, (dirs[0], dirs[1]))
@@ -132,6 +151,4 @@ def netns_pair() -> Iterator[NetnsPair]:
     finally:
         if pair is not None:
             pair.stop()
-        for ns in made:
-            with contextlib.suppress(Exception):
-                _ip("netns", "del", ns)
+        remove_namespaces(made)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 from pathlib import Path
 
 __all__ = ["add_arguments", "run"]
@@ -50,24 +48,14 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from ..bench.ioserver import IOServerBenchSettings, bench_ioserver, plot_result, result_table
+    from .benchout import run_with_status, write_results
 
     st = IOServerBenchSettings(ranks=args.ranks, nx=args.nx, ny=args.ny, nz=args.nz,
                                fields=args.fields, every=args.every, steps=args.steps,
                                sweeps=args.sweeps, repeat=args.repeat, servers=args.servers,
                                compression=args.compression)
-    console = Console(stderr=True)
-    status = console.status("ensio bench ioserver", spinner="dots") if console.is_terminal \
-        else contextlib.nullcontext()
-    with status as s:
-        def on_step(label: str) -> None:
-            if s is not None:
-                s.update(f"ensio bench ioserver: {label}")
-
-        res = bench_ioserver(st, args.workdir, on_step)
+    res = run_with_status("ensio bench ioserver",
+                          lambda on_step: bench_ioserver(st, args.workdir, on_step))
     Console().print(result_table(res))
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(res, indent=2) + "\n")
-    if args.plot is not None:
-        plot_result(res, args.plot)
+    write_results(res, args.json, args.plot, plot_result)
     return 0

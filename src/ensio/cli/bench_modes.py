@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from ..bench.modes import ModesSettings
@@ -92,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..bench.modes import bench_modes
     from ..bench.modes_output import plot_result, result_table
+    from .benchout import write_results
 
     err = Console(stderr=True)
     settings = settings_from_args(args)
@@ -111,9 +111,5 @@ def run(args: argparse.Namespace) -> int:
     if not out.is_terminal:
         out = Console(width=150)
     out.print(result_table(res))
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(res, indent=2) + "\n")
-    if args.plot is not None:
-        plot_result(res, args.plot)
+    write_results(res, args.json, args.plot, plot_result)
     return 0

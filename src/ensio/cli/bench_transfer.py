@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 from pathlib import Path
 
 __all__ = ["add_arguments", "run"]
@@ -72,23 +70,13 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from ..bench.transfer import TransferBenchSettings, bench_transfer, plot_result, result_table
+    from .benchout import run_with_status, write_results
 
     st = TransferBenchSettings(files=args.files, size_mb=args.size_mb, fields=args.fields,
                                repeat=args.repeat, cases=args.cases, poll_ms=args.poll_ms,
                                warm=args.warm, compute_ms=args.compute_ms)
-    console = Console(stderr=True)
-    status = console.status("ensio bench transfer", spinner="dots") if console.is_terminal \
-        else contextlib.nullcontext()
-    with status as s:
-        def on_step(label: str) -> None:
-            if s is not None:
-                s.update(f"ensio bench transfer: {label}")
-
-        res = bench_transfer(st, args.workdir, on_step)
+    res = run_with_status("ensio bench transfer",
+                          lambda on_step: bench_transfer(st, args.workdir, on_step))
     Console().print(result_table(res))
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(res, indent=2) + "\n")
-    if args.plot is not None:
-        plot_result(res, args.plot)
+    write_results(res, args.json, args.plot, plot_result)
     return 0

@@ -19,6 +19,7 @@ import yaml
 from .analysis import ObservationFile
 from .schema import Config, ConfigError, VariableSpec
 from .workflow import check_transfer_file
+from .yamlfile import read_yaml
 
 __all__ = [
     "apply_overrides",
@@ -36,14 +37,7 @@ def load_config(path: str | Path, overrides: Iterable[str] = ()) -> Config:
     so a config can be run from anywhere.
     """
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read config file ({exc.strerror})") from None
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    raw = read_yaml(path)
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):

@@ -32,9 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-import yaml
-
 from .errors import ConfigError
+from .yamlfile import read_yaml
 
 __all__ = [
     "MEMBER_PLACEHOLDERS",
@@ -376,14 +375,7 @@ def check_transfer_file(path: Path) -> None:
         One line naming ``workflow.transfer`` and the file.
     """
     key = "workflow.transfer"
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"{key}: {path}: cannot read the transfer config "
-                          f"({exc.strerror})") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{key}: {path}: not valid YAML "
-                          f"({str(exc).splitlines()[0]})") from None
+    raw = read_yaml(path, "the transfer config", prefix=f"{key}: ")
     comps = raw.get("components") if isinstance(raw, Mapping) else None
     if not isinstance(comps, list):
         raise ConfigError(f"{key}: {path}: components: expected a list of names")

@@ -24,10 +24,9 @@ from dataclasses import MISSING, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ..config.errors import ConfigError
 from ..config.load import apply_overrides, from_plain
+from ..config.yamlfile import read_yaml
 from .config import (
     AxisDef,
     CalendarDef,
@@ -62,12 +61,7 @@ _DEFAULTS = {f.name: f.default for f in fields(FieldDef)
 def load_ioserver_config(path: str | Path, overrides: Iterable[str] = ()) -> IOServerConfig:
     """Read the ``ioserver:`` section of a YAML file (safely) and resolve it."""
     path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read config file ({exc.strerror})") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    raw = read_yaml(path)
     if not isinstance(raw, dict) or "ioserver" not in raw:
         raise ConfigError(f"{path}: ioserver: required config section is missing")
     raw = apply_overrides(raw, overrides)

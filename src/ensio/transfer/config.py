@@ -22,6 +22,7 @@ for the interposer (:meth:`FilePattern.encoded`).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 from collections.abc import Mapping
@@ -29,10 +30,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
 from ..config.errors import ConfigError
 from ..config.load import from_plain
+from ..config.yamlfile import read_yaml
 from .hosts import HostDef, parse_hosts
 
 __all__ = [
@@ -225,21 +225,15 @@ def load_transfer_config(path: str | os.PathLike) -> TransferConfig:
         One line naming the file and the key.
     """
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read transfer config ({exc.strerror})") from None
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    raw = read_yaml(path, "transfer config")
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{path}: top level must be a mapping (components, connections)")
     try:
         cfg = transfer_from_dict(raw, base_dir=path.resolve().parent)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
-    digest = hashlib.sha256(f"{path.resolve()}\n{text}".encode()).hexdigest()[:12]
+    content = json.dumps(raw, sort_keys=True, default=str)  # what the file says, canonical
+    digest = hashlib.sha256(f"{path.resolve()}\n{content}".encode()).hexdigest()[:12]
     secret = cfg.secret
     if cfg.hosts and secret is None:
         secret = path.resolve().parent / f"{path.name}.secret"

@@ -99,17 +99,11 @@ def check(user_config: Path, workdir: Path, samples: tuple[str, str]) -> None:
     ConfigError
         ``workflow.transfer: FILE: …`` naming the key.
     """
-    import yaml
-
+    from ..config.yamlfile import read_yaml
     from ..transfer.config import transfer_from_dict
 
     where = f"{_KEY}: {user_config}"
-    try:
-        raw = yaml.safe_load(user_config.read_text())
-    except OSError as exc:
-        raise ConfigError(f"{where}: cannot read ({exc.strerror})") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{where}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    raw = read_yaml(user_config, "", prefix=f"{_KEY}: ")
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: top level must be a mapping (components, connections)")
     try:
