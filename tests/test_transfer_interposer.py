@@ -208,3 +208,35 @@ def test_a_waiting_open_does_not_hold_up_other_threads(setup):
     out, err = cons.communicate(timeout=60)
     assert cons.returncode == 0, err
     assert out == "A first half, second half\n"
+
+
+REPLACER = r"""
+import json, os, sys
+from ensio.durable import replacing
+d = sys.argv[1]
+res = {}
+for text in ("first", "second"):  # the second replaces a held file: its bits are copied
+    with replacing(f"{d}/mem008.nc") as tmp:
+        with open(tmp, "w") as f:
+            f.write(text)
+    if text == "first":
+        os.chmod(f"{d}/mem008.nc", 0o604)
+        res["after_chmod"] = os.stat(f"{d}/mem008.nc").st_mode & 0o7777
+res["after_replace"] = os.stat(f"{d}/mem008.nc").st_mode & 0o7777
+print(json.dumps(res, sort_keys=True))
+"""
+
+
+def test_chmod_of_a_held_file_and_replacing_it(setup):
+    """``chmod`` by path of a file in memory changes the bits ``stat`` answers (and the
+    disk gets); an atomic-rename writer that copies the old file's bits onto its
+    temporary file (``durable.replacing``, ``cp -p``) works on transferred names."""
+    host, fc, _ = setup
+    # the temporary sibling (.mem008.nc.ensio-tmp.*) is transferred too
+    config = write_config(host.work / "t2.yaml", [str(fc / "*mem*.nc*")])
+    p = host.run(config, "model", PY, "-c", REPLACER, str(fc))
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout) == {"after_chmod": 0o604, "after_replace": 0o604}
+    assert not (fc / "mem008.nc").exists()
+    c = host.run(config, "post", "cat", str(fc / "mem008.nc"))
+    assert c.stdout == "second"

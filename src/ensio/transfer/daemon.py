@@ -197,6 +197,8 @@ class Daemon:
                 reply = self.table.open(peer, msg.get("path"), wait, msg.get("defer") == "1")
                 if reply.verb == "ABSENT" and self.network.can_pull(msg.get("conn")):
                     reply = self._pull(peer, msg, wait)
+            elif msg.verb == "CHMOD":
+                reply = self.table.chmod(msg.get("path"), int(msg.get("mode"), 8))
             elif msg.verb == "UNLINK":
                 reply = self.table.unlink(msg.get("path"))
             elif msg.verb == "RENAME":

@@ -56,6 +56,8 @@ Requests (interposer → daemon), and their replies
 ``STAT path=``
     As ``OPEN`` without waiting (a file being written is reported at its current
     size). → ``OK mode=`` + descriptor | ``ABSENT`` | ``ERR errno=``
+``CHMOD path= mode=``
+    New permission bits (octal) of a held file. → ``OK`` | ``ABSENT`` | ``ERR errno=``
 ``UNLINK path=``
     → ``OK ondisk=0|1`` (``1``: a persisted copy exists, remove it too) | ``ABSENT``
 ``RENAME old= new= export=``

@@ -315,6 +315,17 @@ class Table:
 
     # -- names -------------------------------------------------------------------------
 
+    def chmod(self, path: str, mode: int) -> Reply:
+        """New permission bits of a held file (what ``stat`` answers and the disk gets)."""
+        with self.cond:
+            e = self.entries.get(path)
+            if e is None:
+                return Reply("ABSENT")
+            if e.state == "failed":
+                return Reply.err(errno.EIO)
+            e.mode = mode & 0o7777
+            return Reply("OK")
+
     def unlink(self, path: str) -> Reply:
         """Forget ``path``; say whether a persisted copy is on disk."""
         with self.cond:

@@ -103,6 +103,12 @@ static int wfile_new(void)
     return nwfiles - 8;
 }
 
+void ei_local_chmod(const char *path, mode_t mode)
+{
+    struct wfile *w = wfile_by_path(path);
+    if (w) w->mode = mode;
+}
+
 void ei_local_forget(const char *path)
 {
     struct wfile *w = wfile_by_path(path);

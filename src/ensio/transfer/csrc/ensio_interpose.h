@@ -101,6 +101,7 @@ EI_HIDDEN int ei_untrack(int fd);     /* lock held: fd is gone; the file complet
 
 /* files this process writes (lock held): its own descriptor of the memory, or -1 */
 EI_HIDDEN int ei_local_file(const char *path, mode_t *mode);
+EI_HIDDEN void ei_local_chmod(const char *path, mode_t mode);  /* chmod of a held file */
 EI_HIDDEN void ei_local_forget(const char *path);  /* unlinked: a new open creates anew */
 
 /* paths */

@@ -220,6 +220,49 @@ EXPORT int faccessat(int dirfd, const char *path, int amode, int flags)
     return answered ? rc : real_faccessat(dirfd, path, amode, flags);
 }
 
+/* ---- chmod ------------------------------------------------------------------------ */
+
+/* A held file's permission bits live in the daemon (stat answers them, and they go with
+ * the file to disk): 1 answered (rc in *rc), 0 not ours. Programs that replace a file
+ * give the new one the old one's bits (cp -p, atomic-rename writers) by path. */
+static int chmod_held(int dirfd, const char *path, mode_t m, int *rc)
+{
+    ei_init();
+    char canon[PATH_MAX];
+    if (ei_classify(dirfd, path, canon, EI_PRODUCER) == NULL) return 0;
+    int answered = 0;
+    pthread_mutex_lock(&ei_lock);
+    char msg[PATH_MAX + 32], reply[EI_REPLY_MAX];
+    int n = snprintf(msg, sizeof msg, "CHMOD\npath=%s\nmode=%o", canon, (unsigned)(m & 07777));
+    if (ei_daemon_usable() && ei_request(msg, (size_t)n, -1, reply, NULL) == 0
+        && !ei_reply_is(reply, "ABSENT")) {
+        answered = 1;
+        if (ei_reply_is(reply, "OK")) {
+            ei_local_chmod(canon, m & 07777);
+            *rc = 0;
+        } else {
+            errno = (int)ei_reply_long(reply, "errno", EIO);
+            *rc = -1;
+        }
+    }
+    pthread_mutex_unlock(&ei_lock);
+    return answered;
+}
+
+EXPORT int chmod(const char *path, mode_t mode)
+{
+    REAL(int (*)(const char *, mode_t), chmod);
+    int rc;
+    return chmod_held(AT_FDCWD, path, mode, &rc) ? rc : real_chmod(path, mode);
+}
+
+EXPORT int fchmodat(int dirfd, const char *path, mode_t mode, int flags)
+{
+    REAL(int (*)(int, const char *, mode_t, int), fchmodat);
+    int rc;
+    return chmod_held(dirfd, path, mode, &rc) ? rc : real_fchmodat(dirfd, path, mode, flags);
+}
+
 /* ---- unlink ----------------------------------------------------------------------- */
 
 /* 1: the daemon forgot the file (and its persisted copy must go too: *ondisk);
