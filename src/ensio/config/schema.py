@@ -54,6 +54,35 @@ class Coordinates:
 
 
 @dataclass(frozen=True)
+class TilesSpec:
+    """``ensemble.tiles`` — a declared decomposition of tiled members (``{tile}``).
+
+    Tile t holds block ``(t mod px, t div px)`` of a px × py block
+    decomposition of the (lat, lon) grid (block sizes as the row
+    distribution's, lon blocks fastest) plus ``halo`` points on each side
+    (clipped at the grid's edge) that are read past and never written.
+    Without this section a ``{tile}`` pattern takes its decomposition from
+    NEMO's ``DOMAIN_*`` global attributes of the tile files.
+    """
+
+    count: int
+    layout: tuple[int, int]
+    halo: int = 0
+
+    def __post_init__(self) -> None:
+        if self.count < 1:
+            raise ConfigError(f"ensemble.tiles.count: must be at least 1, got {self.count}")
+        px, py = self.layout
+        if px < 1 or py < 1 or px * py != self.count:
+            raise ConfigError(
+                f"ensemble.tiles.layout: {list(self.layout)} is not [px, py] with "
+                f"px * py = count {self.count}"
+            )
+        if self.halo < 0:
+            raise ConfigError(f"ensemble.tiles.halo: must be >= 0, got {self.halo}")
+
+
+@dataclass(frozen=True)
 class EnsembleSection:
     """``ensemble:`` — where the member files are and what they hold.
 
@@ -68,8 +97,14 @@ class EnsembleSection:
     variables: tuple[VariableSpec, ...]
     coordinates: Coordinates = field(default_factory=Coordinates)
     ids: tuple[int, ...] | None = None
+    tiles: TilesSpec | None = None
 
     def __post_init__(self) -> None:
+        if self.tiles is not None and not self.tiled:
+            raise ConfigError(
+                f"ensemble.tiles: pattern {self.members!r} of ensemble.members has no "
+                "{tile} placeholder"
+            )
         if self.size < 1:
             raise ConfigError(f"ensemble.size: must be at least 1, got {self.size}")
         if self.ids is not None:
@@ -95,13 +130,28 @@ class EnsembleSection:
             )
 
     @property
+    def tiled(self) -> bool:
+        """Each member is P tile files (the pattern has ``{tile}``)."""
+        return "{tile" in self.members
+
+    @property
     def numbers(self) -> tuple[int, ...]:
         """The member numbers of the ensemble, in matrix order."""
         return self.ids if self.ids is not None else tuple(range(1, self.size + 1))
 
     def member_path(self, member: int, base: Path) -> Path:
         """Path of ``member`` (1-based), relative patterns resolved against ``base``."""
+        if self.tiled:
+            raise ConfigError(
+                f"ensemble.members: {self.members!r} names tiled members ({{tile}}), which "
+                "only ensio.io.tiled reads so far (not io.mode files)"
+            )
         p = Path(self.members.format(member=member))
+        return p if p.is_absolute() else base / p
+
+    def tile_path(self, member: int, tile: int, base: Path) -> Path:
+        """Path of tile ``tile`` (0-based) of ``member`` (1-based)."""
+        p = Path(self.members.format(member=member, tile=tile))
         return p if p.is_absolute() else base / p
 
     def member_paths(self, base: Path) -> list[Path]:

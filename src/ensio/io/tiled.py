@@ -1,0 +1,344 @@
+"""Tiled members: each member is P tile files (``{tile}`` in ``ensemble.members``).
+
+The ensemble matrix stays global: row ``offset + flat`` of a variable is its
+element ``flat`` in C order of the *global* shape ``(..., ny, nx)``. A tile
+contributes the runs of its interior (:meth:`TileBox.runs
+<ensio.layout.tiles.TileBox.runs>`, one per latitude line and level); its halo
+is read past and never written. Reading a member reads its P tiles' interiors
+into the right rows, so a tiled case gives exactly the matrix of the
+equivalent single-file case; writing is the reverse, in place, with the prior
+bytes of every run journaled first (:class:`~ensio.io.undolog.UndoLog`), as
+``io.mode: files`` does, so an interrupted write is undone by ``ensio recover``.
+
+Everything is validated before the first byte is written: every tile file
+exists, has every state variable with the tile's (y, x) shape and the same
+leading dims, and (from NEMO attributes) the tiles cover the grid exactly
+once.
+
+This first version runs on one process (the caller's rank); the parallel
+``files`` path and the group shuffle (issue 13, item 2) are to reuse the
+geometry of :mod:`ensio.layout.tiles`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import netCDF4
+import numpy as np
+
+from ..config.schema import EnsembleSection
+from ..errors import InputError
+from ..layout.state import StateLayout, VariableLayout, check_state_dtype
+from ..layout.tiles import TileBox, TileGeometry, declared_geometry, nemo_box
+from . import journal as journal_mod
+from .open import open_member
+from .raw import raw_read, raw_write
+from .store import VarInfo
+
+__all__ = ["TiledEnsemble", "tile_geometry"]
+
+
+def _exists(path: Path) -> None:
+    if not path.is_file():
+        raise InputError(f"{path}: tile file not found")
+
+
+def _tile_yx(path: Path, info: VarInfo) -> tuple[int, int]:
+    if len(info.shape) < 2:
+        raise InputError(f"{path}: state variable '{info.name}' has no (lat, lon) dims to tile")
+    return info.shape[-2], info.shape[-1]
+
+
+def _candidates(sizes: list[int], halo: int) -> range:
+    """Global sizes that file sizes ``sizes`` of one block row/column could come from."""
+    total = sum(sizes)
+    return range(max(1, total - 2 * halo * len(sizes)), total + 1)
+
+
+def _declared(
+    ens: EnsembleSection, shapes: list[tuple[int, int]], paths: list[Path]
+) -> TileGeometry:
+    """The declared decomposition whose tile shapes match the files (grid inferred)."""
+    spec = ens.tiles
+    assert spec is not None
+    px, py = spec.layout
+    xs = [shapes[t][1] for t in range(px)]
+    ys = [shapes[t * px][0] for t in range(py)]
+    for ny in _candidates(ys, spec.halo):
+        for nx in _candidates(xs, spec.halo):
+            if px > nx or py > ny:
+                continue
+            geo = declared_geometry((ny, nx), spec.count, spec.layout, spec.halo)
+            first = [geo.boxes[t].file_shape for t in (*range(px), *range(0, spec.count, px))]
+            if first == [shapes[t] for t in (*range(px), *range(0, spec.count, px))]:
+                for b, shape, path in zip(geo.boxes, shapes, paths, strict=True):
+                    if b.file_shape != shape:
+                        raise InputError(
+                            f"{path}: tile {b.index} (lat, lon) shape {shape} is not "
+                            f"{b.file_shape} of ensemble.tiles on a {ny}x{nx} grid"
+                        )
+                return geo
+    raise InputError(
+        f"{paths[0]}: tile (lat, lon) shapes {shapes[:px]}... fit no {px}x{py} block "
+        f"decomposition with ensemble.tiles.halo {spec.halo}"
+    )
+
+
+def _from_attributes(paths: list[Path]) -> TileGeometry:
+    boxes, grids = [], set()
+    for t, path in enumerate(paths):
+        with netCDF4.Dataset(path) as ds:
+            attrs = {k: ds.getncattr(k) for k in ds.ncattrs()}
+        box, total, grid = nemo_box(attrs, t, str(path))
+        if total != len(paths):
+            raise InputError(
+                f"{path}: DOMAIN_number_total {total} is not the {len(paths)} tiles of the member"
+            )
+        boxes.append(box)
+        grids.add(grid)
+    if len(grids) != 1:
+        raise InputError(f"{paths[-1]}: DOMAIN_size_global differs between tiles: {sorted(grids)}")
+    geo = TileGeometry(grids.pop(), tuple(boxes))
+    geo.check([str(p) for p in paths])
+    return geo
+
+
+def tile_count(ens: EnsembleSection, base: Path) -> int:
+    """P: declared, or ``DOMAIN_number_total`` of member 1's tile 0."""
+    if ens.tiles is not None:
+        return ens.tiles.count
+    first = ens.tile_path(ens.numbers[0], 0, base)
+    _exists(first)
+    with netCDF4.Dataset(first) as ds:
+        if "DOMAIN_number_total" not in ds.ncattrs():
+            raise InputError(
+                f"{first}: ensemble.members has {{tile}} but no decomposition: declare "
+                "ensemble.tiles or give the files NEMO's DOMAIN_* global attributes "
+                "(DOMAIN_number_total missing)"
+            )
+        return int(np.asarray(ds.getncattr("DOMAIN_number_total")).ravel()[0])
+
+
+def tile_geometry(
+    ens: EnsembleSection, paths: list[Path], shapes: list[tuple[int, int]]
+) -> TileGeometry:
+    """The decomposition of one member's tiles ``paths`` (file (y, x) ``shapes``)."""
+    geo = _declared(ens, shapes, paths) if ens.tiles is not None else _from_attributes(paths)
+    for b, shape, path in zip(geo.boxes, shapes, paths, strict=True):
+        if b.file_shape != shape:
+            raise InputError(
+                f"{path}: tile (lat, lon) shape {shape} is not {b.file_shape} of its "
+                "DOMAIN_* attributes"
+            )
+    return geo
+
+
+@dataclass(frozen=True)
+class _Run:
+    """Where one (tile, variable) sits: tile element indices ⇄ global state rows."""
+
+    tile_idx: np.ndarray  # (n,) flat elements of the tile's variable, run by run
+    rows: np.ndarray  # (n,) global state rows
+    starts: np.ndarray  # (n_runs,) first tile element of each run
+    length: int
+
+
+class TiledEnsemble:
+    """The N_e × P tile files of a tiled ensemble, validated once.
+
+    Parameters
+    ----------
+    ens : EnsembleSection
+        With ``{tile}`` in ``members``; masks are not supported on tiles.
+    base : Path
+        Directory relative patterns are resolved against.
+
+    Attributes
+    ----------
+    paths : list of list of Path
+        ``paths[m][t]``: tile t of the m-th member (matrix order).
+    geometry : TileGeometry
+    layout : StateLayout
+        The global layout (no coordinates: ``geometry`` is ``None``).
+
+    Raises
+    ------
+    InputError
+        A missing tile, a tile of the wrong shape, a bad decomposition; the
+        message names the file and the variable or attribute.
+    """
+
+    def __init__(self, ens: EnsembleSection, base: Path) -> None:
+        if not ens.tiled:
+            raise InputError(f"ensemble.members: pattern {ens.members!r} has no {{tile}}")
+        masked = [v.name for v in ens.variables if v.mask is not None]
+        if masked:
+            raise InputError(
+                f"ensemble.variables: '{masked[0]}' has a mask, not supported on tiles"
+            )
+        p = tile_count(ens, base)
+        self.paths = [[ens.tile_path(m, t, base) for t in range(p)] for m in ens.numbers]
+        for tiles in self.paths:
+            for path in tiles:
+                _exists(path)
+        self.names = [v.name for v in ens.variables]
+        first = [self._infos(path) for path in self.paths[0]]
+        shapes = [
+            _tile_yx(path, infos[self.names[0]])
+            for path, infos in zip(self.paths[0], first, strict=True)
+        ]
+        self.geometry = tile_geometry(ens, self.paths[0], shapes)
+        self.layout = self._global_layout(first[0])
+        self._runs = self._plan()
+        for tiles in self.paths:
+            for path, box in zip(tiles, self.geometry.boxes, strict=True):
+                self._check_tile(path, box)
+
+    def _infos(self, path: Path) -> dict[str, VarInfo]:
+        with open_member(path) as store:
+            infos = dict(store.variables())
+        for name in self.names:
+            if name not in infos:
+                raise InputError(f"{path}: state variable '{name}' not found")
+        return infos
+
+    def _global_layout(self, infos: dict[str, VarInfo]) -> StateLayout:
+        variables, offset = [], 0
+        for name in self.names:
+            info = infos[name]
+            check_state_dtype(info, str(self.paths[0][0]))  # type: ignore[arg-type]
+            shape = (*info.shape[:-2], *self.geometry.grid)
+            size = int(np.prod(shape, dtype=np.int64))
+            variables.append(
+                VariableLayout(
+                    name,
+                    info.dims,
+                    shape,
+                    np.dtype(info.dtype).newbyteorder("="),
+                    offset,
+                    size,
+                    None,
+                    info.encoding,
+                )
+            )
+            offset += size
+        return StateLayout(tuple(variables), offset)
+
+    def _check_tile(self, path: Path, box: TileBox) -> None:
+        infos = self._infos(path)
+        for v in self.layout.variables:
+            want = (*v.shape[:-2], *box.file_shape)
+            if infos[v.name].shape != want:
+                raise InputError(
+                    f"{path}: state variable '{v.name}' has shape {infos[v.name].shape}, "
+                    f"tile {box.index} needs {want}"
+                )
+
+    def _plan(self) -> list[list[_Run]]:
+        """Per tile, per variable: the interior's tile elements and global rows."""
+        plan = []
+        for box in self.geometry.boxes:
+            per_var = []
+            for v in self.layout.variables:
+                g, t, n = box.runs(v.shape, self.geometry.grid)
+                step = np.arange(n, dtype=np.int64)
+                per_var.append(
+                    _Run((t[:, None] + step).ravel(), v.offset + (g[:, None] + step).ravel(), t, n)
+                )
+            plan.append(per_var)
+        return plan
+
+    @property
+    def n_members(self) -> int:
+        return len(self.paths)
+
+    def read(self) -> np.ndarray:
+        """The ensemble matrix, shape (N_e, N_x): physical values, missing as NaN."""
+        out = np.empty((self.n_members, self.layout.n_rows), dtype=np.float64)
+        for m, tiles in enumerate(self.paths):
+            for path, runs in zip(tiles, self._runs, strict=True):
+                with open_member(path) as store:
+                    infos = store.variables()
+                    for name, run in zip(self.names, runs, strict=True):
+                        info = infos[name]
+                        whole = store.read_elements(name, 0, info.size)
+                        dst = np.empty(run.rows.size, dtype=np.float64)
+                        info.encoding.decode(np.ascontiguousarray(whole.ravel()[run.tile_idx]), dst)
+                        out[m, run.rows] = dst
+        return out
+
+    def write(self, data: np.ndarray, *, journal: bool = True, fsync: bool = False) -> int:
+        """Write the analysis ``data`` (N_e, N_x) into every tile's interior, in place.
+
+        Non-finite values keep the prior bytes (inactive points), as in
+        ``files`` mode. Only raw (contiguous) variables can be written; that
+        is checked for every tile before anything is written. Returns the
+        number of values clipped by packing.
+        """
+        if data.shape != (self.n_members, self.layout.n_rows):
+            raise ValueError(
+                f"data shape {data.shape} is not ({self.n_members}, {self.layout.n_rows})"
+            )
+        infos = [[self._infos(p) for p in tiles] for tiles in self.paths]
+        for tiles, per_tile in zip(self.paths, infos, strict=True):
+            for path, inf in zip(tiles, per_tile, strict=True):
+                for name in self.names:
+                    if inf[name].raw_offset is None:
+                        raise InputError(
+                            f"{path}: variable '{name}' has no raw byte range "
+                            "(chunked or compressed); tiles are written in place only"
+                        )
+        root = journal_mod.journal_root(self.paths[0][0])
+        journal_mod.recover(root)
+        undo = journal_mod.UndoLog.create(root, 0, fsync=fsync) if journal else None
+        clips = 0
+        try:
+            for m, tiles in enumerate(self.paths):
+                for path, inf, runs in zip(tiles, infos[m], self._runs, strict=True):
+                    clips += self._write_tile(path, inf, runs, data[m], undo, fsync)
+        except BaseException:
+            if undo is not None:
+                undo.close()
+                journal_mod.abort(root, fsync=fsync)
+            raise
+        if undo is not None:
+            undo.close()
+            journal_mod.commit(root, fsync=fsync)
+        return clips
+
+    def _write_tile(
+        self,
+        path: Path,
+        infos: dict[str, VarInfo],
+        runs: list[_Run],
+        row: np.ndarray,
+        undo: journal_mod.UndoLog | None,
+        fsync: bool,
+    ) -> int:
+        clips = 0
+        fd = os.open(path, os.O_RDWR)
+        try:
+            for name, run in zip(self.names, runs, strict=True):
+                info = infos[name]
+                prior_all = raw_read(fd, info, 0, info.size, path=path)
+                values = np.ascontiguousarray(row[run.rows])
+                new = np.empty(values.size, dtype=info.dtype)
+                clips += info.encoding.encode(values, new)
+                if info.encoding.packed or not np.isfinite(values).all():
+                    info.encoding.keep_prior(prior_all[run.tile_idx], values, new)
+                size = info.dtype.itemsize
+                for k, start in enumerate(run.starts):
+                    if undo is not None:
+                        prior = np.ascontiguousarray(prior_all[start : start + run.length])
+                        undo.save(path, info.raw_offset + int(start) * size, prior)  # type: ignore[operator]
+                    raw_write(
+                        fd, info, int(start), new[k * run.length : (k + 1) * run.length], path=path
+                    )
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        return clips

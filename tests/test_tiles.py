@@ -1,0 +1,311 @@
+"""Tiled members (``{tile}``): geometry, read equal to the single-file read, in-place write.
+
+The reference is always the untiled case: its members are read with
+``io.mode: files`` (``read_ensemble``) and each tiled member is cut from them,
+by a small cutter here (netCDF4) or by ``ncks -d`` from NCO, halo included.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+from pathlib import Path
+
+import netCDF4
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from ensio.cli.synth import main as synth_main
+from ensio.config import ConfigError
+from ensio.config.load import load_config
+from ensio.errors import InputError
+from ensio.io.ensemble import read_ensemble, write_ensemble
+from ensio.io.tiled import TiledEnsemble
+from ensio.layout.block import EnsembleBlock
+from ensio.layout.tiles import TileBox, TileGeometry, declared_geometry, nemo_box
+
+NX, NY, NE = 13, 10, 3
+PATTERN = "tiles/mem{member:03d}_{tile:04d}.nc"
+
+
+# ------------------------------------------------------------------------ helpers
+
+
+@pytest.fixture(scope="module", params=[None, 2], ids=["2d", "3levels"])
+def case(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tiles") / "case"
+    argv = [str(out), "--nx", str(NX), "--ny", str(NY), "--members", str(NE), "--seed", "5",
+            "--format", "cdf5"]  # fmt: skip
+    if request.param is not None:
+        argv += ["--levels", str(request.param)]
+    assert synth_main(argv) == 0
+    return out
+
+
+def fresh(case: Path, tmp_path: Path) -> Path:
+    """A private copy of the synthetic case (the tests write into it)."""
+    dst = tmp_path / "case"
+    shutil.copytree(case, dst)
+    return dst
+
+
+def box_with_halo(b: TileBox) -> tuple[slice, slice]:
+    return slice(b.y0 - b.hy0, b.y1 + b.hy1), slice(b.x0 - b.hx0, b.x1 + b.hx1)
+
+
+def nemo_attrs(b: TileBox, count: int) -> dict[str, object]:
+    """NEMO's DOMAIN_* attributes of tile ``b`` (our reading: (i, j), 1-based, halo incl.)."""
+    return {
+        "DOMAIN_number_total": np.int32(count),
+        "DOMAIN_number": np.int32(b.index),
+        "DOMAIN_dimensions_ids": np.array([2, 1], dtype=np.int32),
+        "DOMAIN_size_global": np.array([NX, NY], dtype=np.int32),
+        "DOMAIN_size_local": np.array([b.file_shape[1], b.file_shape[0]], dtype=np.int32),
+        "DOMAIN_position_first": np.array([b.x0 - b.hx0 + 1, b.y0 - b.hy0 + 1], dtype=np.int32),
+        "DOMAIN_position_last": np.array([b.x1 + b.hx1, b.y1 + b.hy1], dtype=np.int32),
+        "DOMAIN_halo_size_start": np.array([b.hx0, b.hy0], dtype=np.int32),
+        "DOMAIN_halo_size_end": np.array([b.hx1, b.hy1], dtype=np.int32),
+        "DOMAIN_type": "BOX",
+    }
+
+
+def cut(src: Path, dst: Path, b: TileBox, attrs: dict[str, object] | None = None) -> None:
+    """Write tile ``b`` (interior + halo) of ``src`` to ``dst``: every lat/lon variable sliced."""
+    ys, xs = box_with_halo(b)
+    with netCDF4.Dataset(src) as s, netCDF4.Dataset(dst, "w", format=s.data_model) as d:
+        for name, dim in s.dimensions.items():
+            size = {"lat": b.file_shape[0], "lon": b.file_shape[1]}.get(name, len(dim))
+            d.createDimension(name, None if dim.isunlimited() else size)
+        for name, var in s.variables.items():
+            s.set_auto_maskandscale(False)
+            out = d.createVariable(name, var.dtype, var.dimensions)
+            out.setncatts({k: var.getncattr(k) for k in var.ncattrs()})
+            index = tuple({"lat": ys, "lon": xs}.get(dim, slice(None)) for dim in var.dimensions)
+            out.set_auto_maskandscale(False)
+            out[...] = var[...][index] if var.dimensions else var[...]
+        d.setncatts({k: s.getncattr(k) for k in s.ncattrs()} | (attrs or {}))
+
+
+def tile_case(case: Path, geo: TileGeometry, *, nemo: bool = False) -> None:
+    (case / "tiles").mkdir(exist_ok=True)
+    for m in range(1, NE + 1):
+        for b in geo.boxes:
+            dst = case / PATTERN.format(member=m, tile=b.index)
+            cut(case / f"mem{m:03d}.nc", dst, b, nemo_attrs(b, geo.count) if nemo else None)
+
+
+def tiled(case: Path, count: int | None, layout: tuple[int, int] = (1, 1), halo: int = 0):
+    sets = [f"ensemble.members={PATTERN}"]
+    if count is not None:
+        sets.append(f"ensemble.tiles={{count: {count}, layout: [{layout[0]}, {layout[1]}], "
+                    f"halo: {halo}}}")  # fmt: skip
+    cfg = load_config(case / "ensio.yaml", sets)
+    return TiledEnsemble(cfg.ensemble, cfg.base_dir)
+
+
+def single_read(case: Path) -> np.ndarray:
+    return read_ensemble(load_config(case / "ensio.yaml"), MPI.COMM_SELF).data
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def tile_values(path: Path) -> np.ndarray:
+    with netCDF4.Dataset(path) as ds:
+        ds.set_auto_maskandscale(False)
+        return np.array(ds["state"][...])
+
+
+# ----------------------------------------------------------------------- geometry
+
+
+@pytest.mark.parametrize("grid", [(10, 13), (7, 5), (4, 4)])
+@pytest.mark.parametrize("layout", [(1, 1), (2, 1), (1, 3), (3, 2), (4, 4)])
+@pytest.mark.parametrize("halo", [0, 1, 2])
+def test_declared_cover_and_runs(grid, layout, halo) -> None:
+    """Every point owned once; runs map global elements to the right tile elements."""
+    geo = declared_geometry(grid, layout[0] * layout[1], layout, halo)
+    geo.check()
+    ny, nx = grid
+    g_all = np.zeros(2 * ny * nx, dtype=np.int64)
+    field = np.arange(2 * ny * nx).reshape(2, ny, nx)
+    for b in geo.boxes:
+        assert (b.index % layout[0], b.index // layout[0]) == (
+            [k for k in range(layout[0]) if b.x0 == sum(_sizes(nx, layout[0])[:k])][0],
+            [k for k in range(layout[1]) if b.y0 == sum(_sizes(ny, layout[1])[:k])][0],
+        )
+        ys, xs = box_with_halo(b)
+        tile = field[:, ys, xs]
+        assert tile.shape[1:] == b.file_shape
+        g, t, n = b.runs((2, ny, nx), grid)
+        for gk, tk in zip(g, t, strict=True):
+            np.testing.assert_array_equal(field.ravel()[gk : gk + n], tile.ravel()[tk : tk + n])
+            g_all[gk : gk + n] += 1
+    np.testing.assert_array_equal(g_all, 1)
+
+
+def _sizes(n: int, p: int) -> list[int]:
+    """Block sizes written out independently: the first n mod p blocks one larger."""
+    return [n // p + (1 if k < n % p else 0) for k in range(p)]
+
+
+def test_check_finds_overlap_and_gap() -> None:
+    a = TileBox(0, 0, 5, 0, 7)
+    with pytest.raises(InputError, match="f1.nc: tile interior overlaps that of f0.nc"):
+        TileGeometry((10, 13), (a, TileBox(1, 4, 10, 0, 13))).check(["f0.nc", "f1.nc"])
+    with pytest.raises(InputError, match="uncovered .first at y=0, x=7"):
+        TileGeometry((10, 13), (a, TileBox(1, 5, 10, 0, 13))).check(["f0.nc", "f1.nc"])
+
+
+def test_nemo_box_reading() -> None:
+    b = TileBox(3, 4, 8, 6, 13, 1, 1, 1, 0)
+    got, total, grid = nemo_box(nemo_attrs(b, 6), 3, "x.nc")
+    assert (got, total, grid) == (b, 6, (NY, NX))
+    attrs = nemo_attrs(b, 6)
+    del attrs["DOMAIN_halo_size_end"]
+    with pytest.raises(InputError, match="x.nc: global attribute DOMAIN_halo_size_end missing"):
+        nemo_box(attrs, 3, "x.nc")
+
+
+# ------------------------------------------------------------------- read / write
+
+
+@pytest.mark.parametrize("layout,halo", [((1, 1), 0), ((2, 2), 1), ((3, 2), 2), ((1, 4), 1)])
+@pytest.mark.parametrize("nemo", [False, True], ids=["declared", "nemo"])
+def test_tiled_read_equals_single_file(case, tmp_path, layout, halo, nemo) -> None:
+    case = fresh(case, tmp_path)
+    count = layout[0] * layout[1]
+    tile_case(case, declared_geometry((NY, NX), count, layout, halo), nemo=nemo)
+    ens = tiled(case, None if nemo else count, layout, halo)
+    ref = single_read(case)
+    got = ens.read()
+    assert got.shape == ref.shape
+    assert got.tobytes() == ref.tobytes()
+
+
+def test_ncks_cut_with_halo(case, tmp_path) -> None:
+    """Tiles cut by NCO (`ncks -d`, halo included) read as the single files."""
+    if shutil.which("ncks") is None:
+        pytest.skip("ncks (NCO) not installed")
+    case = fresh(case, tmp_path)
+    geo = declared_geometry((NY, NX), 6, (3, 2), 1)
+    (case / "tiles").mkdir()
+    for m in range(1, NE + 1):
+        for b in geo.boxes:
+            ys, xs = box_with_halo(b)
+            subprocess.run(
+                ["ncks", "-O", "-d", f"lat,{ys.start},{ys.stop - 1}",
+                 "-d", f"lon,{xs.start},{xs.stop - 1}",
+                 str(case / f"mem{m:03d}.nc"), str(case / PATTERN.format(member=m, tile=b.index))],
+                check=True, capture_output=True,
+            )  # fmt: skip
+    assert tiled(case, 6, (3, 2), 1).read().tobytes() == single_read(case).tobytes()
+
+
+@pytest.mark.parametrize("nemo", [False, True], ids=["declared", "nemo"])
+def test_write_interior_only(case, tmp_path, rng, nemo) -> None:
+    """An analysis written to tiles: interiors equal the single-file write, halos untouched."""
+    case = fresh(case, tmp_path)
+    geo = declared_geometry((NY, NX), 6, (2, 3), 1)
+    tile_case(case, geo, nemo=nemo)
+    ens = tiled(case, None if nemo else 6, (2, 3), 1)
+    first = {b.index: case / PATTERN.format(member=1, tile=b.index) for b in geo.boxes}
+    before = {t: tile_values(path) for t, path in first.items()}
+    ref = single_read(case)
+    analysis = ref + rng.standard_normal(ref.shape)
+    ens.write(analysis)
+    cfg = load_config(case / "ensio.yaml")
+    write_ensemble(cfg, MPI.COMM_SELF, EnsembleBlock(ens.layout, 0, ref.shape[1], analysis))
+    assert ens.read().tobytes() == single_read(case).tobytes()
+    for m in range(1, NE + 1):
+        with netCDF4.Dataset(case / f"mem{m:03d}.nc") as ds:
+            whole = np.array(ds["state"][...])
+        for b in geo.boxes:
+            now = tile_values(case / PATTERN.format(member=m, tile=b.index))
+            iy, ix = b.interior()
+            np.testing.assert_allclose(now[..., iy, ix], whole[..., b.y0 : b.y1, b.x0 : b.x1],
+                                       rtol=0, atol=1e-12)  # fmt: skip
+            if m == 1:
+                halo = np.ones(b.file_shape, dtype=bool)
+                halo[iy, ix] = False
+                np.testing.assert_array_equal(now[..., halo], before[b.index][..., halo])
+    assert not (case / "tiles" / ".ensio-journal").exists() or not any(
+        (case / "tiles" / ".ensio-journal").iterdir()
+    )
+
+
+# ---------------------------------------------------------------------- bad input
+
+
+def _snapshot(case: Path) -> dict[str, str]:
+    return {p.name: digest(p) for p in sorted((case / "tiles").glob("*.nc"))}
+
+
+def test_missing_tile(case, tmp_path) -> None:
+    case = fresh(case, tmp_path)
+    tile_case(case, declared_geometry((NY, NX), 4, (2, 2), 1))
+    gone = case / PATTERN.format(member=2, tile=3)
+    gone.unlink()
+    with pytest.raises(InputError, match=f"^{gone}: tile file not found$"):
+        tiled(case, 4, (2, 2), 1)
+
+
+def test_wrong_shape_tile(case, tmp_path) -> None:
+    case = fresh(case, tmp_path)
+    geo = declared_geometry((NY, NX), 4, (2, 2), 1)
+    tile_case(case, geo)
+    bad = case / PATTERN.format(member=3, tile=2)
+    wide = TileBox(2, geo.boxes[2].y0, geo.boxes[2].y1, 0, NX, *(geo.boxes[2].hy0, 0, 0, 0))
+    cut(case / "mem003.nc", bad, wide)
+    snap = _snapshot(case)
+    with pytest.raises(InputError, match=f"^{bad}: state variable 'state' has shape"):
+        tiled(case, 4, (2, 2), 1)
+    assert _snapshot(case) == snap
+
+
+def test_declared_layout_that_does_not_fit(case, tmp_path) -> None:
+    case = fresh(case, tmp_path)
+    tile_case(case, declared_geometry((NY, NX), 4, (2, 2), 1))
+    with pytest.raises(InputError, match="tile 0 .* shape|fit no 4x1 block"):
+        tiled(case, 4, (4, 1), 1)
+
+
+@pytest.mark.parametrize("fault", ["overlap", "gap"])
+def test_nemo_overlap_or_gap(case, tmp_path, fault) -> None:
+    case = fresh(case, tmp_path)
+    geo = declared_geometry((NY, NX), 4, (2, 2), 0)
+    tile_case(case, geo, nemo=True)
+    b = geo.boxes[1]
+    # tile 1's attributes claim one column more (overlap) or less (gap) to the west
+    shift = -1 if fault == "overlap" else 1
+    moved = TileBox(1, b.y0, b.y1, b.x0 + shift, b.x1)
+    path = case / PATTERN.format(member=1, tile=1)
+    with netCDF4.Dataset(path, "a") as ds:
+        ds.setncatts(nemo_attrs(moved, 4))
+    snap = _snapshot(case)
+    want = "overlaps that of" if fault == "overlap" else "uncovered"
+    with pytest.raises(InputError, match=want):
+        tiled(case, None)
+    assert _snapshot(case) == snap
+
+
+def test_tile_without_decomposition(case, tmp_path) -> None:
+    case = fresh(case, tmp_path)
+    tile_case(case, declared_geometry((NY, NX), 4, (2, 2), 0))
+    first = case / PATTERN.format(member=1, tile=0)
+    with pytest.raises(InputError, match=f"^{first}: ensemble.members has {{tile}} but no "):
+        tiled(case, None)
+
+
+def test_config_keys(case) -> None:
+    with pytest.raises(ConfigError, match=r"^ensemble.tiles: pattern .* has no \{tile\}"):
+        load_config(case / "ensio.yaml", ["ensemble.tiles={count: 2, layout: [2, 1]}"])
+    with pytest.raises(ConfigError, match=r"^ensemble.tiles.layout: \[2, 2\] is not"):
+        load_config(case / "ensio.yaml", [f"ensemble.members={PATTERN}",
+                                          "ensemble.tiles={count: 2, layout: [2, 2]}"])  # fmt: skip
+    cfg = load_config(case / "ensio.yaml", [f"ensemble.members={PATTERN}"])
+    with pytest.raises(ConfigError, match=r"^ensemble.members: .* names tiled members"):
+        cfg.member_paths()
