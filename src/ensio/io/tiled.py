@@ -31,7 +31,7 @@ import numpy as np
 
 from ..config.schema import EnsembleSection
 from ..errors import InputError
-from ..layout.state import StateLayout, VariableLayout, check_state_dtype
+from ..layout.state import StateLayout, VarMeta, build_layout
 from ..layout.tiles import TileBox, TileGeometry, declared_geometry, nemo_box
 from . import journal as journal_mod
 from .open import open_member
@@ -191,7 +191,7 @@ class TiledEnsemble:
             for path, infos in zip(self.paths[0], first, strict=True)
         ]
         self.geometry = tile_geometry(ens, self.paths[0], shapes)
-        self.layout = self._global_layout(first[0])
+        self.layout = self._global_layout(ens, first[0])
         self._runs = self._plan()
         for tiles in self.paths:
             for path, box in zip(tiles, self.geometry.boxes, strict=True):
@@ -205,27 +205,47 @@ class TiledEnsemble:
                 raise InputError(f"{path}: state variable '{name}' not found")
         return infos
 
-    def _global_layout(self, infos: dict[str, VarInfo]) -> StateLayout:
-        variables, offset = [], 0
-        for name in self.names:
-            info = infos[name]
-            check_state_dtype(info, str(self.paths[0][0]))  # type: ignore[arg-type]
-            shape = (*info.shape[:-2], *self.geometry.grid)
-            size = int(np.prod(shape, dtype=np.int64))
-            variables.append(
-                VariableLayout(
-                    name,
-                    info.dims,
-                    shape,
-                    np.dtype(info.dtype).newbyteorder("="),
-                    offset,
-                    size,
-                    None,
-                    info.encoding,
-                )
+    def _global_layout(self, ens: EnsembleSection, infos: dict[str, VarInfo]) -> StateLayout:
+        """The layout of the virtual global member, coordinates assembled from member 1's tiles.
+
+        A variable of tile 0 whose dims include the state's (lat, lon) dims
+        gets the global size along them; its values (coordinates only) are
+        the tiles' interiors put together.
+        """
+        state = infos[self.names[0]]
+        ydim, xdim = state.dims[-2], state.dims[-1]
+        grid = dict(zip((ydim, xdim), self.geometry.grid, strict=True))
+        metas = {
+            name: VarMeta(
+                name,
+                info.dims,
+                tuple(grid.get(d, n) for d, n in zip(info.dims, info.shape, strict=True)),
+                info.dtype,
+                info.encoding,
             )
-            offset += size
-        return StateLayout(tuple(variables), offset)
+            for name, info in infos.items()
+        }
+
+        def read_var(name: str) -> np.ndarray:
+            meta = metas[name]
+            out = None
+            for path, box in zip(self.paths[0], self.geometry.boxes, strict=True):
+                with open_member(path) as store:
+                    info = store.variables()[name]
+                    part = np.asarray(store.read_elements(name, 0, info.size)).reshape(info.shape)
+                if out is None:
+                    out = np.empty(meta.shape, dtype=part.dtype)
+                iy, ix = box.interior()
+                src = tuple({ydim: iy, xdim: ix}.get(d, slice(None)) for d in meta.dims)
+                dst = tuple(
+                    {ydim: slice(box.y0, box.y1), xdim: slice(box.x0, box.x1)}.get(d, slice(None))
+                    for d in meta.dims
+                )
+                out[dst] = part[src]
+            assert out is not None
+            return out
+
+        return build_layout(ens.variables, metas, read_var, ens.coordinates, str(self.paths[0][0]))
 
     def _check_tile(self, path: Path, box: TileBox) -> None:
         infos = self._infos(path)
@@ -255,50 +275,63 @@ class TiledEnsemble:
     def n_members(self) -> int:
         return len(self.paths)
 
-    def read(self) -> np.ndarray:
-        """The ensemble matrix, shape (N_e, N_x): physical values, missing as NaN."""
-        out = np.empty((self.n_members, self.layout.n_rows), dtype=np.float64)
+    def read(self, lo: int = 0, hi: int | None = None) -> np.ndarray:
+        """Rows ``[lo, hi)`` of the ensemble matrix, shape (N_e, hi - lo).
+
+        Physical values, missing ones NaN; only the tiles (and, in each, only
+        the element range) that hold those rows are read.
+        """
+        hi = self.layout.n_rows if hi is None else hi
+        out = np.empty((self.n_members, hi - lo), dtype=np.float64)
         for m, tiles in enumerate(self.paths):
             for path, runs in zip(tiles, self._runs, strict=True):
+                wins = [_window(run, lo, hi) for run in runs]
+                if all(a == b for a, b in wins):
+                    continue
                 with open_member(path) as store:
                     infos = store.variables()
-                    for name, run in zip(self.names, runs, strict=True):
+                    for name, run, (a, b) in zip(self.names, runs, wins, strict=True):
+                        if a == b:
+                            continue
                         info = infos[name]
-                        whole = store.read_elements(name, 0, info.size)
-                        dst = np.empty(run.rows.size, dtype=np.float64)
-                        info.encoding.decode(np.ascontiguousarray(whole.ravel()[run.tile_idx]), dst)
-                        out[m, run.rows] = dst
+                        e0, e1 = int(run.tile_idx[a]), int(run.tile_idx[b - 1]) + 1
+                        part = np.asarray(store.read_elements(name, e0, e1)).ravel()
+                        dst = np.empty(b - a, dtype=np.float64)
+                        info.encoding.decode(
+                            np.ascontiguousarray(part[run.tile_idx[a:b] - e0]), dst
+                        )
+                        out[m, run.rows[a:b] - lo] = dst
         return out
+
+    def check_writable(self) -> None:
+        """Every state variable of every tile is one raw byte range (else InputError)."""
+        for tiles in self.paths:
+            for path in tiles:
+                infos = self._infos(path)
+                for name in self.names:
+                    if infos[name].raw_offset is None:
+                        raise InputError(
+                            f"{path}: variable '{name}' has no raw byte range (chunked or "
+                            "compressed); tiles are written in place only"
+                        )
 
     def write(self, data: np.ndarray, *, journal: bool = True, fsync: bool = False) -> int:
         """Write the analysis ``data`` (N_e, N_x) into every tile's interior, in place.
 
-        Non-finite values keep the prior bytes (inactive points), as in
-        ``files`` mode. Only raw (contiguous) variables can be written; that
-        is checked for every tile before anything is written. Returns the
-        number of values clipped by packing.
+        The one-process form of :meth:`write_rows`, journaled and committed
+        (or rolled back on error) here. Returns the number of values clipped
+        by packing.
         """
         if data.shape != (self.n_members, self.layout.n_rows):
             raise ValueError(
                 f"data shape {data.shape} is not ({self.n_members}, {self.layout.n_rows})"
             )
-        infos = [[self._infos(p) for p in tiles] for tiles in self.paths]
-        for tiles, per_tile in zip(self.paths, infos, strict=True):
-            for path, inf in zip(tiles, per_tile, strict=True):
-                for name in self.names:
-                    if inf[name].raw_offset is None:
-                        raise InputError(
-                            f"{path}: variable '{name}' has no raw byte range "
-                            "(chunked or compressed); tiles are written in place only"
-                        )
+        self.check_writable()
         root = journal_mod.journal_root(self.paths[0][0])
         journal_mod.recover(root)
         undo = journal_mod.UndoLog.create(root, 0, fsync=fsync) if journal else None
-        clips = 0
         try:
-            for m, tiles in enumerate(self.paths):
-                for path, inf, runs in zip(tiles, infos[m], self._runs, strict=True):
-                    clips += self._write_tile(path, inf, runs, data[m], undo, fsync)
+            clips = self.write_rows(data, 0, undo, fsync)
         except BaseException:
             if undo is not None:
                 undo.close()
@@ -309,36 +342,70 @@ class TiledEnsemble:
             journal_mod.commit(root, fsync=fsync)
         return clips
 
-    def _write_tile(
-        self,
-        path: Path,
-        infos: dict[str, VarInfo],
-        runs: list[_Run],
-        row: np.ndarray,
-        undo: journal_mod.UndoLog | None,
-        fsync: bool,
+    def write_rows(
+        self, data: np.ndarray, lo: int, undo: journal_mod.UndoLog | None, fsync: bool
     ) -> int:
+        """Write rows ``[lo, lo + data.shape[1])`` of every member into the tiles' interiors.
+
+        Non-finite values keep the prior bytes (inactive points), as in
+        ``files`` mode; the prior bytes of every run written are saved to
+        ``undo`` first. Only bytes of interior points in the row range are
+        touched, so ranks with disjoint row ranges can write the same tile
+        concurrently. Returns the number of values clipped by packing.
+        """
+        hi = lo + data.shape[1]
         clips = 0
-        fd = os.open(path, os.O_RDWR)
-        try:
-            for name, run in zip(self.names, runs, strict=True):
-                info = infos[name]
-                prior_all = raw_read(fd, info, 0, info.size, path=path)
-                values = np.ascontiguousarray(row[run.rows])
-                new = np.empty(values.size, dtype=info.dtype)
-                clips += info.encoding.encode(values, new)
-                if info.encoding.packed or not np.isfinite(values).all():
-                    info.encoding.keep_prior(prior_all[run.tile_idx], values, new)
-                size = info.dtype.itemsize
-                for k, start in enumerate(run.starts):
-                    if undo is not None:
-                        prior = np.ascontiguousarray(prior_all[start : start + run.length])
-                        undo.save(path, info.raw_offset + int(start) * size, prior)  # type: ignore[operator]
-                    raw_write(
-                        fd, info, int(start), new[k * run.length : (k + 1) * run.length], path=path
-                    )
-            if fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
+        for m, tiles in enumerate(self.paths):
+            for path, runs in zip(tiles, self._runs, strict=True):
+                wins = [_window(run, lo, hi) for run in runs]
+                if all(a == b for a, b in wins):
+                    continue
+                infos = self._infos(path)
+                fd = os.open(path, os.O_RDWR)
+                try:
+                    for name, run, win in zip(self.names, runs, wins, strict=True):
+                        values = data[m, run.rows[win[0] : win[1]] - lo]
+                        clips += _write_window(fd, path, infos[name], run, win, values, undo)
+                    if fsync:
+                        os.fsync(fd)
+                finally:
+                    os.close(fd)
         return clips
+
+
+def _window(run: _Run, lo: int, hi: int) -> tuple[int, int]:
+    """Positions ``[a, b)`` of ``run.rows`` (sorted) inside rows ``[lo, hi)``."""
+    return int(np.searchsorted(run.rows, lo)), int(np.searchsorted(run.rows, hi))
+
+
+def _write_window(
+    fd: int,
+    path: Path,
+    info: VarInfo,
+    run: _Run,
+    win: tuple[int, int],
+    values: np.ndarray,
+    undo: journal_mod.UndoLog | None,
+) -> int:
+    """Encode ``values`` (rows of window ``win``) and pwrite them run piece by run piece."""
+    a, b = win
+    if a == b:
+        return 0
+    idx = run.tile_idx[a:b]
+    e0, e1 = int(idx[0]), int(idx[-1]) + 1
+    prior = raw_read(fd, info, e0, e1, path=path)
+    values = np.ascontiguousarray(values, dtype=np.float64)
+    new = np.empty(b - a, dtype=info.dtype)
+    clips = info.encoding.encode(values, new)
+    if info.encoding.packed or not np.isfinite(values).all():
+        info.encoding.keep_prior(prior[idx - e0], values, new)
+    # pieces: maximal stretches of the window inside one run (contiguous in the file)
+    cuts = np.flatnonzero(np.diff(np.arange(a, b) // run.length)) + 1
+    size = info.dtype.itemsize
+    for p, q in zip([0, *cuts], [*cuts, b - a], strict=True):
+        start = int(idx[p])
+        if undo is not None:
+            old = np.ascontiguousarray(prior[start - e0 : start - e0 + q - p])
+            undo.save(path, int(info.raw_offset) + start * size, old)  # type: ignore[arg-type]
+        raw_write(fd, info, start, new[p:q], path=path)
+    return clips

@@ -1,0 +1,157 @@
+"""Collective read/write of tiled members over a communicator (``{tile}`` patterns).
+
+Every rank owns its contiguous rows of the global state
+(:class:`~ensio.parallel.distribution.RowDistribution`) and reads, from each
+member's P tile files, only the interior elements of those rows; on write it
+pwrites them back in place, journaling their prior bytes in its own undo log.
+No scatter is needed: a tile's interior runs (one per latitude line) are the
+unit, and ranks with disjoint rows touch disjoint bytes. This is the ``files``
+semantics (one matrix, all or nothing, recoverable) for tiles; the group
+shuffle of issue 13 item 2 is a different data path over the same geometry.
+
+Interface as :class:`~ensio.io.ensemble.EnsembleIO` (``read``, ``write``,
+``close``, context manager), so that the analysis can use it unchanged once
+the offline driver opens it for a tiled configuration.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+from mpi4py import MPI
+
+from ..config.schema import EnsembleSection, IOSection
+from ..layout.block import EnsembleBlock
+from ..parallel.agree import agree, raise_if_any, rebuild, root_call
+from ..parallel.distribution import RowDistribution
+from ..progress import Advance, no_progress
+from . import journal as journal_mod
+from .pipeline import guard
+from .stats import IOStats
+from .tiled import TiledEnsemble
+
+__all__ = ["TiledEnsembleIO"]
+
+
+class TiledEnsembleIO:
+    """Collective: tiled members ⇄ the row-distributed ensemble matrix.
+
+    Parameters
+    ----------
+    ens : EnsembleSection
+        With ``{tile}`` in ``members`` (and ``tiles`` or NEMO attributes).
+    base : Path
+        Directory relative patterns resolve against (``config.base_dir``).
+    io : IOSection
+        ``journal`` and ``fsync``.
+    comm : MPI.Comm
+        Not freed.
+
+    Raises
+    ------
+    InputError
+        On every rank, from rank 0's validation (:class:`TiledEnsemble`),
+        before any file is written.
+    """
+
+    mode: ClassVar[str] = "files"
+
+    def __init__(self, ens: EnsembleSection, base: Path, io: IOSection, comm: MPI.Comm) -> None:
+        self.io, self.comm = io, comm
+        first = ens.tile_path(ens.numbers[0], 0, base)
+        self.root = journal_mod.journal_root(first)
+        root_call(comm, lambda: journal_mod.recover(self.root))
+        self.tiled: TiledEnsemble = root_call(comm, lambda: TiledEnsemble(ens, base))
+        self.layout = self.tiled.layout
+        self.rows = RowDistribution.of(self.layout.n_rows, comm)
+        self.n_io = comm.size
+        self.stats: IOStats | None = None
+
+    def __enter__(self) -> TiledEnsembleIO:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Nothing to free (no communicators are split)."""
+
+    @property
+    def n_members(self) -> int:
+        return self.tiled.n_members
+
+    def read(
+        self, out: EnsembleBlock | None = None, *, overlap: bool = True,
+        progress: Advance = no_progress,
+    ) -> EnsembleBlock:  # fmt: skip
+        """Collective: this rank's rows of every member, shape (N_e, count).
+
+        ``out`` and ``overlap`` are accepted for the interface and ignored.
+        """
+        del out, overlap
+        t0 = time.perf_counter()
+        data = np.empty((self.n_members, self.rows.count))
+        note = guard(
+            lambda: data.__setitem__(..., self.tiled.read(self.rows.start, self.rows.stop))
+        )
+        raise_if_any(self.comm, note)
+        for _ in range(self.n_members):
+            progress()
+        block = EnsembleBlock(self.layout, self.rows.start, self.rows.count, data)
+        block.inactive = block.inactive_rows()
+        self.stats = _stats(time.perf_counter() - t0, self.comm)
+        return block
+
+    def write(
+        self, block: EnsembleBlock, *, overlap: bool = True, journal: bool | None = None,
+        progress: Advance = no_progress,
+    ) -> IOStats:  # fmt: skip
+        """Collective: this rank's rows back into the tiles' interiors, in place, all or nothing.
+
+        Each rank journals the prior bytes of what it writes; if any rank
+        fails, every tile is rolled back (:func:`ensio.io.journal.abort`)
+        before the error is raised on every rank.
+        """
+        del overlap
+        t0 = time.perf_counter()
+        if block.start != self.rows.start or block.data.shape != (self.n_members, self.rows.count):
+            raise ValueError(
+                f"ensemble block rows [{block.start}, {block.start + block.count}) do not "
+                f"match this rank's [{self.rows.start}, {self.rows.stop})"
+            )
+        root_call(self.comm, self.tiled.check_writable)
+        journaled = self.io.journal if journal is None else journal
+        fsync = self.io.fsync
+        data = np.array(block.data, dtype=np.float64)
+        keep = block.inactive_rows()
+        if keep.any():
+            data[:, keep] = np.nan  # inactive rows keep their bytes
+        undo = (
+            journal_mod.UndoLog.create(self.root, self.comm.rank, fsync=fsync)
+            if journaled else None
+        )  # fmt: skip
+        try:
+            note = guard(lambda: self.tiled.write_rows(data, self.rows.start, undo, fsync))
+        finally:
+            if undo is not None:
+                undo.close()
+        note = agree(self.comm, note)
+        if note is not None:
+            if journaled:
+                root_call(self.comm, lambda: journal_mod.abort(self.root, fsync=fsync))
+            raise rebuild(note)
+        self.comm.Barrier()  # every rank's bytes are written before the journal is committed
+        if journaled:
+            root_call(self.comm, lambda: journal_mod.commit(self.root, fsync=fsync))
+        for _ in range(self.n_members):
+            progress()
+        self.stats = _stats(time.perf_counter() - t0, self.comm)
+        return self.stats
+
+
+def _stats(seconds: float, comm: MPI.Comm) -> IOStats:
+    """Timing only (the per-phase breakdown of ``files`` mode is not measured here)."""
+    return IOStats(total_seconds=float(comm.allreduce(seconds, op=MPI.MAX)))
