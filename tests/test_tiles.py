@@ -16,6 +16,7 @@ import netCDF4
 import numpy as np
 import pytest
 from mpi4py import MPI
+from tiles_support import PATTERN, box_with_halo, cut, nemo_attrs, tile_case, tile_values
 
 from ensio.analysis.inputs import assimilate_block, observation_sources
 from ensio.cli.synth import main as synth_main
@@ -29,7 +30,6 @@ from ensio.layout.block import EnsembleBlock
 from ensio.layout.tiles import TileBox, TileGeometry, declared_geometry, nemo_box
 
 NX, NY, NE = 13, 10, 3
-PATTERN = "tiles/mem{member:03d}_{tile:04d}.nc"
 
 
 # ------------------------------------------------------------------------ helpers
@@ -53,51 +53,6 @@ def fresh(case: Path, tmp_path: Path) -> Path:
     return dst
 
 
-def box_with_halo(b: TileBox) -> tuple[slice, slice]:
-    return slice(b.y0 - b.hy0, b.y1 + b.hy1), slice(b.x0 - b.hx0, b.x1 + b.hx1)
-
-
-def nemo_attrs(b: TileBox, count: int) -> dict[str, object]:
-    """NEMO's DOMAIN_* attributes of tile ``b`` (our reading: (i, j), 1-based, halo incl.)."""
-    return {
-        "DOMAIN_number_total": np.int32(count),
-        "DOMAIN_number": np.int32(b.index),
-        "DOMAIN_dimensions_ids": np.array([2, 1], dtype=np.int32),
-        "DOMAIN_size_global": np.array([NX, NY], dtype=np.int32),
-        "DOMAIN_size_local": np.array([b.file_shape[1], b.file_shape[0]], dtype=np.int32),
-        "DOMAIN_position_first": np.array([b.x0 - b.hx0 + 1, b.y0 - b.hy0 + 1], dtype=np.int32),
-        "DOMAIN_position_last": np.array([b.x1 + b.hx1, b.y1 + b.hy1], dtype=np.int32),
-        "DOMAIN_halo_size_start": np.array([b.hx0, b.hy0], dtype=np.int32),
-        "DOMAIN_halo_size_end": np.array([b.hx1, b.hy1], dtype=np.int32),
-        "DOMAIN_type": "BOX",
-    }
-
-
-def cut(src: Path, dst: Path, b: TileBox, attrs: dict[str, object] | None = None) -> None:
-    """Write tile ``b`` (interior + halo) of ``src`` to ``dst``: every lat/lon variable sliced."""
-    ys, xs = box_with_halo(b)
-    with netCDF4.Dataset(src) as s, netCDF4.Dataset(dst, "w", format=s.data_model) as d:
-        for name, dim in s.dimensions.items():
-            size = {"lat": b.file_shape[0], "lon": b.file_shape[1]}.get(name, len(dim))
-            d.createDimension(name, None if dim.isunlimited() else size)
-        for name, var in s.variables.items():
-            s.set_auto_maskandscale(False)
-            out = d.createVariable(name, var.dtype, var.dimensions)
-            out.setncatts({k: var.getncattr(k) for k in var.ncattrs()})
-            index = tuple({"lat": ys, "lon": xs}.get(dim, slice(None)) for dim in var.dimensions)
-            out.set_auto_maskandscale(False)
-            out[...] = var[...][index] if var.dimensions else var[...]
-        d.setncatts({k: s.getncattr(k) for k in s.ncattrs()} | (attrs or {}))
-
-
-def tile_case(case: Path, geo: TileGeometry, *, nemo: bool = False) -> None:
-    (case / "tiles").mkdir(exist_ok=True)
-    for m in range(1, NE + 1):
-        for b in geo.boxes:
-            dst = case / PATTERN.format(member=m, tile=b.index)
-            cut(case / f"mem{m:03d}.nc", dst, b, nemo_attrs(b, geo.count) if nemo else None)
-
-
 def tiled(case: Path, count: int | None, layout: tuple[int, int] = (1, 1), halo: int = 0):
     sets = [f"ensemble.members={PATTERN}"]
     if count is not None:
@@ -113,12 +68,6 @@ def single_read(case: Path) -> np.ndarray:
 
 def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def tile_values(path: Path) -> np.ndarray:
-    with netCDF4.Dataset(path) as ds:
-        ds.set_auto_maskandscale(False)
-        return np.array(ds["state"][...])
 
 
 # ----------------------------------------------------------------------- geometry
@@ -164,9 +113,9 @@ def test_check_finds_overlap_and_gap() -> None:
 
 def test_nemo_box_reading() -> None:
     b = TileBox(3, 4, 8, 6, 13, 1, 1, 1, 0)
-    got, total, grid = nemo_box(nemo_attrs(b, 6), 3, "x.nc")
+    got, total, grid = nemo_box(nemo_attrs(b, 6, (NY, NX)), 3, "x.nc")
     assert (got, total, grid) == (b, 6, (NY, NX))
-    attrs = nemo_attrs(b, 6)
+    attrs = nemo_attrs(b, 6, (NY, NX))
     del attrs["DOMAIN_halo_size_end"]
     with pytest.raises(InputError, match="x.nc: global attribute DOMAIN_halo_size_end missing"):
         nemo_box(attrs, 3, "x.nc")
@@ -180,7 +129,7 @@ def test_nemo_box_reading() -> None:
 def test_tiled_read_equals_single_file(case, tmp_path, layout, halo, nemo) -> None:
     case = fresh(case, tmp_path)
     count = layout[0] * layout[1]
-    tile_case(case, declared_geometry((NY, NX), count, layout, halo), nemo=nemo)
+    tile_case(case, declared_geometry((NY, NX), count, layout, halo), NE, nemo=nemo)
     ens = tiled(case, None if nemo else count, layout, halo)
     ref = single_read(case)
     got = ens.read()
@@ -212,7 +161,7 @@ def test_write_interior_only(case, tmp_path, rng, nemo) -> None:
     """An analysis written to tiles: interiors equal the single-file write, halos untouched."""
     case = fresh(case, tmp_path)
     geo = declared_geometry((NY, NX), 6, (2, 3), 1)
-    tile_case(case, geo, nemo=nemo)
+    tile_case(case, geo, NE, nemo=nemo)
     ens = tiled(case, None if nemo else 6, (2, 3), 1)
     first = {b.index: case / PATTERN.format(member=1, tile=b.index) for b in geo.boxes}
     before = {t: tile_values(path) for t, path in first.items()}
@@ -242,7 +191,7 @@ def test_write_interior_only(case, tmp_path, rng, nemo) -> None:
 def test_row_windows(case, tmp_path, rng) -> None:
     """Any row range reads the same rows as the whole read; writes by range compose."""
     case = fresh(case, tmp_path)
-    tile_case(case, declared_geometry((NY, NX), 6, (3, 2), 1))
+    tile_case(case, declared_geometry((NY, NX), 6, (3, 2), 1), NE)
     ens = tiled(case, 6, (3, 2), 1)
     whole = ens.read()
     n = whole.shape[1]
@@ -260,7 +209,7 @@ def test_analysis_on_tiles_equals_single_file(case, tmp_path, nemo) -> None:
     """The LETKF on tiled members gives the single-file analysis; halos stay byte-identical."""
     case = fresh(case, tmp_path)
     geo = declared_geometry((NY, NX), 4, (2, 2), 2)
-    tile_case(case, geo, nemo=nemo)
+    tile_case(case, geo, NE, nemo=nemo)
     halos = {}
     for m in range(1, NE + 1):
         for b in geo.boxes:
@@ -303,7 +252,7 @@ def _snapshot(case: Path) -> dict[str, str]:
 
 def test_missing_tile(case, tmp_path) -> None:
     case = fresh(case, tmp_path)
-    tile_case(case, declared_geometry((NY, NX), 4, (2, 2), 1))
+    tile_case(case, declared_geometry((NY, NX), 4, (2, 2), 1), NE)
     gone = case / PATTERN.format(member=2, tile=3)
     gone.unlink()
     with pytest.raises(InputError, match=f"^{gone}: tile file not found$"):
@@ -313,7 +262,7 @@ def test_missing_tile(case, tmp_path) -> None:
 def test_wrong_shape_tile(case, tmp_path) -> None:
     case = fresh(case, tmp_path)
     geo = declared_geometry((NY, NX), 4, (2, 2), 1)
-    tile_case(case, geo)
+    tile_case(case, geo, NE)
     bad = case / PATTERN.format(member=3, tile=2)
     wide = TileBox(2, geo.boxes[2].y0, geo.boxes[2].y1, 0, NX, *(geo.boxes[2].hy0, 0, 0, 0))
     cut(case / "mem003.nc", bad, wide)
@@ -325,7 +274,7 @@ def test_wrong_shape_tile(case, tmp_path) -> None:
 
 def test_declared_layout_that_does_not_fit(case, tmp_path) -> None:
     case = fresh(case, tmp_path)
-    tile_case(case, declared_geometry((NY, NX), 4, (2, 2), 1))
+    tile_case(case, declared_geometry((NY, NX), 4, (2, 2), 1), NE)
     with pytest.raises(InputError, match="tile 0 .* shape|fit no 4x1 block"):
         tiled(case, 4, (4, 1), 1)
 
@@ -334,14 +283,14 @@ def test_declared_layout_that_does_not_fit(case, tmp_path) -> None:
 def test_nemo_overlap_or_gap(case, tmp_path, fault) -> None:
     case = fresh(case, tmp_path)
     geo = declared_geometry((NY, NX), 4, (2, 2), 0)
-    tile_case(case, geo, nemo=True)
+    tile_case(case, geo, NE, nemo=True)
     b = geo.boxes[1]
     # tile 1's attributes claim one column more (overlap) or less (gap) to the west
     shift = -1 if fault == "overlap" else 1
     moved = TileBox(1, b.y0, b.y1, b.x0 + shift, b.x1)
     path = case / PATTERN.format(member=1, tile=1)
     with netCDF4.Dataset(path, "a") as ds:
-        ds.setncatts(nemo_attrs(moved, 4))
+        ds.setncatts(nemo_attrs(moved, 4, (NY, NX)))
     snap = _snapshot(case)
     want = "overlaps that of" if fault == "overlap" else "uncovered"
     with pytest.raises(InputError, match=want):
@@ -351,7 +300,7 @@ def test_nemo_overlap_or_gap(case, tmp_path, fault) -> None:
 
 def test_tile_without_decomposition(case, tmp_path) -> None:
     case = fresh(case, tmp_path)
-    tile_case(case, declared_geometry((NY, NX), 4, (2, 2), 0))
+    tile_case(case, declared_geometry((NY, NX), 4, (2, 2), 0), NE)
     first = case / PATTERN.format(member=1, tile=0)
     with pytest.raises(InputError, match=f"^{first}: ensemble.members has {{tile}} but no "):
         tiled(case, None)

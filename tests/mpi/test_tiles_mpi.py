@@ -1,0 +1,78 @@
+"""Tiled members under mpiexec: the collective read/write is rank-count independent."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tiles_support import PATTERN, tile_case, tile_values
+
+from ensio.analysis.inputs import assimilate_block, observation_sources
+from ensio.cli.synth import main as synth_main
+from ensio.config.load import load_config
+from ensio.errors import InputError
+from ensio.io.ensemble import read_ensemble
+from ensio.io.tiledio import TiledEnsembleIO
+from ensio.layout.block import EnsembleBlock
+from ensio.layout.tiles import declared_geometry
+
+NX, NY, NE = 11, 9, 4
+SETS = [f"ensemble.members={PATTERN}", "ensemble.tiles={count: 6, layout: [3, 2], halo: 1}"]
+
+
+def _case(shared_dir, comm, levels=None):
+    case = shared_dir / "case"
+    if comm.rank == 0:
+        argv = [str(case), "--nx", str(NX), "--ny", str(NY), "--members", str(NE), "--seed", "3",
+                "--format", "cdf5"]  # fmt: skip
+        if levels:
+            argv += ["--levels", str(levels)]
+        assert synth_main(argv) == 0
+        tile_case(case, declared_geometry((NY, NX), 6, (3, 2), 1), NE)
+    comm.Barrier()
+    return case
+
+
+@pytest.mark.parametrize("levels", [None, 3])
+def test_tiled_analysis_matches_single_file(shared_dir, comm, levels) -> None:
+    """Each rank's rows read from tiles equal the files read; the analysis written in
+    place lands in the interiors only and equals the single-file analysis."""
+    case = _case(shared_dir, comm, levels)
+    cfg = load_config(case / "ensio.yaml")
+    obs = observation_sources(cfg.observations, cfg.resolve)
+    prior = read_ensemble(cfg, comm)
+    ref = assimilate_block(prior, obs, cfg.analysis, comm, cycle=0, seconds={})
+    full = np.concatenate(comm.allgather(ref.ensemble), axis=1)
+    geo = declared_geometry((NY, NX), 6, (3, 2), 1)
+    before = {(m, b.index): tile_values(case / PATTERN.format(member=m, tile=b.index))
+              for m in range(1, NE + 1) for b in geo.boxes}  # fmt: skip
+    comm.Barrier()
+    tcfg = load_config(case / "ensio.yaml", SETS)
+    with TiledEnsembleIO(tcfg.ensemble, tcfg.base_dir, tcfg.io, comm) as io:
+        block = io.read()
+        assert (block.start, block.count) == (prior.start, prior.count)
+        assert block.data.tobytes() == prior.data.tobytes()
+        got = assimilate_block(block, obs, tcfg.analysis, comm, cycle=0, seconds={})
+        io.write(EnsembleBlock(block.layout, block.start, block.count, got.ensemble))
+    comm.Barrier()
+    shape = prior.layout.variables[0].shape
+    for m in range(1, NE + 1):
+        want = full[m - 1].reshape(shape)
+        for b in geo.boxes:
+            now = tile_values(case / PATTERN.format(member=m, tile=b.index))
+            iy, ix = b.interior()
+            np.testing.assert_allclose(now[..., iy, ix], want[..., b.y0 : b.y1, b.x0 : b.x1],
+                                       rtol=0, atol=1e-12)  # fmt: skip
+            halo = np.ones(b.file_shape, dtype=bool)
+            halo[iy, ix] = False
+            assert now[..., halo].tobytes() == before[m, b.index][..., halo].tobytes()
+
+
+def test_missing_tile_fails_on_every_rank(shared_dir, comm) -> None:
+    case = _case(shared_dir, comm)
+    gone = case / PATTERN.format(member=NE, tile=5)
+    if comm.rank == 0:
+        gone.unlink()
+    comm.Barrier()
+    tcfg = load_config(case / "ensio.yaml", SETS)
+    with pytest.raises(InputError, match=f"^{gone}: tile file not found$"):
+        TiledEnsembleIO(tcfg.ensemble, tcfg.base_dir, tcfg.io, comm)

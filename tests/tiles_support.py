@@ -1,0 +1,74 @@
+"""Tiled members for the tests: cut a member file into tiles (interior + halo).
+
+The reference of every tiled test is the untiled case; these helpers cut its
+members into tiles the way a model writes them (one file per sub-domain), with
+or without NEMO's ``DOMAIN_*`` global attributes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import netCDF4
+import numpy as np
+
+from ensio.layout.tiles import TileBox, TileGeometry
+
+PATTERN = "tiles/mem{member:03d}_{tile:04d}.nc"
+
+
+def box_with_halo(b: TileBox) -> tuple[slice, slice]:
+    return slice(b.y0 - b.hy0, b.y1 + b.hy1), slice(b.x0 - b.hx0, b.x1 + b.hx1)
+
+
+def nemo_attrs(b: TileBox, count: int, grid: tuple[int, int]) -> dict[str, object]:
+    """NEMO's DOMAIN_* attributes of tile ``b`` (our reading: (i, j), 1-based, halo incl.)."""
+    return {
+        "DOMAIN_number_total": np.int32(count),
+        "DOMAIN_number": np.int32(b.index),
+        "DOMAIN_dimensions_ids": np.array([2, 1], dtype=np.int32),
+        "DOMAIN_size_global": np.array(grid[::-1], dtype=np.int32),
+        "DOMAIN_size_local": np.array([b.file_shape[1], b.file_shape[0]], dtype=np.int32),
+        "DOMAIN_position_first": np.array([b.x0 - b.hx0 + 1, b.y0 - b.hy0 + 1], dtype=np.int32),
+        "DOMAIN_position_last": np.array([b.x1 + b.hx1, b.y1 + b.hy1], dtype=np.int32),
+        "DOMAIN_halo_size_start": np.array([b.hx0, b.hy0], dtype=np.int32),
+        "DOMAIN_halo_size_end": np.array([b.hx1, b.hy1], dtype=np.int32),
+        "DOMAIN_type": "BOX",
+    }
+
+
+def cut(src: Path, dst: Path, b: TileBox, attrs: dict[str, object] | None = None) -> None:
+    """Write tile ``b`` (interior + halo) of ``src`` to ``dst``: every lat/lon variable sliced."""
+    ys, xs = box_with_halo(b)
+    with netCDF4.Dataset(src) as s, netCDF4.Dataset(dst, "w", format=s.data_model) as d:
+        for name, dim in s.dimensions.items():
+            size = {"lat": b.file_shape[0], "lon": b.file_shape[1]}.get(name, len(dim))
+            d.createDimension(name, None if dim.isunlimited() else size)
+        for name, var in s.variables.items():
+            s.set_auto_maskandscale(False)
+            out = d.createVariable(name, var.dtype, var.dimensions)
+            out.setncatts({k: var.getncattr(k) for k in var.ncattrs()})
+            index = tuple({"lat": ys, "lon": xs}.get(dim, slice(None)) for dim in var.dimensions)
+            out.set_auto_maskandscale(False)
+            out[...] = var[...][index] if var.dimensions else var[...]
+        d.setncatts({k: s.getncattr(k) for k in s.ncattrs()} | (attrs or {}))
+
+
+def tile_case(case: Path, geo: TileGeometry, members: int, *, nemo: bool = False) -> None:
+    (case / "tiles").mkdir(exist_ok=True)
+    for m in range(1, members + 1):
+        for b in geo.boxes:
+            dst = case / PATTERN.format(member=m, tile=b.index)
+            cut(
+                case / f"mem{m:03d}.nc",
+                dst,
+                b,
+                nemo_attrs(b, geo.count, geo.grid) if nemo else None,
+            )
+
+
+def tile_values(path: Path) -> np.ndarray:
+    """The raw stored ``state`` of a tile file (halo included)."""
+    with netCDF4.Dataset(path) as ds:
+        ds.set_auto_maskandscale(False)
+        return np.array(ds["state"][...])
