@@ -19,6 +19,7 @@ from mpi4py import MPI
 from tiles_support import PATTERN, box_with_halo, cut, nemo_attrs, tile_case, tile_values
 
 from ensio.analysis.inputs import assimilate_block, observation_sources
+from ensio.cli.main import main as ensio_main
 from ensio.cli.synth import main as synth_main
 from ensio.config import ConfigError
 from ensio.config.load import load_config
@@ -28,6 +29,7 @@ from ensio.io.tiled import TiledEnsemble
 from ensio.io.tiledio import TiledEnsembleIO
 from ensio.layout.block import EnsembleBlock
 from ensio.layout.tiles import TileBox, TileGeometry, declared_geometry, nemo_box
+from ensio.offline import run_analysis
 
 NX, NY, NE = 13, 10, 3
 
@@ -241,6 +243,49 @@ def test_analysis_on_tiles_equals_single_file(case, tmp_path, nemo) -> None:
             halo = np.ones(b.file_shape, dtype=bool)
             halo[iy, ix] = False
             assert now[..., halo].tobytes() == halos[m, b.index][..., halo].tobytes()
+
+
+def test_ensio_analyse_on_tiles(case, tmp_path, capsys) -> None:
+    """`ensio analyse --set ...` on tiled members: the single-file analysis, halos untouched."""
+    case = fresh(case, tmp_path)
+    geo = declared_geometry((NY, NX), 6, (3, 2), 1)
+    tile_case(case, geo, NE, nemo=True)
+    before = {(m, b.index): tile_values(case / PATTERN.format(member=m, tile=b.index))
+              for m in range(1, NE + 1) for b in geo.boxes}  # fmt: skip
+    yaml = str(case / "ensio.yaml")
+    assert ensio_main(["analyse", yaml]) == 0
+    single = single_read(case)
+    sets = ["--set", f"ensemble.members={PATTERN}", "--set", "output.mean=null",
+            "--set", "output.spread=null"]  # fmt: skip
+    assert ensio_main(["analyse", yaml, *sets]) == 0
+    for m in range(1, NE + 1):
+        with netCDF4.Dataset(case / f"mem{m:03d}.nc") as ds:
+            whole = np.array(ds["state"][...])
+        np.testing.assert_array_equal(whole.ravel(), single[m - 1])
+        for b in geo.boxes:
+            now = tile_values(case / PATTERN.format(member=m, tile=b.index))
+            iy, ix = b.interior()
+            np.testing.assert_allclose(now[..., iy, ix], whole[..., b.y0 : b.y1, b.x0 : b.x1],
+                                       rtol=0, atol=1e-12)  # fmt: skip
+            assert not np.array_equal(now[..., iy, ix], before[m, b.index][..., iy, ix])
+            halo = np.ones(b.file_shape, dtype=bool)
+            halo[iy, ix] = False
+            assert now[..., halo].tobytes() == before[m, b.index][..., halo].tobytes()
+    # the run record knows the tiles: the same command again does nothing
+    capsys.readouterr()
+    assert ensio_main(["analyse", yaml, *sets]) == 0
+    assert "already analysed" in capsys.readouterr().out
+
+
+def test_analyse_tiles_refuses_products(case, tmp_path) -> None:
+    case = fresh(case, tmp_path)
+    tile_case(case, declared_geometry((NY, NX), 4, (2, 2), 1), NE)
+    snap = _snapshot(case)
+    tiles = "ensemble.tiles={count: 4, layout: [2, 2], halo: 1}"
+    cfg = load_config(case / "ensio.yaml", [f"ensemble.members={PATTERN}", tiles])
+    with pytest.raises(ConfigError, match="^output.mean: not written for tiled members"):
+        run_analysis(cfg, MPI.COMM_SELF)
+    assert _snapshot(case) == snap
 
 
 # ---------------------------------------------------------------------- bad input

@@ -32,6 +32,8 @@ from .io.ensemble import EnsembleIO, IOStats, open_ensemble
 from .io.journal import journal_root
 from .io.products import Stage, product_paths, write_member_copies, write_products
 from .io.runrecord import file_digests, find_run, record_line, run_key, runs_path, staged_runs
+from .io.tiled import check_tiled_run, member_files
+from .io.tiledio import TiledEnsembleIO
 from .layout.block import EnsembleBlock
 from .parallel.agree import root_call
 from .progress import Advance, PhaseProgress, no_progress
@@ -120,7 +122,8 @@ def run_analysis(
     n_e = config.ensemble.size
     obs_sources = observation_sources(config.observations, config.resolve)
     obs_files = [s.path for s in obs_sources]
-    root = journal_root(config.member_paths()[0])
+    check_tiled_run(config)
+    root = journal_root(member_files(config.ensemble, config.base_dir)[0])
     with ensemble_lock(root, comm, command) as lock:
         took_over = root_call(comm, lambda: lock.taken_over and lock.taken_over.describe())
         # Built once for the read and the write of this analysis; freed on any error.
@@ -157,6 +160,8 @@ def run_analysis(
 
 def _opened(config: Config, comm: MPI.Comm) -> EnsembleIO:
     with file_op("open"):
+        if config.ensemble.tiled:
+            return TiledEnsembleIO(config.ensemble, config.base_dir, config.io, comm)
         return open_ensemble(config.member_paths(), config.ensemble, config.io, comm)
 
 
@@ -187,7 +192,7 @@ def _commit_run(
     when packing).
     """
     key, cycle, command = run
-    members = [Path(os.path.abspath(p)) for p in config.member_paths()]
+    members = [Path(os.path.abspath(p)) for p in member_files(config.ensemble, config.base_dir)]
     root = journal_root(members[0])
     products = product_paths(config.output, config.base_dir)
     copies = [] if config.io.in_place else config.output_member_paths()

@@ -40,6 +40,7 @@ from .. import faults
 from ..config.schema import Config
 from ..errors import file_op
 from ..parallel.agree import ErrorNote, note_error, rebuild
+from .tiled import member_files
 
 __all__ = ["RUNS_NAME", "file_digests", "find_run", "record_line", "run_key", "runs_path",
            "staged_runs"]
@@ -64,7 +65,7 @@ def run_key(config: Config, obs_files: Sequence[Path], cycle: int) -> str:
     raw.pop("workflow", None)
     raw.pop("base_dir", None)  # paths are resolved below
     raw["in_place"] = config.io.in_place
-    raw["members"] = [os.path.abspath(p) for p in config.member_paths()]
+    raw["members"] = [os.path.abspath(p) for p in member_files(config.ensemble, config.base_dir)]
     # an unreadable file is reported by the observation reader, in its words
     raw["observation_files"] = [_sha256(p) if os.path.isfile(p) else "" for p in obs_files]
     raw["cycle"] = cycle

@@ -29,7 +29,8 @@ from pathlib import Path
 import netCDF4
 import numpy as np
 
-from ..config.schema import EnsembleSection
+from ..config.errors import ConfigError
+from ..config.schema import Config, EnsembleSection
 from ..errors import InputError
 from ..layout.state import StateLayout, VarMeta, build_layout
 from ..layout.tiles import TileBox, TileGeometry, declared_geometry, nemo_box
@@ -38,7 +39,7 @@ from .open import open_member
 from .raw import raw_read, raw_write
 from .store import VarInfo
 
-__all__ = ["TiledEnsemble", "tile_geometry"]
+__all__ = ["TiledEnsemble", "check_tiled_run", "member_files", "tile_geometry"]
 
 
 def _exists(path: Path) -> None:
@@ -120,6 +121,36 @@ def tile_count(ens: EnsembleSection, base: Path) -> int:
                 "(DOMAIN_number_total missing)"
             )
         return int(np.asarray(ds.getncattr("DOMAIN_number_total")).ravel()[0])
+
+
+def member_files(ens: EnsembleSection, base: Path) -> list[Path]:
+    """Every file of the ensemble, member-major: the members, or each member's P tiles.
+
+    What the offline driver journals, locks and fingerprints; the first is
+    the journal's anchor (:func:`ensio.io.journal.journal_root`).
+    """
+    if not ens.tiled:
+        return ens.member_paths(base)
+    p = tile_count(ens, base)
+    return [ens.tile_path(m, t, base) for m in ens.numbers for t in range(p)]
+
+
+def check_tiled_run(config: Config) -> None:
+    """What an analysis of tiled members cannot do yet: refuse it before reading.
+
+    The analysis is written in place only, and products (``output.mean`` /
+    ``spread``) need a global template file that tiles do not give.
+    """
+    if not config.ensemble.tiled:
+        return
+    if not config.io.in_place:
+        raise ConfigError("io.in_place: tiled members ({tile}) are written in place only")
+    for key in ("mean", "spread"):
+        if getattr(config.output, key) is not None:
+            raise ConfigError(
+                f"output.{key}: not written for tiled members ({{tile}}) yet; "
+                f"set output.{key} to null"
+            )
 
 
 def tile_geometry(
