@@ -24,6 +24,7 @@ from ensio.cli.synth import main as synth_main
 from ensio.config import ConfigError
 from ensio.config.load import load_config
 from ensio.errors import InputError
+from ensio.io import tiled as tiled_mod
 from ensio.io.ensemble import read_ensemble, write_ensemble
 from ensio.io.tiled import TiledEnsemble
 from ensio.io.tiledio import TiledEnsembleIO
@@ -139,7 +140,8 @@ def test_tiled_read_equals_single_file(case, tmp_path, layout, halo, nemo) -> No
     assert got.tobytes() == ref.tobytes()
 
 
-def test_ncks_cut_with_halo(case, tmp_path) -> None:
+@pytest.mark.parametrize("nemo", [False, True], ids=["declared", "nemo"])
+def test_ncks_cut_with_halo(case, tmp_path, nemo) -> None:
     """Tiles cut by NCO (`ncks -d`, halo included) read as the single files."""
     if shutil.which("ncks") is None:
         pytest.skip("ncks (NCO) not installed")
@@ -155,7 +157,11 @@ def test_ncks_cut_with_halo(case, tmp_path) -> None:
                  str(case / f"mem{m:03d}.nc"), str(case / PATTERN.format(member=m, tile=b.index))],
                 check=True, capture_output=True,
             )  # fmt: skip
-    assert tiled(case, 6, (3, 2), 1).read().tobytes() == single_read(case).tobytes()
+            if nemo:
+                with netCDF4.Dataset(case / PATTERN.format(member=m, tile=b.index), "a") as ds:
+                    ds.setncatts(nemo_attrs(b, 6, (NY, NX)))
+    ens = tiled(case, None) if nemo else tiled(case, 6, (3, 2), 1)
+    assert ens.read().tobytes() == single_read(case).tobytes()
 
 
 @pytest.mark.parametrize("nemo", [False, True], ids=["declared", "nemo"])
@@ -275,6 +281,27 @@ def test_ensio_analyse_on_tiles(case, tmp_path, capsys) -> None:
     capsys.readouterr()
     assert ensio_main(["analyse", yaml, *sets]) == 0
     assert "already analysed" in capsys.readouterr().out
+
+
+def test_failed_write_rolls_back_every_tile(case, tmp_path, monkeypatch) -> None:
+    """A write that fails part-way leaves every tile byte-identical to before."""
+    case = fresh(case, tmp_path)
+    tile_case(case, declared_geometry((NY, NX), 4, (2, 2), 1), NE)
+    ens = tiled(case, 4, (2, 2), 1)
+    snap = _snapshot(case)
+    real, calls = tiled_mod.raw_write, []
+
+    def failing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3 * NY:  # well into the second member's tiles
+            raise OSError("disk full (test)")
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(tiled_mod, "raw_write", failing)
+    with pytest.raises(OSError, match="disk full"):
+        ens.write(ens.read() + 1.0)
+    assert len(calls) == 3 * NY
+    assert _snapshot(case) == snap
 
 
 def test_analyse_tiles_refuses_products(case, tmp_path) -> None:
