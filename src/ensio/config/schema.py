@@ -144,7 +144,7 @@ class EnsembleSection:
         if self.tiled:
             raise ConfigError(
                 f"ensemble.members: {self.members!r} names tiled members ({{tile}}), which "
-                "only ensio.io.tiled reads so far (not io.mode files)"
+                "only ensio analyse reads and writes so far"
             )
         p = Path(self.members.format(member=member))
         return p if p.is_absolute() else base / p

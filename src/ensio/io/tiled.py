@@ -15,9 +15,11 @@ exists, has every state variable with the tile's (y, x) shape and the same
 leading dims, and (from NEMO attributes) the tiles cover the grid exactly
 once.
 
-This first version runs on one process (the caller's rank); the parallel
-``files`` path and the group shuffle (issue 13, item 2) are to reuse the
-geometry of :mod:`ensio.layout.tiles`.
+:class:`TiledEnsemble` reads and writes any row range on the calling
+process; :class:`~ensio.io.tiledio.TiledEnsembleIO` is its collective form
+(every rank its own rows), which ``ensio analyse`` opens for a ``{tile}``
+pattern. The group shuffle (issue 13, item 2) is to reuse the geometry of
+:mod:`ensio.layout.tiles`.
 """
 
 from __future__ import annotations
@@ -169,12 +171,31 @@ def tile_geometry(
 
 @dataclass(frozen=True)
 class _Run:
-    """Where one (tile, variable) sits: tile element indices ⇄ global state rows."""
+    """Where one (tile, variable) interior sits: runs of state rows ⇄ runs of tile elements.
 
-    tile_idx: np.ndarray  # (n,) flat elements of the tile's variable, run by run
-    rows: np.ndarray  # (n,) global state rows
-    starts: np.ndarray  # (n_runs,) first tile element of each run
-    length: int
+    Only the run starts are kept (two ints per latitude line and level), not
+    one index per element: the object is broadcast to every rank.
+    """
+
+    rows: np.ndarray  # (n_runs,) first global state row of each run, increasing
+    elems: np.ndarray  # (n_runs,) first flat element of each run in the tile's variable
+    length: int  # elements per run
+
+    def window(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """(tile elements, state rows) of the interior points in rows ``[lo, hi)``, in order.
+
+        Both int64 of shape (n,); both increasing (the runs follow each other
+        in the tile file and in the state alike).
+        """
+        k0 = int(np.searchsorted(self.rows + self.length, lo, side="right"))
+        k1 = int(np.searchsorted(self.rows, hi, side="left"))
+        if k0 >= k1:
+            return np.empty(0, np.int64), np.empty(0, np.int64)
+        step = np.arange(self.length, dtype=np.int64)
+        rows = (self.rows[k0:k1, None] + step).ravel()
+        elems = (self.elems[k0:k1, None] + step).ravel()
+        keep = (rows >= lo) & (rows < hi)
+        return elems[keep], rows[keep]
 
 
 class TiledEnsemble:
@@ -295,10 +316,7 @@ class TiledEnsemble:
             per_var = []
             for v in self.layout.variables:
                 g, t, n = box.runs(v.shape, self.geometry.grid)
-                step = np.arange(n, dtype=np.int64)
-                per_var.append(
-                    _Run((t[:, None] + step).ravel(), v.offset + (g[:, None] + step).ravel(), t, n)
-                )
+                per_var.append(_Run(v.offset + g, t, n))
             plan.append(per_var)
         return plan
 
@@ -316,22 +334,20 @@ class TiledEnsemble:
         out = np.empty((self.n_members, hi - lo), dtype=np.float64)
         for m, tiles in enumerate(self.paths):
             for path, runs in zip(tiles, self._runs, strict=True):
-                wins = [_window(run, lo, hi) for run in runs]
-                if all(a == b for a, b in wins):
+                wins = [run.window(lo, hi) for run in runs]
+                if all(e.size == 0 for e, _ in wins):
                     continue
                 with open_member(path) as store:
                     infos = store.variables()
-                    for name, run, (a, b) in zip(self.names, runs, wins, strict=True):
-                        if a == b:
+                    for name, (elems, rows) in zip(self.names, wins, strict=True):
+                        if elems.size == 0:
                             continue
                         info = infos[name]
-                        e0, e1 = int(run.tile_idx[a]), int(run.tile_idx[b - 1]) + 1
+                        e0, e1 = int(elems[0]), int(elems[-1]) + 1
                         part = np.asarray(store.read_elements(name, e0, e1)).ravel()
-                        dst = np.empty(b - a, dtype=np.float64)
-                        info.encoding.decode(
-                            np.ascontiguousarray(part[run.tile_idx[a:b] - e0]), dst
-                        )
-                        out[m, run.rows[a:b] - lo] = dst
+                        dst = np.empty(elems.size, dtype=np.float64)
+                        info.encoding.decode(np.ascontiguousarray(part[elems - e0]), dst)
+                        out[m, rows - lo] = dst
         return out
 
     def check_writable(self) -> None:
@@ -388,15 +404,15 @@ class TiledEnsemble:
         clips = 0
         for m, tiles in enumerate(self.paths):
             for path, runs in zip(tiles, self._runs, strict=True):
-                wins = [_window(run, lo, hi) for run in runs]
-                if all(a == b for a, b in wins):
+                wins = [run.window(lo, hi) for run in runs]
+                if all(e.size == 0 for e, _ in wins):
                     continue
                 infos = self._infos(path)
                 fd = os.open(path, os.O_RDWR)
                 try:
-                    for name, run, win in zip(self.names, runs, wins, strict=True):
-                        values = data[m, run.rows[win[0] : win[1]] - lo]
-                        clips += _write_window(fd, path, infos[name], run, win, values, undo)
+                    for name, (elems, rows) in zip(self.names, wins, strict=True):
+                        values = data[m, rows - lo]
+                        clips += _write_window(fd, path, infos[name], elems, values, undo)
                     if fsync:
                         os.fsync(fd)
                 finally:
@@ -404,37 +420,29 @@ class TiledEnsemble:
         return clips
 
 
-def _window(run: _Run, lo: int, hi: int) -> tuple[int, int]:
-    """Positions ``[a, b)`` of ``run.rows`` (sorted) inside rows ``[lo, hi)``."""
-    return int(np.searchsorted(run.rows, lo)), int(np.searchsorted(run.rows, hi))
-
-
 def _write_window(
     fd: int,
     path: Path,
     info: VarInfo,
-    run: _Run,
-    win: tuple[int, int],
+    elems: np.ndarray,
     values: np.ndarray,
     undo: journal_mod.UndoLog | None,
 ) -> int:
-    """Encode ``values`` (rows of window ``win``) and pwrite them run piece by run piece."""
-    a, b = win
-    if a == b:
+    """Encode ``values`` and pwrite them at tile elements ``elems`` (increasing), run by run."""
+    if elems.size == 0:
         return 0
-    idx = run.tile_idx[a:b]
-    e0, e1 = int(idx[0]), int(idx[-1]) + 1
+    e0, e1 = int(elems[0]), int(elems[-1]) + 1
     prior = raw_read(fd, info, e0, e1, path=path)
     values = np.ascontiguousarray(values, dtype=np.float64)
-    new = np.empty(b - a, dtype=info.dtype)
+    new = np.empty(elems.size, dtype=info.dtype)
     clips = info.encoding.encode(values, new)
     if info.encoding.packed or not np.isfinite(values).all():
-        info.encoding.keep_prior(prior[idx - e0], values, new)
-    # pieces: maximal stretches of the window inside one run (contiguous in the file)
-    cuts = np.flatnonzero(np.diff(np.arange(a, b) // run.length)) + 1
+        info.encoding.keep_prior(prior[elems - e0], values, new)
+    # pieces: maximal stretches of consecutive elements (one run, or part of one)
+    cuts = np.flatnonzero(np.diff(elems) != 1) + 1
     size = info.dtype.itemsize
-    for p, q in zip([0, *cuts], [*cuts, b - a], strict=True):
-        start = int(idx[p])
+    for p, q in zip([0, *cuts], [*cuts, elems.size], strict=True):
+        start = int(elems[p])
         if undo is not None:
             old = np.ascontiguousarray(prior[start - e0 : start - e0 + q - p])
             undo.save(path, int(info.raw_offset) + start * size, old)  # type: ignore[arg-type]

@@ -10,8 +10,8 @@ semantics (one matrix, all or nothing, recoverable) for tiles; the group
 shuffle of issue 13 item 2 is a different data path over the same geometry.
 
 Interface as :class:`~ensio.io.ensemble.EnsembleIO` (``read``, ``write``,
-``close``, context manager), so that the analysis can use it unchanged once
-the offline driver opens it for a tiled configuration.
+``close``, context manager): :func:`ensio.offline.run_analysis` opens it for
+a tiled configuration and uses it unchanged.
 """
 
 from __future__ import annotations
