@@ -28,17 +28,17 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 from mpi4py import MPI
 
-from ..parallel.agree import root_call
+from ..parallel.agree import ErrorNote, agree, rebuild, root_call
 from . import journal, staging
 from .lock import EnsembleLock
 
-__all__ = ["DeferredInterrupt", "RunTransaction", "ensemble_lock"]
+__all__ = ["DeferredInterrupt", "RunTransaction", "ensemble_lock", "journaled_write"]
 
 
 @contextmanager
@@ -151,3 +151,29 @@ class RunTransaction:
         if self.open and self.comm.rank == 0:
             journal.abort(self.root, fsync=self.fsync)
         self.open = False
+
+
+def journaled_write(comm: MPI.Comm, root: Path, journaled: bool, fsync: bool,
+                    write: Callable[[journal.UndoLog | None], ErrorNote]) -> None:
+    """Every rank's in-place write as one all-or-nothing step (collective over ``comm``).
+
+    Each rank runs ``write(undo)`` with its own undo log (``None`` unjournaled), which
+    records prior bytes before it overwrites them and returns an error note instead of
+    raising. If any rank failed, the journal is rolled back on the root and the error
+    is raised on every rank; else, once every rank's bytes are written, the journal is
+    committed. One home for the file and the tiled ensemble writers.
+    """
+    undo = journal.UndoLog.create(root, comm.rank, fsync=fsync) if journaled else None
+    try:
+        note = write(undo)
+    finally:
+        if undo is not None:
+            undo.close()
+    note = agree(comm, note)
+    if note is not None:
+        if journaled:
+            root_call(comm, lambda: journal.abort(root, fsync=fsync))
+        raise rebuild(note)
+    comm.Barrier()  # every rank's bytes are written before the journal is committed
+    if journaled:
+        root_call(comm, lambda: journal.commit(root, fsync=fsync))

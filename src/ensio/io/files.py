@@ -38,12 +38,13 @@ from ..config.schema import EnsembleSection, IOSection
 from ..errors import InputError
 from ..layout.block import EnsembleBlock
 from ..layout.state import StateLayout
-from ..parallel.agree import ErrorNote, agree, raise_if_any, rebuild, root_call
+from ..parallel.agree import ErrorNote, raise_if_any, root_call
 from ..parallel.comms import io_groups
 from ..parallel.distribution import RowDistribution
 from ..progress import Advance, no_progress
 from ..stopwatch import Stopwatch
 from . import journal as journal_mod
+from .commit import journaled_write
 from .members import MemberScan, resolve_io_tasks, root_layout
 from .open import open_member
 from .pipeline import Scratch, guard, run_pipeline
@@ -321,24 +322,14 @@ class FileEnsembleIO:
         data = np.ascontiguousarray(block.data, dtype=np.float64)
         keep = block.inactive_rows()
         journaled = self.io.journal if journal is None else journal
-        root, fsync = self._journal_root(), self.io.fsync
-        undo = journal_mod.UndoLog.create(root, self.comm.rank, fsync=fsync) if journaled else None
         sw = Stopwatch()
         self._clips = np.zeros(len(self.layout.variables), dtype=np.int64)
-        try:
+
+        def write(undo: journal_mod.UndoLog | None) -> ErrorNote:
             note = self._write_rows(data, keep, undo, sw, 2 if overlap else 0, progress)
-            note = note or write_library(self, data, keep, undo, sw, self._clips)
-        finally:
-            if undo is not None:
-                undo.close()
-        note = agree(self.comm, note)
-        if note is not None:
-            if journaled:
-                root_call(self.comm, lambda: journal_mod.abort(root, fsync=fsync))
-            raise rebuild(note)
-        self.comm.Barrier()  # every rank's bytes are written before the journal is committed
-        if journaled:
-            root_call(self.comm, lambda: journal_mod.commit(root, fsync=fsync))
+            return note or write_library(self, data, keep, undo, sw, self._clips)
+
+        journaled_write(self.comm, self._journal_root(), journaled, self.io.fsync, write)
         self.scan.written()
         clipped = self._per_variable(self._clips)
         total = time.perf_counter() - t_start

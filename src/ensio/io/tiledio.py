@@ -25,10 +25,11 @@ from mpi4py import MPI
 
 from ..config.schema import EnsembleSection, IOSection
 from ..layout.block import EnsembleBlock
-from ..parallel.agree import agree, raise_if_any, rebuild, root_call
+from ..parallel.agree import raise_if_any, root_call
 from ..parallel.distribution import RowDistribution
 from ..progress import Advance, no_progress
 from . import journal as journal_mod
+from .commit import journaled_write
 from .pipeline import guard
 from .stats import IOStats
 from .tiled import TiledEnsemble
@@ -129,23 +130,9 @@ class TiledEnsembleIO:
         keep = block.inactive_rows()
         if keep.any():
             data[:, keep] = np.nan  # inactive rows keep their bytes
-        undo = (
-            journal_mod.UndoLog.create(self.root, self.comm.rank, fsync=fsync)
-            if journaled else None
-        )  # fmt: skip
-        try:
-            note = guard(lambda: self.tiled.write_rows(data, self.rows.start, undo, fsync))
-        finally:
-            if undo is not None:
-                undo.close()
-        note = agree(self.comm, note)
-        if note is not None:
-            if journaled:
-                root_call(self.comm, lambda: journal_mod.abort(self.root, fsync=fsync))
-            raise rebuild(note)
-        self.comm.Barrier()  # every rank's bytes are written before the journal is committed
-        if journaled:
-            root_call(self.comm, lambda: journal_mod.commit(self.root, fsync=fsync))
+        journaled_write(
+            self.comm, self.root, journaled, fsync,
+            lambda undo: guard(lambda: self.tiled.write_rows(data, self.rows.start, undo, fsync)))
         for _ in range(self.n_members):
             progress()
         self.stats = _stats(time.perf_counter() - t0, self.comm)
