@@ -30,26 +30,15 @@ from pathlib import Path
 import pytest
 from transfer_support import Host, daemon_pid
 
-from ensio.bench.transfer_netns import link_namespaces, remove_namespaces
+from ensio.bench.transfer_netns import link_namespaces, netns_unavailable, remove_namespaces
 
 ADDRESSES = ("10.231.7.1", "10.231.7.2")
 PORT = 7790
 
 
-def netns_unavailable_reason() -> str | None:
-    """Why two network namespaces cannot be made here (None: they can)."""
-    if sys.platform != "linux":
-        return "network namespaces need Linux"
-    if shutil.which("ip") is None:
-        return "the ip command (iproute2) is not installed"
-    if os.geteuid() != 0:
-        return "creating network namespaces needs root"
-    return None
-
-
 def require_netns(reason: str | None = None) -> None:
     """Skip (or, with CI=true, fail) a test that needs two namespaces and cannot have them."""
-    reason = reason or netns_unavailable_reason()
+    reason = reason or netns_unavailable()
     if reason is None:
         return
     if os.environ.get("CI") == "true":
