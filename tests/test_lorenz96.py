@@ -35,7 +35,10 @@ def test_rk4_step_is_fourth_order_and_vectorized(rng):
     e1 = np.abs(rk4_step(x, DT) - fine).max()
     e2 = np.abs(integrate(x, 2, DT / 2) - fine).max()
     e4 = np.abs(integrate(x, 4, DT / 4) - fine).max()
-    assert e1 < 1e-2
+    # one step's error depends on where on the attractor x is: over 400 seeds it reached
+    # 1.2e-2, and 1.75e-2 in one CI run (the old bound 1e-2 failed there); the order
+    # check below is the property, this bound only catches a wrong scale
+    assert e1 < 3e-2
     assert 10.0 < e1 / e2 < 24.0 and 10.0 < e2 / e4 < 24.0
     E = 8.0 + rng.standard_normal((5, 40))
     model = Lorenz96()
