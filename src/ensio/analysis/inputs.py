@@ -29,12 +29,11 @@ from ..layout.block import EnsembleBlock
 from ..obs import Locator, ObsBatch, ObsSource, build_operator, read_source
 from ..obs.read import PARTIAL_READ_BYTES, obs_count
 from ..parallel.agree import all_call, root_call
-from ..parallel.distribution import RowDistribution
 from ..stopwatch import Stopwatch
-from .distributed import observation_owners, observations_near
+from .distributed import observation_owners, observations_near, row_plan
 from .filters import localization_from_config
 from .pipeline import AnalysisSettings, analyse_rows
-from .placement import obs_coordinates, row_coordinates, state_grid
+from .placement import block_row_coordinates, obs_coordinates, state_grid
 from .result import AnalysisResult
 
 __all__ = [
@@ -122,10 +121,10 @@ def _needed(
 ) -> np.ndarray:
     """Positions (within ``obs``) of the observations this rank needs: near or owned."""
     assert analysis.localization is not None
-    dist = RowDistribution.of(block.layout.n_rows, comm)
+    dist = row_plan(block, comm)
     op, inside = build_operator(obs, dist.n_rows, grid)
     owners = observation_owners(op, inside, obs.ids, dist)
-    rows = row_coordinates(analysis, block.layout, block.start, block.count)
+    rows = block_row_coordinates(analysis, block)
     geometry = localization_from_config(analysis.localization).geometry
     radius = analysis.localization.support_radius
     near = observations_near(geometry, rows, obs_coordinates(analysis, obs), radius)

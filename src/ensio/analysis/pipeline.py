@@ -32,19 +32,20 @@ from threadpoolctl import threadpool_limits
 from ..config.analysis import AnalysisSection
 from ..layout.block import EnsembleBlock
 from ..obs import ObsBatch, ObsOperator, QCCounts, RegularGrid, build_operator, quality_control
-from ..parallel.distribution import RowDistribution
 from ..stopwatch import Stopwatch
 from .distributed import (
+    RowPlan,
     innovation_stats,
     observation_owners,
     observations_near,
     observe,
+    row_plan,
     sum_counts,
 )
 from .filters import localization_from_config, make_filter
 from .localization import as_coords
 from .obsspace import ObsSpace
-from .placement import obs_coordinates, row_coordinates, state_grid
+from .placement import block_row_coordinates, obs_coordinates, state_grid
 from .result import AnalysisResult
 
 __all__ = ["AnalysisSettings", "analyse_rows"]
@@ -99,7 +100,7 @@ class _Observed(NamedTuple):
 def _observed(
     X: np.ndarray,
     block: EnsembleBlock,
-    dist: RowDistribution,
+    dist: RowPlan,
     observations: ObsBatch,
     settings: AnalysisSettings,
     comm: MPI.Comm,
@@ -133,7 +134,7 @@ def _observed(
     )
     obs = observations.subset(ok)
     hx_ok = hx[:, ok]
-    rows = row_coordinates(cfg, block.layout, block.start, block.count, settings.coords)
+    rows = block_row_coordinates(cfg, block, settings.coords)
     obs_coords = obs_coordinates(cfg, obs, rows, settings.obs_at_rows)
     if cfg.localization is None:
         keep = np.ones(len(obs), dtype=bool)
@@ -152,7 +153,7 @@ def _observed(
 
 
 def _reads_inactive(
-    inactive: np.ndarray, dist: RowDistribution, op: ObsOperator, comm: MPI.Comm
+    inactive: np.ndarray, dist: RowPlan, op: ObsOperator, comm: MPI.Comm
 ) -> np.ndarray | None:
     """Collective: which observations read an inactive row (``None``: no row is inactive).
 
@@ -252,12 +253,7 @@ def analyse_rows(
         ``posterior``.
     """
     sw = Stopwatch()
-    dist = RowDistribution.of(block.layout.n_rows, comm)
-    if (dist.start, dist.count) != (block.start, block.count):
-        raise ValueError(
-            f"rank {comm.rank}: block rows [{block.start}, {block.start + block.count}) are not "
-            f"its rows [{dist.start}, {dist.stop}) of the block distribution"
-        )
+    dist = row_plan(block, comm)
     X = np.asarray(block.data, dtype=np.float64)
     inactive = block.inactive_rows()
     with sw("obs"):
