@@ -159,8 +159,9 @@ class EnsembleSection:
 
 
 #: Implementations of the ensemble I/O (``io.mode``); :data:`ensio.io.ensemble.ENSEMBLE_IO`
-#: maps each to its class. ``files``: N_io readers of the member files + scatter.
-IOMode = Literal["files"]
+#: maps each to its class. ``files``: N_io readers of the member files + scatter;
+#: ``shuffle``: tiled members on node-local disks, one tile per rank, group all-to-all.
+IOMode = Literal["files", "shuffle"]
 
 
 @dataclass(frozen=True)
@@ -168,8 +169,10 @@ class IOSection:
     """``io:`` — the parallel ensemble I/O.
 
     ``tasks`` is N_io; ``None`` means ``min(N_mpi, N_e)``, resolved at run time
-    because N_mpi is only known then. ``mode`` selects the implementation
-    (only ``files`` today; a tiled ``shuffle`` mode will plug in beside it).
+    because N_mpi is only known then. ``mode`` selects the implementation.
+    ``local_dir`` (``shuffle`` only): each rank's node-local directory, a
+    pattern with ``{host}`` (the processor name) and/or ``{rank}``; a tile
+    file is read there under its own file name.
     """
 
     mode: IOMode = "files"
@@ -177,10 +180,26 @@ class IOSection:
     journal: bool = True
     fsync: bool = False
     in_place: bool = True
+    local_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.tasks is not None and self.tasks < 1:
             raise ConfigError(f"io.tasks: must be at least 1, got {self.tasks}")
+        if self.mode == "shuffle" and not self.local_dir:
+            raise ConfigError("io.local_dir: required when io.mode is shuffle")
+        if self.local_dir is not None:
+            try:
+                self.local_dir.format(host="h", rank=0)
+            except (KeyError, IndexError, ValueError) as exc:
+                raise ConfigError(
+                    f"io.local_dir: {self.local_dir!r} may use only {{host}} and {{rank}} ({exc})"
+                ) from None
+
+    def local_path(self, host: str, rank: int) -> Path:
+        """The local directory of ``rank`` on ``host`` (``local_dir`` filled in)."""
+        if self.local_dir is None:
+            raise ConfigError("io.local_dir: not set")
+        return Path(self.local_dir.format(host=host, rank=rank))
 
 
 @dataclass(frozen=True)
