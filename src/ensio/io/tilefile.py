@@ -13,8 +13,9 @@ journaled first; halo points are never touched.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,30 +80,44 @@ def tile_rows(runs: list[TileRuns], lo: int = 0, hi: int | None = None) -> np.nd
 
 
 def read_tile(
-    path: Path, names: list[str], runs: list[TileRuns], lo: int, hi: int
-) -> tuple[np.ndarray, np.ndarray]:
+    path: Path, names: list[str], runs: list[TileRuns], lo: int, hi: int,
+    infos: Mapping[str, VarInfo] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """(rows, values) of one tile file's interior points in rows ``[lo, hi)``.
 
     Rows increasing (variables follow each other in the state); values
     physical float64, missing ones NaN; only the element range of each
     variable that holds those rows is read, and the file is not opened when
-    the tile has none.
+    the tile has none. With ``infos`` (the file's variables, known from an
+    earlier metadata pass) contiguous variables are read as raw byte ranges
+    without opening the file through the netCDF library.
     """
     wins = [run.window(lo, hi) for run in runs]
     rows = np.concatenate([r for _, r in wins]) if wins else np.empty(0, np.int64)
     values = np.empty(rows.size, dtype=np.float64)
     if rows.size == 0:
         return rows, values
+    raw = infos is not None and all(infos[n].raw_offset is not None for n in names)
     at = 0
-    with open_member(path) as store:
-        infos = store.variables()
+    with contextlib.ExitStack() as stack:
+        if raw:
+            fd = os.open(path, os.O_RDONLY)
+            stack.callback(os.close, fd)
+        else:
+            store = stack.enter_context(open_member(path))
+            infos = store.variables()
+        assert infos is not None
         for name, (elems, _) in zip(names, wins, strict=True):
             if elems.size == 0:
                 continue
+            info = infos[name]
             e0, e1 = int(elems[0]), int(elems[-1]) + 1
-            part = np.asarray(store.read_elements(name, e0, e1)).ravel()
-            infos[name].encoding.decode(np.ascontiguousarray(part[elems - e0]),
-                                        values[at : at + elems.size])  # fmt: skip
+            if raw:
+                part = raw_read(fd, info, e0, e1, path=path)
+            else:
+                part = np.asarray(store.read_elements(name, e0, e1)).ravel()
+            info.encoding.decode(np.ascontiguousarray(part[elems - e0]),
+                                 values[at : at + elems.size])  # fmt: skip
             at += elems.size
     return rows, values
 
@@ -115,19 +130,22 @@ def write_tile(
     value_of: Callable[[np.ndarray], np.ndarray],
     undo: journal_mod.UndoLog | None,
     fsync: bool,
+    infos: Mapping[str, VarInfo] | None = None,
 ) -> int:
     """Write one tile file's interior points in rows ``window = (lo, hi)``, in place.
 
     ``value_of(rows)`` gives the analysis of those rows (non-finite: keep the
-    prior bytes); the prior bytes are saved to ``undo`` first. Returns the
-    number of values clipped by packing.
+    prior bytes); the prior bytes are saved to ``undo`` first. ``infos``:
+    the file's variables when already known. Returns the number of values
+    clipped by packing.
     """
     lo, hi = window
     wins = [run.window(lo, hi) for run in runs]
     if all(e.size == 0 for e, _ in wins):
         return 0
-    with open_member(path) as store:
-        infos = dict(store.variables())
+    if infos is None:
+        with open_member(path) as store:
+            infos = dict(store.variables())
     clips = 0
     fd = os.open(path, os.O_RDWR)
     try:
@@ -148,7 +166,15 @@ def _write_window(
     values: np.ndarray,
     undo: journal_mod.UndoLog | None,
 ) -> int:
-    """Encode ``values`` and pwrite them at tile elements ``elems`` (increasing), run by run."""
+    """Encode ``values`` and pwrite them at tile elements ``elems`` (increasing).
+
+    When the elements fill at least half of their range (the halo is thin),
+    the range is written in one piece, the points between the runs (halo)
+    with the prior bytes just read: one pwrite and one undo record instead of
+    one per latitude line, and the bytes of the halo do not change. Ranks
+    with disjoint row windows have disjoint element ranges, so this is safe
+    for concurrent writers of one tile. Sparse windows are written run by run.
+    """
     if elems.size == 0:
         return 0
     e0, e1 = int(elems[0]), int(elems[-1]) + 1
@@ -158,9 +184,16 @@ def _write_window(
     clips = info.encoding.encode(values, new)
     if info.encoding.packed or not np.isfinite(values).all():
         info.encoding.keep_prior(prior[elems - e0], values, new)
+    size = info.dtype.itemsize
+    if 2 * elems.size >= e1 - e0:
+        whole = prior.copy()
+        whole[elems - e0] = new
+        if undo is not None:
+            undo.save(path, int(info.raw_offset) + e0 * size, prior)  # type: ignore[arg-type]
+        raw_write(fd, info, e0, whole, path=path)
+        return clips
     # pieces: maximal stretches of consecutive elements (one run, or part of one)
     cuts = np.flatnonzero(np.diff(elems) != 1) + 1
-    size = info.dtype.itemsize
     for p, q in zip([0, *cuts], [*cuts, elems.size], strict=True):
         start = int(elems[p])
         if undo is not None:
