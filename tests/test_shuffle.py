@@ -155,4 +155,4 @@ def test_shuffle_on_eight_ranks() -> None:
            "-k", "test_shuffle_analysis_equals_files_mode"]  # fmt: skip
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "2 passed" in out.stdout
+    assert "3 passed" in out.stdout

@@ -34,7 +34,7 @@ def shapes_for(size: int) -> list[tuple[int, int, int]]:
     return [s for s in SHAPES if s[0] * s[1] * s[2] == size]
 
 
-def make_case(root, comm, n_e, p, s, *, levels=None, per_host=False):
+def make_case(root, comm, n_e, p, s, *, levels=None, per_host=False, nemo=False):
     """Synthetic case, its tiles, and every rank's copy in its local directory."""
     case = root / f"case{n_e}_{p}_{s}"
     px, py = LAYOUTS[p]
@@ -43,7 +43,7 @@ def make_case(root, comm, n_e, p, s, *, levels=None, per_host=False):
         argv = [str(case), "--nx", str(NX), "--ny", str(NY), "--members", str(n_e),
                 "--seed", "5", "--format", "cdf5"]  # fmt: skip
         assert synth_main(argv + (["--levels", str(levels)] if levels else [])) == 0
-        tile_case(case, geo, n_e)
+        tile_case(case, geo, n_e, nemo=nemo)
         for r in range(comm.size):
             m, t = r // (p * s), (r // s) % p
             local = case / "local" / ("host" if per_host else f"r{r}")
@@ -54,7 +54,7 @@ def make_case(root, comm, n_e, p, s, *, levels=None, per_host=False):
     comm.Barrier()
     sets = [
         f"ensemble.members={PATTERN}",
-        f"ensemble.tiles={{count: {p}, layout: [{px}, {py}], halo: 1}}",
+        *([] if nemo else [f"ensemble.tiles={{count: {p}, layout: [{px}, {py}], halo: 1}}"]),
         "io.mode=shuffle",
         "io.local_dir=local/" + ("host" if per_host else "r{rank}"),
         "output.mean=null",
@@ -80,14 +80,15 @@ def local_file(case, comm, n_e, p, s, per_host=False):
     return local / PATTERN.format(member=m + 1, tile=t).split("/")[-1], m, t
 
 
-@pytest.mark.parametrize("levels", [None, 2])
-def test_shuffle_analysis_equals_files_mode(shared_dir, comm, levels) -> None:
+@pytest.mark.parametrize("levels,nemo", [(None, False), (2, False), (None, True)])
+def test_shuffle_analysis_equals_files_mode(shared_dir, comm, levels, nemo) -> None:
     """Every (N_e, P, S) that fits: the tiles written in place hold the files-mode
-    analysis in their interiors, halos untouched; the read gives the prior exactly."""
+    analysis in their interiors, halos untouched; the read gives the prior exactly.
+    The decomposition is declared, or read from NEMO's DOMAIN_* attributes."""
     for n_e, p, s in shapes_for(comm.size):
         per_host = s > 1  # the S ranks of one tile share its file (one host)
         case, geo, sets = make_case(shared_dir, comm, n_e, p, s, levels=levels,
-                                    per_host=per_host)  # fmt: skip
+                                    per_host=per_host, nemo=nemo)  # fmt: skip
         full_prior, full_ref, layout = reference(case, comm)
         path, m, t = local_file(case, comm, n_e, p, s, per_host)
         before = tile_values(path)
