@@ -34,9 +34,10 @@ def shapes_for(size: int) -> list[tuple[int, int, int]]:
     return [s for s in SHAPES if s[0] * s[1] * s[2] == size]
 
 
-def make_case(root, comm, n_e, p, s, *, levels=None, per_host=False, nemo=False):
+def make_case(root, comm, n_e, p, s, *, levels=None, per_host=None, nemo=False):
     """Synthetic case, its tiles, and every rank's copy in its local directory."""
     case = root / f"case{n_e}_{p}_{s}"
+    per_host = s > 1 if per_host is None else per_host  # the S ranks of a tile share its file
     px, py = LAYOUTS[p]
     geo = declared_geometry((NY, NX), p, (px, py), 1)
     if comm.rank == 0:
@@ -73,8 +74,9 @@ def reference(case, comm):
             np.concatenate(comm.allgather(ref.ensemble), axis=1), prior.layout)  # fmt: skip
 
 
-def local_file(case, comm, n_e, p, s, per_host=False):
+def local_file(case, comm, n_e, p, s, per_host=None):
     r = comm.rank
+    per_host = s > 1 if per_host is None else per_host
     m, t = r // (p * s), (r // s) % p
     local = case / "local" / ("host" if per_host else f"r{r}")
     return local / PATTERN.format(member=m + 1, tile=t).split("/")[-1], m, t
@@ -86,11 +88,9 @@ def test_shuffle_analysis_equals_files_mode(shared_dir, comm, levels, nemo) -> N
     analysis in their interiors, halos untouched; the read gives the prior exactly.
     The decomposition is declared, or read from NEMO's DOMAIN_* attributes."""
     for n_e, p, s in shapes_for(comm.size):
-        per_host = s > 1  # the S ranks of one tile share its file (one host)
-        case, geo, sets = make_case(shared_dir, comm, n_e, p, s, levels=levels,
-                                    per_host=per_host, nemo=nemo)  # fmt: skip
+        case, geo, sets = make_case(shared_dir, comm, n_e, p, s, levels=levels, nemo=nemo)
         full_prior, full_ref, layout = reference(case, comm)
-        path, m, t = local_file(case, comm, n_e, p, s, per_host)
+        path, m, t = local_file(case, comm, n_e, p, s)
         before = tile_values(path)
         comm.Barrier()
         cfg = load_config(case / "ensio.yaml", sets)
@@ -125,7 +125,7 @@ def test_local_dir_missing_on_one_rank(shared_dir, comm) -> None:
 
 
 def test_missing_tile_on_one_rank_modifies_nothing(shared_dir, comm) -> None:
-    n_e, p, s = shapes_for(comm.size)[-1]
+    n_e, p, s = shapes_for(comm.size)[0]  # S = 1: every rank its own file
     case, _, sets = make_case(shared_dir, comm, n_e, p, s)
     path, _, _ = local_file(case, comm, n_e, p, s)
     before = path.read_bytes()
@@ -168,4 +168,14 @@ def test_rank_count_not_a_multiple(shared_dir, comm) -> None:
         case, _, sets = make_case(shared_dir, comm, *shapes_for(comm.size)[0])
     cfg = load_config(case / "ensio.yaml", [*sets, f"ensemble.size={comm.size + 1}"])
     with pytest.raises(ConfigError, match=r"^io.mode: shuffle needs N_mpi = N_e x P x S"):
+        ShuffleEnsembleIO(cfg.ensemble, cfg.base_dir, cfg.io, comm)
+
+
+def test_ranks_of_one_tile_must_share_its_file(shared_dir, comm) -> None:
+    """S > 1 with a directory per rank would leave each copy with part of the analysis."""
+    if comm.size % 4:
+        pytest.skip("needs N_mpi = 2 members x 1 tile x S with S >= 2")
+    case, _, sets = make_case(shared_dir, comm, 2, 1, comm.size // 2, per_host=False)
+    cfg = load_config(case / "ensio.yaml", sets)
+    with pytest.raises(ConfigError, match=r"^io.local_dir: ranks 0..1 read parts of one tile"):
         ShuffleEnsembleIO(cfg.ensemble, cfg.base_dir, cfg.io, comm)

@@ -181,8 +181,8 @@ class ShuffleEnsembleIO:
         self.infos = digest.infos
         self.plan = ShufflePlan.build(self.runs, self.layout.n_rows, ens.size, comm.size,
                                       comm.rank)  # fmt: skip
-        self.group = comm.Split(self.plan.group, self.plan.member)
         self.disk, self.root = self._disk_comm(host)
+        self.group = comm.Split(self.plan.group, self.plan.member)
         root_call(self.disk, lambda: journal_mod.recover(self.root) and None)
         self.n_io = comm.size
         self.stats: IOStats | None = None
@@ -225,6 +225,15 @@ class ShuffleEnsembleIO:
         """The ranks sharing this rank's local directory (one journal each), and its root."""
         root = Path(os.path.abspath(self.local))
         keys = self.comm.allgather((host, str(root)))
+        s = self.plan.per_tile
+        for r0 in range(0, self.comm.size, s):  # the same check, and error, on every rank
+            if len(set(keys[r0 : r0 + s])) > 1:
+                other = next(k for k in keys[r0 : r0 + s] if k != keys[r0])
+                raise ConfigError(
+                    f"io.local_dir: ranks {r0}..{r0 + s - 1} read parts of one tile (S = {s} "
+                    f"ranks per tile) and must share its file, but {keys[r0][1]} on "
+                    f"{keys[r0][0]} and {other[1]} on {other[0]} differ"
+                )
         return self.comm.Split(keys.index(keys[self.comm.rank]), self.comm.rank), root
 
     def __enter__(self) -> ShuffleEnsembleIO:
