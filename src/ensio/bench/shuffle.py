@@ -105,6 +105,7 @@ def _tiles(case: Path, run: Path, st: ShuffleBenchSettings, n_mpi: int) -> int:
         local.mkdir(parents=True, exist_ok=True)
         src = run / TILES.format(member=r // p + 1, tile=r % p)
         shutil.copy(src, local / src.name)
+        (local / src.name).read_bytes()  # in the page cache, as the members of files mode
     return p
 
 

@@ -120,6 +120,16 @@ def _describe(ens: EnsembleSection, digests: list[_Digest]) -> tuple[TileGeometr
     return geo, global_layout(ens, geo, digests[0].infos, read_tile_var, digests[0].source)
 
 
+def _slice_of(part_rows: np.ndarray, values: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``values`` of ``rows``: one variable's rows are a consecutive stretch of the part's."""
+    if rows.size == 0:
+        return values[:0]
+    k = int(np.searchsorted(part_rows, rows[0]))
+    if part_rows[k + rows.size - 1] != rows[-1]:
+        raise AssertionError("a variable's rows are not consecutive in the part")
+    return values[k : k + rows.size]
+
+
 class ShuffleEnsembleIO:
     """Collective: tiles on local disks ⇄ every rank's row set, through group all-to-alls.
 
@@ -344,7 +354,7 @@ class ShuffleEnsembleIO:
                 lo, hi = plan.window
                 rows = np.concatenate([r.window(lo, hi)[1] for r in self.runs[plan.tile]])
                 write_tile(self.path, self.names, self.runs[plan.tile], plan.window,
-                           lambda r: values[np.searchsorted(rows, r)], undo, self.io.fsync,
+                           lambda r: _slice_of(rows, values, r), undo, self.io.fsync,
                            self.infos)
                 took["write"] = time.perf_counter() - t
 

@@ -43,21 +43,37 @@ class TileRuns:
     elems: np.ndarray  # (n_runs,) first flat element of each run in the tile's variable
     length: int  # elements per run
 
+    def pieces(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The runs clipped to rows ``[lo, hi)``: (element starts, row starts, lengths).
+
+        Three int64 arrays of shape (n_pieces,), one entry per run that
+        meets the window (the first and last possibly shortened).
+        """
+        k0 = int(np.searchsorted(self.rows + self.length, lo, side="right"))
+        k1 = int(np.searchsorted(self.rows, hi, side="left"))
+        if k0 >= k1:
+            empty = np.empty(0, np.int64)
+            return empty, empty, empty
+        rows = self.rows[k0:k1]
+        first = np.maximum(rows, lo)
+        last = np.minimum(rows + self.length, hi)
+        return self.elems[k0:k1] + (first - rows), first, last - first
+
     def window(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         """(tile elements, state rows) of the interior points in rows ``[lo, hi)``, in order.
 
         Both int64 of shape (n,); both increasing (the runs follow each other
         in the tile file and in the state alike).
         """
-        k0 = int(np.searchsorted(self.rows + self.length, lo, side="right"))
-        k1 = int(np.searchsorted(self.rows, hi, side="left"))
-        if k0 >= k1:
-            return np.empty(0, np.int64), np.empty(0, np.int64)
-        step = np.arange(self.length, dtype=np.int64)
-        rows = (self.rows[k0:k1, None] + step).ravel()
-        elems = (self.elems[k0:k1, None] + step).ravel()
-        keep = (rows >= lo) & (rows < hi)
-        return elems[keep], rows[keep]
+        e, r, n = self.pieces(lo, hi)
+        return _expand(e, n), _expand(r, n)
+
+
+def _expand(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The concatenation of ``arange(s, s + n)`` over the pieces, in two passes."""
+    total = int(lengths.sum())
+    offsets = np.cumsum(lengths) - lengths
+    return np.arange(total, dtype=np.int64) + np.repeat(starts - offsets, lengths)
 
 
 def plan_runs(geometry: TileGeometry, layout: StateLayout) -> list[list[TileRuns]]:
@@ -92,8 +108,9 @@ def read_tile(
     earlier metadata pass) contiguous variables are read as raw byte ranges
     without opening the file through the netCDF library.
     """
-    wins = [run.window(lo, hi) for run in runs]
-    rows = np.concatenate([r for _, r in wins]) if wins else np.empty(0, np.int64)
+    wins = [run.pieces(lo, hi) for run in runs]
+    rows = np.concatenate([_expand(r, n) for _, r, n in wins]) if wins \
+        else np.empty(0, np.int64)
     values = np.empty(rows.size, dtype=np.float64)
     if rows.size == 0:
         return rows, values
@@ -107,18 +124,26 @@ def read_tile(
             store = stack.enter_context(open_member(path))
             infos = store.variables()
         assert infos is not None
-        for name, (elems, _) in zip(names, wins, strict=True):
+        for name, (elems, _, lengths) in zip(names, wins, strict=True):
             if elems.size == 0:
                 continue
             info = infos[name]
-            e0, e1 = int(elems[0]), int(elems[-1]) + 1
+            e0, e1 = int(elems[0]), int(elems[-1] + lengths[-1])
             if raw:
                 part = raw_read(fd, info, e0, e1, path=path)
             else:
                 part = np.asarray(store.read_elements(name, e0, e1)).ravel()
-            info.encoding.decode(np.ascontiguousarray(part[elems - e0]),
-                                 values[at : at + elems.size])  # fmt: skip
-            at += elems.size
+            n = int(lengths.sum())
+            if n == e1 - e0:  # no halo between the runs: one contiguous range
+                picked = np.ascontiguousarray(part)
+            else:
+                picked = np.empty(n, dtype=part.dtype)
+                k = 0
+                for e, m in zip((elems - e0).tolist(), lengths.tolist(), strict=True):
+                    picked[k : k + m] = part[e : e + m]
+                    k += m
+            info.encoding.decode(picked, values[at : at + n])
+            at += n
     return rows, values
 
 
@@ -182,12 +207,16 @@ def _write_window(
     values = np.ascontiguousarray(values, dtype=np.float64)
     new = np.empty(elems.size, dtype=info.dtype)
     clips = info.encoding.encode(values, new)
+    dense = elems.size == e1 - e0  # no halo inside the range: elems is e0 .. e1 - 1
     if info.encoding.packed or not np.isfinite(values).all():
-        info.encoding.keep_prior(prior[elems - e0], values, new)
+        info.encoding.keep_prior(prior if dense else prior[elems - e0], values, new)
     size = info.dtype.itemsize
     if 2 * elems.size >= e1 - e0:
-        whole = prior.copy()
-        whole[elems - e0] = new
+        if dense:
+            whole = new
+        else:
+            whole = prior.copy()
+            whole[elems - e0] = new
         if undo is not None:
             undo.save(path, int(info.raw_offset) + e0 * size, prior)  # type: ignore[arg-type]
         raw_write(fd, info, e0, whole, path=path)
