@@ -44,10 +44,19 @@ def _bilinear_obs(case) -> None:
             dst.createVariable(name, "f8", ("obs",))[:] = v
 
 
+def _poke_missing(case) -> None:
+    """NaN at a few points of member 2: those rows are inactive (passed through)."""
+    with netCDF4.Dataset(case / "mem002.nc", "a") as ds:
+        v = ds["state"]
+        flat = np.array(v[...]).reshape(-1, v.shape[-2], v.shape[-1])
+        flat[:, 3, 2:6] = np.nan
+        v[...] = flat.reshape(v.shape)
+
+
 @pytest.mark.parametrize(
     "sets",
     [[], ["analysis.filter=lenkf"], ["analysis.filter=etkf", "analysis.localization=null"],
-     ["observations=[{file: obs_bilinear.nc}]"]],
+     ["observations=[{file: obs_bilinear.nc}]"], ["missing"]],
 )
 @pytest.mark.parametrize("levels", [None, 2])
 def test_row_sets_match_blocks(shared_dir, comm, sets, levels) -> None:
@@ -56,7 +65,11 @@ def test_row_sets_match_blocks(shared_dir, comm, sets, levels) -> None:
         argv = [str(case), "--nx", "13", "--ny", "7", "--members", "5", "--seed", "4"]
         assert synth_main(argv + (["--levels", str(levels)] if levels else [])) == 0
         _bilinear_obs(case)
+        if sets == ["missing"]:
+            _poke_missing(case)
     comm.Barrier()
+    missing = sets == ["missing"]
+    sets = [] if missing else sets
     if levels and "bilinear" in " ".join(sets):  # one level of the 3-D state is observed
         sets = ["observations=[{file: obs_bilinear.nc, level_index: 1}]"]
     cfg = load_config(case / "ensio.yaml", sets)
@@ -69,5 +82,7 @@ def test_row_sets_match_blocks(shared_dir, comm, sets, levels) -> None:
     block = RowSetBlock.of(prior.layout, plan, np.ascontiguousarray(full_prior[:, plan.rows]))
     got = assimilate_block(block, obs, cfg.analysis, comm, cycle=2, seconds={})
     np.testing.assert_allclose(got.ensemble, full_ref[:, plan.rows], rtol=0, atol=1e-12)
+    assert np.isnan(got.ensemble).sum() == np.isnan(full_prior[:, plan.rows]).sum()
+    assert np.isnan(full_prior).any() == missing
     assert got.qc == ref.qc and got.qc.accepted > 0
     assert got.posterior.rms == pytest.approx(ref.posterior.rms, rel=1e-12)
