@@ -44,6 +44,9 @@ def run_shuffle_analysis(
         with file_op("read"), bars.phase("read", n_e, "members") as advance:
             block = ens.read(progress=advance)
         seconds["read"] = time.perf_counter() - t0
+        flags = block.count_by_variable(block.inactive_rows())
+        comm.Allreduce(MPI.IN_PLACE, flags, op=MPI.SUM)
+        inactive = {v.name: int(n) for v, n in zip(block.layout.variables, flags, strict=True)}
         with bars.phase("analysis"):
             result = assimilate_block(block, obs, config.analysis, comm, cycle=cycle,
                                       seconds=seconds)  # fmt: skip
@@ -54,4 +57,5 @@ def run_shuffle_analysis(
     seconds["total"] = time.perf_counter() - t0
     seconds = {k: float(comm.allreduce(v, op=MPI.MAX)) for k, v in seconds.items()}
     assert result.qc is not None
-    return AnalysisReport(result=result, seconds=seconds, n_obs_read=result.qc.total)
+    return AnalysisReport(result=result, seconds=seconds, n_obs_read=result.qc.total,
+                          inactive=inactive)
