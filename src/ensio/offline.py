@@ -32,6 +32,7 @@ from .io.ensemble import EnsembleIO, IOStats, open_ensemble
 from .io.journal import journal_root
 from .io.products import Stage, product_paths, write_member_copies, write_products
 from .io.runrecord import file_digests, find_run, record_line, run_key, runs_path, staged_runs
+from .io.slotstates import SlotStates
 from .io.tiled import check_tiled_run, member_files
 from .io.tiledio import TiledEnsembleIO
 from .layout.block import EnsembleBlock
@@ -138,7 +139,8 @@ def run_analysis(
             seconds["read"] = time.perf_counter() - t0
             with bars.phase("analysis"):
                 result = assimilate_block(
-                    block, obs_sources, config.analysis, comm, cycle=cycle, seconds=seconds
+                    block, obs_sources, config.analysis, comm, cycle=cycle, seconds=seconds,
+                    slots=_slot_states(config, block),
                 )
             analysis = EnsembleBlock(block.layout, block.start, block.count, result.ensemble,
                                      inactive=block.inactive)
@@ -163,6 +165,14 @@ def _opened(config: Config, comm: MPI.Comm) -> EnsembleIO:
         if config.ensemble.tiled:
             return TiledEnsembleIO(config.ensemble, config.base_dir, config.io, comm)
         return open_ensemble(config.member_paths(), config.ensemble, config.io, comm)
+
+
+def _slot_states(config: Config, block: EnsembleBlock) -> SlotStates | None:
+    """The members' states at the time slots of a 4-D analysis (None: 3-D)."""
+    an = config.analysis
+    if an is None or an.time_slots is None:
+        return None
+    return SlotStates(config.ensemble, config.base_dir, block.layout, an.n_slots)
 
 
 def _already(root: Path, key: str, comm: MPI.Comm) -> dict[str, Any] | None:
