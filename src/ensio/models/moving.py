@@ -34,7 +34,7 @@ import numpy as np
 
 from .synthetic import LOCALIZATION_CELLS, OBS_ERROR, field, grid, member_shifts, spacing_km
 
-__all__ = ["MovingCase", "config_text", "slot_times", "write_moving"]
+__all__ = ["MovingCase", "config_text", "slot_times", "write_moving", "write_state"]
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,9 @@ def slot_times(window: tuple[float, float], slots: int) -> np.ndarray:
     return a + (np.arange(slots) + 0.5) * (b - a) / slots
 
 
-def _write_state(path: Path, nx: int, ny: int, state: np.ndarray, time: float) -> None:
+def write_state(path: Path, nx: int, ny: int, state: np.ndarray, time: float = 0.0) -> None:
+    """One member (or truth) file: ``lon``, ``lat`` of :func:`~ensio.models.synthetic.grid`,
+    ``state(lat, lon)`` float64 and the global attribute ``time_hours``."""
     with netCDF4.Dataset(path, "w", format="NETCDF4") as ds:
         ds.createDimension("lon", nx)
         ds.createDimension("lat", ny)
@@ -99,11 +101,11 @@ def write_moving(
     times = slot_times(window, slots)
     for k in range(1, members + 1):
         phase = float(shifts[k - 1])
-        _write_state(out / f"mem{k:03d}.nc", nx, ny, field(nx, ny, phase), 0.0)
+        write_state(out / f"mem{k:03d}.nc", nx, ny, field(nx, ny, phase), 0.0)
         for s, t in enumerate(times, start=1):
             path = out / "fc" / f"mem{k:03d}_slot{s}.nc"
-            _write_state(path, nx, ny, field(nx, ny, phase + speed * t), float(t))
-    _write_state(out / "truth.nc", nx, ny, field(nx, ny, 0.0), 0.0)
+            write_state(path, nx, ny, field(nx, ny, phase + speed * t), float(t))
+    write_state(out / "truth.nc", nx, ny, field(nx, ny, 0.0), 0.0)
     rng = np.random.default_rng(np.random.SeedSequence([seed, 4]))
     index = np.sort(rng.choice(nx * ny, size=n_obs, replace=False)).astype(np.int64)
     t_obs = rng.uniform(window[0], window[1], size=n_obs)
