@@ -116,7 +116,7 @@ def observe_slots(
             if p % n_slots != s:
                 continue
             j = p // n_slots
-            values = reader(j, s, rows) if rows.size else np.empty(0)
+            values = reader(j, s, rows)  # also without rows: a missing file is an error
             out[j - members[0], sel] = apply_at_rows(op, rows, values)
     return out
 
