@@ -59,6 +59,9 @@ class AnalysisReport:
     inactive: dict[str, int] = field(default_factory=dict)
     #: Per state variable: analysis values clipped to the packed type / valid range.
     clipped: dict[str, int] = field(default_factory=dict)
+    #: A 4-D analysis: the posterior is H of the analysis at the analysis time,
+    #: compared with observations taken at other times, so it is labelled so.
+    four_d: bool = False
 
     def lines(self) -> list[str]:
         """The log lines ``ensio analyse`` prints."""
@@ -81,8 +84,9 @@ class AnalysisReport:
             f"{qc.rejected} rejected" + (f" ({reasons})" if reasons else "")
         ]
         for name, s in (("prior", r.prior), ("posterior", r.posterior)):
+            when = " (analysis time)" if self.four_d and name == "posterior" else ""
             out.append(
-                f"{name:9s} innovation: mean {s.mean:+.4g}  rms {s.rms:.4g}  "
+                f"{name:9s} innovation{when}: mean {s.mean:+.4g}  rms {s.rms:.4g}  "
                 f"accepted {s.count}  rejected {qc.rejected}"
             )
         for label, counts, what in (
@@ -157,6 +161,7 @@ def run_analysis(
         took_over=took_over,
         inactive=inactive,
         clipped=written.clipped if written is not None else {},
+        four_d=config.analysis.n_slots > 1,
     )
 
 
