@@ -27,6 +27,7 @@ from .analysis.inputs import assimilate_block, observation_sources
 from .analysis.result import AnalysisResult
 from .config.schema import Config, ConfigError
 from .errors import file_op
+from .io.backup import BackupHandle, start_cycle_backup
 from .io.commit import RunTransaction, ensemble_lock
 from .io.ensemble import EnsembleIO, IOStats, open_ensemble
 from .io.journal import journal_root
@@ -62,6 +63,8 @@ class AnalysisReport:
     #: A 4-D analysis: the posterior is H of the analysis at the analysis time,
     #: compared with observations taken at other times, so it is labelled so.
     four_d: bool = False
+    #: The background copy to ``io.backup_dir`` (started when it is set; ``wait()`` joins it).
+    backup: BackupHandle | None = None
 
     def lines(self) -> list[str]:
         """The log lines ``ensio analyse`` prints."""
@@ -153,6 +156,8 @@ def run_analysis(
             )
     seconds["total"] = time.perf_counter() - t0
     seconds = {k: float(comm.allreduce(v, op=MPI.MAX)) for k, v in seconds.items()}
+    # committed and unlocked: copy the files to io.backup_dir in the background
+    backup = start_cycle_backup(config, comm, cycle) if config.io.backup_dir else None
     assert result.qc is not None
     return AnalysisReport(
         result=result,
@@ -162,6 +167,7 @@ def run_analysis(
         inactive=inactive,
         clipped=written.clipped if written is not None else {},
         four_d=config.analysis.n_slots > 1,
+        backup=backup,
     )
 
 

@@ -193,10 +193,18 @@ class IOSection:
     journal: bool = True
     fsync: bool = False
     in_place: bool = True
+    #: Node-local directory of each rank's files (``{host}``, ``{rank}``; ``ensio stage``).
+    local_dir: str | None = None
+    #: Per-cycle backup of each rank's files after the analysis (``{cycle}``; ``ensio.io.backup``).
+    backup_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.tasks is not None and self.tasks < 1:
             raise ConfigError(f"io.tasks: must be at least 1, got {self.tasks}")
+        if self.backup_dir is not None and "{cycle" not in self.backup_dir:
+            raise ConfigError(
+                f"io.backup_dir: pattern {self.backup_dir!r} has no {{cycle}} placeholder"
+            )
 
 
 @dataclass(frozen=True)
