@@ -118,8 +118,8 @@ def prepare(c: Copy, *, checksum: bool = False, fsync: bool = True, label: str =
     """
     st = os.stat(c.src)
     have = _up_to_date(c, st, checksum)
-    if have is not None:
-        return Prepared(c, None, st.st_size, have or None)
+    if have is not None:  # an earlier copy (e.g. of a killed run) is complete
+        return Prepared(c, None, st.st_size, have or (file_digest(c.dst) if hashing else None))
     tmp = temporary_name(c.dst)
     try:
         size, digest = _stream(c.src, tmp, checksum or hashing or c.digest is not None)

@@ -46,9 +46,9 @@ from ..parallel.agree import (
 )
 from ..parallel.nodes import node_groups
 from .journal import JOURNAL_DIRNAME
-from .staging import remove_temporaries
 from .stagecopy import Copy, Prepared, abort_all, commit_all, prepare_all
 from .stagemap import PlacedFile, ensemble_files, place_files
+from .staging import remove_temporaries
 
 __all__ = ["Direction", "NodeCopyReport", "copy_on_nodes", "placement", "stage"]
 
