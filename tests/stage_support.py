@@ -50,15 +50,19 @@ def sha(path: Path) -> str:
 
 def make_case(root: Path, rng: np.random.Generator, *, n_e: int = 3, n_tiles: int = 2,
               local: str | None = LOCAL, backup: str | None = BACKUP,
-              extra_io: dict | None = None) -> StageCase:
-    """``n_e`` members of ``n_tiles`` tiles each, random bytes of random sizes."""
+              extra_io: dict | None = None, write: bool = True) -> StageCase:
+    """``n_e`` members of ``n_tiles`` tiles each, random bytes of random sizes.
+
+    ``write=False`` only names them (the other MPI ranks, while rank 0 writes).
+    """
     (root / "glob").mkdir(parents=True, exist_ok=True)
     files = {}
     for m in range(1, n_e + 1):
         for t in range(n_tiles):
             p = root / "glob" / f"mem{m:03d}_{t:04d}.nc"
-            p.write_bytes(rng.integers(0, 256, int(rng.integers(1000, 50_000)),
-                                       np.uint8).tobytes())
+            if write:
+                p.write_bytes(rng.integers(0, 256, int(rng.integers(1000, 50_000)),
+                                           np.uint8).tobytes())
             files[m, t] = p
     io = {k: v for k, v in (("local_dir", local), ("backup_dir", backup)) if v is not None}
     raw = {

@@ -289,6 +289,7 @@ def test_offline_analysis_backs_up_what_it_wrote(tmp_path):
     prior = [sha(p) for p in paths]
     report = run_analysis(config_from_dict(raw, base_dir=tmp_path), SELF, cycle=12)
     assert report.backup is not None
+    assert any(ln.startswith("backup: copying cycle 12 to ") for ln in report.lines())
     report.backup.wait()
     posterior = {(i + 1, None): p for i, p in enumerate(paths)}
     assert [sha(p) for p in paths] != prior  # the analysis changed the members

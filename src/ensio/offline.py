@@ -99,6 +99,9 @@ class AnalysisReport:
             if any(counts.values()):
                 per = ", ".join(f"{k} {v}" for k, v in counts.items() if v)
                 out.append(f"{label}: {sum(counts.values())} {what} ({per})")
+        if self.backup is not None:
+            out.append(f"backup: copying cycle {self.backup.cycle} to {self.backup.backup_dir} "
+                       "in the background (COMPLETE there when every file is durable)")
         order = ("read", "obs", "analysis", "write", "products", "record", "total")
         out.append(
             "timing: "
