@@ -26,6 +26,7 @@ from ensio import faults
 from ensio.config.load import config_from_dict
 from ensio.errors import EnsioError, InputError
 from ensio.io.backup import (
+    backup_cycles,
     backup_dir_for,
     find_backup,
     read_marker,
@@ -294,3 +295,12 @@ def test_offline_analysis_backs_up_what_it_wrote(tmp_path):
     posterior = {(i + 1, None): p for i, p in enumerate(paths)}
     assert [sha(p) for p in paths] != prior  # the analysis changed the members
     assert assert_truthful(tmp_path / "bk" / "cycle12", posterior)
+
+
+def test_backup_cycles_of_a_nested_pattern(tmp_path, rng):
+    case = make_case(tmp_path, rng, backup="bk/{cycle:04d}/files")
+    for name in ("0002", "0010", "abcd", "0003x"):
+        (tmp_path / "bk" / name / "files").mkdir(parents=True)
+    assert backup_cycles(case.config) == [(10, tmp_path / "bk" / "0010" / "files"),
+                                          (2, tmp_path / "bk" / "0002" / "files")]
+    assert backup_dir_for(case.config, 7) == tmp_path / "bk" / "0007" / "files"

@@ -23,6 +23,7 @@ from pathlib import Path
 from ..errors import EnsioError, file_op
 from ..io.journal import JOURNAL_DIRNAME, recover
 from ..io.lock import EnsembleLock, command_line
+from .options import add_set_option
 
 __all__ = ["add_parser", "run"]
 
@@ -58,6 +59,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="with --from-backup: restore cycle N's backup (it must be complete)")
     p.add_argument("--ranks", type=int, default=None, metavar="R",
                    help="with --from-backup, run alone: restore for R ranks on this host")
+    add_set_option(p, "with --from-backup: override a config key (repeatable)")
     p.set_defaults(func=run)
 
 
@@ -81,8 +83,8 @@ def run(args: argparse.Namespace) -> int:
     """
     if args.from_backup:
         return _from_backup(args)
-    if args.cycle is not None or args.ranks is not None:
-        raise EnsioError("recover: --cycle and --ranks go with --from-backup")
+    if args.cycle is not None or args.ranks is not None or args.overrides:
+        raise EnsioError("recover: --cycle, --ranks and --set go with --from-backup")
     root: Path = args.dir
     if root.is_file():  # a member file given instead of its directory
         root = root.parent
@@ -119,7 +121,7 @@ def _from_backup(args: argparse.Namespace) -> int:
     from ..parallel.nodes import this_host
 
     comm = MPI.COMM_WORLD
-    config = load_config(args.dir)
+    config = load_config(args.dir, args.overrides)
     cycle, report = restore_from_backup(config, comm, host=this_host(), cycle=args.cycle,
                                         n_ranks=args.ranks, fsync=not args.no_fsync)
     if comm.rank == 0:
