@@ -295,6 +295,17 @@ def test_offline_analysis_backs_up_what_it_wrote(tmp_path):
     posterior = {(i + 1, None): p for i, p in enumerate(paths)}
     assert [sha(p) for p in paths] != prior  # the analysis changed the members
     assert assert_truthful(tmp_path / "bk" / "cycle12", posterior)
+    # a rerun changes nothing and backs nothing up again while the backup is complete ...
+    config = config_from_dict(raw, base_dir=tmp_path)
+    again = run_analysis(config, SELF, cycle=12)
+    assert again.already is not None and again.backup is None
+    # ... but makes the backup that is missing (its start failed, or it was killed)
+    (tmp_path / "bk" / "cycle12" / MARKER_NAME).unlink()
+    healed = run_analysis(config, SELF, cycle=12)
+    assert healed.already is not None and healed.backup is not None
+    assert healed.lines()[-1].startswith("backup: copying cycle 12 to ")
+    healed.backup.wait()
+    assert assert_truthful(tmp_path / "bk" / "cycle12", posterior)
 
 
 def test_backup_cycles_of_a_nested_pattern(tmp_path, rng):

@@ -27,7 +27,7 @@ from .analysis.inputs import assimilate_block, observation_sources
 from .analysis.result import AnalysisResult
 from .config.schema import Config, ConfigError
 from .errors import file_op
-from .io.backup import BackupHandle, start_cycle_backup
+from .io.backup import BackupHandle, ensure_cycle_backup, start_cycle_backup
 from .io.commit import RunTransaction, ensemble_lock
 from .io.ensemble import EnsembleIO, IOStats, open_ensemble
 from .io.journal import journal_root
@@ -66,13 +66,19 @@ class AnalysisReport:
     #: The background copy to ``io.backup_dir`` (started when it is set; ``wait()`` joins it).
     backup: BackupHandle | None = None
 
+    def _backup_lines(self) -> list[str]:
+        if self.backup is None:
+            return []
+        return [f"backup: copying cycle {self.backup.cycle} to {self.backup.backup_dir} "
+                "in the background (COMPLETE there when every file is durable)"]
+
     def lines(self) -> list[str]:
         """The log lines ``ensio analyse`` prints."""
         if self.already is not None:
             e = self.already
             return [f"already analysed: the members hold this analysis (cycle {e.get('cycle')}, "
                     f"committed {e.get('committed')}); nothing done (--force assimilates again)"
-                    + e.get("note", "")]
+                    + e.get("note", "")] + self._backup_lines()
         r = self.result
         assert r is not None
         qc = r.qc
@@ -99,9 +105,7 @@ class AnalysisReport:
             if any(counts.values()):
                 per = ", ".join(f"{k} {v}" for k, v in counts.items() if v)
                 out.append(f"{label}: {sum(counts.values())} {what} ({per})")
-        if self.backup is not None:
-            out.append(f"backup: copying cycle {self.backup.cycle} to {self.backup.backup_dir} "
-                       "in the background (COMPLETE there when every file is durable)")
+        out += self._backup_lines()
         order = ("read", "obs", "analysis", "write", "products", "record", "total")
         out.append(
             "timing: "
@@ -141,8 +145,10 @@ def run_analysis(
         with _opened(config, comm) as ens:
             key = root_call(comm, lambda: run_key(config, obs_files, cycle))
             done = None if force else _already(root, key, comm)
-            if done is not None:
-                return AnalysisReport(result=None, already=done, took_over=took_over)
+            if done is not None:  # a backup that failed or was killed is made now
+                backup = ensure_cycle_backup(config, comm, cycle) if config.io.backup_dir else None
+                return AnalysisReport(result=None, already=done, took_over=took_over,
+                                      backup=backup)
             with file_op("read"), bars.phase("read", n_e, "members") as advance:
                 block = ens.read(progress=advance)
             inactive = ens.stats.inactive if ens.stats is not None else {}

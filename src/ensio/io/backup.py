@@ -59,7 +59,8 @@ from .stagecopy import Copy
 from .stagemap import PlacedFile
 from .stagenode import NodeCopyReport, copy_on_nodes, placement
 
-__all__ = ["BackupHandle", "backup_dir_for", "backup_items", "find_backup", "read_marker",
+__all__ = ["BackupHandle", "backup_dir_for", "backup_items", "ensure_cycle_backup",
+           "find_backup", "read_marker",
            "restore_from_backup", "start_backup", "start_cycle_backup"]
 
 
@@ -230,6 +231,17 @@ def start_cycle_backup(config: Config, comm: MPI.Comm, cycle: int,
     placed = placement(config, comm, host, None if comm.size > 1 else 1)
     return start_backup(backup_items(config, placed, comm.rank), backup_dir_for(config, cycle),
                         cycle, comm, host=host, fsync=True)
+
+
+def ensure_cycle_backup(config: Config, comm: MPI.Comm, cycle: int,
+                        host: str | None = None) -> BackupHandle | None:
+    """Collective: :func:`start_cycle_backup` unless cycle ``cycle`` already has a complete one.
+
+    What a rerun of an analysis the members already hold calls, so that a
+    backup that failed to start (or was killed) the first time is made.
+    """
+    complete = root_call(comm, lambda: read_marker(backup_dir_for(config, cycle)) is not None)
+    return None if complete else start_cycle_backup(config, comm, cycle, host)
 
 
 def read_marker(backup_dir: Path) -> dict[str, Any] | None:
