@@ -38,7 +38,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "member files. If the run had committed, move its staged products into place "
             "and remove the journal; otherwise restore every member file to its prior "
             "content and delete the staged files. Safe to run at any time: it takes the "
-            "members' lock, and refuses while another run holds it."
+            "members' lock, and refuses while another run holds it. With --from-backup "
+            "CONFIG: restore the files the analysis works on (node-local copies in io.mode "
+            "shuffle, else the member files) from the newest complete backup of "
+            "io.backup_dir (or --cycle N's), every file checked against the sha256 of its "
+            "COMPLETE marker before any file is replaced."
         ),
     )
     p.add_argument("dir", type=Path, metavar="DIR",
