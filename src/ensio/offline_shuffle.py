@@ -7,7 +7,10 @@ record on the global file system (a rerun analyses again), and products
 (``output.mean``/``spread``) are refused as for every tiled run. The write
 is all or nothing over every rank, with one undo journal per local directory
 (:class:`~ensio.io.shuffle.ShuffleEnsembleIO`); ``ensio recover LOCAL_DIR``
-undoes an interrupted one.
+undoes an interrupted one. With ``io.backup_dir`` the local files are then
+copied there in the background (:func:`ensio.io.backup.start_cycle_backup`),
+as after a ``files`` analysis. A 4-D analysis (``analysis.time_slots``) is not
+supported on row sets yet and is refused before anything is read.
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ import time
 from mpi4py import MPI
 
 from .analysis.inputs import assimilate_block, observation_sources
-from .config.schema import Config
+from .config.schema import Config, ConfigError
 from .errors import file_op
+from .io.backup import start_cycle_backup
 from .io.shuffle import ShuffleEnsembleIO
 from .io.tiled import check_tiled_run
 from .offline import AnalysisReport
@@ -33,6 +37,9 @@ def run_shuffle_analysis(
     """Collective: read the local tiles, shuffle, analyse the row sets, shuffle back, write."""
     assert config.analysis is not None
     check_tiled_run(config)
+    if config.analysis.time_slots is not None:
+        raise ConfigError("analysis.time_slots: not supported with io.mode shuffle yet; "
+                          "use io.mode files for a 4-D analysis")
     bars = progress or PhaseProgress(enabled=False)
     t0 = time.perf_counter()
     seconds: dict[str, float] = {}
@@ -56,6 +63,8 @@ def run_shuffle_analysis(
         seconds["write"] = time.perf_counter() - t
     seconds["total"] = time.perf_counter() - t0
     seconds = {k: float(comm.allreduce(v, op=MPI.MAX)) for k, v in seconds.items()}
+    # written and journal committed: copy the local files to io.backup_dir in the background
+    backup = start_cycle_backup(config, comm, cycle) if config.io.backup_dir else None
     assert result.qc is not None
     return AnalysisReport(result=result, seconds=seconds, n_obs_read=result.qc.total,
-                          inactive=inactive)
+                          inactive=inactive, backup=backup)

@@ -34,10 +34,10 @@ def shapes_for(size: int) -> list[tuple[int, int, int]]:
     return [s for s in SHAPES if s[0] * s[1] * s[2] == size]
 
 
-def make_case(root, comm, n_e, p, s, *, levels=None, per_host=None, nemo=False):
-    """Synthetic case, its tiles, and every rank's copy in its local directory."""
+def make_case(root, comm, n_e, p, s, *, levels=None, nemo=False):
+    """Synthetic case, its tiles, and file f = m·P + t in the local directory of rank f
+    (what ``ensio stage in`` does); ranks f + q·N_e·P read it there too."""
     case = root / f"case{n_e}_{p}_{s}"
-    per_host = s > 1 if per_host is None else per_host  # the S ranks of a tile share its file
     px, py = LAYOUTS[p]
     geo = declared_geometry((NY, NX), p, (px, py), 1)
     if comm.rank == 0:
@@ -46,18 +46,17 @@ def make_case(root, comm, n_e, p, s, *, levels=None, per_host=None, nemo=False):
         assert synth_main(argv + (["--levels", str(levels)] if levels else [])) == 0
         tile_case(case, geo, n_e, nemo=nemo)
         for r in range(comm.size):
-            m, t = r // (p * s), (r // s) % p
-            local = case / "local" / ("host" if per_host else f"r{r}")
+            local = case / "local" / f"r{r}"
             local.mkdir(parents=True, exist_ok=True)
-            src = case / PATTERN.format(member=m + 1, tile=t)
-            if not (local / src.name).exists():
+            if r < n_e * p:
+                src = case / PATTERN.format(member=r // p + 1, tile=r % p)
                 shutil.copy(src, local / src.name)
     comm.Barrier()
     sets = [
         f"ensemble.members={PATTERN}",
         *([] if nemo else [f"ensemble.tiles={{count: {p}, layout: [{px}, {py}], halo: 1}}"]),
         "io.mode=shuffle",
-        "io.local_dir=local/" + ("host" if per_host else "r{rank}"),
+        "io.local_dir=local/r{rank}",
         "output.mean=null",
         "output.spread=null",
     ]
@@ -74,12 +73,11 @@ def reference(case, comm):
             np.concatenate(comm.allgather(ref.ensemble), axis=1), prior.layout)  # fmt: skip
 
 
-def local_file(case, comm, n_e, p, s, per_host=None):
-    r = comm.rank
-    per_host = s > 1 if per_host is None else per_host
-    m, t = r // (p * s), (r // s) % p
-    local = case / "local" / ("host" if per_host else f"r{r}")
-    return local / PATTERN.format(member=m + 1, tile=t).split("/")[-1], m, t
+def local_file(case, comm, n_e, p, s):
+    """The tile this rank reads: file f = rank mod N_e·P, in the local directory of rank f."""
+    f = comm.rank % (n_e * p)
+    m, t = f // p, f % p
+    return case / "local" / f"r{f}" / PATTERN.format(member=m + 1, tile=t).split("/")[-1], m, t
 
 
 @pytest.mark.parametrize("levels,nemo", [(None, False), (2, False), (None, True)])
@@ -171,11 +169,29 @@ def test_rank_count_not_a_multiple(shared_dir, comm) -> None:
         ShuffleEnsembleIO(cfg.ensemble, cfg.base_dir, cfg.io, comm)
 
 
-def test_ranks_of_one_tile_must_share_its_file(shared_dir, comm) -> None:
-    """S > 1 with a directory per rank would leave each copy with part of the analysis."""
+def test_ranks_of_one_tile_on_another_host(shared_dir, comm, monkeypatch) -> None:
+    """With S > 1, rank r reads the file held by rank r mod N_e·P: both on one host."""
     if comm.size % 4:
         pytest.skip("needs N_mpi = 2 members x 1 tile x S with S >= 2")
-    case, _, sets = make_case(shared_dir, comm, 2, 1, comm.size // 2, per_host=False)
+    case, _, sets = make_case(shared_dir, comm, 2, 1, comm.size // 2)
+    monkeypatch.setenv("ENSIO_HOST", f"node{comm.rank}")
     cfg = load_config(case / "ensio.yaml", sets)
-    with pytest.raises(ConfigError, match=r"^io.local_dir: ranks 0..1 read parts of one tile"):
+    with pytest.raises(ConfigError, match=r"^io.local_dir: rank 2 reads part 1 of the tile held "
+                                          r"by rank 0 on host node0, but runs on host node2"):
         ShuffleEnsembleIO(cfg.ensemble, cfg.base_dir, cfg.io, comm)
+
+
+def test_shuffle_then_background_backup(shared_dir, comm) -> None:
+    """With io.backup_dir the analysed local tiles are copied, complete, after the run."""
+    from ensio.io.backupworker import data_dir
+
+    n_e, p, s = shapes_for(comm.size)[0]
+    case, _, sets = make_case(shared_dir, comm, n_e, p, s)
+    cfg = load_config(case / "ensio.yaml", [*sets, "io.backup_dir=backup/c{cycle}"])
+    report = run_analysis(cfg, comm, cycle=3)
+    assert report.backup is not None
+    marker = report.backup.wait(timeout=120)
+    assert marker.parent == case / "backup" / "c3"
+    path, _, _ = local_file(case, comm, n_e, p, s)
+    copy = data_dir(case / "backup" / "c3", report.backup.token) / path.name
+    assert copy.read_bytes() == path.read_bytes()

@@ -35,6 +35,7 @@ from .filters import localization_from_config
 from .pipeline import AnalysisSettings, analyse_rows
 from .placement import block_row_coordinates, obs_coordinates, state_grid
 from .result import AnalysisResult
+from .stoo import SlotPrior, SlotReader, slot_prior
 
 __all__ = [
     "PARTIAL_READ_BYTES",
@@ -83,6 +84,24 @@ def load_observations(
         The selected observations of all files, concatenated.
     """
 
+    return ObsBatch.concat([batch for _, _, batch in _read_files(paths, analysis, block, comm)])
+
+
+def _read_files(
+    paths: Sequence[Path | ObsSource],
+    analysis: AnalysisSection,
+    block: EnsembleBlock,
+    comm: MPI.Comm,
+) -> list[tuple[ObsBatch, np.ndarray, ObsBatch]]:
+    """Collective, per file: every observation's location, the positions this rank needs, those.
+
+    The first item holds every observation of the file on every rank (with
+    values for files read by rank 0, NaN values for large files): the
+    4-D observation operator applies H to all of them
+    (:func:`~ensio.analysis.stoo.slot_prior`). With ``analysis.time_slots``
+    each file must have a ``time`` variable unless there is one slot and no
+    window.
+    """
     sources = [ObsSource.of(p) for p in paths]
     layout = block.layout
 
@@ -97,19 +116,31 @@ def load_observations(
     info = root_call(comm, sizes)
     local = analysis.localization is not None and comm.size > 1
     grid = state_grid(layout)
-    batches, offset = [], 0
+    timed = analysis.edges is not None
+    out, offset = [], 0
     for src, (n, nbytes) in zip(sources, info, strict=True):
         if local and nbytes > PARTIAL_READ_BYTES:
-            where = all_call(comm, lambda s=src, o=offset: read_source(s, layout, o, values=False))
+            where = all_call(comm, lambda s=src, o=offset: _read(s, layout, o, timed, False))
             sel = _needed(where, analysis, block, grid, comm)
             batch = all_call(comm, lambda s=src, o=offset, x=sel: read_source(s, layout, o, x))
         else:
-            batch = root_call(comm, lambda s=src, o=offset: read_source(s, layout, o))
-            if local:
-                batch = batch.subset(_needed(batch, analysis, block, grid, comm))
-        batches.append(batch)
+            where = root_call(comm, lambda s=src, o=offset: _read(s, layout, o, timed, True))
+            sel = _needed(where, analysis, block, grid, comm) if local else np.arange(n)
+            batch = where.subset(sel) if local else where
+        out.append((where, sel, batch))
         offset += n
-    return ObsBatch.concat(batches)
+    return out
+
+
+def _read(src: ObsSource, layout, offset: int, timed: bool, values: bool) -> ObsBatch:
+    """One file (all observations); ``timed``: its ``time`` variable is required."""
+    batch = read_source(src, layout, offset, values=values)
+    if timed and batch.time is None:
+        raise InputError(
+            f"{src.path}: variable 'time' missing in observation file (analysis.time_slots "
+            "bins the observations by time)"
+        )
+    return batch
 
 
 def _needed(
@@ -139,6 +170,7 @@ def assimilate_block(
     *,
     cycle: int,
     seconds: dict[str, float],
+    slots: SlotReader | None = None,
 ) -> AnalysisResult:
     """Collective: load this rank's observations and analyse its rows.
 
@@ -160,6 +192,10 @@ def assimilate_block(
     seconds : dict
         Receives ``obs`` (reading, H, the HX exchange, QC) and ``analysis``
         (the filter), this rank's seconds.
+    slots : SlotReader, optional
+        The members' states at the time slots of ``analysis.time_slots``
+        (required with it): a 4-D analysis whose HX comes from the parallel
+        observation operator (:mod:`~ensio.analysis.stoo`).
 
     Returns
     -------
@@ -168,12 +204,42 @@ def assimilate_block(
     """
     if not observation_files:
         raise ConfigError("observations: at least one observation file is needed for an analysis")
+    if analysis.time_slots is not None and slots is None:
+        raise ConfigError(
+            "analysis.time_slots: this mode does not read the members' slot states "
+            "(ensemble.slots); only ensio analyse runs a 4-D analysis"
+        )
     sw = Stopwatch()
     with sw("load"):
-        obs = load_observations(observation_files, analysis, block, comm)
+        prior = None
+        if slots is None:
+            obs = load_observations(observation_files, analysis, block, comm)
+        else:
+            obs, prior = _slot_observations(observation_files, analysis, block, slots, comm)
     with sw("rows"):
-        result = analyse_rows(block, obs, AnalysisSettings(analysis, cycle=cycle), comm)
+        result = analyse_rows(block, obs, AnalysisSettings(analysis, cycle=cycle), comm, prior)
     in_rows = result.timings.get("obs", 0.0)
     seconds["obs"] = sw["load"] + in_rows
     seconds["analysis"] = sw["rows"] - in_rows
     return result
+
+
+def _slot_observations(
+    observation_files: Sequence[Path | ObsSource],
+    analysis: AnalysisSection,
+    block: EnsembleBlock,
+    slots: SlotReader,
+    comm: MPI.Comm,
+) -> tuple[ObsBatch, SlotPrior]:
+    """Collective: this rank's observations and their 4-D HX from the slot states."""
+    files = _read_files(observation_files, analysis, block, comm)
+    every = ObsBatch.concat([where for where, _, _ in files])
+    starts = np.cumsum([0] + [len(where) for where, _, _ in files])[:-1]
+    wanted = np.concatenate([np.zeros(0, np.int64)]
+                            + [a + sel for a, (_, sel, _) in zip(starts, files, strict=True)])
+    obs = ObsBatch.concat([batch for _, _, batch in files])
+    prior = slot_prior(
+        every, wanted, block.data.shape[0], analysis.edges, analysis.n_slots,
+        block.layout.n_rows, state_grid(block.layout), slots, comm,
+    )  # fmt: skip
+    return obs, prior

@@ -24,6 +24,7 @@ __all__ = [
     "InflationSection",
     "QCSection",
     "AnalysisSection",
+    "slot_edges",
     "OutputSection",
 ]
 
@@ -166,6 +167,14 @@ class AnalysisSection:
     kernel (memory and GEMM shape) and ``threads`` is the number of threads
     working on tiles within one process (1 when every core runs an MPI rank);
     the result depends on neither.
+
+    ``time_slots`` makes the analysis four-dimensional (4-D LETKF, Hunt et
+    al. 2004): observations are binned by their ``time`` into slots and each
+    is compared with its member's state at its slot (``ensemble.slots``).
+    Give a count, which splits ``window`` (``[start, end]``, in the unit and
+    reference of the observation files' ``time``) evenly, or the slot edges
+    (ascending, at least two; ``window`` is then their first and last).
+    One slot without ``window`` takes every observation whatever its time.
     """
 
     filter: FilterName
@@ -177,8 +186,11 @@ class AnalysisSection:
     seed: int = 0
     tile_points: int = 128
     threads: int = 1
+    time_slots: int | tuple[float, ...] | None = None
+    window: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
+        _check_slots(self.time_slots, self.window)
         if self.filter in LOCAL_FILTERS and self.localization is None:
             raise ConfigError(
                 f"analysis.localization: required for the local filter {self.filter} "
@@ -195,6 +207,68 @@ class AnalysisSection:
             raise ConfigError(f"analysis.tile_points: must be at least 1, got {self.tile_points}")
         if self.threads < 1:
             raise ConfigError(f"analysis.threads: must be at least 1, got {self.threads}")
+
+    @property
+    def n_slots(self) -> int:
+        """Number of time slots (1 without ``time_slots``: the 3-D analysis)."""
+        s = self.time_slots
+        return 1 if s is None else (s if isinstance(s, int) else len(s) - 1)
+
+    @property
+    def edges(self) -> tuple[float, ...] | None:
+        """Slot edges (:func:`slot_edges`): ``None`` when observation times are not used."""
+        return slot_edges(self.time_slots, self.window)
+
+
+def _check_slots(slots: int | tuple[float, ...] | None, window: tuple[float, ...] | None) -> None:
+    """``analysis.time_slots`` and ``analysis.window``: one line naming the key."""
+    if window is not None:
+        if len(window) != 2 or not all(math.isfinite(t) for t in window):
+            raise ConfigError(f"analysis.window: expected [start, end], got {list(window)}")
+        if not window[0] < window[1]:
+            raise ConfigError(f"analysis.window: start must be before end, got {list(window)}")
+        if slots is None:
+            raise ConfigError("analysis.window: only used with analysis.time_slots")
+    if slots is None:
+        return
+    if isinstance(slots, int):
+        if slots < 1:
+            raise ConfigError(f"analysis.time_slots: must be at least 1, got {slots}")
+        if slots > 1 and window is None:
+            raise ConfigError(
+                f"analysis.time_slots: {slots} slots split analysis.window, which is missing "
+                "(or give the slot edges as a list)"
+            )
+        return
+    edges = list(slots)
+    if len(edges) < 2 or not all(math.isfinite(t) for t in edges):
+        raise ConfigError(
+            f"analysis.time_slots: slot edges must be at least two finite numbers, got {edges}"
+        )
+    if any(b <= a for a, b in zip(edges, edges[1:], strict=False)):
+        raise ConfigError(f"analysis.time_slots: slot edges must increase, got {edges}")
+    if window is not None:
+        raise ConfigError(
+            "analysis.window: the slot edges of analysis.time_slots already give the window"
+        )
+
+
+def slot_edges(
+    slots: int | tuple[float, ...] | None, window: tuple[float, ...] | None
+) -> tuple[float, ...] | None:
+    """Edges of the time slots (``n_slots + 1`` values), ``None`` when no time is used.
+
+    ``None`` for no ``time_slots`` (3-D) and for one slot without a window
+    (every observation in the one slot, whatever its time).
+    """
+    if slots is None:
+        return None
+    if isinstance(slots, int):
+        if window is None:
+            return None
+        a, b = window
+        return tuple(a + (b - a) * i / slots for i in range(slots)) + (b,)
+    return tuple(float(t) for t in slots)
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,12 @@
 """``io.mode: shuffle``: tiles on node-local disks, one group all-to-all, no global scatter.
 
 The seed's data path (NICAM-LETKF, issue 13 item 2). Rank (m, p, q) (see
-:mod:`ensio.io.shuffleplan`) reads part q of tile p of member m from its own
-``io.local_dir`` (the tile file's name under the directory of the pattern
-filled with ``{host}``/``{rank}``); the N_e ranks holding part q of tile p
+:mod:`ensio.io.shuffleplan`) reads part q of tile p of member m, file
+f = m · P + p, from the local directory where ``ensio stage in`` puts it
+(:mod:`ensio.io.stagemap`: ``io.local_dir`` filled with rank f and its host,
+joined with the file's name); with S = 1 that is its own directory. The
+ranks reading one file must run on its holder's host. The N_e ranks reading
+part q of tile p
 form a group (``comm.Split``, the group communicator is kept on the
 object), and one ``Alltoallv`` inside it gives each of them every member for
 1/N_e of the part. The block it returns is a
@@ -45,12 +48,14 @@ from ..layout.rowsetblock import RowSetBlock
 from ..layout.state import StateLayout
 from ..layout.tiles import TileGeometry
 from ..parallel.agree import ErrorNote, agree, note_error, raise_if_any, root_call
+from ..parallel.nodes import this_host
 from ..progress import Advance, no_progress
 from . import journal as journal_mod
 from .commit import journaled_write
 from .open import open_member
 from .pipeline import guard
 from .shuffleplan import ShufflePlan, shuffle_shape
+from .stagemap import format_local_dir
 from .stats import IOStats
 from .store import VarInfo
 from .tiled import global_layout, tile_geometry
@@ -130,6 +135,18 @@ def _slice_of(part_rows: np.ndarray, values: np.ndarray, rows: np.ndarray) -> np
     return values[k : k + rows.size]
 
 
+def _check_hosts(hosts: list[str], per: int) -> None:
+    """Every rank runs on the host of the rank whose local directory it reads (same error
+    on every rank)."""
+    for r, h in enumerate(hosts):
+        if h != hosts[r % per]:
+            raise ConfigError(
+                f"io.local_dir: rank {r} reads part {r // per} of the tile held by rank "
+                f"{r % per} on host {hosts[r % per]}, but runs on host {h}: with N_mpi a "
+                f"multiple of N_e x P = {per}, ranks r and r mod {per} must share a node"
+            )
+
+
 class ShuffleEnsembleIO:
     """Collective: tiles on local disks ⇄ every rank's row set, through group all-to-alls.
 
@@ -164,24 +181,28 @@ class ShuffleEnsembleIO:
             raise ConfigError(f"ensemble.variables: '{masked[0]}' has a mask, not supported "
                               "on tiles")  # fmt: skip
         self.io, self.comm, self.names = io, comm, [v.name for v in ens.variables]
-        host = MPI.Get_processor_name()
-        local = io.local_path(host, comm.rank)
-        self.local = local if local.is_absolute() else base / local
-        n_tiles = root_call(comm, lambda: self._tile_count(ens))
-        s = shuffle_shape(comm.size, ens.size, n_tiles)
-        m, p = comm.rank // (n_tiles * s), (comm.rank // s) % n_tiles
+        hosts = comm.allgather(this_host())
+        host = hosts[comm.rank]
+        assert io.local_dir is not None
+        n_tiles = root_call(comm, lambda: self._tile_count(ens, base, hosts[0]))
+        per = ens.size * n_tiles
+        shuffle_shape(comm.size, ens.size, n_tiles)
+        _check_hosts(hosts, per)
+        f = comm.rank % per  # the file this rank reads; rank f holds it (io.stagemap)
+        m, p, first = f // n_tiles, f % n_tiles, comm.rank < n_tiles
+        self.local = format_local_dir(io.local_dir, base, rank=f, host=hosts[f])
         self.path = self.local / ens.tile_path(ens.numbers[m], p, base).name
         note: ErrorNote = None
         digest = None
         try:
             if not self.local.is_dir():
-                raise InputError(f"{self.local}: io.local_dir of rank {comm.rank} on host "
-                                 f"{host} not found")  # fmt: skip
-            digest = _digest(self.path, self.names, keep_small=(m == 0 and comm.rank % s == 0))
+                raise InputError(f"{self.local}: io.local_dir of rank {f} on host {host} "
+                                 "not found")  # fmt: skip
+            digest = _digest(self.path, self.names, keep_small=first)
         except Exception as exc:  # raised on every rank below
             note = note_error(exc)
         raise_if_any(comm, note)
-        firsts = comm.gather(digest if (m == 0 and comm.rank % s == 0) else None)
+        firsts = comm.gather(digest if first else None)
         self.geometry, self.layout = root_call(
             comm, lambda: _describe(ens, [d for d in firsts if d is not None])
         )
@@ -199,13 +220,15 @@ class ShuffleEnsembleIO:
         self.traffic: ShuffleTraffic | None = None
         self.seconds: dict[str, float] = {}
 
-    def _tile_count(self, ens: EnsembleSection) -> int:
+    def _tile_count(self, ens: EnsembleSection, base: Path, host: str) -> int:
         """P: declared, or ``DOMAIN_number_total`` of rank 0's tile (tile 0 of member 1)."""
         if ens.tiles is not None:
             return ens.tiles.count
-        if not self.local.is_dir():
-            raise InputError(f"{self.local}: io.local_dir of rank 0 not found")
-        first = self.local / ens.tile_path(ens.numbers[0], 0, Path(".")).name
+        assert self.io.local_dir is not None
+        local = format_local_dir(self.io.local_dir, base, rank=0, host=host)
+        if not local.is_dir():
+            raise InputError(f"{local}: io.local_dir of rank 0 on host {host} not found")
+        first = local / ens.tile_path(ens.numbers[0], 0, base).name
         if not first.is_file():
             raise InputError(f"{first}: tile file not found")
         with netCDF4.Dataset(first) as ds:
@@ -235,15 +258,6 @@ class ShuffleEnsembleIO:
         """The ranks sharing this rank's local directory (one journal each), and its root."""
         root = Path(os.path.abspath(self.local))
         keys = self.comm.allgather((host, str(root)))
-        s = self.plan.per_tile
-        for r0 in range(0, self.comm.size, s):  # the same check, and error, on every rank
-            if len(set(keys[r0 : r0 + s])) > 1:
-                other = next(k for k in keys[r0 : r0 + s] if k != keys[r0])
-                raise ConfigError(
-                    f"io.local_dir: ranks {r0}..{r0 + s - 1} read parts of one tile (S = {s} "
-                    f"ranks per tile) and must share its file, but {keys[r0][1]} on "
-                    f"{keys[r0][0]} and {other[1]} on {other[0]} differ"
-                )
         return self.comm.Split(keys.index(keys[self.comm.rank]), self.comm.rank), root
 
     def __enter__(self) -> ShuffleEnsembleIO:

@@ -1,15 +1,17 @@
 """Who holds what in the group shuffle: ranks ⇄ (member, tile, part), rows ⇄ ranks.
 
 ``io.mode: shuffle`` runs on N_mpi = N_e × P × S ranks (S ≥ 1, the
-*multiple*): rank ``r`` is ``(m, p, q)`` with ``r = (m · P + p) · S + q``, so
-the ranks of one member are consecutive. Rank (m, p, q) reads *part q* of
-tile p of member m: the tile's interior rows, in increasing global order,
-cut into S consecutive pieces (:func:`~ensio.parallel.distribution.block_distribution`).
-The N_e ranks that read part q of tile p (one per member) form *group*
-``p · S + q``; inside it, the part is cut again into N_e *chunks*, and group
-rank m (the reader of member m) ends up with chunk m of every member.
-With S = 1 this is the seed's layout: one rank per (member, tile), group p
-holds tile p of all members.
+*multiple*). The files are numbered ``f = m · P + p`` (member-major) and
+file f lives in the local directory of rank f (the staging rule,
+:mod:`ensio.io.stagemap`). Rank ``r = q · (N_e · P) + f`` is ``(m, p, q)``:
+it reads *part q* of tile p of member m, i.e. the tile's interior rows, in
+increasing global order, cut into S consecutive pieces
+(:func:`~ensio.parallel.distribution.block_distribution`); with S = 1 that
+is the whole tile, read by the rank that holds it. The N_e ranks that read
+part q of tile p (one per member) form *group* ``p · S + q``; inside it,
+the part is cut again into N_e *chunks*, and group rank m (the reader of
+member m) ends up with chunk m of every member. With S = 1 this is the
+seed's layout: group p holds tile p of all members.
 
 Everything here is pure and the same on every rank: the plan of all ranks'
 rows (:class:`~ensio.parallel.rowsets.RowSets`) is built from the tile runs
@@ -82,7 +84,8 @@ class ShufflePlan:
     n_members, n_tiles, per_tile : int
         N_e, P and S.
     member, tile, part : int
-        This rank's (m, p, q): it reads part q of tile p of the m-th member.
+        This rank's (m, p, q): it reads part q of tile p of the m-th member,
+        file ``m · P + p``, held by the rank of that number.
     window : (int, int)
         Global rows ``[lo, hi)`` spanned by its part (the part is the
         tile's interior rows inside it).
@@ -106,6 +109,11 @@ class ShufflePlan:
     rows: RowSets
 
     @property
+    def file(self) -> int:
+        """The number of the file this rank reads (``m · P + p``), also its holder rank."""
+        return self.member * self.n_tiles + self.tile
+
+    @property
     def group(self) -> int:
         """Colour of this rank's group: ``p · S + q``."""
         return self.tile * self.per_tile + self.part
@@ -126,7 +134,8 @@ class ShufflePlan:
         """
         n_tiles = len(runs)
         s = shuffle_shape(size, n_members, n_tiles)
-        me = (rank // (n_tiles * s), (rank // s) % n_tiles, rank % s)
+        f = rank % (n_members * n_tiles)
+        me = (f // n_tiles, f % n_tiles, rank // (n_members * n_tiles))
         all_starts, all_lengths, all_owners = [], [], []
         window, part_rows, counts = (0, 0), 0, np.zeros(0, np.int64)
         for p, per_var in enumerate(runs):
@@ -144,7 +153,7 @@ class ShufflePlan:
                     )
                 chunks = parts[q] + _split(size_q, n_members)
                 bounds.append(chunks[:-1])
-                owners.append((np.arange(n_members) * n_tiles + p) * s + q)
+                owners.append(q * n_members * n_tiles + np.arange(n_members) * n_tiles + p)
                 if (p, q) == me[1:]:
                     part_rows, counts = size_q, np.diff(chunks)
             b = np.append(np.concatenate(bounds), n_p)

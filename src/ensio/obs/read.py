@@ -33,7 +33,7 @@ def obs_count(path: str | Path) -> int:
 
 
 _REQUIRED = ("lon", "lat", "value", "error")
-_OPTIONAL = ("index", "level", "level_index")
+_OPTIONAL = ("index", "level", "level_index", "time")
 
 
 def read_obs_netcdf(
@@ -47,7 +47,10 @@ def read_obs_netcdf(
     The file has a dimension ``obs`` and variables ``lon``, ``lat`` (degrees),
     ``value``, ``error`` (standard deviation) and optionally ``index``
     (0-based state row, H = identity), ``level`` (a value of the observed
-    variable's level coordinate) and ``level_index`` (0-based level).
+    variable's level coordinate), ``level_index`` (0-based level) and
+    ``time`` (the observation time, in the unit and reference of
+    ``analysis.window``, for a 4-D analysis; its ``units`` attribute is not
+    interpreted).
     Missing/fill values become NaN (values, errors, levels: such
     observations are rejected later) or -1 (index: interpolation H;
     level_index: none).
@@ -124,5 +127,6 @@ def read_obs_file(
         ids=id_offset + pos,
         level=data.get("level"),
         level_index=data.get("level_index"),
+        time=data.get("time"),
     )
     return batch, attr

@@ -100,6 +100,7 @@ def read_source(
         variable=np.full(m, k, np.int64),
         level=level,
         level_index=level_index,
+        time=batch.time,
     )
 
 
