@@ -35,6 +35,7 @@ from .distributed import observation_owners, observations_near
 from .filters import localization_from_config
 from .pipeline import AnalysisSettings, analyse_rows
 from .placement import obs_coordinates, row_coordinates, state_grid
+from .regional_obs import load_regional, regional_wanted
 from .result import AnalysisResult
 
 __all__ = [
@@ -96,6 +97,8 @@ def load_observations(
         return out
 
     info = root_call(comm, sizes)
+    if regional_wanted(analysis, comm, sum(n for n, _ in info)):  # analysis.observations
+        return load_regional(sources, [n for n, _ in info], analysis, block, comm, _needed)
     local = analysis.localization is not None and comm.size > 1
     grid = state_grid(layout)
     batches, offset = [], 0

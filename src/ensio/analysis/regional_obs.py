@@ -1,0 +1,148 @@
+"""The regional distribution of the observations: no rank holds the list of all locations.
+
+With more observations than a rank can hold (``analysis.observations``,
+:class:`~ensio.config.analysis.ObsDistributionSection`), each rank
+
+1. reads one contiguous slice of every observation file (a hyperslab per
+   variable, :func:`~ensio.obs.read.read_obs_file` with ``part``);
+2. finds, for each observation of its slice, the ranks that need it: those
+   whose rows' region extended by the support radius contains it (every
+   rank's few boxes, :mod:`ensio.obs.regions`, all-gathered once) and its
+   owner (:func:`~ensio.analysis.distributed.observation_owners`, which
+   counts it);
+3. sends the records there with one ``Alltoallv`` (:func:`ensio.obs.exchange.route`),
+   and keeps, of what it receives, exactly what the replicated path keeps
+   (the same ``needed`` rule, passed in), sorted by global id.
+
+So a rank holds its slice plus the observations near its rows, and the
+analysis gets the same observations in the same order as with the
+replicated path: the same result to the bit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+from mpi4py import MPI
+
+from ..config.analysis import AnalysisSection
+from ..layout.block import EnsembleBlock
+from ..obs import Locator, ObsBatch, ObsSource, build_operator, read_source
+from ..obs.exchange import route, slice_of
+from ..obs.regions import Boxes, cover, normalize_lonlat
+from ..parallel.agree import all_call
+from ..parallel.distribution import RowDistribution
+from .distributed import observation_owners
+from .filters import localization_from_config
+from .placement import obs_coordinates, row_coordinates, state_grid
+
+__all__ = ["NeededRule", "load_regional", "rank_boxes", "regional_wanted"]
+
+#: The replicated path's selection: positions (within a batch) this rank keeps.
+NeededRule = Callable[[ObsBatch, AnalysisSection, EnsembleBlock, Locator | None, MPI.Comm],
+                      np.ndarray]
+
+
+def regional_wanted(analysis: AnalysisSection, comm: MPI.Comm, n_obs: int) -> bool:
+    """Whether ``analysis.observations`` asks for the regional path for ``n_obs`` observations."""
+    mode = analysis.observations.distribution
+    if mode == "auto":
+        local = analysis.localization is not None
+        return local and comm.size > 1 and n_obs > analysis.observations.regional_above
+    return mode == "regional"
+
+
+def rank_boxes(analysis: AnalysisSection, block: EnsembleBlock, comm: MPI.Comm) -> Boxes:
+    """Collective: every rank's boxes (its rows' region extended by the support radius)."""
+    loc = analysis.localization
+    assert loc is not None
+    geometry = localization_from_config(loc).geometry
+
+    def mine() -> Boxes:
+        rows = row_coordinates(analysis, block.layout, block.start, block.count)
+        assert rows is not None
+        return cover(rows, geometry.kind, loc.support_radius, comm.rank, geometry.period)
+
+    return Boxes.concat(comm.allgather(all_call(comm, mine)))
+
+
+def _destinations(
+    batch: ObsBatch,
+    analysis: AnalysisSection,
+    boxes: Boxes,
+    dist: RowDistribution,
+    grid: Locator | None,
+    kind: str,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(observation, rank) pairs: every rank whose box holds it, and its owner."""
+    op, inside = build_operator(batch, dist.n_rows, grid)
+    owner = observation_owners(op, inside, batch.ids, dist)
+    del op
+    coords = obs_coordinates(analysis, batch)
+    if kind == "lonlat":
+        coords = normalize_lonlat(coords)
+    obs, box = boxes.pairs(coords)
+    m = len(batch)
+    return (
+        np.concatenate([obs, np.arange(m, dtype=np.int64)]),
+        np.concatenate([boxes.rank[box], owner.astype(np.int64)]),
+    )
+
+
+def load_regional(
+    sources: Sequence[ObsSource],
+    counts: Sequence[int],
+    analysis: AnalysisSection,
+    block: EnsembleBlock,
+    comm: MPI.Comm,
+    needed: NeededRule,
+) -> ObsBatch:
+    """Collective: the observations this rank needs, read and routed regionally.
+
+    Parameters
+    ----------
+    sources : sequence of ObsSource
+        The observation files, in config order.
+    counts : sequence of int
+        Number of observations of each file (ids are offset by the files before).
+    analysis : AnalysisSection
+        A local filter (its localization decides who needs what).
+    block : EnsembleBlock
+        This rank's rows.
+    comm : MPI.Comm
+        The filter communicator.
+    needed : callable
+        The replicated path's selection rule (near this rank's rows, or owned
+        by it), applied to what arrives, so both paths keep the same set.
+
+    Returns
+    -------
+    ObsBatch
+        This rank's observations of all files, sorted by global id.
+
+    Raises
+    ------
+    InputError
+        On every rank, the lowest rank's error about a file (unknown
+        variable, missing variable, levels), as the replicated path.
+    """
+    layout = block.layout
+    grid = state_grid(layout)
+    dist = RowDistribution.of(layout.n_rows, comm)
+    boxes = rank_boxes(analysis, block, comm)
+    assert analysis.localization is not None
+    kind = localization_from_config(analysis.localization).geometry.kind
+    batches, offset = [], 0
+    for src, n in zip(sources, counts, strict=True):
+        part = slice_of(n, comm)
+        mine = all_call(comm, lambda s=src, o=offset, p=part: read_source(s, layout, o, part=p))
+        obs, dest = all_call(
+            comm, lambda b=mine: _destinations(b, analysis, boxes, dist, grid, kind)
+        )
+        got = route(mine, obs, dest, comm)
+        del mine, obs, dest
+        keep = all_call(comm, lambda g=got: needed(g, analysis, block, grid, comm))
+        batches.append(got.subset(keep))
+        offset += n
+    return ObsBatch.concat(batches)
