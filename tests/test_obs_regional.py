@@ -162,6 +162,30 @@ def test_slices_read_the_same_records_as_the_whole_file(tmp_path, rng):
         read_obs_file(path, part=(100, 104))
 
 
+def test_a_selection_read_in_windows_equals_the_fancy_index(tmp_path, rng, monkeypatch):
+    import netCDF4
+
+    import ensio.obs.read as read
+
+    path = tmp_path / "obs.nc"
+    write_obs(path, 500, rng)
+    with netCDF4.Dataset(path, "a") as ds:
+        ds.variables["value"][17] = np.ma.masked  # a fill value: NaN, as before
+        ds.variables["index"][18] = np.ma.masked  # -1
+        expect = {n: np.ma.filled(ds.variables[n][:].astype(float), np.nan)
+                  for n in ("value", "index")}
+    monkeypatch.setattr(read, "SELECT_WINDOW", 7)
+    sel = np.sort(rng.choice(500, 120, replace=False))
+    sel = np.union1d(sel, [17, 18])
+    got, _ = read_obs_file(path, 3, select=sel)
+    assert np.array_equal(got.values, expect["value"][sel], equal_nan=True)
+    assert np.array_equal(got.index, np.where(np.isnan(expect["index"]), -1, expect["index"])[sel])
+    assert np.array_equal(got.ids, sel + 3)
+    shuffled = rng.permutation(sel)
+    assert np.array_equal(read_obs_file(path, 0, select=shuffled)[0].values,
+                          expect["value"][shuffled], equal_nan=True)
+
+
 BASE = {"ensemble": {"members": "m{member}.nc", "size": 2, "variables": ["x"]}}
 
 

@@ -67,6 +67,11 @@ def rank_boxes(analysis: AnalysisSection, block: EnsembleBlock, comm: MPI.Comm) 
     return Boxes.concat(comm.allgather(all_call(comm, mine)))
 
 
+#: Observations per call of the operator and selection code: their temporaries
+#: (about 0.7 kB per observation for bilinear H on a state grid) stay bounded.
+CHUNK = 1 << 14
+
+
 def _destinations(
     batch: ObsBatch,
     analysis: AnalysisSection,
@@ -76,18 +81,37 @@ def _destinations(
     kind: str,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(observation, rank) pairs: every rank whose box holds it, and its owner."""
-    op, inside = build_operator(batch, dist.n_rows, grid)
-    owner = observation_owners(op, inside, batch.ids, dist)
-    del op
-    coords = obs_coordinates(analysis, batch)
-    if kind == "lonlat":
-        coords = normalize_lonlat(coords)
-    obs, box = boxes.pairs(coords)
-    m = len(batch)
-    return (
-        np.concatenate([obs, np.arange(m, dtype=np.int64)]),
-        np.concatenate([boxes.rank[box], owner.astype(np.int64)]),
-    )
+    obs_parts, dest_parts = [], []
+    for s in range(0, len(batch), CHUNK):
+        part = batch.subset(np.arange(s, min(s + CHUNK, len(batch))))
+        op, inside = build_operator(part, dist.n_rows, grid)
+        owner = observation_owners(op, inside, part.ids, dist)
+        del op
+        coords = obs_coordinates(analysis, part)
+        if kind == "lonlat":
+            coords = normalize_lonlat(coords)
+        obs, box = boxes.pairs(coords)
+        obs_parts += [obs + s, np.arange(s, s + len(part), dtype=np.int64)]
+        dest_parts += [boxes.rank[box], owner.astype(np.int64)]
+    if not obs_parts:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    return np.concatenate(obs_parts), np.concatenate(dest_parts)
+
+
+def _kept(
+    got: ObsBatch,
+    needed: NeededRule,
+    analysis: AnalysisSection,
+    block: EnsembleBlock,
+    grid: Locator | None,
+    comm: MPI.Comm,
+) -> np.ndarray:
+    """Positions in ``got`` that ``needed`` keeps, chunk by chunk (it judges each on its own)."""
+    keep = [np.empty(0, np.int64)]
+    for s in range(0, len(got), CHUNK):
+        part = got.subset(np.arange(s, min(s + CHUNK, len(got))))
+        keep.append(np.asarray(needed(part, analysis, block, grid, comm), np.int64) + s)
+    return np.concatenate(keep)
 
 
 def load_regional(
@@ -142,7 +166,7 @@ def load_regional(
         )
         got = route(mine, obs, dest, comm)
         del mine, obs, dest
-        keep = all_call(comm, lambda g=got: needed(g, analysis, block, grid, comm))
+        keep = all_call(comm, lambda g=got: _kept(g, needed, analysis, block, grid, comm))
         batches.append(got.subset(keep))
         offset += n
     return ObsBatch.concat(batches)

@@ -32,6 +32,36 @@ def obs_count(path: str | Path) -> int:
         raise InputError(f"{path}: cannot open observation file ({exc})") from None
 
 
+#: Observations per hyperslab when reading a selection (bounds the memory of a read).
+SELECT_WINDOW = 1 << 20
+
+
+def _read_selected(var, select: np.ndarray) -> np.ma.MaskedArray:
+    """``var[select]`` for sorted positions, as hyperslabs of at most ``SELECT_WINDOW``.
+
+    netCDF4's own fancy indexing issues about one request per position (a
+    sorted selection of 10^5 of 10^5 observations took minutes); a window
+    from the first selected position reads all the selected positions it
+    covers in one request and picks them in memory.
+    """
+    if select.size == 0:
+        return var[:0]
+    if np.any(np.diff(select) < 0):
+        order = np.argsort(select, kind="stable")
+        out = _read_selected(var, select[order])
+        back = np.empty_like(order)
+        back[order] = np.arange(order.size)
+        return out[back]
+    parts, i = [], 0
+    while i < select.size:
+        a = int(select[i])
+        j = int(np.searchsorted(select, a + SELECT_WINDOW, side="left"))
+        block = var[a : int(select[j - 1]) + 1]
+        parts.append(np.ma.asarray(block)[select[i:j] - a])
+        i = j
+    return np.ma.concatenate(parts) if len(parts) > 1 else parts[0]
+
+
 _REQUIRED = ("lon", "lat", "value", "error")
 _OPTIONAL = ("index", "level", "level_index")
 
@@ -103,7 +133,7 @@ def read_obs_file(
             lo, hi = int(part[0]), int(part[1])
             if not 0 <= lo <= hi <= n:
                 raise ValueError(f"{path}: slice [{lo}, {hi}) outside the {n} observations")
-            select_slice: slice | np.ndarray = slice(lo, hi)
+            select_slice = slice(lo, hi)
         attr = ds.getncattr("variable") if "variable" in ds.ncattrs() else None
         if attr is not None and not isinstance(attr, str):
             raise InputError(f"{path}: global attribute 'variable' must be a string")
@@ -124,7 +154,7 @@ def read_obs_file(
             if part is not None:
                 raw = var[select_slice]
             else:
-                raw = var[:] if select is None else (var[select] if len(select) else var[:0])
+                raw = var[:] if select is None else _read_selected(var, np.asarray(select))
             if name in ("index", "level_index"):
                 data[name] = np.ma.filled(np.ma.asarray(raw).astype(np.int64), -1)
             else:

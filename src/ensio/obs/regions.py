@@ -67,7 +67,7 @@ class Boxes:
         """Which box contains which point: boolean ``(m, b)``; non-finite points are in none."""
         return self._contains(_as2d(points))
 
-    def pairs(self, points: np.ndarray, chunk: int = 1 << 22) -> tuple[np.ndarray, np.ndarray]:
+    def pairs(self, points: np.ndarray, chunk: int = 1 << 18) -> tuple[np.ndarray, np.ndarray]:
         """(point, box) index pairs of every containment, ``chunk`` tests at a time.
 
         The memory stays bounded by ``chunk`` whatever the number of points
