@@ -173,3 +173,39 @@ def test_bad_files_give_the_same_error_on_every_rank(comm, case, monkeypatch):
                 run_mode(comm, ensemble, [str(d / name)], analysis("letkf", loc, mode),
                          monkeypatch)
             assert str(d / name) in str(err.value)
+
+
+def rank_batch(r):
+    """Rank r's observations and destinations, reproducible on every rank."""
+    from ensio.obs import ObsBatch
+
+    rng = np.random.default_rng(1000 + r)
+    m = int(rng.integers(0, 40))
+    batch = ObsBatch(
+        values=rng.standard_normal(m), errors=rng.uniform(0.1, 1, m),
+        lon=rng.uniform(-180, 180, m), lat=rng.uniform(-90, 90, m),
+        index=rng.integers(-1, 50, m), ids=r * 1000 + rng.permutation(m),
+        level=np.where(rng.uniform(size=m) < 0.3, np.nan, rng.uniform(0, 5, m)),
+    )
+    return batch, rng
+
+
+def test_route_delivers_every_record_to_its_destinations_bit_for_bit(comm):
+    from ensio.obs.exchange import route
+
+    batch, rng = rank_batch(comm.rank)
+    pairs = rng.integers(0, [max(len(batch), 1), comm.size], size=(3 * len(batch), 2))
+    pairs = pairs[: 3 * len(batch)] if len(batch) else np.empty((0, 2), np.int64)
+    got = route(batch, pairs[:, 0], pairs[:, 1], comm)
+    want = []
+    for r in range(comm.size):
+        b, g = rank_batch(r)
+        p = g.integers(0, [max(len(b), 1), comm.size], size=(3 * len(b), 2))
+        to_me = np.unique(p[p[:, 1] == comm.rank, 0]) if len(b) else np.empty(0, np.int64)
+        want.append(b.subset(to_me))
+    from ensio.obs import ObsBatch
+
+    expect = ObsBatch.concat(want)
+    expect = expect.subset(np.argsort(expect.ids))
+    assert_same_batch(expect, got)
+    assert got.variable is None and got.level_index is None

@@ -98,7 +98,7 @@ def load_observations(
 
     info = root_call(comm, sizes)
     if regional_wanted(analysis, comm, sum(n for n, _ in info)):  # analysis.observations
-        return load_regional(sources, [n for n, _ in info], analysis, block, comm, _needed)
+        return load_regional(sources, [n for n, _ in info], analysis, block, comm)
     local = analysis.localization is not None and comm.size > 1
     grid = state_grid(layout)
     batches, offset = [], 0

@@ -12,7 +12,7 @@ With more observations than a rank can hold (``analysis.observations``,
    counts it);
 3. sends the records there with one ``Alltoallv`` (:func:`ensio.obs.exchange.route`),
    and keeps, of what it receives, exactly what the replicated path keeps
-   (the same ``needed`` rule, passed in), sorted by global id.
+   (near its rows, or owned), sorted by global id.
 
 So a rank holds its slice plus the observations near its rows, and the
 analysis gets the same observations in the same order as with the
@@ -21,7 +21,7 @@ replicated path: the same result to the bit.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from mpi4py import MPI
@@ -33,15 +33,11 @@ from ..obs.exchange import route, slice_of
 from ..obs.regions import Boxes, cover, normalize_lonlat
 from ..parallel.agree import all_call
 from ..parallel.distribution import RowDistribution
-from .distributed import observation_owners
+from .distributed import observation_owners, observations_near
 from .filters import localization_from_config
 from .placement import obs_coordinates, row_coordinates, state_grid
 
-__all__ = ["NeededRule", "load_regional", "rank_boxes", "regional_wanted"]
-
-#: The replicated path's selection: positions (within a batch) this rank keeps.
-NeededRule = Callable[[ObsBatch, AnalysisSection, EnsembleBlock, Locator | None, MPI.Comm],
-                      np.ndarray]
+__all__ = ["load_regional", "rank_boxes", "regional_wanted"]
 
 
 def regional_wanted(analysis: AnalysisSection, comm: MPI.Comm, n_obs: int) -> bool:
@@ -100,18 +96,30 @@ def _destinations(
 
 def _kept(
     got: ObsBatch,
-    needed: NeededRule,
     analysis: AnalysisSection,
     block: EnsembleBlock,
+    dist: RowDistribution,
     grid: Locator | None,
     comm: MPI.Comm,
 ) -> np.ndarray:
-    """Positions in ``got`` that ``needed`` keeps, chunk by chunk (it judges each on its own)."""
-    keep = [np.empty(0, np.int64)]
+    """Positions in ``got`` this rank keeps: near its rows, or owned by it.
+
+    The rule of the replicated path (``ensio.analysis.inputs._needed``),
+    with the k-d tree of the rows built once and H built chunk by chunk so
+    the memory stays bounded; ``tests/mpi/test_obs_regional_mpi.py`` checks
+    that both paths keep the same observations.
+    """
+    loc = analysis.localization
+    assert loc is not None
+    geometry = localization_from_config(loc).geometry
+    rows = row_coordinates(analysis, block.layout, block.start, block.count)
+    assert rows is not None
+    near = observations_near(geometry, rows, obs_coordinates(analysis, got), loc.support_radius)
     for s in range(0, len(got), CHUNK):
         part = got.subset(np.arange(s, min(s + CHUNK, len(got))))
-        keep.append(np.asarray(needed(part, analysis, block, grid, comm), np.int64) + s)
-    return np.concatenate(keep)
+        op, inside = build_operator(part, dist.n_rows, grid)
+        near[s : s + len(part)] |= observation_owners(op, inside, part.ids, dist) == comm.rank
+    return np.flatnonzero(near)
 
 
 def load_regional(
@@ -120,7 +128,6 @@ def load_regional(
     analysis: AnalysisSection,
     block: EnsembleBlock,
     comm: MPI.Comm,
-    needed: NeededRule,
 ) -> ObsBatch:
     """Collective: the observations this rank needs, read and routed regionally.
 
@@ -136,9 +143,6 @@ def load_regional(
         This rank's rows.
     comm : MPI.Comm
         The filter communicator.
-    needed : callable
-        The replicated path's selection rule (near this rank's rows, or owned
-        by it), applied to what arrives, so both paths keep the same set.
 
     Returns
     -------
@@ -166,7 +170,7 @@ def load_regional(
         )
         got = route(mine, obs, dest, comm)
         del mine, obs, dest
-        keep = all_call(comm, lambda g=got: _kept(g, needed, analysis, block, grid, comm))
+        keep = all_call(comm, lambda g=got: _kept(g, analysis, block, dist, grid, comm))
         batches.append(got.subset(keep))
         offset += n
     return ObsBatch.concat(batches)

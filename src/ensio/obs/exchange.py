@@ -34,28 +34,44 @@ def slice_of(n: int, comm: MPI.Comm) -> tuple[int, int]:
 
 
 def _columns(batch: ObsBatch, names: list[tuple[str, str]]) -> tuple[np.ndarray, np.ndarray]:
-    """The batch as a float64 matrix and an int64 matrix, columns in ``names`` order."""
+    """The batch as a float64 matrix and an int64 matrix, columns in ``names`` order.
+
+    Floating-point fields widen to float64 (exact); integer and boolean
+    fields to int64; datetime/timedelta fields travel as their int64 ticks.
+    A field absent here (``None``) travels as NaN / -1, as in ``ObsBatch.concat``.
+    """
     m = len(batch)
-    fcols = [n for n, k in names if k == "f"]
-    icols = [n for n, k in names if k == "i"]
+    fcols = [(n, dt) for n, dt in names if np.dtype(dt).kind == "f"]
+    icols = [(n, dt) for n, dt in names if np.dtype(dt).kind != "f"]
     F = np.empty((m, len(fcols)))
     Iv = np.empty((m, len(icols)), dtype=np.int64)
-    for j, n in enumerate(fcols):
+    for j, (n, _) in enumerate(fcols):
         v = getattr(batch, n)
         F[:, j] = np.nan if v is None else v
-    for j, n in enumerate(icols):
+    for j, (n, _) in enumerate(icols):
         v = getattr(batch, n)
-        Iv[:, j] = -1 if v is None else v
+        if v is None:
+            Iv[:, j] = -1
+        else:
+            Iv[:, j] = v.view(np.int64) if v.dtype.kind in "mM" else v
     return F, Iv
 
 
+def _restore(col: np.ndarray, dtype: str) -> np.ndarray:
+    """A received column in its field's dtype (the inverse of :func:`_columns`)."""
+    dt = np.dtype(dtype)
+    if dt.kind in "mM":
+        return np.ascontiguousarray(col).view(dt)
+    return col.astype(dt)
+
+
 def _field_kinds(batch: ObsBatch, comm: MPI.Comm) -> list[tuple[str, str]]:
-    """Collective: (name, "f" | "i") of the fields present on any rank, in record order."""
-    mine = {n: getattr(batch, n).dtype.kind for n in RECORD_FIELDS if getattr(batch, n) is not None}
+    """Collective: (name, dtype) of the fields present on any rank, in record order."""
+    mine = {n: getattr(batch, n).dtype.str for n in RECORD_FIELDS if getattr(batch, n) is not None}
     kinds: dict[str, str] = {}
     for d in comm.allgather(mine):
         kinds.update(d)
-    return [(n, "f" if kinds[n] == "f" else "i") for n in RECORD_FIELDS if n in kinds]
+    return [(n, kinds[n]) for n in RECORD_FIELDS if n in kinds]
 
 
 def record_bytes(batch: ObsBatch) -> int:
@@ -97,7 +113,8 @@ def route(batch: ObsBatch, obs: np.ndarray, dest: np.ndarray, comm: MPI.Comm) ->
         ``None`` on every rank stay ``None``.
     """
     size = comm.size
-    key = np.unique(np.asarray(dest, np.int64) * max(len(batch), 1) + np.asarray(obs, np.int64))
+    key = np.sort(np.asarray(dest, np.int64) * max(len(batch), 1) + np.asarray(obs, np.int64))
+    key = key[np.concatenate([[True], key[1:] != key[:-1]])] if key.size else key  # pairs once
     to, pos = np.divmod(key, max(len(batch), 1))  # sorted by destination, then position
     send = np.bincount(to, minlength=size).astype(np.int64)
     recv = np.empty(size, dtype=np.int64)
@@ -108,11 +125,11 @@ def route(batch: ObsBatch, obs: np.ndarray, dest: np.ndarray, comm: MPI.Comm) ->
     Iv = _exchange(Iv, send, recv, comm)
     got: dict[str, np.ndarray | None] = dict.fromkeys(RECORD_FIELDS)
     fj = ij = 0
-    for n, k in names:
-        if k == "f":
-            got[n], fj = F[:, fj], fj + 1
+    for n, dt in names:
+        if np.dtype(dt).kind == "f":
+            got[n], fj = _restore(F[:, fj], dt), fj + 1
         else:
-            got[n], ij = Iv[:, ij], ij + 1
+            got[n], ij = _restore(Iv[:, ij], dt), ij + 1
     out = ObsBatch(**got)  # type: ignore[arg-type]
     order = np.argsort(out.ids, kind="stable")
     return out.subset(order)
