@@ -209,3 +209,16 @@ def test_route_delivers_every_record_to_its_destinations_bit_for_bit(comm):
     expect = expect.subset(np.argsort(expect.ids))
     assert_same_batch(expect, got)
     assert got.variable is None and got.level_index is None
+
+
+def test_auto_goes_regional_above_the_threshold(comm, case, monkeypatch):
+    d, ensemble, _ = case
+    files = [str(d / "obs.nc")]
+    section = {"filter": "letkf", "localization": {"radius_km": 1500.0},
+               "observations": {"distribution": "auto", "regional_above": 0}}
+    _, res, reads = run_mode(comm, ensemble, files, section, monkeypatch)
+    rep = run_mode(comm, ensemble, files, analysis("letkf", {"radius_km": 1500.0}, "replicated"),
+                   monkeypatch)
+    assert np.array_equal(res.ensemble, rep[1].ensemble)
+    sliced = all(part is not None for _, part, _ in reads)
+    assert sliced == (comm.size > 1)  # one rank: the replicated path, nothing to distribute
