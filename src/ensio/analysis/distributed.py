@@ -157,15 +157,23 @@ def observation_owners(
 def observations_near(
     geometry: Geometry, row_coords: np.ndarray, obs_coords: np.ndarray, radius: float
 ) -> np.ndarray:
-    """Mask of observations within ``radius`` of at least one row (k-d tree, chord embedding)."""
+    """Mask of observations within ``radius`` of at least one row (k-d tree, chord embedding).
+
+    An observation without a finite location is near no row (quality control
+    rejects it as outside; the k-d tree would refuse it).
+    """
     if row_coords.shape[0] == 0:
         return np.zeros(obs_coords.shape[0], dtype=bool)
     r = chord_radius(geometry, radius)
     if not np.isfinite(r):
         return np.ones(obs_coords.shape[0], dtype=bool)
     tree = cKDTree(embed(geometry, row_coords))
-    dist, _ = tree.query(embed(geometry, obs_coords), k=1, distance_upper_bound=r)
-    return np.isfinite(dist)
+    pts = embed(geometry, obs_coords)
+    finite = np.all(np.isfinite(pts), axis=1)
+    near = np.zeros(pts.shape[0], dtype=bool)
+    dist, _ = tree.query(pts[finite], k=1, distance_upper_bound=r)
+    near[finite] = np.isfinite(dist)
+    return near
 
 
 def innovation_stats(

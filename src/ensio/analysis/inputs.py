@@ -34,6 +34,7 @@ from .distributed import observation_owners, observations_near, row_plan
 from .filters import localization_from_config
 from .pipeline import AnalysisSettings, analyse_rows
 from .placement import block_row_coordinates, obs_coordinates, state_grid
+from .regional_obs import load_regional, regional_wanted
 from .result import AnalysisResult
 from .stoo import SlotPrior, SlotReader, slot_prior
 
@@ -114,6 +115,8 @@ def _read_files(
         return out
 
     info = root_call(comm, sizes)
+    if regional_wanted(analysis, comm, sum(n for n, _ in info)):  # analysis.observations
+        return load_regional(sources, [n for n, _ in info], analysis, block, comm)
     local = analysis.localization is not None and comm.size > 1
     grid = state_grid(layout)
     timed = analysis.edges is not None

@@ -20,6 +20,8 @@ __all__ = [
     "GLOBAL_FILTERS",
     "LOCAL_FILTERS",
     "ObservationFile",
+    "ObsDistribution",
+    "ObsDistributionSection",
     "LocalizationSection",
     "InflationSection",
     "QCSection",
@@ -61,6 +63,35 @@ class ObservationFile:
         if self.level_index is not None and self.level_index < 0:
             raise ConfigError(
                 f"observations.level_index: must be >= 0, got {self.level_index} ({self.file})"
+            )
+
+
+#: How observations reach the ranks: every rank reads/holds all locations (``replicated``),
+#: or each reads a slice and receives those near its rows (``regional``); ``auto`` chooses.
+ObsDistribution = Literal["auto", "replicated", "regional"]
+
+
+@dataclass(frozen=True)
+class ObsDistributionSection:
+    """``analysis.observations`` — how the observations are spread over the ranks.
+
+    ``replicated``: every rank reads the locations of all observations and
+    keeps those near its rows (small files: rank 0 reads and broadcasts).
+    ``regional``: each rank reads one contiguous slice of every observation
+    file and sends each observation to the ranks whose rows lie within the
+    support radius of it (and to its owner); no rank holds the whole list.
+    Needs a local filter. ``auto`` (default): ``regional`` for a local filter
+    on more than one rank when the files hold more than ``regional_above``
+    observations in all, else ``replicated``. The analysis is the same.
+    """
+
+    distribution: ObsDistribution = "auto"
+    regional_above: int = 10_000_000
+
+    def __post_init__(self) -> None:
+        if self.regional_above < 0:
+            raise ConfigError(
+                f"analysis.observations.regional_above: must be >= 0, got {self.regional_above}"
             )
 
 
@@ -166,7 +197,9 @@ class AnalysisSection:
     them per cycle. ``tile_points`` bounds the points per tile of the batched
     kernel (memory and GEMM shape) and ``threads`` is the number of threads
     working on tiles within one process (1 when every core runs an MPI rank);
-    the result depends on neither.
+    the result depends on neither. ``observations`` says how the observations
+    are spread over the ranks (:class:`ObsDistributionSection`); the result
+    does not depend on it either.
 
     ``time_slots`` makes the analysis four-dimensional (4-D LETKF, Hunt et
     al. 2004): observations are binned by their ``time`` into slots and each
@@ -188,6 +221,7 @@ class AnalysisSection:
     threads: int = 1
     time_slots: int | tuple[float, ...] | None = None
     window: tuple[float, ...] | None = None
+    observations: ObsDistributionSection = field(default_factory=ObsDistributionSection)
 
     def __post_init__(self) -> None:
         _check_slots(self.time_slots, self.window)
@@ -207,6 +241,11 @@ class AnalysisSection:
             raise ConfigError(f"analysis.tile_points: must be at least 1, got {self.tile_points}")
         if self.threads < 1:
             raise ConfigError(f"analysis.threads: must be at least 1, got {self.threads}")
+        if self.observations.distribution == "regional" and self.localization is None:
+            raise ConfigError(
+                "analysis.observations.distribution: regional needs a local filter "
+                f"(analysis.localization); {self.filter} needs every observation on every rank"
+            )
 
     @property
     def n_slots(self) -> int:

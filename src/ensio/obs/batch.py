@@ -112,7 +112,8 @@ class ObsBatch:
             )
         ids = opt["ids"]
         assert ids is not None
-        if np.unique(ids).size != ids.size:
+        s = np.sort(ids)  # not np.unique: its hash path is ~20x slower on 1e6 ids (numpy 2.4)
+        if np.any(s[1:] == s[:-1]):
             raise ValueError("ObsBatch.concat: observation ids repeat; offset the ids per file")
         return ObsBatch(
             values=np.concatenate([b.values for b in batches]),
