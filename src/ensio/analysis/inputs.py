@@ -85,7 +85,26 @@ def load_observations(
         The selected observations of all files, concatenated.
     """
 
-    return ObsBatch.concat([batch for _, _, batch in _read_files(paths, analysis, block, comm)])
+    sources = [ObsSource.of(p) for p in paths]
+    info = _file_info(sources, comm)
+    if regional_wanted(analysis, comm, sum(n for n, _ in info)):  # analysis.observations
+        return load_regional(sources, [n for n, _ in info], analysis, block, comm)
+    files = _read_files(sources, analysis, block, comm, info)
+    return ObsBatch.concat([batch for _, _, batch in files])
+
+
+def _file_info(sources: Sequence[ObsSource], comm: MPI.Comm) -> list[tuple[int, int]]:
+    """Collective: (observation count, bytes) of every file, read by rank 0."""
+
+    def sizes() -> list[tuple[int, int]]:
+        out = []
+        for s in sources:
+            if not s.path.exists():
+                raise InputError(f"{s.path}: observation file not found")
+            out.append((obs_count(s.path), s.path.stat().st_size))
+        return out
+
+    return root_call(comm, sizes)
 
 
 def _read_files(
@@ -93,6 +112,7 @@ def _read_files(
     analysis: AnalysisSection,
     block: EnsembleBlock,
     comm: MPI.Comm,
+    info: list[tuple[int, int]] | None = None,
 ) -> list[tuple[ObsBatch, np.ndarray, ObsBatch]]:
     """Collective, per file: every observation's location, the positions this rank needs, those.
 
@@ -105,18 +125,8 @@ def _read_files(
     """
     sources = [ObsSource.of(p) for p in paths]
     layout = block.layout
-
-    def sizes() -> list[tuple[int, int]]:
-        out = []
-        for s in sources:
-            if not s.path.exists():
-                raise InputError(f"{s.path}: observation file not found")
-            out.append((obs_count(s.path), s.path.stat().st_size))
-        return out
-
-    info = root_call(comm, sizes)
-    if regional_wanted(analysis, comm, sum(n for n, _ in info)):  # analysis.observations
-        return load_regional(sources, [n for n, _ in info], analysis, block, comm)
+    if info is None:
+        info = _file_info(sources, comm)
     local = analysis.localization is not None and comm.size > 1
     grid = state_grid(layout)
     timed = analysis.edges is not None

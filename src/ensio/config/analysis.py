@@ -246,6 +246,11 @@ class AnalysisSection:
                 "analysis.observations.distribution: regional needs a local filter "
                 f"(analysis.localization); {self.filter} needs every observation on every rank"
             )
+        if self.observations.distribution == "regional" and self.n_slots > 1:
+            raise ConfigError(
+                "analysis.observations.distribution: regional is not available with "
+                "analysis.time_slots (the 4-D operator needs every location on every rank)"
+            )
 
     @property
     def n_slots(self) -> int:
