@@ -56,7 +56,8 @@ def _poke_missing(case) -> None:
 @pytest.mark.parametrize(
     "sets",
     [[], ["analysis.filter=lenkf"], ["analysis.filter=etkf", "analysis.localization=null"],
-     ["observations=[{file: obs_bilinear.nc}]"], ["missing"]],
+     ["observations=[{file: obs_bilinear.nc}]"], ["missing"],
+     ["analysis.observations={distribution: regional}"]],
 )
 @pytest.mark.parametrize("levels", [None, 2])
 def test_row_sets_match_blocks(shared_dir, comm, sets, levels) -> None:
