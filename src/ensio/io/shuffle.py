@@ -55,7 +55,7 @@ from .commit import journaled_write
 from .open import open_member
 from .pipeline import guard
 from .shuffleplan import ShufflePlan, shuffle_shape
-from .stagemap import format_local_dir
+from .stagemap import format_local_dir, holder_rank
 from .stats import IOStats
 from .store import VarInfo
 from .tiled import global_layout, tile_geometry
@@ -190,7 +190,8 @@ class ShuffleEnsembleIO:
         _check_hosts(hosts, per)
         f = comm.rank % per  # the file this rank reads; rank f holds it (io.stagemap)
         m, p, first = f // n_tiles, f % n_tiles, comm.rank < n_tiles
-        self.local = format_local_dir(io.local_dir, base, rank=f, host=hosts[f])
+        holder = holder_rank(f, comm.size)  # = f: the staging rule
+        self.local = format_local_dir(io.local_dir, base, rank=holder, host=hosts[holder])
         self.path = self.local / ens.tile_path(ens.numbers[m], p, base).name
         note: ErrorNote = None
         digest = None
