@@ -28,6 +28,11 @@ def test_model_by_hand() -> None:
     # a slow global file system: 4 readers share 1e9 B/s, so 4e-9 s/B each
     slow = 4 * 1e-4 + 1e9 * 4e-9 + 1e9 * 0.95 * 1e-9 + 19 * 2e-6
     assert t_files(np.array([80]), 4, 1e9, 1e9, COSTS)[0] == pytest.approx(slow, rel=1e-12)
+    # every rank a reader: 80 readers of 5e7 B each, their share of 1e11 B/s is 8e-10 s/B
+    # (faster than c_fs 3e-9), no scatter, no partners
+    every = 4 * 1e-4 + 5e7 * 3e-9
+    assert t_files(np.array([80]), 4, 1e9, 1e11, COSTS, every_rank=True)[0] == pytest.approx(
+        every, rel=1e-12)
     # shuffle: P = 20 tiles of 5e7 B, 3/4 of it sent to 3 partners
     want = 1e-4 + 5e7 * 1e-9 + 5e7 * 0.75 * 1e-9 + 3 * 2e-6
     assert t_shuffle(np.array([80]), 4, 1e9, COSTS)[0] == pytest.approx(want, rel=1e-12)

@@ -341,7 +341,9 @@ def markdown_rows(res: Mapping[str, Any]) -> list[str]:
                f"{1e6 * c['alpha']:.1f} µs, β {1e9 * c['beta']:.2f} ns/B, c_fs "
                f"{1e9 * c['c_fs']:.2f} ns/B, c_local {1e9 * c['c_local']:.2f} ns/B, c_open "
                f"{1e6 * c['c_open']:.0f} µs): "
-               + (f"the shuffle is faster from {cross} nodes on" if cross is not None
+               + (f"the shuffle is faster than the better files variant (N_io = N_e with "
+                  f"scatter, or N_io = N_mpi) from {cross} nodes on" if cross is not None
                   else "no crossing in the range")
-               + f"; files / shuffle at {p['nodes'][-1]} nodes: {p['ratio_at_max']:.0f}x.")
+               + f"; files (better variant) / shuffle at {p['nodes'][-1]} nodes: "
+               f"{p['ratio_at_max']:.0f}x.")
     return out
