@@ -2,7 +2,9 @@
 
 The reference is the single-file case through ``files`` mode (N_io readers,
 scatter, contiguous blocks); the shuffle reads the same members cut into
-tiles, one per rank, from per-rank (or per-host) local directories.
+tiles from per-rank local directories, placed by the staging rule (file
+f = m·P + p in the directory of rank f; with S > 1 ranks per tile, rank r
+reads part r div N_e·P of file r mod N_e·P there).
 """
 
 from __future__ import annotations
