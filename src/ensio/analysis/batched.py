@@ -29,6 +29,7 @@ import numpy as np
 
 from ..stopwatch import Stopwatch
 from .basis import FactoredTransform, anomaly_basis, expand, prior_transform, sqrt_factors_in_basis
+from .eigensolver import eigh_stack
 from .localization import Localization, prepare
 from .obsspace import ObsSpace
 from .tiles import CandidateFinder, make_tiles, tile_weights
@@ -151,13 +152,22 @@ class Columns:
     def transforms(self, Q, C, rhs, rho: np.ndarray) -> np.ndarray | FactoredTransform:
         """Member-space transforms of the points from the unpacked sums.
 
-        Matrices ``(p, k, k)`` without a basis (the variant's finishing step);
-        factors in the reduced form.
+        Square-root variants: factors, in the reduced basis ``Q`` or (None)
+        in the whole space, so no k × k matrix is formed. Others: matrices
+        ``(p, k, k)`` from the variant's finishing step. Every
+        eigendecomposition is the lockstep solver's
+        (:mod:`~ensio.analysis.eigensolver`, several times faster than LAPACK
+        on stacks of small matrices).
         """
+        if not self.variant.reducible:
+            return self.variant.transforms(C, rhs, rho, self.k, self.T, eigh=eigh_stack)
         if Q is None:
-            return self.variant.transforms(C, rhs, rho, self.k, self.T)
-        Qk = Q if self.T is None else self.T @ Q
-        return sqrt_factors_in_basis(C, rhs[..., 0], rho, self.k, Qk, centred=self.T is not None)
+            Qk = self.T
+        else:
+            Qk = Q if self.T is None else self.T @ Q
+        return sqrt_factors_in_basis(
+            C, rhs[..., 0], rho, self.k, Qk, centred=self.T is not None, eigh=eigh_stack
+        )
 
 
 def _tile(cols: Columns, cand, loc, pts_pre, obs_pre, tile, rho, diag, sw: Stopwatch):
