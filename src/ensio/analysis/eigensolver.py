@@ -158,14 +158,10 @@ def _rotate(x, y, cv, sv):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True, fastmath=False)
-def _tql2(Vt, d, e, ok):  # pragma: no cover - compiled
-    """Implicit QL on the tridiagonal lanes ``(d, e)``, rotating ``Vt``; in place.
+def _tql2(d, e, ok):  # pragma: no cover - compiled
+    """Eigenvalues of the tridiagonal lanes ``(d, e)`` by implicit QL, in place (into ``d``).
 
-    ``Vt[j, k, b]`` is row k of column j (eigenvector j when done): the two
-    columns a rotation mixes are contiguous blocks, which is what makes the
-    update vectorize (twice as fast as the row-major layout).
-
-    JAMA's ``tql2`` in lockstep: at eigenvalue ``l`` every lane that has not
+    JAMA's ``tql2`` without the vectors, in lockstep: at eigenvalue ``l`` every lane that has not
     converged iterates; the sweep runs from the largest split point ``m`` of
     the lanes down to ``l``, with identity rotations where ``i ≥ m`` of a
     lane or for lanes that are done. ``ok[b]`` is cleared for a lane that
@@ -173,7 +169,7 @@ def _tql2(Vt, d, e, ok):  # pragma: no cover - compiled
     Entries must be of order one or less (the caller scales by a power of 2)
     so that ``sqrt(p² + e²)`` neither overflows nor underflows.
     """
-    n, B = Vt.shape[0], Vt.shape[2]
+    n, B = d.shape
     for i in range(1, n):
         for b in range(B):
             e[i - 1, b] = e[i, b]
@@ -191,8 +187,6 @@ def _tql2(Vt, d, e, ok):  # pragma: no cover - compiled
     s2 = np.empty(B)
     el1 = np.empty(B)
     dl1 = np.empty(B)
-    cv = np.empty(B)
-    sv = np.empty(B)
     for l in range(n):
         top = l
         for b in range(B):
@@ -244,9 +238,6 @@ def _tql2(Vt, d, e, ok):  # pragma: no cover - compiled
                     s2[b] = s[b] if act else s2[b]
                     c[b] = cn if act else cb
                     s[b] = sn if act else s[b]
-                    cv[b] = cn if act else 1.0
-                    sv[b] = sn if act else 0.0
-                _rotate(Vt[i], Vt[i + 1], cv, sv)
             top = l
             for b in range(B):
                 if run[b]:
@@ -265,6 +256,111 @@ def _tql2(Vt, d, e, ok):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True, fastmath=False)
+def _ql_vectors(Vt, d, e, mu, ok):  # pragma: no cover - compiled
+    """Implicit QL with eigenvectors, shifted by the known eigenvalues ``mu``; in place.
+
+    Why two passes: rotating the vectors is most of the cost (6n flops per
+    rotation), and in lockstep every lane pays for the slowest lane's
+    iterations (Wilkinson shifts: about 3.3 sweeps per eigenvalue for a
+    block of 32 matrices). With the eigenvalues known (:func:`_tql2`,
+    cheap without vectors) the first sweep at ``l`` is shifted by the
+    unused eigenvalue nearest to the Wilkinson shift ("perfect shift"): it
+    deflates in one sweep almost always, and a second, Wilkinson-shifted one
+    cleans up the rest. Numerical Recipes' ``tqli`` formulation, in which
+    the shift enters only as ``d[m] − σ`` (JAMA's is tied to the Wilkinson
+    shift). ``Vt[j, k, b]`` is row k of column j: the two columns a
+    rotation mixes are contiguous, so the update vectorizes over the lanes.
+    A lane that meets ``r = 0`` (an underflow the scaling makes all but
+    impossible) or does not converge has ``ok`` cleared and is redone by
+    the caller.
+    """
+    n, B = d.shape
+    for i in range(1, n):
+        for b in range(B):
+            e[i - 1, b] = e[i, b]
+    for b in range(B):
+        e[n - 1, b] = 0.0
+    tst1 = np.zeros(B)
+    m = np.zeros(B, dtype=np.int64)
+    run = np.zeros(B, dtype=np.bool_)
+    used = np.zeros((n, B), dtype=np.bool_)
+    g = np.empty(B)
+    s = np.empty(B)
+    c = np.empty(B)
+    p = np.empty(B)
+    cv = np.empty(B)
+    sv = np.empty(B)
+    for l in range(n):
+        it = 0
+        while True:
+            top = l
+            for b in range(B):
+                tst1[b] = max(tst1[b], abs(d[l, b]) + abs(e[l, b]))
+                mb = l
+                while mb < n - 1 and abs(e[mb, b]) > _EPS * tst1[b]:
+                    mb += 1
+                m[b] = mb
+                run[b] = mb > l and ok[b]
+                if run[b]:
+                    top = max(top, mb)
+            if top == l:
+                break
+            it += 1
+            for b in range(B):
+                if run[b]:
+                    gb = (d[l + 1, b] - d[l, b]) / (2.0 * e[l, b])
+                    r = np.sqrt(gb * gb + 1.0)
+                    shift = d[l, b] - e[l, b] / (gb + (r if gb >= 0.0 else -r))
+                    if it == 1:  # the unused eigenvalue nearest to it
+                        best, dist = shift, np.inf
+                        for j in range(n):
+                            if not used[j, b] and abs(mu[j, b] - shift) < dist:
+                                best, dist = mu[j, b], abs(mu[j, b] - shift)
+                        shift = best
+                    g[b] = d[m[b], b] - shift
+                s[b] = 1.0
+                c[b] = 1.0
+                p[b] = 0.0
+            for i in range(top - 1, l - 1, -1):
+                for b in range(B):  # branch-free: a select per lane, so it vectorizes
+                    act = run[b] and i < m[b]
+                    ei, gb, pb = e[i, b], g[b], p[b]
+                    f = s[b] * ei
+                    bb = c[b] * ei
+                    r = np.sqrt(f * f + gb * gb)
+                    rs = r if (act and r != 0.0) else 1.0
+                    sn = f / rs
+                    cn = gb / rs
+                    gg = d[i + 1, b] - pb
+                    rr = (d[i, b] - gg) * sn + 2.0 * cn * bb
+                    pn = sn * rr
+                    e[i + 1, b] = r if act else e[i + 1, b]
+                    d[i + 1, b] = gg + pn if act else d[i + 1, b]
+                    p[b] = pn if act else pb
+                    g[b] = cn * rr - bb if act else gb
+                    s[b] = sn if act else s[b]
+                    c[b] = cn if act else c[b]
+                    cv[b] = cn if act else 1.0
+                    sv[b] = sn if act else 0.0
+                    if act and r == 0.0:
+                        ok[b] = False
+                _rotate(Vt[i], Vt[i + 1], cv, sv)
+            for b in range(B):
+                if run[b]:
+                    d[l, b] -= p[b]
+                    e[l, b] = g[b]
+                    e[m[b], b] = 0.0
+                    if it >= _MAX_ITER:
+                        ok[b] = False
+        for b in range(B):  # the eigenvalue found at l is no longer a shift
+            best, dist = 0, np.inf
+            for j in range(n):
+                if not used[j, b] and abs(mu[j, b] - d[l, b]) < dist:
+                    best, dist = j, abs(mu[j, b] - d[l, b])
+            used[best, b] = True
+
+
+@njit(cache=True, nogil=True, fastmath=False)
 def _solve(A, shift, lam, U, ok, lanes):  # pragma: no cover - compiled
     """All blocks of ``lanes`` matrices: load (scaled), tred2, tql2, store."""
     P, n = A.shape[0], A.shape[1]
@@ -272,6 +368,8 @@ def _solve(A, shift, lam, U, ok, lanes):  # pragma: no cover - compiled
     Vt = np.empty((n, n, lanes))
     d = np.empty((n, lanes))
     e = np.empty((n, lanes))
+    mu = np.empty((n, lanes))
+    e2 = np.empty((n, lanes))
     h = np.empty(lanes)
     scale = np.empty(lanes)
     okb = np.empty(lanes, dtype=np.bool_)
@@ -301,7 +399,10 @@ def _solve(A, shift, lam, U, ok, lanes):  # pragma: no cover - compiled
             for j in range(n):
                 for b in range(lanes):
                     Vt[j, i, b] = V[i, j, b]
-        _tql2(Vt, d, e, okb)
+        mu[:] = d
+        e2[:] = e
+        _tql2(mu, e2, okb)
+        _ql_vectors(Vt, d, e, mu, okb)
         for b in range(nb):
             ok[b0 + b] = okb[b]
             for j in range(n):
