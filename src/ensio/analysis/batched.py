@@ -26,10 +26,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from ..stopwatch import Stopwatch
 from .basis import FactoredTransform, anomaly_basis, expand, prior_transform, sqrt_factors_in_basis
-from .eigensolver import eigh_stack
 from .localization import Localization, prepare
 from .obsspace import ObsSpace
 from .tiles import CandidateFinder, make_tiles, tile_weights
@@ -157,8 +157,11 @@ class Columns:
         ``(p, k, k)`` from the variant's finishing step. Every
         eigendecomposition is the lockstep solver's
         (:mod:`~ensio.analysis.eigensolver`, several times faster than LAPACK
-        on stacks of small matrices).
+        on stacks of small matrices; imported here so that only a local
+        analysis loads numba).
         """
+        from .eigensolver import eigh_stack
+
         if not self.variant.reducible:
             return self.variant.transforms(C, rhs, rho, self.k, self.T, eigh=eigh_stack)
         if Q is None:
@@ -252,8 +255,15 @@ def batched_kernel(
     if threads <= 1 or len(tiles) < 2:
         clocks = [work(tiles)]
     else:
-        with ThreadPoolExecutor(max_workers=threads) as pool:
-            clocks = list(pool.map(work, [tiles[i::threads] for i in range(threads)]))
+        # one BLAS thread per worker: the workers already fill the cores (the
+        # eigensolver is numba code that releases the GIL, as numpy/BLAS do)
+        with (
+            threadpool_limits(limits=1, user_api="blas"),
+            ThreadPoolExecutor(max_workers=threads) as pool,
+        ):
+            # one task per tile, taken by whichever worker is free: tiles differ
+            # in cost (observation density), so a static split would leave one idle
+            clocks = list(pool.map(work, [[tile] for tile in tiles]))
     for clock in clocks:
         sw.merge(clock)
     return diag
