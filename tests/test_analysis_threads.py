@@ -62,3 +62,31 @@ def test_full_rank_large_ensemble_equals_pointwise(method, rng):
     b = local_analysis(X, pts, obs, loc, method=method, forget=forget, kernel="pointwise")
     assert rel(a.ensemble, b.ensemble) <= 1e-10
     assert np.allclose(a.trace, b.trace, rtol=1e-10)
+
+
+@pytest.mark.parametrize("name", ["letkf", "lenkf"])
+def test_threads_key_of_the_config_reaches_the_kernel(name, rng):
+    """``analysis.threads: 2`` through the public API: the same analysis, bit for bit."""
+    from ensio.analysis.filters import assimilate, make_filter
+    from ensio.config.analysis import AnalysisSection, LocalizationSection
+    from ensio.obs import ObsBatch
+
+    n, k, m = 300, 10, 80
+    lon, lat = rng.uniform(0, 360, n), rng.uniform(-80, 80, n)
+    X = rng.standard_normal((k, n)) + np.sin(np.radians(lon))
+    idx = np.sort(rng.choice(n, m, replace=False))
+    obs = ObsBatch(
+        values=rng.standard_normal(m),
+        errors=np.full(m, 0.7),
+        lon=lon[idx],
+        lat=lat[idx],
+        index=idx,
+    )
+    loc = LocalizationSection(radius_km=3000.0)
+    coords = np.stack([lon, lat], axis=1)
+    out = []
+    for threads in (1, 2):
+        cfg = AnalysisSection(filter=name, localization=loc, tile_points=8, threads=threads)
+        assert make_filter(cfg).threads == threads
+        out.append(assimilate(X, obs, cfg, coords=coords))
+    assert np.array_equal(out[0], out[1]) and not np.array_equal(out[0], X)
