@@ -11,12 +11,14 @@ variant's :meth:`~ensio.analysis.variants.Variant.innovations`: ``d`` for
 the square-root filters, ``d + ε_j`` for every member j for the stochastic
 one) and three diagnostic columns. Unpacking ``S`` gives ``C = Y R_loc⁻¹ Yᵀ``
 and the right-hand sides of every point; one batched symmetric
-eigendecomposition (the variant's finishing step) then yields all
-transforms. For a :attr:`~ensio.analysis.variants.Variant.reducible`
-variant, ``Y`` is first expressed in an orthonormal basis of its span when
-that is smaller than the ensemble space (:mod:`~ensio.analysis.basis`;
-exact): the GEMM and the eigenproblems shrink to its size and the transforms
-are applied as factors.
+eigendecomposition (the lockstep solver of :mod:`~ensio.analysis.eigensolver`)
+then yields all transforms. For a
+:attr:`~ensio.analysis.variants.Variant.reducible` (square-root) variant the
+transforms are kept as factors (:class:`~ensio.analysis.basis.FactoredTransform`),
+and ``Y`` is first expressed in an orthonormal basis of its span when that
+is smaller than the ensemble space (:mod:`~ensio.analysis.basis`; exact): the
+GEMM and the eigenproblems shrink to its size. Other variants get k × k
+matrices from their finishing step.
 """
 
 from __future__ import annotations

@@ -13,15 +13,25 @@ so every inner loop runs over the lanes with contiguous loads and no
 branches, and the dependent chains of the rotations of different matrices
 overlap.
 
-The algorithm is the classic one of EISPACK/JAMA (``tred2`` + ``tql2``):
-Householder reduction to tridiagonal form with the transformation
-accumulated, then the implicit QL iteration with Wilkinson-type shifts, the
-rotations applied to the eigenvectors. Both are backward stable (eigenvalues
-to ``O(eps ‖A‖)``, eigenvectors orthonormal to ``O(n eps)``), like LAPACK.
+The algorithm is the classic one of EISPACK (``tred2`` + ``tql2``, as in
+JAMA): Householder reduction to tridiagonal form with the transformation
+accumulated, then implicit QL. It runs in two passes: the eigenvalues alone
+(cheap), then QL again with the rotations applied to the eigenvectors,
+shifted by those eigenvalues (:func:`_ql_vectors`), which halves the
+rotations, the bulk of the cost. Both steps are backward stable
+(eigenvalues to ``O(eps ‖A‖)``, eigenvectors orthonormal to ``O(n eps)``),
+like LAPACK; the shifts only change how fast QL converges, not to what.
 Lockstep needs masks where matrices differ: a matrix whose current
 eigenvalue has converged (or whose off-diagonal has split earlier) takes
 identity rotations while the others iterate; a zero Householder column
-takes an identity reflection.
+takes an identity reflection. No matrix's arithmetic depends on the others
+of its block (identity rotations are exact), so the result of a matrix is
+bitwise the same whatever stack it comes in: the analysis does not depend
+on tiles or threads through it.
+
+Measured on 40 × 40 matrices of the local analysis (2026-11-25, CPU time,
+shared 2-core AMD EPYC VM): 66 µs per matrix against 131 µs for
+``numpy.linalg.eigh`` — tridiagonalization 25, eigenvalues 13, vectors 30.
 
 Pure function on numpy arrays: no MPI, no I/O. Eigenvalues come back in no
 particular order (the transforms use them element-wise, with their vectors).
@@ -45,6 +55,10 @@ _MAX_ITER = 60
 @njit(cache=True, nogil=True, fastmath=False)
 def _tred2(V, d, e, h_of):  # pragma: no cover - compiled
     """Householder tridiagonalization of the lanes of ``V`` (n, n, B), in place.
+
+    Over 80 lines: one classic algorithm kept whole, so that it can be read
+    line by line against its reference; pieces would pass a dozen lane
+    arrays around.
 
     On return ``V`` holds the orthogonal transformation, ``d`` the diagonal
     and ``e`` the subdiagonal (``e[0] = 0``) of every lane; JAMA's ``tred2``
@@ -175,7 +189,8 @@ def _tql2(d, e, ok):  # pragma: no cover - compiled
     lane or for lanes that are done. ``ok[b]`` is cleared for a lane that
     did not converge in :data:`_MAX_ITER` iterations (the caller redoes it).
     Entries must be of order one or less (the caller scales by a power of 2)
-    so that ``sqrt(p² + e²)`` neither overflows nor underflows.
+    so that ``sqrt(p² + e²)`` neither overflows nor underflows. Over 80
+    lines for the reason given in :func:`_tred2`.
     """
     n, B = d.shape
     for i in range(1, n):
@@ -280,7 +295,7 @@ def _ql_vectors(Vt, d, e, mu, ok):  # pragma: no cover - compiled
     rotation mixes are contiguous, so the update vectorizes over the lanes.
     A lane that meets ``r = 0`` (an underflow the scaling makes all but
     impossible) or does not converge has ``ok`` cleared and is redone by
-    the caller.
+    the caller. Over 80 lines for the reason given in :func:`_tred2`.
     """
     n, B = d.shape
     for i in range(1, n):
