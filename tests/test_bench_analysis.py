@@ -37,7 +37,9 @@ def _case(tmp_path: Path, filt: str = "letkf") -> Path:
 
 
 def _check(res: dict[str, Any], config: Config) -> None:
-    for key in ("seconds", "pointwise_seconds", "speedup", "gflops", "pointwise_gflops"):
+    keys = ("seconds", "pointwise_seconds", "speedup", "gflops", "pointwise_gflops")
+    keys += ("dgemm_gflops", "gemm_fraction_of_peak", "transform_us_per_point")
+    for key in keys:
         assert res[key] is not None and res[key] > 0, key
     for phases in (res["phases"], res["pointwise_phases"]):
         for p in PHASES:
@@ -50,6 +52,9 @@ def _check(res: dict[str, Any], config: Config) -> None:
     assert res["observations"] > 0 and res["accepted_observations"] > 0
     assert res["kernel"] == "batched" and res["filter"] == config.analysis.filter
     assert res["tiles"] > 0 and 0 <= res["reduced_tiles"] <= res["tiles"]
+    assert res["gemm_fraction_of_peak"] == pytest.approx(res["gflops"] / res["dgemm_gflops"])
+    us = res["phases"]["transform"] * res["n_mpi"] / res["points"] * 1e6
+    assert res["transform_us_per_point"] == pytest.approx(us)
     assert res["variables"] == ["state"]
     assert res["machine"]["logical_cpus"] >= 1
     json.dumps(res)  # JSON-serialisable
@@ -65,6 +70,7 @@ def test_bench_analysis_serial(tmp_path: Path, filt: str) -> None:
     console.print(result_table(res))
     text = console.export_text()
     assert "pointwise" in text and "GFLOP/s" in text and "total" in text
+    assert "DGEMM" in text and "µs/point" in text
 
 
 def test_cli_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .transforms import eig_analysis
+from .transforms import Eigh, eig_analysis
 
 __all__ = [
     "FactoredTransform",
@@ -154,8 +154,9 @@ def sqrt_factors_in_basis(
     br: np.ndarray,
     forget: np.ndarray | float,
     k: int,
-    Qk: np.ndarray,
+    Qk: np.ndarray | None,
     centred: bool = False,
+    eigh: Eigh | None = None,
 ) -> FactoredTransform:
     """ETKF/ESTKF transforms from ensemble-space sums in an orthonormal basis.
 
@@ -171,6 +172,11 @@ def sqrt_factors_in_basis(
     member space as in :func:`transform_from_weights`: ETKF ``Qk = Q``;
     ESTKF ``Qk = T Q`` and ``centred`` (``T I Tᵀ = I − 11ᵀ/k``).
 
+    With the whole space as the basis (``Q = I``: full-rank anomalies) this
+    is the plain square-root transform kept as factors, ``W = U diag(s) Uᵀ``:
+    applied to a row in O(k q) instead of forming the k × k matrix
+    (``Qk = None`` for the ETKF, ``T`` for the ESTKF).
+
     Parameters
     ----------
     B : ndarray, shape (p, r, r)
@@ -179,10 +185,12 @@ def sqrt_factors_in_basis(
         ``Qᵀ b`` per point.
     forget : float or ndarray, shape (p,)
     k : int
-    Qk : ndarray, shape (k, r)
-        The basis in member space.
+    Qk : ndarray, shape (k, r), or None
+        The basis in member space; None: the identity (r = k).
     centred : bool
         ESTKF (see above).
+    eigh : callable, optional
+        Eigensolver for stacks (:func:`~ensio.analysis.transforms.eig_analysis`).
 
     Returns
     -------
@@ -194,8 +202,8 @@ def sqrt_factors_in_basis(
     flags = np.full(p, centred)
     if r == 0:
         return FactoredTransform(s0, np.zeros((p, k, 0)), np.zeros((p, 0)), np.zeros((p, k)), flags)
-    lam, V = eig_analysis(B, rho, k)
-    M = Qk @ V  # (p, k, r): eigenvectors of A in member space
+    lam, V = eig_analysis(B, rho, k, eigh)
+    M = V if Qk is None else Qk @ V  # (p, k, r): eigenvectors of A in member space
     u = (np.swapaxes(V, -1, -2) @ br[..., None])[..., 0] / lam  # (p, r)
     wbar = (M @ u[..., None])[..., 0]  # (p, k)
     D = np.sqrt((k - 1) / lam) - s0[:, None]

@@ -11,12 +11,14 @@ variant's :meth:`~ensio.analysis.variants.Variant.innovations`: ``d`` for
 the square-root filters, ``d + ε_j`` for every member j for the stochastic
 one) and three diagnostic columns. Unpacking ``S`` gives ``C = Y R_loc⁻¹ Yᵀ``
 and the right-hand sides of every point; one batched symmetric
-eigendecomposition (the variant's finishing step) then yields all
-transforms. For a :attr:`~ensio.analysis.variants.Variant.reducible`
-variant, ``Y`` is first expressed in an orthonormal basis of its span when
-that is smaller than the ensemble space (:mod:`~ensio.analysis.basis`;
-exact): the GEMM and the eigenproblems shrink to its size and the transforms
-are applied as factors.
+eigendecomposition (the lockstep solver of :mod:`~ensio.analysis.eigensolver`)
+then yields all transforms. For a
+:attr:`~ensio.analysis.variants.Variant.reducible` (square-root) variant the
+transforms are kept as factors (:class:`~ensio.analysis.basis.FactoredTransform`),
+and ``Y`` is first expressed in an orthonormal basis of its span when that
+is smaller than the ensemble space (:mod:`~ensio.analysis.basis`; exact): the
+GEMM and the eigenproblems shrink to its size. Other variants get k × k
+matrices from their finishing step.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from ..stopwatch import Stopwatch
 from .basis import FactoredTransform, anomaly_basis, expand, prior_transform, sqrt_factors_in_basis
@@ -151,13 +154,25 @@ class Columns:
     def transforms(self, Q, C, rhs, rho: np.ndarray) -> np.ndarray | FactoredTransform:
         """Member-space transforms of the points from the unpacked sums.
 
-        Matrices ``(p, k, k)`` without a basis (the variant's finishing step);
-        factors in the reduced form.
+        Square-root variants: factors, in the reduced basis ``Q`` or (None)
+        in the whole space, so no k × k matrix is formed. Others: matrices
+        ``(p, k, k)`` from the variant's finishing step. Every
+        eigendecomposition is the lockstep solver's
+        (:mod:`~ensio.analysis.eigensolver`, several times faster than LAPACK
+        on stacks of small matrices; imported here so that only a local
+        analysis loads numba).
         """
+        from .eigensolver import eigh_stack
+
+        if not self.variant.reducible:
+            return self.variant.transforms(C, rhs, rho, self.k, self.T, eigh=eigh_stack)
         if Q is None:
-            return self.variant.transforms(C, rhs, rho, self.k, self.T)
-        Qk = Q if self.T is None else self.T @ Q
-        return sqrt_factors_in_basis(C, rhs[..., 0], rho, self.k, Qk, centred=self.T is not None)
+            Qk = self.T
+        else:
+            Qk = Q if self.T is None else self.T @ Q
+        return sqrt_factors_in_basis(
+            C, rhs[..., 0], rho, self.k, Qk, centred=self.T is not None, eigh=eigh_stack
+        )
 
 
 def _tile(cols: Columns, cand, loc, pts_pre, obs_pre, tile, rho, diag, sw: Stopwatch):
@@ -242,8 +257,15 @@ def batched_kernel(
     if threads <= 1 or len(tiles) < 2:
         clocks = [work(tiles)]
     else:
-        with ThreadPoolExecutor(max_workers=threads) as pool:
-            clocks = list(pool.map(work, [tiles[i::threads] for i in range(threads)]))
+        # one BLAS thread per worker: the workers already fill the cores (the
+        # eigensolver is numba code that releases the GIL, as numpy/BLAS do)
+        with (
+            threadpool_limits(limits=1, user_api="blas"),
+            ThreadPoolExecutor(max_workers=threads) as pool,
+        ):
+            # one task per tile, taken by whichever worker is free: tiles differ
+            # in cost (observation density), so a static split would leave one idle
+            clocks = list(pool.map(work, [[tile] for tile in tiles]))
     for clock in clocks:
         sw.merge(clock)
     return diag

@@ -24,9 +24,12 @@ to ``P/ρ``; it enters as ``(k−1)ρ I`` in the ensemble-space matrix (Hunt et 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 __all__ = [
+    "Eigh",
     "ensemble_space_sums",
     "eig_analysis",
     "sqrt_weights",
@@ -42,6 +45,10 @@ __all__ = [
     "random_rotation",
     "rotate",
 ]
+
+#: A symmetric eigensolver for stacks: ``(C, shift) -> (lam, U)`` with ``C + shift·I =
+#: U diag(lam) Uᵀ`` per matrix, eigenvalues in any order (see :func:`eig_analysis`).
+Eigh = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 # Domain separation of the seeded random streams (arbitrary fixed tags).
 _STREAM_OBS_PERTURBATION = 0x6F627370  # "obsp"
@@ -71,23 +78,31 @@ def ensemble_space_sums(
 
 
 def eig_analysis(
-    C: np.ndarray, forget: np.ndarray | float, k: int
+    C: np.ndarray, forget: np.ndarray | float, k: int, eigh: Eigh | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Eigendecomposition of ``A = (k−1)ρ I + C`` for a stack ``(..., q, q)``.
 
     The one place the prior precision ``(k−1)ρ`` enters the ensemble-space
     matrix, shared by the dense transforms here and the factored ones of
-    :mod:`~ensio.analysis.basis`.
+    :mod:`~ensio.analysis.basis`. ``eigh`` (a stack ``(p, q, q)`` and its
+    shifts) replaces LAPACK's ``numpy.linalg.eigh``: the batched kernel
+    passes the lockstep solver of :mod:`~ensio.analysis.eigensolver`; the
+    pointwise reference and the global filters keep LAPACK.
 
     Returns
     -------
     lam : ndarray, shape (..., q)
-        Eigenvalues, ascending.
+        Eigenvalues, ascending with LAPACK (in the solver's order otherwise;
+        every use is element-wise with the matching vectors).
     U : ndarray, shape (..., q, q)
         Eigenvectors (columns).
     """
     C = np.asarray(C, dtype=float)
     rho = np.broadcast_to(np.asarray(forget, dtype=float), C.shape[:-2])
+    if eigh is not None:
+        q = C.shape[-1]
+        lam, U = eigh(C.reshape(-1, q, q), ((k - 1) * rho).reshape(-1))
+        return lam.reshape(C.shape[:-1]), U.reshape(C.shape)
     A = np.array(C, dtype=float)  # a copy: the shift goes on its diagonal in place
     diag = np.einsum("...ii->...i", A)  # writable view of the diagonals
     diag += ((k - 1) * rho)[..., None]
@@ -95,7 +110,7 @@ def eig_analysis(
 
 
 def sqrt_weights(
-    C: np.ndarray, b: np.ndarray, forget: np.ndarray | float, k: int
+    C: np.ndarray, b: np.ndarray, forget: np.ndarray | float, k: int, eigh: Eigh | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Mean weights and symmetric square-root transform (Hunt et al. 2007).
 
@@ -115,13 +130,15 @@ def sqrt_weights(
         Forgetting factor ρ per point.
     k : int
         Ensemble size (``q = k`` for ETKF, ``k − 1`` for ESTKF).
+    eigh : callable, optional
+        Eigensolver for stacks (:func:`eig_analysis`); LAPACK by default.
 
     Returns
     -------
     wbar : ndarray, shape (..., q)
     W : ndarray, shape (..., q, q)
     """
-    lam, U = eig_analysis(C, forget, k)
+    lam, U = eig_analysis(C, forget, k, eigh)
     Ut = np.swapaxes(U, -1, -2)
     Ub = (Ut @ b[..., None])[..., 0]
     wbar = (U @ (Ub / lam)[..., None])[..., 0]
@@ -212,7 +229,9 @@ def estkf_transform(
     return transform_from_weights(*sqrt_weights(C, b, forget, k), omega=T)
 
 
-def enkf_weights(C: np.ndarray, B: np.ndarray, forget: np.ndarray | float, k: int) -> np.ndarray:
+def enkf_weights(
+    C: np.ndarray, B: np.ndarray, forget: np.ndarray | float, k: int, eigh: Eigh | None = None
+) -> np.ndarray:
     """Stochastic EnKF transform from ensemble-space sums (any stack of points).
 
     With prior anomalies inflated to ``X'/√ρ`` and perturbed observations
@@ -227,12 +246,14 @@ def enkf_weights(C: np.ndarray, B: np.ndarray, forget: np.ndarray | float, k: in
     C : ndarray, shape (..., k, k)
     B : ndarray, shape (..., k, k)
     forget : float or ndarray, shape (...)
+    eigh : callable, optional
+        Eigensolver for stacks (:func:`eig_analysis`); LAPACK by default.
 
     Returns
     -------
     G : ndarray, shape (..., k, k)
     """
-    lam, U = eig_analysis(C, forget, k)
+    lam, U = eig_analysis(C, forget, k, eigh)
     isr = 1.0 / np.sqrt(np.asarray(forget, dtype=float))[..., None, None]
     rhs = B - C * isr
     Pa_rhs = U @ ((np.swapaxes(U, -1, -2) @ rhs) / lam[..., :, None])

@@ -38,6 +38,7 @@ import numpy as np
 from ..config.filters import VARIANT_NAMES
 from .obsspace import ObsSpace
 from .transforms import (
+    Eigh,
     enkf_transform,
     enkf_weights,
     estkf_projection,
@@ -82,7 +83,13 @@ class Variant(ABC):
 
     @abstractmethod
     def transforms(
-        self, C: np.ndarray, rhs: np.ndarray, rho: np.ndarray, k: int, T: np.ndarray | None
+        self,
+        C: np.ndarray,
+        rhs: np.ndarray,
+        rho: np.ndarray,
+        k: int,
+        T: np.ndarray | None,
+        eigh: Eigh | None = None,
     ) -> np.ndarray:
         """Member-space transforms of p points from their ensemble-space sums.
 
@@ -98,6 +105,9 @@ class Variant(ABC):
             Ensemble size.
         T : ndarray, shape (k, q), or None
             :meth:`projection` of ``k``.
+        eigh : callable, optional
+            Eigensolver for the stack (LAPACK by default; the batched kernel
+            passes :func:`~ensio.analysis.eigensolver.eigh_stack`).
 
         Returns
         -------
@@ -123,9 +133,9 @@ def register(cls: type[Variant]) -> type[Variant]:
     return cls
 
 
-def _square_root(C, rhs, rho, k: int, T: np.ndarray | None) -> np.ndarray:
+def _square_root(C, rhs, rho, k: int, T: np.ndarray | None, eigh=None) -> np.ndarray:
     """Symmetric square-root transforms (Hunt et al. 2007), mapped back with ``T`` if given."""
-    wbar, W = sqrt_weights(C, rhs[..., 0], rho, k)
+    wbar, W = sqrt_weights(C, rhs[..., 0], rho, k, eigh)
     return transform_from_weights(wbar, W, omega=T)
 
 
@@ -137,8 +147,8 @@ class ETKFVariant(Variant):
     title = "ETKF"
     reducible = True
 
-    def transforms(self, C, rhs, rho, k, T):
-        return _square_root(C, rhs, rho, k, T)
+    def transforms(self, C, rhs, rho, k, T, eigh=None):
+        return _square_root(C, rhs, rho, k, T, eigh)
 
     def global_transform(self, obs, rho):
         return etkf_transform(obs.Y, obs.d, obs.rinv, rho)
@@ -160,8 +170,8 @@ class ESTKFVariant(Variant):
     def projection(self, k):
         return estkf_projection(k)
 
-    def transforms(self, C, rhs, rho, k, T):
-        return _square_root(C, rhs, rho, k, T)
+    def transforms(self, C, rhs, rho, k, T, eigh=None):
+        return _square_root(C, rhs, rho, k, T, eigh)
 
     def global_transform(self, obs, rho):
         return estkf_transform(obs.Y, obs.d, obs.rinv, rho)
@@ -189,8 +199,8 @@ class EnKFVariant(Variant):
             raise ValueError("the stochastic filter needs observation perturbations")
         return obs.d[None, :] + obs.perturbations
 
-    def transforms(self, C, rhs, rho, k, T):
-        return enkf_weights(C, rhs, rho, k)
+    def transforms(self, C, rhs, rho, k, T, eigh=None):
+        return enkf_weights(C, rhs, rho, k, eigh)
 
     def global_transform(self, obs, rho):
         if obs.perturbations is None:

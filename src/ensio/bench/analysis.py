@@ -21,6 +21,16 @@ products ``W·Z``; one small product per point for pointwise), ``transform``
 the GEMM part is the kernel's ``gemm_flops`` (summed over ranks) over the
 slowest rank's ``gemm`` seconds.
 
+Reference rates, measured in the same run: ``dgemm_gflops`` is the DGEMM
+rate of the ranks running at once (a square :data:`DGEMM_SIZE` product on
+each rank with one BLAS thread, as the analysis has, best of three, summed
+over ranks); ``gemm_fraction_of_peak`` is the kernel's GEMM rate over it.
+Both are per core: with ``analysis.threads`` > 1 the phase seconds are
+summed over the threads, so ``gflops`` is the rate of one thread.
+``transform_us_per_point`` is the slowest rank's ``transform`` seconds ×
+N_mpi / points: the cost of one grid point's eigendecomposition and
+transform on one core.
+
 Correctness: the two analyses must agree to ``max|a−b| / max|b| ≤ 1e-10``
 (over all ranks); the figure is in the JSON as ``max_rel_diff``.
 """
@@ -43,7 +53,7 @@ from ..obs import ObsBatch
 from ..stopwatch import Stopwatch
 from .machine import describe_machine
 
-__all__ = ["PHASES", "TOLERANCE", "bench_analysis", "result_table"]
+__all__ = ["DGEMM_SIZE", "PHASES", "TOLERANCE", "bench_analysis", "dgemm_rate", "result_table"]
 
 #: Phases of the ``timings`` dict, in the order of the table.
 PHASES = (
@@ -61,6 +71,30 @@ PHASES = (
 _NOT_SECONDS = ("_flops", "_count")
 #: Largest accepted ``max|batched − pointwise| / max|pointwise|``.
 TOLERANCE = 1e-10
+#: Order of the square DGEMM that measures the machine's rate.
+DGEMM_SIZE = 1024
+
+
+def dgemm_rate(comm: MPI.Comm, threads: int = 1, n: int = DGEMM_SIZE) -> float:
+    """Collective: GFLOP/s of an ``n``-square DGEMM on every rank at once, summed over ranks.
+
+    Each rank uses ``threads`` BLAS threads (the analysis uses one); best of
+    three after a warm-up, so it is the rate the machine gives the kernel's
+    GEMM at that moment.
+    """
+    from threadpoolctl import threadpool_limits
+
+    rng = np.random.default_rng(comm.rank)
+    a, b = rng.standard_normal((n, n)), rng.standard_normal((n, n))
+    best = np.inf
+    with threadpool_limits(limits=threads, user_api="blas"):
+        np.matmul(a, b)
+        for _ in range(3):
+            comm.Barrier()
+            t0 = time.perf_counter()
+            np.matmul(a, b)
+            best = min(best, time.perf_counter() - t0)
+    return float(comm.allreduce(2.0 * n**3 / best / 1e9, op=MPI.SUM))
 
 
 def _timed_analysis(
@@ -143,6 +177,18 @@ def _kernel_figures(ours: dict[str, float], ref: dict[str, float]) -> dict[str, 
     }
 
 
+def _rate_figures(ours: dict[str, float], dgemm: float, n_mpi: int, points: int) -> dict:
+    """Transform cost per point and the GEMM rate against the machine's DGEMM rate."""
+    gf = _gflops(ours)
+    return {
+        "transform_us_per_point": ours.get("transform", 0.0) * n_mpi / points * 1e6
+        if points
+        else None,
+        "dgemm_gflops": dgemm,
+        "gemm_fraction_of_peak": gf / dgemm if gf is not None and dgemm > 0 else None,
+    }
+
+
 def bench_analysis(
     config: Config,
     comm: MPI.Comm,
@@ -170,12 +216,14 @@ def bench_analysis(
         JSON-serialisable, identical on every rank: ``seconds`` (configured
         kernel), ``pointwise_seconds``, ``speedup``, ``phases`` and
         ``pointwise_phases`` (seconds per phase of the best repeat),
-        ``gflops`` / ``pointwise_gflops`` (GEMM part), ``max_rel_diff``,
+        ``gflops`` / ``pointwise_gflops`` (GEMM part), ``dgemm_gflops``,
+        ``gemm_fraction_of_peak``, ``transform_us_per_point``, ``max_rel_diff``,
         ``agree``, the case (``n_mpi``, ``points``, ``observations``,
         ``members``, …) and ``machine``.
     """
     # Over ~80 lines only through its docstring (every parameter documented); the body is
     # about 64 lines, kept whole so it reads top to bottom.
+    from ..analysis.eigensolver import warm_up
     from ..analysis.inputs import load_observations, observation_sources
     from ..io.ensemble import read_ensemble
 
@@ -191,11 +239,15 @@ def bench_analysis(
         raise ConfigError("observations: at least one observation file is needed for an analysis")
     obs_files = observation_sources(config.observations, config.resolve)
     obs = load_observations(obs_files, config.analysis, block, comm)
+    step("loading the compiled eigensolver (not timed)")
+    warm_up()
     kernels = {
         "configured": config.analysis,
         "pointwise": dataclasses.replace(config.analysis, kernel="pointwise"),
     }
     samples, best, first = _measure(kernels, block, obs, comm, repeat, step)
+    step("DGEMM rate of the machine")
+    dgemm = dgemm_rate(comm)
     a, b = first["configured"].ensemble, first["pointwise"].ensemble
     diff = float(comm.allreduce(float(np.abs(a - b).max(initial=0.0)), op=MPI.MAX))
     scale = float(comm.allreduce(float(np.abs(b).max(initial=0.0)), op=MPI.MAX))
@@ -220,6 +272,7 @@ def bench_analysis(
         "speedup": pw_seconds / seconds if seconds > 0 else None,
         "kernel": cfg.kernel,
         **_kernel_figures(best["configured"], best["pointwise"]),
+        **_rate_figures(best["configured"], dgemm, comm.size, int(layout.n_rows)),
         "max_rel_diff": max_rel,
         "tolerance": TOLERANCE,
         "agree": bool(max_rel <= TOLERANCE),
@@ -267,6 +320,10 @@ def result_table(res: dict[str, Any]) -> Table:
     table.add_row(
         "GEMM GFLOP/s", _fmt(res["gflops"], ".2f"), _fmt(res["pointwise_gflops"], ".2f"), ""
     )
+    frac = res.get("gemm_fraction_of_peak")
+    table.add_row("DGEMM GFLOP/s (machine)", _fmt(res.get("dgemm_gflops"), ".2f"), "", "")
+    table.add_row("GEMM / DGEMM", "–" if frac is None else f"{100 * frac:.0f} %", "", "")
+    table.add_row("transform µs/point", _fmt(res.get("transform_us_per_point"), ".1f"), "", "")
     table.add_row(
         "[bold]total[/]",
         f"[bold]{res['seconds']:.3f}[/]",
