@@ -1,0 +1,209 @@
+"""Cheap re-validation of member files against one fully checked member (many small files).
+
+Why: for members of a few MB the metadata pass, not the data, dominated a
+read. A full check (:func:`ensio.io.members.check_member`) parses all of a
+file's metadata; a netCDF-4 file costs ~0.8 ms that way, as much as reading
+4 MB from the page cache. But the members of an ensemble are written by one
+program and share their structure. So one member is checked fully and kept
+as the **template**; every other member (and the template's file itself,
+once it has changed) is then checked by looking only at what the ensemble
+uses — the state variables, the coordinate variables and their dimensions —
+and comparing with the template what the full check's answer depends on
+(:func:`ensio.io.netcdf4.quick_hdf5_variables`). Offsets and packing
+attributes are taken from the member itself, so members may differ there.
+
+A member that differs from the template in anything compared, or that the
+quick look cannot read, falls back to the full check: every error message
+(missing variable, wrong dims or dtype, corrupt file, other coordinates) is
+therefore exactly the full check's. The coordinate values are always compared
+(:func:`ensio.io.consistency.check_coordinates`), read as raw byte ranges.
+
+Formats without a quick look (classic files: their header parse is already
+~0.1 ms) always take the full check.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from ..errors import InputError
+from ..layout.state import StateLayout
+from .bytecheck import ByteTemplate, byte_template, same_bytes
+from .consistency import check_coordinates
+from .netcdf4 import NetCDF4Store, quick_hdf5_variables
+from .open import HEAD_BYTES, detect_backend
+from .raw import raw_read
+from .store import VarInfo
+
+__all__ = ["Template", "make_template", "quick_check"]
+
+#: What h5py raises for files the quick look cannot handle (then: the full check).
+_H5_ERRORS = (KeyError, OSError, ValueError, TypeError, RuntimeError)
+
+
+@dataclass(frozen=True)
+class Template:
+    """The structure of one fully checked member, for :func:`quick_check`.
+
+    Attributes
+    ----------
+    source : Path
+        The member it was taken from (messages, tests).
+    infos : dict of str to VarInfo
+        Its state variables, then the coordinate variables the consistency
+        check compares (what a member of identical bytes has).
+    bytes : ByteTemplate or None
+        The byte comparison (:mod:`ensio.io.bytecheck`), if it applies.
+    signature : tuple or None
+        netCDF-4: :func:`~ensio.io.netcdf4.quick_hdf5_variables`' signature
+        of the source, if that look applies.
+    library_writes : bool
+        The capability of the source's format (a template exists only for
+        formats with raw byte ranges).
+    """
+
+    source: Path
+    infos: dict[str, VarInfo]
+    bytes: ByteTemplate | None
+    signature: tuple[object, ...] | None
+    library_writes: bool = True
+
+    @property
+    def dims(self) -> dict[str, tuple[str, ...]]:
+        return {n: i.dims for n, i in self.infos.items()}
+
+
+def _names(layout: StateLayout) -> list[str]:
+    """State variables, then the coordinate variables the consistency check compares."""
+    names = [v.name for v in layout.variables]
+    if layout.geometry is not None:
+        names += [c.name for c in layout.geometry.checked if c.name not in names]
+    return names
+
+
+def _same(a: VarInfo, b: VarInfo) -> bool:
+    """Field by field, NaN fill values equal (``repr`` of each field)."""
+    return all(repr(getattr(a, f.name)) == repr(getattr(b, f.name)) for f in fields(VarInfo))
+
+
+def make_template(
+    path: Path,
+    layout: StateLayout,
+    infos: dict[str, VarInfo],
+    format_name: str,
+    library_writes: bool = True,
+) -> Template | None:
+    """The template of member ``path``, fully checked with descriptions ``infos``; or None.
+
+    ``infos`` holds *all* variables of the file (the full check's). None when
+    no quick look applies. The HDF5 look is kept only where it gives exactly
+    the full check's descriptions for this structure (a variable in a
+    subgroup, a dimension without a scale dataset: not).
+    """
+    names = _names(layout)
+    if any(n not in infos for n in names):
+        return None
+    used = {n: infos[n] for n in names}
+    try:
+        raw = byte_template(path, infos.values(), format_name)
+    except (OSError, InputError):
+        raw = None
+    sig = None
+    if format_name == NetCDF4Store.format_name and not any("/" in n for n in names):
+        try:
+            sig, quick = quick_hdf5_variables(path, {n: i.dims for n, i in used.items()})
+        except _H5_ERRORS:
+            sig = None
+        if sig is not None and not all(_same(quick[n], used[n]) for n in names):
+            sig = None
+        if raw is not None and not _attribute_count_agrees(path, raw):
+            raw = None
+    if raw is None and sig is None:
+        return None
+    return Template(path, used, raw, sig, library_writes)
+
+
+def _attribute_count_agrees(path: Path, raw: ByteTemplate) -> bool:
+    """The byte parse found every global attribute of the root group (cross-check with HDF5)."""
+    try:
+        fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
+        fapl.set_file_locking(False, True)
+        fid = h5py.h5f.open(str(path).encode(), h5py.h5f.ACC_RDONLY, fapl)
+        try:
+            root = h5py.h5g.open(fid, b"/")
+            return bool(h5py.h5a.get_num_attrs(root) == raw.attributes)
+        finally:
+            fid.close()
+    except _H5_ERRORS:
+        return False
+
+
+def quick_check(
+    path: Path, layout: StateLayout, template: Template
+) -> tuple[dict[str, VarInfo], np.ndarray | None] | None:
+    """Check member ``path`` against the template; None means "take the full check".
+
+    Returns
+    -------
+    (infos, time) or None
+        The state variables' descriptions (offsets and packing of this file)
+        and the member's time coordinate, as the full check returns them.
+
+    Raises
+    ------
+    InputError
+        Only for coordinate values that differ from the layout's (the same
+        message as the full check's).
+    """
+    if template.bytes is not None and same_bytes(path, template.bytes):
+        infos = template.infos
+    elif template.signature is not None and _is_netcdf4(path):
+        try:
+            sig, infos = quick_hdf5_variables(path, template.dims)
+        except _H5_ERRORS:
+            return None
+        if sig != template.signature:
+            return None
+    else:
+        return None
+    state = {v.name for v in layout.variables}
+    coords = {n: i for n, i in infos.items() if n not in state}
+    values = _read_all(path, coords)
+    if values is None:
+        return None
+    time = check_coordinates(path, layout, values.get)
+    return {n: infos[n] for n in infos if n in state}, time
+
+
+def _is_netcdf4(path: Path) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(HEAD_BYTES)
+    except OSError:
+        return False
+    return detect_backend(head) is NetCDF4Store
+
+
+def _read_all(path: Path, infos: dict[str, VarInfo]) -> dict[str, np.ndarray] | None:
+    """The values of ``infos`` (raw byte ranges, native byte order); None if one has none."""
+    if any(i.raw_offset is None for i in infos.values()):
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    out = {}
+    try:
+        for name, info in infos.items():
+            flat = raw_read(fd, info, 0, info.size, path=path)
+            out[name] = flat.astype(info.dtype.newbyteorder("="), copy=False).reshape(info.shape)
+    except InputError:  # truncated: the full check names the problem
+        return None
+    finally:
+        os.close(fd)
+    return out
