@@ -90,7 +90,10 @@ def same_bytes(path: Path, template: ByteTemplate) -> bool:
 
 
 def byte_template(
-    path: Path, infos: Iterable[VarInfo], format_name: str
+    path: Path,
+    infos: Iterable[VarInfo],
+    format_name: str,
+    chunks: Sequence[tuple[int, int]] = (),
 ) -> ByteTemplate | None:
     """The byte template of a fully checked member, or None if it does not apply.
 
@@ -100,6 +103,10 @@ def byte_template(
         The member.
     infos : iterable of VarInfo
         *All* its variables (the full check's), for their raw data ranges.
+    chunks : sequence of (int, int)
+        netCDF-4: further data ranges not compared, the chunks of chunked
+        variables (:func:`~ensio.io.netcdf4.chunk_ranges`); their addresses
+        and sizes are in the chunk index, which is compared.
     format_name : str
         ``"netcdf4"`` or ``"classic"`` (others: None).
 
@@ -114,8 +121,8 @@ def byte_template(
         size = os.fstat(fd).st_size
         if format_name == "netcdf4":
             # metadata: everything but the raw data of contiguous variables
-            data = sorted((i.raw_offset, i.raw_offset + i.nbytes) for i in infos
-                          if i.raw_offset is not None and i.nbytes)  # fmt: skip
+            data = sorted([(i.raw_offset, i.raw_offset + i.nbytes) for i in infos
+                           if i.raw_offset is not None and i.nbytes] + list(chunks))  # fmt: skip
             spans = _subtract([(0, size)], data)
             allowed = _hdf5_allowed(lambda off, n: os.pread(fd, n, off), size, counted)
         elif format_name == "classic":

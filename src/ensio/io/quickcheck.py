@@ -34,8 +34,9 @@ import numpy as np
 from ..errors import InputError
 from ..layout.state import StateLayout
 from .bytecheck import ByteTemplate, byte_template, same_bytes
+from .classic import record_layout
 from .consistency import check_coordinates
-from .netcdf4 import NetCDF4Store, quick_hdf5_variables
+from .netcdf4 import NetCDF4Store, chunk_ranges, quick_hdf5_variables
 from .open import HEAD_BYTES, detect_backend
 from .raw import raw_read
 from .store import VarInfo
@@ -62,6 +63,13 @@ class Template:
     signature : tuple or None
         netCDF-4: :func:`~ensio.io.netcdf4.quick_hdf5_variables`' signature
         of the source, if that look applies.
+    pieces : dict of str to list of VarInfo
+        Coordinate variables read as byte ranges: the variable, or (classic
+        record variables) one range per record, at the source's offsets.
+    fixed : dict of str to ndarray
+        netCDF-4 coordinates that are chunked: their values in the source.
+        Their bytes are part of the compared bytes, so a member that passes
+        the byte comparison has them too.
     library_writes : bool
         The capability of the source's format (a template exists only for
         formats with raw byte ranges).
@@ -71,6 +79,8 @@ class Template:
     infos: dict[str, VarInfo]
     bytes: ByteTemplate | None
     signature: tuple[object, ...] | None
+    pieces: dict[str, list[VarInfo]]
+    fixed: dict[str, np.ndarray]
     library_writes: bool = True
 
     @property
@@ -109,23 +119,46 @@ def make_template(
     if any(n not in infos for n in names):
         return None
     used = {n: infos[n] for n in names}
+    coords = [n for n in names if n not in {v.name for v in layout.variables}]
+    chunks: list[tuple[int, int]] | None = []
+    if format_name == NetCDF4Store.format_name:  # chunked data, except the coordinates'
+        chunks = chunk_ranges(path, [n for n, i in infos.items()
+                                     if i.raw_offset is None and n not in coords])  # fmt: skip
     try:
-        raw = byte_template(path, infos.values(), format_name)
+        raw = None if chunks is None else byte_template(path, infos.values(), format_name, chunks)
+        pieces = _pieces(path, {n: used[n] for n in coords}, format_name)
     except (OSError, InputError):
-        raw = None
-    sig = None
+        return None
+    sig, fixed = None, {}
     if format_name == NetCDF4Store.format_name and not any("/" in n for n in names):
+        chunked = tuple(n for n in coords if n not in pieces)
         try:
-            sig, quick = quick_hdf5_variables(path, {n: i.dims for n, i in used.items()})
+            sig, quick, fixed = quick_hdf5_variables(path, {n: used[n].dims for n in names},
+                                                     chunked)  # fmt: skip
         except _H5_ERRORS:
-            sig = None
-        if sig is not None and not all(_same(quick[n], used[n]) for n in names):
-            sig = None
+            return None
+        if not all(_same(quick[n], used[n]) for n in names):
+            return None
         if raw is not None and not _attribute_count_agrees(path, raw):
             raw = None
+    if pieces is None or any(n not in pieces and n not in fixed for n in coords):
+        return None
     if raw is None and sig is None:
         return None
-    return Template(path, used, raw, sig, library_writes)
+    return Template(path, used, raw, sig, pieces, fixed, library_writes)
+
+
+def _pieces(
+    path: Path, coords: dict[str, VarInfo], format_name: str
+) -> dict[str, list[VarInfo]] | None:
+    """How to read each coordinate as byte ranges (classic record variables: per record)."""
+    out = {n: [i] for n, i in coords.items() if i.raw_offset is not None}
+    record = [n for n in coords if n not in out]
+    if record and format_name == "classic":
+        rl = record_layout(path)
+        for n in record:
+            out[n] = [rl.record_info(n, r) for r in range(coords[n].shape[0])]
+    return out
 
 
 def _attribute_count_agrees(path: Path, raw: ByteTemplate) -> bool:
@@ -160,24 +193,52 @@ def quick_check(
         Only for coordinate values that differ from the layout's (the same
         message as the full check's).
     """
+    state = {v.name for v in layout.variables}
     if template.bytes is not None and same_bytes(path, template.bytes):
-        infos = template.infos
+        infos, pieces, values = template.infos, template.pieces, dict(template.fixed)
     elif template.signature is not None and _is_netcdf4(path):
+        coords = [n for n in template.infos if n not in state]
         try:
-            sig, infos = quick_hdf5_variables(path, template.dims)
+            sig, infos, values = quick_hdf5_variables(path, template.dims, tuple(coords))
         except _H5_ERRORS:
             return None
         if sig != template.signature:
             return None
+        pieces = {}
     else:
         return None
-    state = {v.name for v in layout.variables}
-    coords = {n: i for n, i in infos.items() if n not in state}
-    values = _read_all(path, coords)
-    if values is None:
+    read = _read_pieces(path, pieces, infos)
+    if read is None:
         return None
-    time = check_coordinates(path, layout, values.get)
-    return {n: infos[n] for n in infos if n in state}, time
+    values.update(read)
+    times = check_coordinates(path, layout, values.get)
+    return {n: infos[n] for n in infos if n in state}, times
+
+
+def _read_pieces(
+    path: Path, pieces: dict[str, list[VarInfo]], infos: dict[str, VarInfo]
+) -> dict[str, np.ndarray] | None:
+    """Each variable's byte ranges, joined, shaped as ``infos`` (native byte order).
+
+    None if the file is too short (the full check then names the problem).
+    """
+    if not pieces:
+        return {}
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    out = {}
+    try:
+        for name, parts in pieces.items():
+            flat = np.concatenate([raw_read(fd, i, 0, i.size, path=path) for i in parts])
+            native = flat.astype(flat.dtype.newbyteorder("="), copy=False)
+            out[name] = native.reshape(infos[name].shape)
+    except InputError:
+        return None
+    finally:
+        os.close(fd)
+    return out
 
 
 def _is_netcdf4(path: Path) -> bool:
@@ -187,23 +248,3 @@ def _is_netcdf4(path: Path) -> bool:
     except OSError:
         return False
     return detect_backend(head) is NetCDF4Store
-
-
-def _read_all(path: Path, infos: dict[str, VarInfo]) -> dict[str, np.ndarray] | None:
-    """The values of ``infos`` (raw byte ranges, native byte order); None if one has none."""
-    if any(i.raw_offset is None for i in infos.values()):
-        return None
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return None
-    out = {}
-    try:
-        for name, info in infos.items():
-            flat = raw_read(fd, info, 0, info.size, path=path)
-            out[name] = flat.astype(info.dtype.newbyteorder("="), copy=False).reshape(info.shape)
-    except InputError:  # truncated: the full check names the problem
-        return None
-    finally:
-        os.close(fd)
-    return out
