@@ -73,20 +73,23 @@ class ByteTemplate:
         return sum(len(b) for _, b in self.ranges)
 
 
-def same_bytes(path: Path, template: ByteTemplate) -> bool:
-    """Whether ``path`` has the template's size and bytes (False on any OS error)."""
+def same_bytes(path: Path, template: ByteTemplate, fd: int | None = None) -> bool:
+    """Whether ``path`` has the template's size and bytes (False on any OS error).
+
+    ``fd``: the file already open for reading (not closed here).
+    """
+    own = fd is None
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
+        if fd is None:
+            fd = os.open(path, os.O_RDONLY)
         if os.fstat(fd).st_size != template.size:
             return False
         return all(os.pread(fd, len(want), off) == want for off, want in template.ranges)
     except OSError:
         return False
     finally:
-        os.close(fd)
+        if own and fd is not None:
+            os.close(fd)
 
 
 def byte_template(

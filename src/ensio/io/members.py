@@ -287,13 +287,15 @@ class MemberScan:
                 bad = (m, note_error(exc))
                 self._seen.pop(m, None)
                 break
-        failed = [b for b in self.comm.allgather(bad) if b is not None]
+        # one collective for errors and results: a metadata pass costs one round trip
+        mine = {m: self._seen[m][:2] for m in self._mine() if m in self._seen}
+        parts = self.comm.allgather((bad, changed, mine))
+        failed = [b for b, _, _ in parts if b is not None]
         if failed:
             raise rebuild(min(failed, key=lambda b: b[0])[1])  # type: ignore[arg-type]
         merged = dict(enumerate(self.metas))
         inodes: dict[int, tuple[int, int]] = {}
-        mine = {m: self._seen[m][:2] for m in self._mine()}
-        for part, ids in self.comm.allgather((changed, mine)):
+        for _, part, ids in parts:
             merged.update(part)
             inodes.update(ids)
         check_distinct(self.paths, inodes)

@@ -193,8 +193,22 @@ def quick_check(
         Only for coordinate values that differ from the layout's (the same
         message as the full check's).
     """
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return _quick(fd, path, layout, template)
+    finally:
+        os.close(fd)
+
+
+def _quick(
+    fd: int, path: Path, layout: StateLayout, template: Template
+) -> tuple[dict[str, VarInfo], np.ndarray | None] | None:
+    """:func:`quick_check` on the open file ``fd``."""
     state = {v.name for v in layout.variables}
-    if template.bytes is not None and same_bytes(path, template.bytes):
+    if template.bytes is not None and same_bytes(path, template.bytes, fd):
         infos, pieces, values = template.infos, template.pieces, dict(template.fixed)
     elif template.signature is not None and _is_netcdf4(path):
         coords = [n for n in template.infos if n not in state]
@@ -207,7 +221,7 @@ def quick_check(
         pieces = {}
     else:
         return None
-    read = _read_pieces(path, pieces, infos)
+    read = _read_pieces(fd, path, pieces, infos)
     if read is None:
         return None
     values.update(read)
@@ -216,18 +230,12 @@ def quick_check(
 
 
 def _read_pieces(
-    path: Path, pieces: dict[str, list[VarInfo]], infos: dict[str, VarInfo]
+    fd: int, path: Path, pieces: dict[str, list[VarInfo]], infos: dict[str, VarInfo]
 ) -> dict[str, np.ndarray] | None:
     """Each variable's byte ranges, joined, shaped as ``infos`` (native byte order).
 
     None if the file is too short (the full check then names the problem).
     """
-    if not pieces:
-        return {}
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return None
     out = {}
     try:
         for name, parts in pieces.items():
@@ -236,8 +244,6 @@ def _read_pieces(
             out[name] = native.reshape(infos[name].shape)
     except InputError:
         return None
-    finally:
-        os.close(fd)
     return out
 
 
