@@ -6,6 +6,10 @@ is written). The scan spreads the N_e opens over all ranks, checks every file
 against the layout, and shares the small per-file results (raw offsets and
 on-disk dtypes), so the data pipeline itself only issues ``pread``/``pwrite``.
 
+Every member is checked against one fully checked member, the template, at
+a fraction of a full parse (:mod:`ensio.io.quickcheck`): with many small
+members the per-file cost of this pass, not the data, used to dominate.
+
 The scan is an object (:class:`MemberScan`) that lives as long as the
 ensemble-I/O object holding it: a repeated read or write (read then write of
 one cycle, a benchmark's repeats) then costs one ``stat`` per file instead of
