@@ -160,7 +160,8 @@ def _pieces(
     if record and format_name == "classic":
         rl = record_layout(path)
         for n in record:
-            out[n] = [rl.record_info(n, r) for r in range(coords[n].shape[0])]
+            if coords[n].shape[0]:  # no records: nothing to read, no quick check
+                out[n] = [rl.record_info(n, r) for r in range(coords[n].shape[0])]
     return out
 
 
