@@ -175,6 +175,32 @@ def test_members_differing_only_in_global_attribute_values_pass_the_byte_check(
     assert not same_bytes(other, tmpl.bytes)
 
 
+@pytest.mark.parametrize("same_globals", [True, False])
+def test_many_global_attributes_need_equal_bytes(tmp_path, rng, monkeypatch, same_globals):
+    """Dense attribute storage (20 globals) is not parsed: all metadata bytes must be equal."""
+    n = 3
+    for m in range(1, n + 1):
+        with netCDF4.Dataset(tmp_path / f"mem{m:03d}.nc", "w") as ds:
+            for dim, size in (("lat", NLAT), ("lon", NLON), ("time", None)):
+                ds.createDimension(dim, size)
+            ds.createVariable("lat", "f8", ("lat",))[:] = LAT
+            ds.createVariable("lon", "f8", ("lon",))[:] = 60.0 * np.arange(NLON)
+            ds.createVariable("state", "f4", ("lat", "lon"))[:] = rng.normal(size=(NLAT, NLON))
+            ds.createVariable("rec", "f8", ("time", "lat", "lon"))[:] = rng.normal(
+                size=(1, NLAT, NLON))
+            for i in range(20):
+                ds.setncattr(f"a{i}", float(i if same_globals else m * i))
+    paths = [tmp_path / f"mem{m:03d}.nc" for m in range(1, n + 1)]
+    cfg = _config(tmp_path, n)
+    layout = members_mod.layout_from_member(cfg.ensemble, paths[0])
+    _, tmpl = members_mod.member_template(paths[0], layout)
+    assert tmpl is not None and tmpl.bytes is not None and tmpl.bytes.attributes == 0
+    assert same_bytes(paths[1], tmpl.bytes) is same_globals
+    fast, metas = _read(cfg, True, monkeypatch)
+    assert all(m.quick for m in metas[1:])  # by bytes, or by the HDF5 look
+    np.testing.assert_array_equal(fast, _reference(paths))
+
+
 @needs_tools
 def test_a_member_of_other_layout_takes_its_own_offsets(tmp_path, rng, monkeypatch):
     """Member 3 chunked and compressed among contiguous ones: no byte match, own layout."""

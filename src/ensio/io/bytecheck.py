@@ -22,13 +22,14 @@ small parse, checked against the template's own parse:
 
 * netCDF-4: superblock version 2 or 3 (what netCDF-C writes), root group
   object header version 2: the data of its attribute messages and the
-  checksum of its first chunk (which covers them);
+  checksum of each of its chunks (which covers them);
 * classic: the values of the header's global attribute list.
 
-Anything else (a different size, any other byte, a user block, dense
-attribute storage) is not an error: the caller then takes the next check
-(:mod:`ensio.io.quickcheck`, then the full one), whose messages name the
-problem.
+Where the parse does not apply (a user block, superblock version 0/1,
+global attributes in dense storage) every metadata byte must be equal.
+Anything else (a different size, any other byte) is not an error: the
+caller then takes the next check (:mod:`ensio.io.quickcheck`, then the full
+one), whose messages name the problem.
 """
 
 from __future__ import annotations
@@ -97,6 +98,7 @@ def byte_template(
     infos: Iterable[VarInfo],
     format_name: str,
     chunks: Sequence[tuple[int, int]] = (),
+    exact: bool = False,
 ) -> ByteTemplate | None:
     """The byte template of a fully checked member, or None if it does not apply.
 
@@ -110,6 +112,10 @@ def byte_template(
         netCDF-4: further data ranges not compared, the chunks of chunked
         variables (:func:`~ensio.io.netcdf4.chunk_ranges`); their addresses
         and sizes are in the chunk index, which is compared.
+    exact : bool
+        netCDF-4: global attribute values must be equal too (no parse of the
+        root group; what is left when the parse does not apply, e.g. dense
+        attribute storage).
     format_name : str
         ``"netcdf4"`` or ``"classic"`` (others: None).
 
@@ -127,7 +133,10 @@ def byte_template(
             data = sorted([(i.raw_offset, i.raw_offset + i.nbytes) for i in infos
                            if i.raw_offset is not None and i.nbytes] + list(chunks))  # fmt: skip
             spans = _subtract([(0, size)], data)
-            allowed = _hdf5_allowed(lambda off, n: os.pread(fd, n, off), size, counted)
+            allowed = [] if exact else _hdf5_allowed(lambda off, n: os.pread(fd, n, off), size,
+                                                     counted)  # fmt: skip
+            if allowed is None:  # not parsed: every metadata byte must be equal
+                allowed = []
         elif format_name == "classic":
             # metadata: the header (it says where everything is)
             meta = classic_metadata(fd, path)

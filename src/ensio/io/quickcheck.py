@@ -143,7 +143,10 @@ def make_template(
         if not all(_same(quick[n], used[n]) for n in names):
             return None
         if raw is not None and not _attribute_count_agrees(path, raw):
-            raw = None
+            try:  # the parse missed attributes: compare every metadata byte
+                raw = byte_template(path, infos.values(), format_name, chunks or (), exact=True)
+            except (OSError, InputError):
+                raw = None
     if pieces is None or any(n not in pieces and n not in fixed for n in coords):
         return None
     if raw is None and sig is None:
