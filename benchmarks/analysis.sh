@@ -17,7 +17,9 @@
 # (same observations and locations) for comparison.
 #
 # Environment (defaults in brackets):
-#   NX NY MEMBERS  grid and ensemble size [360 180 40]
+#   NX NY          grid [360 180]
+#   MEMBERS        ensemble size N_e, or a list ("20 40 100": how each phase
+#                  grows with N_e; results analysis-k<N_e>-n<N_mpi>.json) [40]
 #   RADIUS_KM      Gaspari-Cohn support radius [5000]
 #   FILTER         letkf | lestkf | lenkf [letkf]
 #   NPS            MPI rank counts N_mpi [1 2]
@@ -27,7 +29,7 @@
 #   RANK2=1        also run the paper's rank-2 (unperturbed) case [off]
 #   DATA           directory for the case [${TMPDIR:-/tmp}/ensio-bench-analysis]
 #   OUT            directory for the JSON results [benchmarks/results]
-#   KEEP=1         keep the case afterwards [removed]
+#   KEEP=1         keep the cases afterwards [removed]
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -47,26 +49,33 @@ DATA=${DATA:-${TMPDIR:-/tmp}/ensio-bench-analysis}
 OUT=${OUT:-$repo/benchmarks/results}
 mkdir -p "$OUT"
 
-"$ensio" synth "$DATA/fullrank" --nx "$NX" --ny "$NY" --members "$MEMBERS" --seed 1 \
-  --perturbation "$PERTURBATION" --perturbation-scale "$PERT_SCALE"
-if [[ "${RANK2:-0}" == 1 ]]; then
-  # the same seed: the same observations, members without the perturbation
-  "$ensio" synth "$DATA/rank2" --nx "$NX" --ny "$NY" --members "$MEMBERS" --seed 1
-fi
 # the config synth writes has obs.nc and an LETKF; the filter and radius are set here
 set_analysis=(--set "analysis.filter=$FILTER"
               --set "analysis.localization={taper: gaspari-cohn, radius_km: $RADIUS_KM}")
+read -r -a sizes <<< "$MEMBERS"
 
 results=()
-for np in $NPS; do
-  "$mpiexec" -n "$np" "$ensio" bench analysis "$DATA/fullrank/ensio.yaml" --repeat "$REPEAT" \
-    "${set_analysis[@]}" --json "$OUT/analysis-n$np.json"
-  results+=("$OUT/analysis-n$np.json")
+for k in "${sizes[@]}"; do
+  # one size keeps the historical result names; a list of sizes adds -k<N_e>
+  tag=""; [[ ${#sizes[@]} -gt 1 ]] && tag="-k$k"
+  "$ensio" synth "$DATA/fullrank$tag" --nx "$NX" --ny "$NY" --members "$k" --seed 1 \
+    --perturbation "$PERTURBATION" --perturbation-scale "$PERT_SCALE"
   if [[ "${RANK2:-0}" == 1 ]]; then
-    "$mpiexec" -n "$np" "$ensio" bench analysis "$DATA/rank2/ensio.yaml" --repeat "$REPEAT" \
-      "${set_analysis[@]}" --json "$OUT/analysis-rank2-n$np.json"
-    results+=("$OUT/analysis-rank2-n$np.json")
+    # the same seed: the same observations, members without the perturbation
+    "$ensio" synth "$DATA/rank2$tag" --nx "$NX" --ny "$NY" --members "$k" --seed 1
   fi
+  for np in $NPS; do
+    "$mpiexec" -n "$np" "$ensio" bench analysis "$DATA/fullrank$tag/ensio.yaml" \
+      --repeat "$REPEAT" "${set_analysis[@]}" --json "$OUT/analysis$tag-n$np.json"
+    results+=("$OUT/analysis$tag-n$np.json")
+    if [[ "${RANK2:-0}" == 1 ]]; then
+      "$mpiexec" -n "$np" "$ensio" bench analysis "$DATA/rank2$tag/ensio.yaml" \
+        --repeat "$REPEAT" "${set_analysis[@]}" --json "$OUT/analysis-rank2$tag-n$np.json"
+      results+=("$OUT/analysis-rank2$tag-n$np.json")
+    fi
+  done
+  # one size on disk at a time
+  [[ "${KEEP:-0}" == 1 ]] || rm -rf "$DATA/fullrank$tag" "$DATA/rank2$tag"
 done
 
 "$python" - "$PERTURBATION" "$PERT_SCALE" "${results[@]}" <<'PY'
@@ -83,19 +92,19 @@ first = runs[0]
 print("\n### Machine\n")
 print(machine_markdown({**first["machine"], "timestamp": first["timestamp"]}))
 print(f"\n{first['filter']}, {first['points']} points, {first['observations']} observations, "
-      f"{first['members']} members, support radius "
-      f"{first['localization']['radius_km']:g} km, best of {first['repeat']}\n")
-print("| case | N_mpi | batched s | pointwise s | speedup | basis (mean size) "
+      f"support radius {first['localization']['radius_km']:g} km, best of {first['repeat']}\n")
+print("| case | N_e | N_mpi | batched s | pointwise s | speedup | basis (mean size) "
       "| GEMM GFLOP/s batched / pointwise | max rel. diff |")
-print("|---|---|---|---|---|---|---|---|")
+print("|---|---|---|---|---|---|---|---|---|")
 for case, r in zip(cases, runs):
     basis = (f"{r['reduced_tiles']}/{r['tiles']} ({r['mean_basis_rank']:.1f})"
              if r.get("mean_basis_rank") is not None else f"0/{r['tiles']}")
     gf = " / ".join("–" if g is None else f"{g:.2f}" for g in (r["gflops"], r["pointwise_gflops"]))
-    print(f"| {case} | {r['n_mpi']} | {r['seconds']:.2f} | {r['pointwise_seconds']:.2f} "
+    print(f"| {case} | {r['members']} | {r['n_mpi']} | {r['seconds']:.2f} | {r['pointwise_seconds']:.2f} "
           f"| **{r['speedup']:.2f}×** | {basis} | {gf} | {r['max_rel_diff']:.1e} |")
 for case, r in zip(cases, runs):
-    print(f"\nSeconds per phase, {case}, N_mpi = {r['n_mpi']} (slowest rank):\n")
+    print(f"\nSeconds per phase, {case}, N_e = {r['members']}, N_mpi = {r['n_mpi']} "
+          "(slowest rank):\n")
     shown = [p for p in PHASES if r["phases"].get(p) or r["pointwise_phases"].get(p)]
     print("| kernel | " + " | ".join(shown) + " | total |")
     print("|---" * (len(shown) + 2) + "|")
@@ -104,5 +113,3 @@ for case, r in zip(cases, runs):
         print(f"| {name} | " + " | ".join(f"{r[key].get(p, 0.0):.2f}" for p in shown)
               + f" | {r[total]:.2f} |")
 PY
-
-[[ "${KEEP:-0}" == 1 ]] || rm -rf "$DATA"
