@@ -38,7 +38,7 @@ cfg, n = {
                               inflation=InflationSection(posterior=1.04)), 10),
 }[name]
 s = summarize(cfg, n, range(1, seeds + 1))
-print(f"{s.mean:.4f} {s.stderr:.4f}")
+print(f"RESULT {s.mean:.4f} {s.stderr:.4f}")
 PY
   if [[ -n "${DAPPER_PYTHON:-}" ]]; then
     OPENBLAS_NUM_THREADS=1 "$DAPPER_PYTHON" - "$c" "$SEEDS" > "$out/dapper-$c" 2>/dev/null <<'PY'
@@ -61,7 +61,7 @@ for seed in range(1, seeds + 1):
     xp.stats.average_in_time()
     scores.append(xp.avrgs.rmse.a.val)
 v = np.array(scores)
-print(f"{v.mean():.4f} {v.std(ddof=1) / np.sqrt(v.size):.4f}")
+print(f"RESULT {v.mean():.4f} {v.std(ddof=1) / np.sqrt(v.size):.4f}")
 PY
   fi
 done
@@ -77,9 +77,10 @@ else
   echo "|---|---|"
 fi
 for c in $CASES; do
-  read -r m s < "$out/ensio-$c"
+  # DAPPER prints notices on standard output too: the figures are on the RESULT line
+  read -r _ m s < <(grep '^RESULT' "$out/ensio-$c")
   if [[ -n "${DAPPER_PYTHON:-}" ]]; then
-    read -r dm ds < "$out/dapper-$c"
+    read -r _ dm ds < <(grep '^RESULT' "$out/dapper-$c")
     z=$("$python" -c "import math; print(f'{abs($m - $dm) / math.hypot($s, $ds):.2f}')")
     echo "| $c | $m ± $s | $dm ± $ds | $z |"
   else
