@@ -3,7 +3,7 @@
 # (issue 14, item 6): time-mean analysis RMSE (DAPPER's rmse.a) over seeds,
 # mean ± standard error, for EnKF N40 infl 1.06, ETKF N24 infl 1.02 and
 # LETKF N10 infl 1.04 loc_rad 4 (ensio: analysis.inflation.posterior, the
-# Gaspari-Cohn support 2 * 1.82 * 4). The experiment: ensio.models.l96dapper.
+# Gaspari-Cohn support 2 * 1.82 * 4). The experiment: ensio.bench.lorenz96_dapper.
 #
 # With DAPPER_PYTHON set to a Python that has DAPPER installed (e.g. a venv
 # with `pip install dapper==1.7.1`), DAPPER itself runs the same three
@@ -27,7 +27,7 @@ for c in $CASES; do
   "$python" - "$c" "$SEEDS" > "$out/ensio-$c" <<'PY'
 import sys
 from ensio.config.analysis import AnalysisSection, InflationSection, LocalizationSection
-from ensio.models.l96dapper import dapper_gc_support, summarize
+from ensio.bench.lorenz96_dapper import dapper_gc_support, summarize
 
 name, seeds = sys.argv[1], int(sys.argv[2])
 loc = LocalizationSection(taper="gaspari-cohn", radius=dapper_gc_support(4), periodic=40)

@@ -1,7 +1,7 @@
 """ensio's filters against DAPPER 1.7.1 on DAPPER's own Lorenz-96 experiment.
 
 The experiment is DAPPER's ``mods/Lorenz96/sakov2008`` term for term
-(:mod:`ensio.models.l96dapper`: 1001 analyses, scored after t = 20, truth
+(:mod:`ensio.bench.lorenz96_dapper`: 1001 analyses, scored after t = 20, truth
 and members drawn around ``e_0``), and inflation is DAPPER's ``infl``:
 ``analysis.inflation.posterior``. The reference figures are DAPPER 1.7.1
 itself on this set-up (``pip install dapper==1.7.1``; ``rmse.a``, mean ±
@@ -20,8 +20,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ensio.bench.lorenz96_dapper import Sakov2008, analysis_rmse, dapper_gc_support, summarize
 from ensio.config.analysis import AnalysisSection, InflationSection, LocalizationSection
-from ensio.models.l96dapper import Sakov2008, analysis_rmse, dapper_gc_support, summarize
 
 #: name → (filter section, N, ensio seeds, DAPPER 1.7.1 rmse.a mean, its standard error)
 CASES = {

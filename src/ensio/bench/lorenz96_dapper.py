@@ -45,7 +45,7 @@ from threadpoolctl import threadpool_limits
 from ..analysis.filters import make_filter
 from ..analysis.obsspace import ObsSpace
 from ..config.analysis import AnalysisSection
-from .lorenz96 import DT, FORCING, Lorenz96
+from ..models.lorenz96 import DT, FORCING, Lorenz96
 
 __all__ = ["Sakov2008", "SeedSummary", "analysis_rmse", "dapper_gc_support", "summarize"]
 
