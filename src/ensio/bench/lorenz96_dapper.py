@@ -5,7 +5,7 @@ implementation" is only a claim if both run the *same* experiment. This is
 DAPPER's (1.7) set-up, term for term, so its published and measured figures
 can be compared with ensio's over many seeds:
 
-* Lorenz-96, 40 variables, F = 8, RK4 with dt = 0.05 (:mod:`.lorenz96`);
+* Lorenz-96, 40 variables, F = 8, RK4 with dt = 0.05 (:mod:`ensio.models.lorenz96`);
 * ``Chronology(0.05, dko=1, Ko=1000, BurnIn=20)``: an analysis after every
   model step, K = dko·(Ko + 1) = 1001 steps, no observation at t = 0;
 * every variable observed with R = I;
