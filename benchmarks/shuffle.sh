@@ -7,7 +7,7 @@
 # Alltoallv) at N_mpi = RANKS, one mpiexec job each (oversubscribed beyond the
 # cores: the JSON lists which). Reported: seconds per phase, MPI bytes, partners
 # per rank; a cost model fed with the measured per-byte costs projects both
-# modes to thousands of nodes. Results: $OUT/shuffle.json, $OUT/shuffle.png and
+# modes to thousands of nodes. Results: $OUT/shuffle.json, the chart $PLOT and
 # a Markdown snippet (machine + numbers) on stdout for docs/benchmarks.md.
 #
 # Environment (defaults in brackets):
@@ -33,13 +33,14 @@ NX=${NX:-720} NY=${NY:-360} LEVELS=${LEVELS:-4} MEMBERS=${MEMBERS:-2} RANKS=${RA
 REPEAT=${REPEAT:-3}
 WORKDIR=${WORKDIR:-${TMPDIR:-/tmp}/ensio-bench-shuffle}
 OUT=${OUT:-$repo/benchmarks/results}
-mkdir -p "$OUT"
+PLOT=${PLOT:-$repo/docs/img/shuffle.png}
+mkdir -p "$OUT" "$(dirname "$PLOT")"
 rm -rf "$WORKDIR"
 
 # shellcheck disable=SC2086  # EXTRA is split on purpose
 "$ensio" bench shuffle --nx "$NX" --ny "$NY" --levels "$LEVELS" --members "$MEMBERS" \
   --ranks "$RANKS" --repeat "$REPEAT" --workdir "$WORKDIR" \
-  --json "$OUT/shuffle.json" --plot "$OUT/shuffle.png" ${EXTRA:-}
+  --json "$OUT/shuffle.json" --plot "$PLOT" ${EXTRA:-}
 rm -rf "$WORKDIR"
 
 "$python" - "$OUT/shuffle.json" <<'PY'
