@@ -192,8 +192,10 @@ def test_every_io_mode_has_an_implementation_and_a_config_value():
     from typing import get_args
 
     from ensio.config.schema import IOMode
+    from ensio.io.ensemble import TILED_IO
 
-    assert set(ENSEMBLE_IO) == set(get_args(IOMode))
+    # single-file members: every mode but shuffle (tiles only); tiled members: every mode
+    assert set(ENSEMBLE_IO) | {"shuffle"} == set(get_args(IOMode)) == set(TILED_IO)
 
 
 def test_object_reads_and_writes_without_reopening(tmp_path, monkeypatch):

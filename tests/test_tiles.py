@@ -24,7 +24,7 @@ from ensio.cli.synth import main as synth_main
 from ensio.config import ConfigError
 from ensio.config.load import load_config
 from ensio.errors import InputError
-from ensio.io import tiled as tiled_mod
+from ensio.io import tilefile as tilefile_mod
 from ensio.io.ensemble import read_ensemble, write_ensemble
 from ensio.io.tiled import TiledEnsemble
 from ensio.io.tiledio import TiledEnsembleIO
@@ -289,18 +289,18 @@ def test_failed_write_rolls_back_every_tile(case, tmp_path, monkeypatch) -> None
     tile_case(case, declared_geometry((NY, NX), 4, (2, 2), 1), NE)
     ens = tiled(case, 4, (2, 2), 1)
     snap = _snapshot(case)
-    real, calls = tiled_mod.raw_write, []
+    real, calls = tilefile_mod.raw_write, []
 
     def failing(*args, **kwargs):
         calls.append(1)
-        if len(calls) == 3 * NY:  # well into the second member's tiles
+        if len(calls) == 6:  # into the second member's tiles (one write per tile and variable)
             raise OSError("disk full (test)")
         real(*args, **kwargs)
 
-    monkeypatch.setattr(tiled_mod, "raw_write", failing)
+    monkeypatch.setattr(tilefile_mod, "raw_write", failing)
     with pytest.raises(OSError, match="disk full"):
         ens.write(ens.read() + 1.0)
-    assert len(calls) == 3 * NY
+    assert len(calls) == 6
     assert _snapshot(case) == snap
 
 

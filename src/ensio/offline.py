@@ -27,11 +27,13 @@ from .analysis.inputs import assimilate_block, observation_sources
 from .analysis.result import AnalysisResult
 from .config.schema import Config, ConfigError
 from .errors import file_op
+from .io.backup import BackupHandle, ensure_cycle_backup, start_cycle_backup
 from .io.commit import RunTransaction, ensemble_lock
 from .io.ensemble import EnsembleIO, IOStats, open_ensemble
 from .io.journal import journal_root
 from .io.products import Stage, product_paths, write_member_copies, write_products
 from .io.runrecord import file_digests, find_run, record_line, run_key, runs_path, staged_runs
+from .io.slotstates import SlotStates
 from .io.tiled import check_tiled_run, member_files
 from .io.tiledio import TiledEnsembleIO
 from .layout.block import EnsembleBlock
@@ -58,6 +60,17 @@ class AnalysisReport:
     inactive: dict[str, int] = field(default_factory=dict)
     #: Per state variable: analysis values clipped to the packed type / valid range.
     clipped: dict[str, int] = field(default_factory=dict)
+    #: A 4-D analysis: the posterior is H of the analysis at the analysis time,
+    #: compared with observations taken at other times, so it is labelled so.
+    four_d: bool = False
+    #: The background copy to ``io.backup_dir`` (started when it is set; ``wait()`` joins it).
+    backup: BackupHandle | None = None
+
+    def _backup_lines(self) -> list[str]:
+        if self.backup is None:
+            return []
+        return [f"backup: copying cycle {self.backup.cycle} to {self.backup.backup_dir} "
+                "in the background (COMPLETE there when every file is durable)"]
 
     def lines(self) -> list[str]:
         """The log lines ``ensio analyse`` prints."""
@@ -65,7 +78,7 @@ class AnalysisReport:
             e = self.already
             return [f"already analysed: the members hold this analysis (cycle {e.get('cycle')}, "
                     f"committed {e.get('committed')}); nothing done (--force assimilates again)"
-                    + e.get("note", "")]
+                    + e.get("note", "")] + self._backup_lines()
         r = self.result
         assert r is not None
         qc = r.qc
@@ -80,8 +93,9 @@ class AnalysisReport:
             f"{qc.rejected} rejected" + (f" ({reasons})" if reasons else "")
         ]
         for name, s in (("prior", r.prior), ("posterior", r.posterior)):
+            when = " (analysis time)" if self.four_d and name == "posterior" else ""
             out.append(
-                f"{name:9s} innovation: mean {s.mean:+.4g}  rms {s.rms:.4g}  "
+                f"{name:9s} innovation{when}: mean {s.mean:+.4g}  rms {s.rms:.4g}  "
                 f"accepted {s.count}  rejected {qc.rejected}"
             )
         for label, counts, what in (
@@ -91,6 +105,7 @@ class AnalysisReport:
             if any(counts.values()):
                 per = ", ".join(f"{k} {v}" for k, v in counts.items() if v)
                 out.append(f"{label}: {sum(counts.values())} {what} ({per})")
+        out += self._backup_lines()
         order = ("read", "obs", "analysis", "write", "products", "record", "total")
         out.append(
             "timing: "
@@ -116,6 +131,10 @@ def run_analysis(
     """
     if config.analysis is None:
         raise ConfigError("analysis: section required (at least analysis.filter)")
+    if config.io.mode == "shuffle":  # local tiles: no global lock, record or products
+        from .offline_shuffle import run_shuffle_analysis
+
+        return run_shuffle_analysis(config, comm, cycle=cycle, progress=progress)
     t0 = time.perf_counter()
     seconds: dict[str, float] = {}
     bars = progress or PhaseProgress(enabled=False)
@@ -130,15 +149,18 @@ def run_analysis(
         with _opened(config, comm) as ens:
             key = root_call(comm, lambda: run_key(config, obs_files, cycle))
             done = None if force else _already(root, key, comm)
-            if done is not None:
-                return AnalysisReport(result=None, already=done, took_over=took_over)
+            if done is not None:  # a backup that failed or was killed is made now
+                backup = ensure_cycle_backup(config, comm, cycle) if config.io.backup_dir else None
+                return AnalysisReport(result=None, already=done, took_over=took_over,
+                                      backup=backup)
             with file_op("read"), bars.phase("read", n_e, "members") as advance:
                 block = ens.read(progress=advance)
             inactive = ens.stats.inactive if ens.stats is not None else {}
             seconds["read"] = time.perf_counter() - t0
             with bars.phase("analysis"):
                 result = assimilate_block(
-                    block, obs_sources, config.analysis, comm, cycle=cycle, seconds=seconds
+                    block, obs_sources, config.analysis, comm, cycle=cycle, seconds=seconds,
+                    slots=_slot_states(config, block),
                 )
             analysis = EnsembleBlock(block.layout, block.start, block.count, result.ensemble,
                                      inactive=block.inactive)
@@ -147,6 +169,8 @@ def run_analysis(
             )
     seconds["total"] = time.perf_counter() - t0
     seconds = {k: float(comm.allreduce(v, op=MPI.MAX)) for k, v in seconds.items()}
+    # committed and unlocked: copy the files to io.backup_dir in the background
+    backup = start_cycle_backup(config, comm, cycle) if config.io.backup_dir else None
     assert result.qc is not None
     return AnalysisReport(
         result=result,
@@ -155,6 +179,8 @@ def run_analysis(
         took_over=took_over,
         inactive=inactive,
         clipped=written.clipped if written is not None else {},
+        four_d=config.analysis.n_slots > 1,
+        backup=backup,
     )
 
 
@@ -163,6 +189,14 @@ def _opened(config: Config, comm: MPI.Comm) -> EnsembleIO:
         if config.ensemble.tiled:
             return TiledEnsembleIO(config.ensemble, config.base_dir, config.io, comm)
         return open_ensemble(config.member_paths(), config.ensemble, config.io, comm)
+
+
+def _slot_states(config: Config, block: EnsembleBlock) -> SlotStates | None:
+    """The members' states at the time slots of a 4-D analysis (None: 3-D)."""
+    an = config.analysis
+    if an is None or an.time_slots is None:
+        return None
+    return SlotStates(config.ensemble, config.base_dir, block.layout, an.n_slots)
 
 
 def _already(root: Path, key: str, comm: MPI.Comm) -> dict[str, Any] | None:

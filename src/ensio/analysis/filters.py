@@ -289,6 +289,7 @@ def analyse(
     cycle: int = 0,
     inflation: np.ndarray | float | None = None,
     timings: dict[str, float] | None = None,
+    hx: np.ndarray | None = None,
 ) -> AnalysisResult:
     """In-memory analysis on one process: H, quality control, filter.
 
@@ -315,6 +316,12 @@ def analyse(
     timings : dict, optional
         Seconds per phase are added to it (``obs`` for H and quality control,
         the filter's phases, ``posterior``); also in ``result.timings``.
+    hx : ndarray, shape (k, m), optional
+        Precomputed HX of the observations, used instead of H applied to
+        ``ensemble``: in a 4-D analysis member j observed at each
+        observation's time slot (NaN: rejected as ``bad_prior``). H is still
+        built from ``observations`` (and ``grid``) for quality control,
+        localization and the posterior statistics (H of the analysis).
     """
     # the pipeline imports this module (make_filter), so it is imported here
     from mpi4py import MPI
@@ -322,6 +329,7 @@ def analyse(
     from ..layout.block import EnsembleBlock
     from ..layout.state import StateLayout
     from .pipeline import AnalysisSettings, analyse_rows
+    from .stoo import SlotPrior
 
     X = np.asarray(ensemble, dtype=float)
     if X.ndim != 2:
@@ -336,7 +344,10 @@ def analyse(
         obs_at_rows=config.localization is not None and config.localization.radius_km is None,
     )
     block = EnsembleBlock(StateLayout((), n), 0, n, X)
-    res = analyse_rows(block, observations, settings, MPI.COMM_SELF)
+    prior = None
+    if hx is not None:
+        prior = SlotPrior(np.asarray(hx, dtype=float), np.ones(len(observations), dtype=bool))
+    res = analyse_rows(block, observations, settings, MPI.COMM_SELF, prior)
     if timings is not None:
         for name, value in res.timings.items():
             timings[name] = timings.get(name, 0.0) + value
@@ -352,9 +363,11 @@ def assimilate(
     grid: RegularGrid | None = None,
     cycle: int = 0,
     inflation: np.ndarray | float | None = None,
+    hx: np.ndarray | None = None,
 ) -> np.ndarray:
     """Analysis ensemble ``(k, n)`` (member-major); arguments as for :func:`analyse`."""
     res = analyse(
-        ensemble, observations, config, coords=coords, grid=grid, cycle=cycle, inflation=inflation
-    )
+        ensemble, observations, config, coords=coords, grid=grid, cycle=cycle,
+        inflation=inflation, hx=hx,
+    )  # fmt: skip
     return res.ensemble

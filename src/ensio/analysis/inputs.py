@@ -29,13 +29,14 @@ from ..layout.block import EnsembleBlock
 from ..obs import Locator, ObsBatch, ObsSource, build_operator, read_source
 from ..obs.read import PARTIAL_READ_BYTES, obs_count
 from ..parallel.agree import all_call, root_call
-from ..parallel.distribution import RowDistribution
 from ..stopwatch import Stopwatch
-from .distributed import observation_owners, observations_near
+from .distributed import observation_owners, observations_near, row_plan
 from .filters import localization_from_config
 from .pipeline import AnalysisSettings, analyse_rows
-from .placement import obs_coordinates, row_coordinates, state_grid
+from .placement import block_row_coordinates, obs_coordinates, state_grid
+from .regional_obs import load_regional, regional_wanted
 from .result import AnalysisResult
+from .stoo import SlotPrior, SlotReader, slot_prior
 
 __all__ = [
     "PARTIAL_READ_BYTES",
@@ -85,7 +86,15 @@ def load_observations(
     """
 
     sources = [ObsSource.of(p) for p in paths]
-    layout = block.layout
+    info = _file_info(sources, comm)
+    if regional_wanted(analysis, comm, sum(n for n, _ in info)):  # analysis.observations
+        return load_regional(sources, [n for n, _ in info], analysis, block, comm)
+    files = _read_files(sources, analysis, block, comm, info)
+    return ObsBatch.concat([batch for _, _, batch in files])
+
+
+def _file_info(sources: Sequence[ObsSource], comm: MPI.Comm) -> list[tuple[int, int]]:
+    """Collective: (observation count, bytes) of every file, read by rank 0."""
 
     def sizes() -> list[tuple[int, int]]:
         out = []
@@ -95,22 +104,56 @@ def load_observations(
             out.append((obs_count(s.path), s.path.stat().st_size))
         return out
 
-    info = root_call(comm, sizes)
+    return root_call(comm, sizes)
+
+
+def _read_files(
+    paths: Sequence[Path | ObsSource],
+    analysis: AnalysisSection,
+    block: EnsembleBlock,
+    comm: MPI.Comm,
+    info: list[tuple[int, int]] | None = None,
+) -> list[tuple[ObsBatch, np.ndarray, ObsBatch]]:
+    """Collective, per file: every observation's location, the positions this rank needs, those.
+
+    The first item holds every observation of the file on every rank (with
+    values for files read by rank 0, NaN values for large files): the
+    4-D observation operator applies H to all of them
+    (:func:`~ensio.analysis.stoo.slot_prior`). With ``analysis.time_slots``
+    each file must have a ``time`` variable unless there is one slot and no
+    window.
+    """
+    sources = [ObsSource.of(p) for p in paths]
+    layout = block.layout
+    if info is None:
+        info = _file_info(sources, comm)
     local = analysis.localization is not None and comm.size > 1
     grid = state_grid(layout)
-    batches, offset = [], 0
+    timed = analysis.edges is not None
+    out, offset = [], 0
     for src, (n, nbytes) in zip(sources, info, strict=True):
         if local and nbytes > PARTIAL_READ_BYTES:
-            where = all_call(comm, lambda s=src, o=offset: read_source(s, layout, o, values=False))
+            where = all_call(comm, lambda s=src, o=offset: _read(s, layout, o, timed, False))
             sel = _needed(where, analysis, block, grid, comm)
             batch = all_call(comm, lambda s=src, o=offset, x=sel: read_source(s, layout, o, x))
         else:
-            batch = root_call(comm, lambda s=src, o=offset: read_source(s, layout, o))
-            if local:
-                batch = batch.subset(_needed(batch, analysis, block, grid, comm))
-        batches.append(batch)
+            where = root_call(comm, lambda s=src, o=offset: _read(s, layout, o, timed, True))
+            sel = _needed(where, analysis, block, grid, comm) if local else np.arange(n)
+            batch = where.subset(sel) if local else where
+        out.append((where, sel, batch))
         offset += n
-    return ObsBatch.concat(batches)
+    return out
+
+
+def _read(src: ObsSource, layout, offset: int, timed: bool, values: bool) -> ObsBatch:
+    """One file (all observations); ``timed``: its ``time`` variable is required."""
+    batch = read_source(src, layout, offset, values=values)
+    if timed and batch.time is None:
+        raise InputError(
+            f"{src.path}: variable 'time' missing in observation file (analysis.time_slots "
+            "bins the observations by time)"
+        )
+    return batch
 
 
 def _needed(
@@ -122,10 +165,10 @@ def _needed(
 ) -> np.ndarray:
     """Positions (within ``obs``) of the observations this rank needs: near or owned."""
     assert analysis.localization is not None
-    dist = RowDistribution.of(block.layout.n_rows, comm)
+    dist = row_plan(block, comm)
     op, inside = build_operator(obs, dist.n_rows, grid)
     owners = observation_owners(op, inside, obs.ids, dist)
-    rows = row_coordinates(analysis, block.layout, block.start, block.count)
+    rows = block_row_coordinates(analysis, block)
     geometry = localization_from_config(analysis.localization).geometry
     radius = analysis.localization.support_radius
     near = observations_near(geometry, rows, obs_coordinates(analysis, obs), radius)
@@ -140,6 +183,7 @@ def assimilate_block(
     *,
     cycle: int,
     seconds: dict[str, float],
+    slots: SlotReader | None = None,
 ) -> AnalysisResult:
     """Collective: load this rank's observations and analyse its rows.
 
@@ -161,6 +205,10 @@ def assimilate_block(
     seconds : dict
         Receives ``obs`` (reading, H, the HX exchange, QC) and ``analysis``
         (the filter), this rank's seconds.
+    slots : SlotReader, optional
+        The members' states at the time slots of ``analysis.time_slots``
+        (required with it): a 4-D analysis whose HX comes from the parallel
+        observation operator (:mod:`~ensio.analysis.stoo`).
 
     Returns
     -------
@@ -169,12 +217,42 @@ def assimilate_block(
     """
     if not observation_files:
         raise ConfigError("observations: at least one observation file is needed for an analysis")
+    if analysis.time_slots is not None and slots is None:
+        raise ConfigError(
+            "analysis.time_slots: this mode does not read the members' slot states "
+            "(ensemble.slots); only ensio analyse runs a 4-D analysis"
+        )
     sw = Stopwatch()
     with sw("load"):
-        obs = load_observations(observation_files, analysis, block, comm)
+        prior = None
+        if slots is None:
+            obs = load_observations(observation_files, analysis, block, comm)
+        else:
+            obs, prior = _slot_observations(observation_files, analysis, block, slots, comm)
     with sw("rows"):
-        result = analyse_rows(block, obs, AnalysisSettings(analysis, cycle=cycle), comm)
+        result = analyse_rows(block, obs, AnalysisSettings(analysis, cycle=cycle), comm, prior)
     in_rows = result.timings.get("obs", 0.0)
     seconds["obs"] = sw["load"] + in_rows
     seconds["analysis"] = sw["rows"] - in_rows
     return result
+
+
+def _slot_observations(
+    observation_files: Sequence[Path | ObsSource],
+    analysis: AnalysisSection,
+    block: EnsembleBlock,
+    slots: SlotReader,
+    comm: MPI.Comm,
+) -> tuple[ObsBatch, SlotPrior]:
+    """Collective: this rank's observations and their 4-D HX from the slot states."""
+    files = _read_files(observation_files, analysis, block, comm)
+    every = ObsBatch.concat([where for where, _, _ in files])
+    starts = np.cumsum([0] + [len(where) for where, _, _ in files])[:-1]
+    wanted = np.concatenate([np.zeros(0, np.int64)]
+                            + [a + sel for a, (_, sel, _) in zip(starts, files, strict=True)])
+    obs = ObsBatch.concat([batch for _, _, batch in files])
+    prior = slot_prior(
+        every, wanted, block.data.shape[0], analysis.edges, analysis.n_slots,
+        block.layout.n_rows, state_grid(block.layout), slots, comm,
+    )  # fmt: skip
+    return obs, prior

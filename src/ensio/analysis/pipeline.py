@@ -32,20 +32,22 @@ from threadpoolctl import threadpool_limits
 from ..config.analysis import AnalysisSection
 from ..layout.block import EnsembleBlock
 from ..obs import ObsBatch, ObsOperator, QCCounts, RegularGrid, build_operator, quality_control
-from ..parallel.distribution import RowDistribution
 from ..stopwatch import Stopwatch
 from .distributed import (
+    RowPlan,
     innovation_stats,
     observation_owners,
     observations_near,
     observe,
+    row_plan,
     sum_counts,
 )
 from .filters import localization_from_config, make_filter
 from .localization import as_coords
 from .obsspace import ObsSpace
-from .placement import obs_coordinates, row_coordinates, state_grid
+from .placement import block_row_coordinates, obs_coordinates, state_grid
 from .result import AnalysisResult
+from .stoo import SlotPrior
 
 __all__ = ["AnalysisSettings", "analyse_rows"]
 
@@ -99,17 +101,19 @@ class _Observed(NamedTuple):
 def _observed(
     X: np.ndarray,
     block: EnsembleBlock,
-    dist: RowDistribution,
+    dist: RowPlan,
     observations: ObsBatch,
     settings: AnalysisSettings,
     comm: MPI.Comm,
     inactive: np.ndarray,
+    prior: SlotPrior | None = None,
 ) -> _Observed:
-    """Collective: H, quality control and the selection near the rows."""
+    """Collective: H (or the 4-D ``prior``), quality control and the selection near the rows."""
     cfg = settings.analysis
     grid = settings.grid if settings.grid is not None else state_grid(block.layout)
     op, inside = build_operator(observations, dist.n_rows, grid)
-    hx = observe(X, dist, op, comm)
+    hx = observe(X, dist, op, comm) if prior is None else _given(prior, X.shape[0], len(op))
+    in_window = None if prior is None else prior.in_window
     missing = _reads_inactive(inactive, dist, op, comm)
     if missing is not None:
         hx[:, missing] = np.nan
@@ -122,6 +126,7 @@ def _observed(
         max_sigma=max_sigma,
         inside=inside,
         missing=missing,
+        in_window=in_window,
     )
     _, own_counts = quality_control(
         observations.values[own],
@@ -130,10 +135,11 @@ def _observed(
         max_sigma=max_sigma,
         inside=inside[own],
         missing=None if missing is None else missing[own],
+        in_window=None if in_window is None else in_window[own],
     )
     obs = observations.subset(ok)
     hx_ok = hx[:, ok]
-    rows = row_coordinates(cfg, block.layout, block.start, block.count, settings.coords)
+    rows = block_row_coordinates(cfg, block, settings.coords)
     obs_coords = obs_coordinates(cfg, obs, rows, settings.obs_at_rows)
     if cfg.localization is None:
         keep = np.ones(len(obs), dtype=bool)
@@ -151,8 +157,18 @@ def _observed(
     return _Observed(op, ok, own[ok], own_counts, obs, hx_ok, space, rows)
 
 
+def _given(prior: SlotPrior, k: int, m: int) -> np.ndarray:
+    """The precomputed HX (a copy: quality control marks it), shape-checked."""
+    if prior.hx.shape != (k, m) or prior.in_window.shape != (m,):
+        raise ValueError(
+            f"precomputed HX has shape {prior.hx.shape} (in_window {prior.in_window.shape}), "
+            f"expected ({k}, {m}) for {k} members and {m} observations"
+        )
+    return np.array(prior.hx, dtype=float)
+
+
 def _reads_inactive(
-    inactive: np.ndarray, dist: RowDistribution, op: ObsOperator, comm: MPI.Comm
+    inactive: np.ndarray, dist: RowPlan, op: ObsOperator, comm: MPI.Comm
 ) -> np.ndarray | None:
     """Collective: which observations read an inactive row (``None``: no row is inactive).
 
@@ -225,6 +241,7 @@ def analyse_rows(
     observations: ObsBatch,
     settings: AnalysisSettings,
     comm: MPI.Comm,
+    prior: SlotPrior | None = None,
 ) -> AnalysisResult:
     """Collective: analyse this rank's rows of a row-distributed ensemble.
 
@@ -242,6 +259,11 @@ def analyse_rows(
     settings : AnalysisSettings
     comm : MPI.Comm
         The filter communicator (``MPI.COMM_SELF`` for one process).
+    prior : SlotPrior, optional
+        Precomputed HX of ``observations`` (4-D: each member at each
+        observation's time slot, :mod:`~ensio.analysis.stoo`) used instead
+        of H applied to ``block``. The posterior statistics still apply H to
+        the analysis at the analysis time.
 
     Returns
     -------
@@ -252,16 +274,11 @@ def analyse_rows(
         ``posterior``.
     """
     sw = Stopwatch()
-    dist = RowDistribution.of(block.layout.n_rows, comm)
-    if (dist.start, dist.count) != (block.start, block.count):
-        raise ValueError(
-            f"rank {comm.rank}: block rows [{block.start}, {block.start + block.count}) are not "
-            f"its rows [{dist.start}, {dist.stop}) of the block distribution"
-        )
+    dist = row_plan(block, comm)
     X = np.asarray(block.data, dtype=np.float64)
     inactive = block.inactive_rows()
     with sw("obs"):
-        seen = _observed(X, block, dist, observations, settings, comm, inactive)
+        seen = _observed(X, block, dist, observations, settings, comm, inactive, prior)
     cfg = settings.analysis
     # One BLAS thread per rank: ranks already fill the cores, and the many small
     # k×k eigendecompositions of a local analysis run ~4× slower threaded.

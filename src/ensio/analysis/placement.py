@@ -5,6 +5,11 @@ by the row index (1-D periodic models whose rows are the grid) or by
 coordinates the caller gives; observations by their lon/lat, by the row
 they index (``periodic``), or (the in-memory API's ``radius``) at the
 coordinates of that row. Pure functions of the layout and the arrays.
+
+A block's rows are a contiguous range or, in the group shuffle, any
+increasing set of rows (:class:`~ensio.layout.rowsetblock.RowSetBlock`):
+:func:`block_row_coordinates` places either, row by row, so a row has the
+same coordinates whichever rank holds it.
 """
 
 from __future__ import annotations
@@ -12,10 +17,19 @@ from __future__ import annotations
 import numpy as np
 
 from ..config.analysis import AnalysisSection
+from ..layout.block import EnsembleBlock
 from ..layout.state import StateLayout
 from ..obs import ObsBatch, StateGrid
 
-__all__ = ["lonlat_of_rows", "obs_coordinates", "row_coordinates", "state_grid"]
+__all__ = [
+    "block_row_coordinates",
+    "lonlat_of_row_set",
+    "lonlat_of_rows",
+    "obs_coordinates",
+    "row_coordinates",
+    "runs_of",
+    "state_grid",
+]
 
 
 def state_grid(layout: StateLayout) -> StateGrid | None:
@@ -51,6 +65,46 @@ def lonlat_of_rows(layout: StateLayout, start: int, count: int) -> np.ndarray | 
         return None
     c = layout.coordinates(start, start + count)
     return np.stack([c["lon"], c["lat"]], axis=1)
+
+
+def runs_of(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Maximal runs of consecutive rows in increasing ``rows``: (starts, stops), int64."""
+    rows = np.asarray(rows, dtype=np.int64)
+    if rows.size == 0:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    cuts = np.flatnonzero(np.diff(rows) != 1) + 1
+    first = np.concatenate([[0], cuts])
+    last = np.concatenate([cuts, [rows.size]]) - 1
+    return rows[first], rows[last] + 1
+
+
+def lonlat_of_row_set(layout: StateLayout, rows: np.ndarray) -> np.ndarray | None:
+    """Lon/lat of any increasing ``rows``, shape (len(rows), 2) (see :func:`lonlat_of_rows`).
+
+    One :meth:`StateLayout.coordinates` call per run of consecutive rows (one
+    per latitude line and level of a tile piece), so the values are those of
+    a contiguous block, row for row.
+    """
+    if layout.geometry is None:
+        return None
+    starts, stops = runs_of(rows)
+    parts = [lonlat_of_rows(layout, int(a), int(b - a)) for a, b in zip(starts, stops, strict=True)]
+    return np.concatenate(parts) if parts else np.empty((0, 2))  # type: ignore[arg-type]
+
+
+def block_row_coordinates(
+    config: AnalysisSection, block: EnsembleBlock, coords: np.ndarray | None = None
+) -> np.ndarray | None:
+    """:func:`row_coordinates` of a block's rows, contiguous or a row set."""
+    if getattr(block, "plan", None) is None or coords is not None or config.localization is None:
+        return row_coordinates(config, block.layout, block.start, block.count, coords)
+    rows = block.rows
+    if config.localization.periodic is not None:
+        return rows.astype(float)[:, None]
+    lonlat = lonlat_of_row_set(block.layout, rows)
+    if lonlat is None:
+        raise ValueError("a local filter needs the lon/lat of the state rows")
+    return lonlat
 
 
 def row_coordinates(

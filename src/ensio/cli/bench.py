@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .bench_shuffle import add_command as _add_shuffle
 from .options import add_set_option
 
 __all__ = ["COMMANDS", "add_parser", "main", "run", "run_analysis", "run_io"]
@@ -117,7 +118,8 @@ def _add_transfer(sub: Any) -> None:
 COMMANDS: dict[str, Callable[[Any], None]] = {"io": _add_io, "analysis": _add_analysis,
                                               "pool": _add_pool, "modes": _add_modes,
                                               "ioserver": _add_ioserver,
-                                              "transfer": _add_transfer}
+                                              "transfer": _add_transfer,
+                                              "shuffle": _add_shuffle}
 
 
 def add_parser(subparsers: Any) -> None:

@@ -38,6 +38,7 @@ COMMANDS = (
     "ioclient",
     "run",
     "transfer",
+    "stage",
 )
 
 

@@ -6,6 +6,12 @@ This command makes DIR consistent again and says in one line what it did, so
 an operator (or a job script) can run it unconditionally before a restart.
 It holds the ensemble lock while it works: while a run holds it, it refuses
 (exit 2, naming the run) instead of undoing a write in progress.
+
+``ensio recover --from-backup [--cycle N] CONFIG`` instead restores the files
+the analysis works on (the node-local copies in ``io.mode: shuffle``, else the
+member files) from the newest complete backup in ``io.backup_dir`` (or cycle
+N's), checking its completion marker and every file's sha256 before any file
+is replaced (:func:`ensio.io.backup.restore_from_backup`).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from pathlib import Path
 from ..errors import EnsioError, file_op
 from ..io.journal import JOURNAL_DIRNAME, recover
 from ..io.lock import EnsembleLock, command_line
+from .options import add_set_option
 
 __all__ = ["add_parser", "run"]
 
@@ -31,15 +38,32 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "member files. If the run had committed, move its staged products into place "
             "and remove the journal; otherwise restore every member file to its prior "
             "content and delete the staged files. Safe to run at any time: it takes the "
-            "members' lock, and refuses while another run holds it."
+            "members' lock, and refuses while another run holds it. With --from-backup "
+            "CONFIG: restore the files the analysis works on (node-local copies in io.mode "
+            "shuffle, else the member files) from the newest complete backup of "
+            "io.backup_dir (or --cycle N's), every file checked against the sha256 of its "
+            "COMPLETE marker before any file is replaced."
         ),
     )
-    p.add_argument("dir", type=Path, metavar="DIR", help="directory of the member files")
+    p.add_argument("dir", type=Path, metavar="DIR",
+                   help="directory of the member files (with --from-backup: CONFIG)")
     p.add_argument(
         "--no-fsync",
         action="store_true",
         help="skip fsync of restored files (faster; not safe against power loss)",
     )
+    p.add_argument(
+        "--from-backup",
+        action="store_true",
+        help="restore the working files from the newest complete backup of io.backup_dir "
+        "(DIR is then the YAML config); refuses an incomplete backup. Under mpiexec, run "
+        "with the ranks and hosts of the analysis",
+    )
+    p.add_argument("--cycle", type=int, default=None, metavar="N",
+                   help="with --from-backup: restore cycle N's backup (it must be complete)")
+    p.add_argument("--ranks", type=int, default=None, metavar="R",
+                   help="with --from-backup, run alone: restore for R ranks on this host")
+    add_set_option(p, "with --from-backup: override a config key (repeatable)")
     p.set_defaults(func=run)
 
 
@@ -61,6 +85,10 @@ def run(args: argparse.Namespace) -> int:
     Returns 0, or 1 if journaled files had vanished (named on stderr). Problems
     that stop recovery raise :class:`~ensio.errors.EnsioError` (one line, exit 2).
     """
+    if args.from_backup:
+        return _from_backup(args)
+    if args.cycle is not None or args.ranks is not None or args.overrides:
+        raise EnsioError("recover: --cycle, --ranks and --set go with --from-backup")
     root: Path = args.dir
     if root.is_file():  # a member file given instead of its directory
         root = root.parent
@@ -86,3 +114,20 @@ def run(args: argparse.Namespace) -> int:
     for path in report.missing:
         print(f"ensio recover: warning: {path} no longer exists; not restored", file=sys.stderr)
     return 1 if report.missing else 0
+
+
+def _from_backup(args: argparse.Namespace) -> int:
+    """Restore a cycle's working files from its complete backup; print one line on rank 0."""
+    from mpi4py import MPI
+
+    from ..config import load_config
+    from ..io.backup import restore_from_backup
+    from ..parallel.nodes import this_host
+
+    comm = MPI.COMM_WORLD
+    config = load_config(args.dir, args.overrides)
+    cycle, report = restore_from_backup(config, comm, host=this_host(), cycle=args.cycle,
+                                        n_ranks=args.ranks, fsync=not args.no_fsync)
+    if comm.rank == 0:
+        print(report.line(f"restored cycle {cycle} from backup"), flush=True)
+    return 0

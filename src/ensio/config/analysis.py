@@ -20,10 +20,13 @@ __all__ = [
     "GLOBAL_FILTERS",
     "LOCAL_FILTERS",
     "ObservationFile",
+    "ObsDistribution",
+    "ObsDistributionSection",
     "LocalizationSection",
     "InflationSection",
     "QCSection",
     "AnalysisSection",
+    "slot_edges",
     "OutputSection",
 ]
 
@@ -60,6 +63,35 @@ class ObservationFile:
         if self.level_index is not None and self.level_index < 0:
             raise ConfigError(
                 f"observations.level_index: must be >= 0, got {self.level_index} ({self.file})"
+            )
+
+
+#: How observations reach the ranks: every rank reads/holds all locations (``replicated``),
+#: or each reads a slice and receives those near its rows (``regional``); ``auto`` chooses.
+ObsDistribution = Literal["auto", "replicated", "regional"]
+
+
+@dataclass(frozen=True)
+class ObsDistributionSection:
+    """``analysis.observations`` — how the observations are spread over the ranks.
+
+    ``replicated``: every rank reads the locations of all observations and
+    keeps those near its rows (small files: rank 0 reads and broadcasts).
+    ``regional``: each rank reads one contiguous slice of every observation
+    file and sends each observation to the ranks whose rows lie within the
+    support radius of it (and to its owner); no rank holds the whole list.
+    Needs a local filter. ``auto`` (default): ``regional`` for a local filter
+    on more than one rank when the files hold more than ``regional_above``
+    observations in all, else ``replicated``. The analysis is the same.
+    """
+
+    distribution: ObsDistribution = "auto"
+    regional_above: int = 10_000_000
+
+    def __post_init__(self) -> None:
+        if self.regional_above < 0:
+            raise ConfigError(
+                f"analysis.observations.regional_above: must be >= 0, got {self.regional_above}"
             )
 
 
@@ -165,7 +197,17 @@ class AnalysisSection:
     them per cycle. ``tile_points`` bounds the points per tile of the batched
     kernel (memory and GEMM shape) and ``threads`` is the number of threads
     working on tiles within one process (1 when every core runs an MPI rank);
-    the result depends on neither.
+    the result depends on neither. ``observations`` says how the observations
+    are spread over the ranks (:class:`ObsDistributionSection`); the result
+    does not depend on it either.
+
+    ``time_slots`` makes the analysis four-dimensional (4-D LETKF, Hunt et
+    al. 2004): observations are binned by their ``time`` into slots and each
+    is compared with its member's state at its slot (``ensemble.slots``).
+    Give a count, which splits ``window`` (``[start, end]``, in the unit and
+    reference of the observation files' ``time``) evenly, or the slot edges
+    (ascending, at least two; ``window`` is then their first and last).
+    One slot without ``window`` takes every observation whatever its time.
     """
 
     filter: FilterName
@@ -177,8 +219,12 @@ class AnalysisSection:
     seed: int = 0
     tile_points: int = 128
     threads: int = 1
+    time_slots: int | tuple[float, ...] | None = None
+    window: tuple[float, ...] | None = None
+    observations: ObsDistributionSection = field(default_factory=ObsDistributionSection)
 
     def __post_init__(self) -> None:
+        _check_slots(self.time_slots, self.window)
         if self.filter in LOCAL_FILTERS and self.localization is None:
             raise ConfigError(
                 f"analysis.localization: required for the local filter {self.filter} "
@@ -195,6 +241,78 @@ class AnalysisSection:
             raise ConfigError(f"analysis.tile_points: must be at least 1, got {self.tile_points}")
         if self.threads < 1:
             raise ConfigError(f"analysis.threads: must be at least 1, got {self.threads}")
+        if self.observations.distribution == "regional" and self.localization is None:
+            raise ConfigError(
+                "analysis.observations.distribution: regional needs a local filter "
+                f"(analysis.localization); {self.filter} needs every observation on every rank"
+            )
+        if self.observations.distribution == "regional" and self.n_slots > 1:
+            raise ConfigError(
+                "analysis.observations.distribution: regional is not available with "
+                "analysis.time_slots (the 4-D operator needs every location on every rank)"
+            )
+
+    @property
+    def n_slots(self) -> int:
+        """Number of time slots (1 without ``time_slots``: the 3-D analysis)."""
+        s = self.time_slots
+        return 1 if s is None else (s if isinstance(s, int) else len(s) - 1)
+
+    @property
+    def edges(self) -> tuple[float, ...] | None:
+        """Slot edges (:func:`slot_edges`): ``None`` when observation times are not used."""
+        return slot_edges(self.time_slots, self.window)
+
+
+def _check_slots(slots: int | tuple[float, ...] | None, window: tuple[float, ...] | None) -> None:
+    """``analysis.time_slots`` and ``analysis.window``: one line naming the key."""
+    if window is not None:
+        if len(window) != 2 or not all(math.isfinite(t) for t in window):
+            raise ConfigError(f"analysis.window: expected [start, end], got {list(window)}")
+        if not window[0] < window[1]:
+            raise ConfigError(f"analysis.window: start must be before end, got {list(window)}")
+        if slots is None:
+            raise ConfigError("analysis.window: only used with analysis.time_slots")
+    if slots is None:
+        return
+    if isinstance(slots, int):
+        if slots < 1:
+            raise ConfigError(f"analysis.time_slots: must be at least 1, got {slots}")
+        if slots > 1 and window is None:
+            raise ConfigError(
+                f"analysis.time_slots: {slots} slots split analysis.window, which is missing "
+                "(or give the slot edges as a list)"
+            )
+        return
+    edges = list(slots)
+    if len(edges) < 2 or not all(math.isfinite(t) for t in edges):
+        raise ConfigError(
+            f"analysis.time_slots: slot edges must be at least two finite numbers, got {edges}"
+        )
+    if any(b <= a for a, b in zip(edges, edges[1:], strict=False)):
+        raise ConfigError(f"analysis.time_slots: slot edges must increase, got {edges}")
+    if window is not None:
+        raise ConfigError(
+            "analysis.window: the slot edges of analysis.time_slots already give the window"
+        )
+
+
+def slot_edges(
+    slots: int | tuple[float, ...] | None, window: tuple[float, ...] | None
+) -> tuple[float, ...] | None:
+    """Edges of the time slots (``n_slots + 1`` values), ``None`` when no time is used.
+
+    ``None`` for no ``time_slots`` (3-D) and for one slot without a window
+    (every observation in the one slot, whatever its time).
+    """
+    if slots is None:
+        return None
+    if isinstance(slots, int):
+        if window is None:
+            return None
+        a, b = window
+        return tuple(a + (b - a) * i / slots for i in range(slots)) + (b,)
+    return tuple(float(t) for t in slots)
 
 
 @dataclass(frozen=True)

@@ -90,6 +90,10 @@ class EnsembleSection:
     them, in that order; default ``1..size``): the analysis of a cycle in
     which some members failed but ``workflow.min_members`` allowed it runs on
     the survivors (``ensio analyse --members 1,2,4``).
+
+    ``slots`` is the pattern of each member's state at each time slot of a
+    4-D analysis (``analysis.time_slots``), with ``{member}`` and ``{slot}``
+    (1-based, slot 1 the earliest), e.g. the model's history files.
     """
 
     members: str
@@ -98,8 +102,13 @@ class EnsembleSection:
     coordinates: Coordinates = field(default_factory=Coordinates)
     ids: tuple[int, ...] | None = None
     tiles: TilesSpec | None = None
+    slots: str | None = None
 
     def __post_init__(self) -> None:
+        if self.slots is not None and not ("{member" in self.slots and "{slot" in self.slots):
+            raise ConfigError(
+                f"ensemble.slots: pattern {self.slots!r} needs {{member}} and {{slot}} placeholders"
+            )
         if self.tiles is not None and not self.tiled:
             raise ConfigError(
                 f"ensemble.tiles: pattern {self.members!r} of ensemble.members has no "
@@ -157,10 +166,18 @@ class EnsembleSection:
     def member_paths(self, base: Path) -> list[Path]:
         return [self.member_path(m, base) for m in self.numbers]
 
+    def slot_path(self, member: int, slot: int, base: Path) -> Path:
+        """State of ``member`` (1-based) at time slot ``slot`` (1-based), from ``slots``."""
+        if self.slots is None:
+            raise ConfigError("ensemble.slots: not set (needed for more than one time slot)")
+        p = Path(self.slots.format(member=member, slot=slot))
+        return p if p.is_absolute() else base / p
+
 
 #: Implementations of the ensemble I/O (``io.mode``); :data:`ensio.io.ensemble.ENSEMBLE_IO`
-#: maps each to its class. ``files``: N_io readers of the member files + scatter.
-IOMode = Literal["files"]
+#: maps each to its class. ``files``: N_io readers of the member files + scatter;
+#: ``shuffle``: tiled members on node-local disks, one tile per rank, group all-to-all.
+IOMode = Literal["files", "shuffle"]
 
 
 @dataclass(frozen=True)
@@ -168,8 +185,9 @@ class IOSection:
     """``io:`` — the parallel ensemble I/O.
 
     ``tasks`` is N_io; ``None`` means ``min(N_mpi, N_e)``, resolved at run time
-    because N_mpi is only known then. ``mode`` selects the implementation
-    (only ``files`` today; a tiled ``shuffle`` mode will plug in beside it).
+    because N_mpi is only known then. ``mode`` selects the implementation;
+    ``shuffle`` reads each rank's tile from ``local_dir`` (placed there by
+    ``ensio stage in``, :mod:`ensio.io.stagemap`).
     """
 
     mode: IOMode = "files"
@@ -177,10 +195,20 @@ class IOSection:
     journal: bool = True
     fsync: bool = False
     in_place: bool = True
+    #: Node-local directory of each rank's files (``{host}``, ``{rank}``; ``ensio stage``).
+    local_dir: str | None = None
+    #: Per-cycle backup of each rank's files after the analysis (``{cycle}``; ``ensio.io.backup``).
+    backup_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.tasks is not None and self.tasks < 1:
             raise ConfigError(f"io.tasks: must be at least 1, got {self.tasks}")
+        if self.mode == "shuffle" and not self.local_dir:
+            raise ConfigError("io.local_dir: required when io.mode is shuffle")
+        if self.backup_dir is not None and "{cycle" not in self.backup_dir:
+            raise ConfigError(
+                f"io.backup_dir: pattern {self.backup_dir!r} has no {{cycle}} placeholder"
+            )
 
 
 @dataclass(frozen=True)
@@ -198,6 +226,12 @@ class Config:
     def __post_init__(self) -> None:
         if not self.io.in_place and self.output.members is None:
             raise ConfigError("output.members: required when io.in_place is false")
+        an = self.analysis
+        if an is not None and an.n_slots > 1 and self.ensemble.slots is None:
+            raise ConfigError(
+                f"ensemble.slots: required for analysis.time_slots ({an.n_slots} slots): the "
+                "pattern of each member's state at each slot"
+            )
         wf = self.workflow
         if wf is not None and wf.min_members is not None and wf.min_members > self.ensemble.size:
             raise ConfigError(

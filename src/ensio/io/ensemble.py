@@ -12,9 +12,13 @@ back, as often as needed, until it is closed::
 
 Implementations are registered in :data:`ENSEMBLE_IO` by ``io.mode``; each
 provides the :class:`EnsembleIO` interface. ``files`` is
-:class:`~ensio.io.files.FileEnsembleIO`. A new mode (e.g. a tiled ``shuffle``
-mode) is one module with its class, one entry here and its ``Literal`` value
-in :data:`ensio.config.schema.IOMode`.
+:class:`~ensio.io.files.FileEnsembleIO`. A new mode is one module with its
+class, one entry here and its ``Literal`` value in
+:data:`ensio.config.schema.IOMode`. Tiled members (``{tile}``) have their own
+registry, :data:`TILED_IO` (constructor ``(ensemble section, base, io, comm)``):
+``files`` is :class:`~ensio.io.tiledio.TiledEnsembleIO`, ``shuffle`` the
+group all-to-all of :class:`~ensio.io.shuffle.ShuffleEnsembleIO`;
+:func:`open_tiled` opens either.
 
 :func:`read_ensemble` / :func:`write_ensemble` build, use and close an object
 in one call, for callers that read or write once.
@@ -28,15 +32,18 @@ from typing import Protocol
 
 from mpi4py import MPI
 
+from ..config.errors import ConfigError
 from ..config.schema import Config, EnsembleSection, IOSection
 from ..layout.block import EnsembleBlock
 from ..layout.state import StateLayout
 from ..progress import Advance, no_progress
 from .files import FileEnsembleIO
+from .shuffle import ShuffleEnsembleIO
 from .stats import IOStats
+from .tiledio import TiledEnsembleIO
 
-__all__ = ["ENSEMBLE_IO", "EnsembleIO", "IOStats", "open_ensemble", "read_ensemble",
-           "write_ensemble"]
+__all__ = ["ENSEMBLE_IO", "TILED_IO", "EnsembleIO", "IOStats", "open_ensemble", "open_tiled",
+           "read_ensemble", "write_ensemble"]
 
 
 class EnsembleIO(Protocol):
@@ -69,6 +76,14 @@ class EnsembleIO(Protocol):
 #: ``io.mode`` → implementation (constructor ``(paths, layout_or_section, io, comm)``).
 ENSEMBLE_IO: dict[str, type[EnsembleIO]] = {"files": FileEnsembleIO}
 
+#: ``io.mode`` → implementation for tiled members (constructor ``(ens, base, io, comm)``).
+TILED_IO: dict[str, type] = {"files": TiledEnsembleIO, "shuffle": ShuffleEnsembleIO}
+
+
+def open_tiled(ens: EnsembleSection, base: Path, io: IOSection, comm: MPI.Comm) -> EnsembleIO:
+    """Collective: the ensemble-I/O object of ``io.mode`` for tiled members (``{tile}``)."""
+    return TILED_IO[io.mode](ens, base, io, comm)
+
 
 def open_ensemble(
     paths: Sequence[Path],
@@ -88,6 +103,9 @@ def open_ensemble(
     comm : MPI.Comm
         The filter communicator (``MPI.COMM_SELF`` for a serial run).
     """
+    if io.mode not in ENSEMBLE_IO:
+        raise ConfigError(f"io.mode: {io.mode} reads tiled members only ({{tile}} in "
+                          "ensemble.members)")  # fmt: skip
     return ENSEMBLE_IO[io.mode](paths, layout, io, comm)
 
 

@@ -24,8 +24,7 @@ pattern. The group shuffle (issue 13, item 2) is to reuse the geometry of
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 
 import netCDF4
@@ -38,10 +37,17 @@ from ..layout.state import StateLayout, VarMeta, build_layout
 from ..layout.tiles import TileBox, TileGeometry, declared_geometry, nemo_box
 from . import journal as journal_mod
 from .open import open_member
-from .raw import raw_read, raw_write
 from .store import VarInfo
+from .tilefile import TileRuns, plan_runs, read_tile, write_tile
 
-__all__ = ["TiledEnsemble", "check_tiled_run", "member_files", "tile_geometry"]
+__all__ = [
+    "TiledEnsemble",
+    "check_tiled_run",
+    "geometry_from_attributes",
+    "global_layout",
+    "member_files",
+    "tile_geometry",
+]
 
 
 def _exists(path: Path) -> None:
@@ -91,21 +97,34 @@ def _declared(
 
 
 def _from_attributes(paths: list[Path]) -> TileGeometry:
-    boxes, grids = [], set()
-    for t, path in enumerate(paths):
+    attrs = []
+    for path in paths:
         with netCDF4.Dataset(path) as ds:
-            attrs = {k: ds.getncattr(k) for k in ds.ncattrs()}
-        box, total, grid = nemo_box(attrs, t, str(path))
-        if total != len(paths):
+            attrs.append({k: ds.getncattr(k) for k in ds.ncattrs()})
+    return geometry_from_attributes(attrs, [str(p) for p in paths])
+
+
+def geometry_from_attributes(attrs: list[dict[str, object]], sources: list[str]) -> TileGeometry:
+    """The decomposition from the NEMO ``DOMAIN_*`` attributes of one member's P tiles.
+
+    ``attrs[t]`` are tile t's global attributes, ``sources[t]`` its file name
+    for messages (the shuffle mode gathers them from the ranks that hold the
+    tiles on their local disks).
+    """
+    boxes, grids = [], set()
+    for t, (at, source) in enumerate(zip(attrs, sources, strict=True)):
+        box, total, grid = nemo_box(at, t, source)
+        if total != len(attrs):
             raise InputError(
-                f"{path}: DOMAIN_number_total {total} is not the {len(paths)} tiles of the member"
+                f"{source}: DOMAIN_number_total {total} is not the {len(attrs)} tiles of the member"
             )
         boxes.append(box)
         grids.add(grid)
     if len(grids) != 1:
-        raise InputError(f"{paths[-1]}: DOMAIN_size_global differs between tiles: {sorted(grids)}")
+        raise InputError(f"{sources[-1]}: DOMAIN_size_global differs between tiles: "
+                         f"{sorted(grids)}")  # fmt: skip
     geo = TileGeometry(grids.pop(), tuple(boxes))
-    geo.check([str(p) for p in paths])
+    geo.check(sources)
     return geo
 
 
@@ -156,10 +175,20 @@ def check_tiled_run(config: Config) -> None:
 
 
 def tile_geometry(
-    ens: EnsembleSection, paths: list[Path], shapes: list[tuple[int, int]]
-) -> TileGeometry:
-    """The decomposition of one member's tiles ``paths`` (file (y, x) ``shapes``)."""
-    geo = _declared(ens, shapes, paths) if ens.tiles is not None else _from_attributes(paths)
+    ens: EnsembleSection, paths: list[Path], shapes: list[tuple[int, int]],
+    attrs: list[dict[str, object]] | None = None,
+) -> TileGeometry:  # fmt: skip
+    """The decomposition of one member's tiles ``paths`` (file (y, x) ``shapes``).
+
+    ``attrs`` (each tile's global attributes) when they are already read;
+    else the NEMO attributes are read from ``paths``.
+    """
+    if ens.tiles is not None:
+        geo = _declared(ens, shapes, paths)
+    elif attrs is not None:
+        geo = geometry_from_attributes(attrs, [str(p) for p in paths])
+    else:
+        geo = _from_attributes(paths)
     for b, shape, path in zip(geo.boxes, shapes, paths, strict=True):
         if b.file_shape != shape:
             raise InputError(
@@ -169,33 +198,53 @@ def tile_geometry(
     return geo
 
 
-@dataclass(frozen=True)
-class _Run:
-    """Where one (tile, variable) interior sits: runs of state rows ⇄ runs of tile elements.
+def global_layout(
+    ens: EnsembleSection,
+    geometry: TileGeometry,
+    infos: dict[str, VarInfo],
+    read_tile_var: Callable[[int, str], np.ndarray],
+    source: str,
+) -> StateLayout:
+    """The layout of the virtual global member, coordinates assembled from member 1's tiles.
 
-    Only the run starts are kept (two ints per latitude line and level), not
-    one index per element: the object is broadcast to every rank.
+    ``infos`` are tile 0's variables; ``read_tile_var(t, name)`` gives tile
+    t's whole variable (only coordinates are asked for). A variable whose
+    dims include the state's (lat, lon) dims gets the global size along
+    them; its values are the tiles' interiors put together.
     """
+    names = [v.name for v in ens.variables]
+    state = infos[names[0]]
+    ydim, xdim = state.dims[-2], state.dims[-1]
+    grid = dict(zip((ydim, xdim), geometry.grid, strict=True))
+    metas = {
+        name: VarMeta(
+            name,
+            info.dims,
+            tuple(grid.get(d, n) for d, n in zip(info.dims, info.shape, strict=True)),
+            info.dtype,
+            info.encoding,
+        )
+        for name, info in infos.items()
+    }
 
-    rows: np.ndarray  # (n_runs,) first global state row of each run, increasing
-    elems: np.ndarray  # (n_runs,) first flat element of each run in the tile's variable
-    length: int  # elements per run
+    def read_var(name: str) -> np.ndarray:
+        meta = metas[name]
+        out = None
+        for box in geometry.boxes:
+            part = read_tile_var(box.index, name)
+            if out is None:
+                out = np.empty(meta.shape, dtype=part.dtype)
+            iy, ix = box.interior()
+            src = tuple({ydim: iy, xdim: ix}.get(d, slice(None)) for d in meta.dims)
+            dst = tuple(
+                {ydim: slice(box.y0, box.y1), xdim: slice(box.x0, box.x1)}.get(d, slice(None))
+                for d in meta.dims
+            )
+            out[dst] = part[src]
+        assert out is not None
+        return out
 
-    def window(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
-        """(tile elements, state rows) of the interior points in rows ``[lo, hi)``, in order.
-
-        Both int64 of shape (n,); both increasing (the runs follow each other
-        in the tile file and in the state alike).
-        """
-        k0 = int(np.searchsorted(self.rows + self.length, lo, side="right"))
-        k1 = int(np.searchsorted(self.rows, hi, side="left"))
-        if k0 >= k1:
-            return np.empty(0, np.int64), np.empty(0, np.int64)
-        step = np.arange(self.length, dtype=np.int64)
-        rows = (self.rows[k0:k1, None] + step).ravel()
-        elems = (self.elems[k0:k1, None] + step).ravel()
-        keep = (rows >= lo) & (rows < hi)
-        return elems[keep], rows[keep]
+    return build_layout(ens.variables, metas, read_var, ens.coordinates, source)
 
 
 class TiledEnsemble:
@@ -258,46 +307,14 @@ class TiledEnsemble:
         return infos
 
     def _global_layout(self, ens: EnsembleSection, infos: dict[str, VarInfo]) -> StateLayout:
-        """The layout of the virtual global member, coordinates assembled from member 1's tiles.
+        """The layout of the virtual global member, coordinates from member 1's tiles."""
 
-        A variable of tile 0 whose dims include the state's (lat, lon) dims
-        gets the global size along them; its values (coordinates only) are
-        the tiles' interiors put together.
-        """
-        state = infos[self.names[0]]
-        ydim, xdim = state.dims[-2], state.dims[-1]
-        grid = dict(zip((ydim, xdim), self.geometry.grid, strict=True))
-        metas = {
-            name: VarMeta(
-                name,
-                info.dims,
-                tuple(grid.get(d, n) for d, n in zip(info.dims, info.shape, strict=True)),
-                info.dtype,
-                info.encoding,
-            )
-            for name, info in infos.items()
-        }
+        def read_tile_var(t: int, name: str) -> np.ndarray:
+            with open_member(self.paths[0][t]) as store:
+                info = store.variables()[name]
+                return np.asarray(store.read_elements(name, 0, info.size)).reshape(info.shape)
 
-        def read_var(name: str) -> np.ndarray:
-            meta = metas[name]
-            out = None
-            for path, box in zip(self.paths[0], self.geometry.boxes, strict=True):
-                with open_member(path) as store:
-                    info = store.variables()[name]
-                    part = np.asarray(store.read_elements(name, 0, info.size)).reshape(info.shape)
-                if out is None:
-                    out = np.empty(meta.shape, dtype=part.dtype)
-                iy, ix = box.interior()
-                src = tuple({ydim: iy, xdim: ix}.get(d, slice(None)) for d in meta.dims)
-                dst = tuple(
-                    {ydim: slice(box.y0, box.y1), xdim: slice(box.x0, box.x1)}.get(d, slice(None))
-                    for d in meta.dims
-                )
-                out[dst] = part[src]
-            assert out is not None
-            return out
-
-        return build_layout(ens.variables, metas, read_var, ens.coordinates, str(self.paths[0][0]))
+        return global_layout(ens, self.geometry, infos, read_tile_var, str(self.paths[0][0]))
 
     def _check_tile(self, path: Path, box: TileBox) -> None:
         infos = self._infos(path)
@@ -309,16 +326,8 @@ class TiledEnsemble:
                     f"tile {box.index} needs {want}"
                 )
 
-    def _plan(self) -> list[list[_Run]]:
-        """Per tile, per variable: the interior's tile elements and global rows."""
-        plan = []
-        for box in self.geometry.boxes:
-            per_var = []
-            for v in self.layout.variables:
-                g, t, n = box.runs(v.shape, self.geometry.grid)
-                per_var.append(_Run(v.offset + g, t, n))
-            plan.append(per_var)
-        return plan
+    def _plan(self) -> list[list[TileRuns]]:
+        return plan_runs(self.geometry, self.layout)
 
     @property
     def n_members(self) -> int:
@@ -334,20 +343,8 @@ class TiledEnsemble:
         out = np.empty((self.n_members, hi - lo), dtype=np.float64)
         for m, tiles in enumerate(self.paths):
             for path, runs in zip(tiles, self._runs, strict=True):
-                wins = [run.window(lo, hi) for run in runs]
-                if all(e.size == 0 for e, _ in wins):
-                    continue
-                with open_member(path) as store:
-                    infos = store.variables()
-                    for name, (elems, rows) in zip(self.names, wins, strict=True):
-                        if elems.size == 0:
-                            continue
-                        info = infos[name]
-                        e0, e1 = int(elems[0]), int(elems[-1]) + 1
-                        part = np.asarray(store.read_elements(name, e0, e1)).ravel()
-                        dst = np.empty(elems.size, dtype=np.float64)
-                        info.encoding.decode(np.ascontiguousarray(part[elems - e0]), dst)
-                        out[m, rows - lo] = dst
+                rows, values = read_tile(path, self.names, runs, lo, hi)
+                out[m, rows - lo] = values
         return out
 
     def check_writable(self) -> None:
@@ -404,47 +401,6 @@ class TiledEnsemble:
         clips = 0
         for m, tiles in enumerate(self.paths):
             for path, runs in zip(tiles, self._runs, strict=True):
-                wins = [run.window(lo, hi) for run in runs]
-                if all(e.size == 0 for e, _ in wins):
-                    continue
-                infos = self._infos(path)
-                fd = os.open(path, os.O_RDWR)
-                try:
-                    for name, (elems, rows) in zip(self.names, wins, strict=True):
-                        values = data[m, rows - lo]
-                        clips += _write_window(fd, path, infos[name], elems, values, undo)
-                    if fsync:
-                        os.fsync(fd)
-                finally:
-                    os.close(fd)
+                clips += write_tile(path, self.names, runs, (lo, hi),
+                                    lambda rows, m=m: data[m, rows - lo], undo, fsync)  # fmt: skip
         return clips
-
-
-def _write_window(
-    fd: int,
-    path: Path,
-    info: VarInfo,
-    elems: np.ndarray,
-    values: np.ndarray,
-    undo: journal_mod.UndoLog | None,
-) -> int:
-    """Encode ``values`` and pwrite them at tile elements ``elems`` (increasing), run by run."""
-    if elems.size == 0:
-        return 0
-    e0, e1 = int(elems[0]), int(elems[-1]) + 1
-    prior = raw_read(fd, info, e0, e1, path=path)
-    values = np.ascontiguousarray(values, dtype=np.float64)
-    new = np.empty(elems.size, dtype=info.dtype)
-    clips = info.encoding.encode(values, new)
-    if info.encoding.packed or not np.isfinite(values).all():
-        info.encoding.keep_prior(prior[elems - e0], values, new)
-    # pieces: maximal stretches of consecutive elements (one run, or part of one)
-    cuts = np.flatnonzero(np.diff(elems) != 1) + 1
-    size = info.dtype.itemsize
-    for p, q in zip([0, *cuts], [*cuts, elems.size], strict=True):
-        start = int(elems[p])
-        if undo is not None:
-            old = np.ascontiguousarray(prior[start - e0 : start - e0 + q - p])
-            undo.save(path, int(info.raw_offset) + start * size, old)  # type: ignore[arg-type]
-        raw_write(fd, info, start, new[p:q], path=path)
-    return clips

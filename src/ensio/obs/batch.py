@@ -44,6 +44,10 @@ class ObsBatch:
         (linear interpolation between the two nearest levels); NaN: none.
     level_index : ndarray of int, shape (m,), or None
         Vertical position as a 0-based level; negative: none.
+    time : ndarray, shape (m,), or None
+        Observation time in the unit and reference of ``analysis.window``
+        (e.g. hours relative to the analysis time); NaN: none. Used only by
+        a 4-D analysis (``analysis.time_slots``).
     """
 
     values: np.ndarray
@@ -55,6 +59,7 @@ class ObsBatch:
     variable: np.ndarray | None = None
     level: np.ndarray | None = None
     level_index: np.ndarray | None = None
+    time: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         vals = _vec("values", self.values, float)
@@ -107,7 +112,8 @@ class ObsBatch:
             )
         ids = opt["ids"]
         assert ids is not None
-        if np.unique(ids).size != ids.size:
+        s = np.sort(ids)  # not np.unique: its hash path is ~20x slower on 1e6 ids (numpy 2.4)
+        if np.any(s[1:] == s[:-1]):
             raise ValueError("ObsBatch.concat: observation ids repeat; offset the ids per file")
         return ObsBatch(
             values=np.concatenate([b.values for b in batches]),
@@ -125,4 +131,5 @@ _OPTIONAL: dict[str, type] = {
     "variable": np.int64,
     "level": float,
     "level_index": np.int64,
+    "time": float,
 }

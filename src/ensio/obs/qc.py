@@ -26,6 +26,9 @@ class QCCounts:
     missing_state : int
         The observation operator reads an inactive state point (a member
         holds a missing value there).
+    outside_window : int
+        Observation time outside the assimilation window, or missing
+        (``analysis.time_slots``).
     bad_prior : int
         Observed prior not finite (e.g. a masked grid point).
     gross : int
@@ -38,6 +41,7 @@ class QCCounts:
     bad_error: int = 0
     outside: int = 0
     missing_state: int = 0
+    outside_window: int = 0
     bad_prior: int = 0
     gross: int = 0
 
@@ -51,7 +55,7 @@ class QCCounts:
 
 def _astuple(c: QCCounts) -> tuple[int, ...]:
     return (c.total, c.accepted, c.bad_value, c.bad_error, c.outside, c.missing_state,
-            c.bad_prior, c.gross)
+            c.outside_window, c.bad_prior, c.gross)
 
 
 def quality_control(
@@ -62,6 +66,7 @@ def quality_control(
     max_sigma: float | None = None,
     inside: np.ndarray | None = None,
     missing: np.ndarray | None = None,
+    in_window: np.ndarray | None = None,
 ) -> tuple[np.ndarray, QCCounts]:
     """Accept/reject observations and count the reasons.
 
@@ -81,6 +86,9 @@ def quality_control(
         False where the observation operator could not be built.
     missing : ndarray of bool, shape (m,), optional
         True where the observation operator reads an inactive state point.
+    in_window : ndarray of bool, shape (m,), optional
+        False where the observation time is outside the assimilation window
+        (a 4-D analysis; its ``hx`` there is NaN and not counted as a bad prior).
 
     Returns
     -------
@@ -103,6 +111,8 @@ def quality_control(
     reject("bad_error", ~(np.isfinite(errors) & (errors > 0)))
     reject("outside", np.zeros(m, bool) if inside is None else ~np.asarray(inside, bool))
     reject("missing_state", np.zeros(m, bool) if missing is None else np.asarray(missing, bool))
+    reject("outside_window",
+           np.zeros(m, bool) if in_window is None else ~np.asarray(in_window, bool))
     if hx is not None:
         hx = np.asarray(hx, dtype=float)
         reject("bad_prior", ~np.all(np.isfinite(hx), axis=0))

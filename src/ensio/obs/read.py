@@ -32,8 +32,38 @@ def obs_count(path: str | Path) -> int:
         raise InputError(f"{path}: cannot open observation file ({exc})") from None
 
 
+#: Observations per hyperslab when reading a selection (bounds the memory of a read).
+SELECT_WINDOW = 1 << 20
+
+
+def _read_selected(var, select: np.ndarray) -> np.ma.MaskedArray:
+    """``var[select]`` for sorted positions, as hyperslabs of at most ``SELECT_WINDOW``.
+
+    netCDF4's own fancy indexing issues about one request per position (a
+    sorted selection of 10^5 of 10^5 observations took minutes); a window
+    from the first selected position reads all the selected positions it
+    covers in one request and picks them in memory.
+    """
+    if select.size == 0:
+        return var[:0]
+    if np.any(np.diff(select) < 0):
+        order = np.argsort(select, kind="stable")
+        out = _read_selected(var, select[order])
+        back = np.empty_like(order)
+        back[order] = np.arange(order.size)
+        return out[back]
+    parts, i = [], 0
+    while i < select.size:
+        a = int(select[i])
+        j = int(np.searchsorted(select, a + SELECT_WINDOW, side="left"))
+        block = var[a : int(select[j - 1]) + 1]
+        parts.append(np.ma.asarray(block)[select[i:j] - a])
+        i = j
+    return np.ma.concatenate(parts) if len(parts) > 1 else parts[0]
+
+
 _REQUIRED = ("lon", "lat", "value", "error")
-_OPTIONAL = ("index", "level", "level_index")
+_OPTIONAL = ("index", "level", "level_index", "time")
 
 
 def read_obs_netcdf(
@@ -41,13 +71,17 @@ def read_obs_netcdf(
     id_offset: int = 0,
     select: np.ndarray | None = None,
     values: bool = True,
+    part: tuple[int, int] | None = None,
 ) -> ObsBatch:
     """Read an observation file into an :class:`ObsBatch`.
 
     The file has a dimension ``obs`` and variables ``lon``, ``lat`` (degrees),
     ``value``, ``error`` (standard deviation) and optionally ``index``
     (0-based state row, H = identity), ``level`` (a value of the observed
-    variable's level coordinate) and ``level_index`` (0-based level).
+    variable's level coordinate), ``level_index`` (0-based level) and
+    ``time`` (the observation time, in the unit and reference of
+    ``analysis.window``, for a 4-D analysis; its ``units`` attribute is not
+    interpreted).
     Missing/fill values become NaN (values, errors, levels: such
     observations are rejected later) or -1 (index: interpolation H;
     level_index: none).
@@ -63,6 +97,10 @@ def read_obs_netcdf(
     values : bool
         ``False`` reads only the locations (``lon``, ``lat``, ``index``, levels);
         values and errors are then NaN: enough to decide which to read.
+    part : (start, stop), optional
+        Read only the contiguous slice ``[start, stop)`` of the observations
+        (one hyperslab per variable; the regional distribution's parallel
+        read, where no rank reads the whole list). Not with ``select``.
 
     Raises
     ------
@@ -70,7 +108,7 @@ def read_obs_netcdf(
         The file cannot be opened, or a variable is missing or has the wrong
         dimension; the message names the file and the variable.
     """
-    return read_obs_file(path, id_offset, select, values)[0]
+    return read_obs_file(path, id_offset, select, values, part)[0]
 
 
 def read_obs_file(
@@ -78,6 +116,7 @@ def read_obs_file(
     id_offset: int = 0,
     select: np.ndarray | None = None,
     values: bool = True,
+    part: tuple[int, int] | None = None,
 ) -> tuple[ObsBatch, str | None]:
     """:func:`read_obs_netcdf` and the file's global attribute ``variable`` (or ``None``)."""
     import netCDF4
@@ -91,6 +130,13 @@ def read_obs_file(
         if "obs" not in ds.dimensions:
             raise InputError(f"{path}: no dimension 'obs' in observation file")
         n = len(ds.dimensions["obs"])
+        if part is not None:
+            if select is not None:
+                raise ValueError("read_obs_file: give select or part, not both")
+            lo, hi = int(part[0]), int(part[1])
+            if not 0 <= lo <= hi <= n:
+                raise ValueError(f"{path}: slice [{lo}, {hi}) outside the {n} observations")
+            select_slice = slice(lo, hi)
         attr = ds.getncattr("variable") if "variable" in ds.ncattrs() else None
         if attr is not None and not isinstance(attr, str):
             raise InputError(f"{path}: global attribute 'variable' must be a string")
@@ -108,12 +154,18 @@ def read_obs_file(
             if not values and name in ("value", "error"):
                 continue
             var.set_auto_mask(True)
-            raw = var[:] if select is None else (var[select] if len(select) else var[:0])
+            if part is not None:
+                raw = var[select_slice]
+            else:
+                raw = var[:] if select is None else _read_selected(var, np.asarray(select))
             if name in ("index", "level_index"):
                 data[name] = np.ma.filled(np.ma.asarray(raw).astype(np.int64), -1)
             else:
                 data[name] = np.ma.filled(np.ma.asarray(raw, dtype=float), np.nan)
-    pos = np.arange(n, dtype=np.int64) if select is None else np.asarray(select, np.int64)
+    if part is not None:
+        pos = np.arange(part[0], part[1], dtype=np.int64)
+    else:
+        pos = np.arange(n, dtype=np.int64) if select is None else np.asarray(select, np.int64)
     nan = np.full(pos.size, np.nan)
     batch = ObsBatch(
         values=data.get("value", nan),
@@ -124,5 +176,6 @@ def read_obs_file(
         ids=id_offset + pos,
         level=data.get("level"),
         level_index=data.get("level_index"),
+        time=data.get("time"),
     )
     return batch, attr

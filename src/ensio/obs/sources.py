@@ -49,10 +49,12 @@ def read_source(
     id_offset: int = 0,
     select: np.ndarray | None = None,
     values: bool = True,
+    part: tuple[int, int] | None = None,
 ) -> ObsBatch:
     """Read one observation file with its observed variable and levels resolved.
 
-    Parameters and the file format as :func:`~ensio.obs.read.read_obs_netcdf`;
+    Parameters and the file format as :func:`~ensio.obs.read.read_obs_netcdf`
+    (``part``: a contiguous slice, the regional distribution's parallel read);
     ``layout`` gives the state variables the names refer to.
 
     Raises
@@ -61,7 +63,7 @@ def read_source(
         The file cannot be read, names an unknown variable, or its levels are
         ambiguous, missing for a 3-D variable or given for a 2-D one.
     """
-    batch, attr = read_obs_file(source.path, id_offset, select, values=values)
+    batch, attr = read_obs_file(source.path, id_offset, select, values=values, part=part)
     path = source.path
     names = [v.name for v in layout.variables]
     name = source.variable or attr or (names[0] if names else None)
@@ -100,6 +102,7 @@ def read_source(
         variable=np.full(m, k, np.int64),
         level=level,
         level_index=level_index,
+        time=batch.time,
     )
 
 

@@ -1,0 +1,199 @@
+"""``io.mode: shuffle`` under mpiexec: the same analysis as ``files`` mode, tiles in place.
+
+The reference is the single-file case through ``files`` mode (N_io readers,
+scatter, contiguous blocks); the shuffle reads the same members cut into
+tiles from per-rank local directories, placed by the staging rule (file
+f = m·P + p in the directory of rank f; with S > 1 ranks per tile, rank r
+reads part r div N_e·P of file r mod N_e·P there).
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+from tiles_support import PATTERN, tile_case, tile_values
+
+from ensio.analysis.inputs import assimilate_block, observation_sources
+from ensio.cli.synth import main as synth_main
+from ensio.config.errors import ConfigError
+from ensio.config.load import load_config
+from ensio.errors import FileOpError, InputError
+from ensio.io import tilefile
+from ensio.io.ensemble import read_ensemble
+from ensio.io.shuffle import ShuffleEnsembleIO
+from ensio.layout.tiles import declared_geometry
+from ensio.offline import run_analysis
+
+NX, NY = 11, 9
+LAYOUTS = {1: (1, 1), 2: (2, 1), 4: (2, 2)}
+#: (N_e, P, S) with N_e * P * S = N_mpi
+SHAPES = [(2, 1, 1), (2, 2, 1), (4, 1, 1), (2, 1, 2), (2, 4, 1), (4, 2, 1), (2, 2, 2), (8, 1, 1)]
+
+
+def shapes_for(size: int) -> list[tuple[int, int, int]]:
+    return [s for s in SHAPES if s[0] * s[1] * s[2] == size]
+
+
+def make_case(root, comm, n_e, p, s, *, levels=None, nemo=False):
+    """Synthetic case, its tiles, and file f = m·P + t in the local directory of rank f
+    (what ``ensio stage in`` does); ranks f + q·N_e·P read it there too."""
+    case = root / f"case{n_e}_{p}_{s}"
+    px, py = LAYOUTS[p]
+    geo = declared_geometry((NY, NX), p, (px, py), 1)
+    if comm.rank == 0:
+        argv = [str(case), "--nx", str(NX), "--ny", str(NY), "--members", str(n_e),
+                "--seed", "5", "--format", "cdf5"]  # fmt: skip
+        assert synth_main(argv + (["--levels", str(levels)] if levels else [])) == 0
+        tile_case(case, geo, n_e, nemo=nemo)
+        for r in range(comm.size):
+            local = case / "local" / f"r{r}"
+            local.mkdir(parents=True, exist_ok=True)
+            if r < n_e * p:
+                src = case / PATTERN.format(member=r // p + 1, tile=r % p)
+                shutil.copy(src, local / src.name)
+    comm.Barrier()
+    sets = [
+        f"ensemble.members={PATTERN}",
+        *([] if nemo else [f"ensemble.tiles={{count: {p}, layout: [{px}, {py}], halo: 1}}"]),
+        "io.mode=shuffle",
+        "io.local_dir=local/r{rank}",
+        "output.mean=null",
+        "output.spread=null",
+    ]
+    return case, geo, sets
+
+
+def reference(case, comm):
+    """The ``files``-mode analysis of the single-file members, whole (N_e, N_x)."""
+    cfg = load_config(case / "ensio.yaml", ["output.mean=null", "output.spread=null"])
+    prior = read_ensemble(cfg, comm)
+    obs = observation_sources(cfg.observations, cfg.resolve)
+    ref = assimilate_block(prior, obs, cfg.analysis, comm, cycle=0, seconds={})
+    return (np.concatenate(comm.allgather(prior.data), axis=1),
+            np.concatenate(comm.allgather(ref.ensemble), axis=1), prior.layout)  # fmt: skip
+
+
+def local_file(case, comm, n_e, p, s):
+    """The tile this rank reads: file f = rank mod N_e·P, in the local directory of rank f."""
+    f = comm.rank % (n_e * p)
+    m, t = f // p, f % p
+    return case / "local" / f"r{f}" / PATTERN.format(member=m + 1, tile=t).split("/")[-1], m, t
+
+
+@pytest.mark.parametrize("levels,nemo", [(None, False), (2, False), (None, True)])
+def test_shuffle_analysis_equals_files_mode(shared_dir, comm, levels, nemo) -> None:
+    """Every (N_e, P, S) that fits: the tiles written in place hold the files-mode
+    analysis in their interiors, halos untouched; the read gives the prior exactly.
+    The decomposition is declared, or read from NEMO's DOMAIN_* attributes."""
+    for n_e, p, s in shapes_for(comm.size):
+        case, geo, sets = make_case(shared_dir, comm, n_e, p, s, levels=levels, nemo=nemo)
+        full_prior, full_ref, layout = reference(case, comm)
+        path, m, t = local_file(case, comm, n_e, p, s)
+        before = tile_values(path)
+        comm.Barrier()
+        cfg = load_config(case / "ensio.yaml", sets)
+        with ShuffleEnsembleIO(cfg.ensemble, cfg.base_dir, cfg.io, comm) as io:
+            block = io.read()
+            assert block.data.tobytes() == full_prior[:, block.rows].tobytes()
+            assert io.traffic.partners == n_e - 1
+        comm.Barrier()
+        report = run_analysis(cfg, comm)
+        assert report.result is not None
+        comm.Barrier()
+        now = tile_values(path)
+        b = geo.boxes[t]
+        iy, ix = b.interior()
+        want = full_ref[m].reshape(layout.variables[0].shape)[..., b.y0 : b.y1, b.x0 : b.x1]
+        np.testing.assert_allclose(now[..., iy, ix], want, rtol=0, atol=1e-12)
+        halo = np.ones(b.file_shape, dtype=bool)
+        halo[iy, ix] = False
+        assert now[..., halo].tobytes() == before[..., halo].tobytes()
+
+
+def test_local_dir_missing_on_one_rank(shared_dir, comm) -> None:
+    n_e, p, s = shapes_for(comm.size)[0]
+    case, _, sets = make_case(shared_dir, comm, n_e, p, s)
+    gone = case / "local" / f"r{comm.size - 1}"
+    if comm.rank == 0:
+        shutil.rmtree(gone)
+    comm.Barrier()
+    cfg = load_config(case / "ensio.yaml", sets)
+    with pytest.raises(InputError, match=f"^{gone}: io.local_dir of rank {comm.size - 1} on host"):
+        run_analysis(cfg, comm)
+
+
+def test_missing_tile_on_one_rank_modifies_nothing(shared_dir, comm) -> None:
+    n_e, p, s = shapes_for(comm.size)[0]  # S = 1: every rank its own file
+    case, _, sets = make_case(shared_dir, comm, n_e, p, s)
+    path, _, _ = local_file(case, comm, n_e, p, s)
+    before = path.read_bytes()
+    comm.Barrier()
+    if comm.rank == comm.size - 1:
+        path.unlink()
+    gone = comm.bcast(str(path), root=comm.size - 1)
+    cfg = load_config(case / "ensio.yaml", sets)
+    with pytest.raises(InputError, match=f"^{gone}: tile file not found$"):
+        run_analysis(cfg, comm)
+    if comm.rank != comm.size - 1:
+        assert path.read_bytes() == before
+
+
+def test_failed_write_on_one_rank_rolls_back_every_rank(shared_dir, comm, monkeypatch) -> None:
+    n_e, p, s = shapes_for(comm.size)[-1]
+    case, _, sets = make_case(shared_dir, comm, n_e, p, s)
+    path, _, _ = local_file(case, comm, n_e, p, s)
+    before = path.read_bytes()
+    comm.Barrier()
+    if comm.rank == comm.size - 1:
+        real, calls = tilefile.raw_write, []
+
+        def failing(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == 1:
+                raise OSError("disk full (test)")
+            real(*args, **kwargs)
+
+        monkeypatch.setattr(tilefile, "raw_write", failing)
+    cfg = load_config(case / "ensio.yaml", sets)
+    with pytest.raises(FileOpError, match="^cannot write: disk full"):
+        run_analysis(cfg, comm)
+    assert path.read_bytes() == before
+
+
+def test_rank_count_not_a_multiple(shared_dir, comm) -> None:
+    case, _, sets = make_case(shared_dir, comm, 2, 1, 1) if comm.size == 2 else (None, 0, 0)
+    if comm.size != 2:
+        case, _, sets = make_case(shared_dir, comm, *shapes_for(comm.size)[0])
+    cfg = load_config(case / "ensio.yaml", [*sets, f"ensemble.size={comm.size + 1}"])
+    with pytest.raises(ConfigError, match=r"^io.mode: shuffle needs N_mpi = N_e x P x S"):
+        ShuffleEnsembleIO(cfg.ensemble, cfg.base_dir, cfg.io, comm)
+
+
+def test_ranks_of_one_tile_on_another_host(shared_dir, comm, monkeypatch) -> None:
+    """With S > 1, rank r reads the file held by rank r mod N_e·P: both on one host."""
+    if comm.size % 4:
+        pytest.skip("needs N_mpi = 2 members x 1 tile x S with S >= 2")
+    case, _, sets = make_case(shared_dir, comm, 2, 1, comm.size // 2)
+    monkeypatch.setenv("ENSIO_HOST", f"node{comm.rank}")
+    cfg = load_config(case / "ensio.yaml", sets)
+    with pytest.raises(ConfigError, match=r"^io.local_dir: rank 2 reads part 1 of the tile held "
+                                          r"by rank 0 on host node0, but runs on host node2"):
+        ShuffleEnsembleIO(cfg.ensemble, cfg.base_dir, cfg.io, comm)
+
+
+def test_shuffle_then_background_backup(shared_dir, comm) -> None:
+    """With io.backup_dir the analysed local tiles are copied, complete, after the run."""
+    from ensio.io.backupworker import data_dir
+
+    n_e, p, s = shapes_for(comm.size)[0]
+    case, _, sets = make_case(shared_dir, comm, n_e, p, s)
+    cfg = load_config(case / "ensio.yaml", [*sets, "io.backup_dir=backup/c{cycle}"])
+    report = run_analysis(cfg, comm, cycle=3)
+    assert report.backup is not None
+    marker = report.backup.wait(timeout=120)
+    assert marker.parent == case / "backup" / "c3"
+    path, _, _ = local_file(case, comm, n_e, p, s)
+    copy = data_dir(case / "backup" / "c3", report.backup.token) / path.name
+    assert copy.read_bytes() == path.read_bytes()
