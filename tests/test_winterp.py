@@ -229,7 +229,7 @@ def test_margin_bounds_the_distance_to_every_corner():
     for stride in (2, 3, 7):
         wg = WeightGrid(LON, LAT, stride)
         pts = grid_points()
-        nodes, corner, _ = wg.cells(pts)
+        nodes, corner, _, _ = wg.cells(pts)
         d = distances(Geometry("lonlat"), pts, nodes)
         far = np.take_along_axis(d, corner, axis=1).max()
         assert far <= wg.margin_km()
