@@ -74,6 +74,7 @@ def _tred2(V, d, e, h_of):  # pragma: no cover - compiled
     f = np.empty(B)
     g = np.empty(B)
     hh = np.empty(B)
+    G = np.empty((n, B))
     for i in range(n - 1, 0, -1):
         for b in range(B):
             scale[b] = 0.0
@@ -120,10 +121,11 @@ def _tred2(V, d, e, h_of):  # pragma: no cover - compiled
         for j in range(i):
             for b in range(B):
                 e[j, b] -= hh[b] * d[j, b]
-        for j in range(i):
-            for k in range(j, i):
+        for k in range(i):  # row by row: contiguous (j, lane) runs; same arithmetic
+            for j in range(k + 1):
                 for b in range(B):
                     V[k, j, b] -= d[j, b] * e[k, b] + e[j, b] * d[k, b]
+        for j in range(i):
             for b in range(B):
                 d[j, b] = V[i - 1, j, b]
                 V[i, j, b] = 0.0
@@ -138,15 +140,19 @@ def _tred2(V, d, e, h_of):  # pragma: no cover - compiled
         for k in range(i + 1):
             for b in range(B):
                 d[k, b] = V[k, i + 1, b] / h_of[b]
+        # g_j = Σ_k V[k, i+1] V[k, j], then V[k, j] -= g_j d[k]: row by row, so
+        # the inner loops run over contiguous (j, lane) runs (same sums, same order)
         for j in range(i + 1):
             for b in range(B):
-                g[b] = 0.0
-            for k in range(i + 1):
+                G[j, b] = 0.0
+        for k in range(i + 1):
+            for j in range(i + 1):
                 for b in range(B):
-                    g[b] += V[k, i + 1, b] * V[k, j, b]
-            for k in range(i + 1):
+                    G[j, b] += V[k, i + 1, b] * V[k, j, b]
+        for k in range(i + 1):
+            for j in range(i + 1):
                 for b in range(B):
-                    V[k, j, b] -= g[b] * d[k, b]
+                    V[k, j, b] -= G[j, b] * d[k, b]
         for k in range(i + 1):
             for b in range(B):
                 V[k, i + 1, b] = 0.0
