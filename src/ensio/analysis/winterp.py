@@ -33,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+from numba import njit
 
 from ..config.analysis import AnalysisSection, KernelName
 from ..config.errors import ConfigError
@@ -51,6 +52,7 @@ __all__ = [
     "KEY",
     "WeightGrid",
     "interpolated_local",
+    "warm_up",
     "selection_radius",
     "weight_grid",
 ]
@@ -288,33 +290,51 @@ def interpolated_local(
 
 
 def _interpolate_and_apply(X, out, inv, Gc, corner, beta, cell, empty, rho) -> None:
-    """``out[:, r] = x̄_r + Σ_c β_c x'_rᵀ G_c`` for every row r, cell by cell.
+    """``out[:, r] = x̄_r + Σ_c β_c x'_rᵀ G_c`` for every row r (compiled, :func:`_blend_rows`).
 
-    The rows of one coarse cell share its four corner transforms, so they
-    are multiplied with the four side by side in one product
-    ``(rows, k) @ (k, 4k)`` (stacked over the cells with the same number of
-    rows): each transform is read once per cell, not once per point, and no
-    interpolated k × k matrix is formed. Rows whose four corners have no
-    observation get ``x̄ + x'/√ρ`` exactly.
+    Rows are visited cell by cell, so the four corner transforms of a cell
+    stay in the cache while its rows use them; no interpolated k × k matrix
+    is formed and nothing is gathered. Rows whose four corners have no
+    observation get ``x̄ + x'·(1/√ρ)`` exactly, as in the exact analysis.
     """
-    k = X.shape[0]
     mean = X.mean(axis=0)
     Xp = X - mean
-    row_cell = cell[inv]
-    order = np.argsort(row_cell, kind="stable")
-    cells, starts, counts = np.unique(row_cell[order], return_index=True, return_counts=True)
-    first_point = inv[order[starts]]  # a point of each cell: its corners are the cell's
-    for c in np.unique(counts):
-        group = np.flatnonzero(counts == c)
-        step = max(1, CHUNK_POINTS // int(c))
-        for s in range(0, group.size, step):
-            g = group[s : s + step]
-            rows = order[starts[g][:, None] + np.arange(c)]  # (cells, c)
-            G4 = Gc[corner[first_point[g]]]  # (cells, 4, k, k)
-            Gcat = np.ascontiguousarray(np.transpose(G4, (0, 2, 1, 3))).reshape(g.size, k, 4 * k)
-            Xr = np.moveaxis(Xp[:, rows], 0, -1)  # (cells, c, k)
-            T = (Xr @ Gcat).reshape(g.size, c, 4, k)
-            upd = np.einsum("ncq,ncqk->nck", beta[inv[rows]], T)
-            out[:, rows] = mean[rows] + np.moveaxis(upd, -1, 0)
-    prior_rows = np.flatnonzero(empty[inv])
-    out[:, prior_rows] = mean[prior_rows] + Xp[:, prior_rows] * (1.0 / np.sqrt(rho))
+    rows = np.argsort(cell[inv], kind="stable").astype(np.int64)
+    _blend_rows(Xp, mean, rows, inv.astype(np.int64), corner.astype(np.int64),
+                np.ascontiguousarray(beta), Gc, empty, 1.0 / np.sqrt(rho), out)  # fmt: skip
+
+
+@njit(cache=True, nogil=True, fastmath=False)
+def _blend_rows(Xp, mean, rows, point, corner, beta, Gc, empty, s0, out):  # pragma: no cover
+    """The loops of :func:`_interpolate_and_apply` (numba; ``Xp``, ``out``: (k, n))."""
+    k = Xp.shape[0]
+    x = np.empty(k)
+    acc = np.empty(k)
+    for t in range(rows.size):
+        r = rows[t]
+        p = point[r]
+        for a in range(k):
+            x[a] = Xp[a, r]
+        if empty[p]:
+            for b in range(k):
+                out[b, r] = mean[r] + x[b] * s0
+            continue
+        acc[:] = 0.0
+        for q in range(4):
+            w = beta[p, q]
+            if w == 0.0:
+                continue
+            G = Gc[corner[p, q]]
+            for a in range(k):
+                xa = x[a] * w
+                for b in range(k):
+                    acc[b] += xa * G[a, b]
+        for b in range(k):
+            out[b, r] = mean[r] + acc[b]
+
+
+def warm_up() -> None:
+    """Compile (first use) or load from the cache :func:`_blend_rows` (benchmarks call it)."""
+    _blend_rows(np.zeros((2, 1)), np.zeros(1), np.zeros(1, np.int64), np.zeros(1, np.int64),
+                np.zeros((1, 4), np.int64), np.array([[1.0, 0, 0, 0]]), np.eye(2)[None],
+                np.zeros(1, np.bool_), 1.0, np.zeros((2, 1)))  # fmt: skip

@@ -89,6 +89,7 @@ def bench_weight_interpolation(
     """
     from ..analysis.eigensolver import warm_up
     from ..analysis.inputs import load_observations, observation_sources
+    from ..analysis.winterp import warm_up as warm_up_winterp
     from ..io.ensemble import read_ensemble
 
     strides = sorted({int(k) for k in strides} - {1})
@@ -111,6 +112,7 @@ def bench_weight_interpolation(
     obs = load_observations(files, runs[str(strides[-1])], block, comm)
     step("loading the compiled eigensolver (not timed)")
     warm_up()
+    warm_up_winterp()
     samples, best, first = _measure(runs, block, obs, comm, repeat, step)
     prior = np.asarray(block.data, dtype=np.float64)
     exact_inc = first["1"].ensemble - prior
