@@ -63,7 +63,9 @@ def make_case(root: Path, members: int, seed: int = 21) -> tuple[list[Path], lis
 
 def config_dict(root: Path, members: int, out: str, filter_: str = "letkf") -> dict:
     """The analysis config (as for ``ensio analyse``), writing copies to ``root/out``."""
-    analysis: dict = {"filter": filter_, "inflation": {"forget": 0.95}, "seed": 5}
+    analysis: dict = {
+        "filter": filter_, "inflation": {"forget": 0.95, "posterior": 1.03}, "seed": 5,
+    }
     if filter_ in ("letkf", "lestkf", "lenkf"):
         analysis["localization"] = {"taper": "gaspari-cohn", "radius_km": 4500.0}
     return {

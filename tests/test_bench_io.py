@@ -63,6 +63,8 @@ def _check_result(res: dict[str, Any], config: Config, n_mpi: int = 1) -> None:
             assert res[d][key] is not None and res[d][key] > 0, f"{d}.{key}"
         assert set(res[d]["breakdown"]) >= {"reading", "writing", "communication", "waiting"}
     assert res["n_mpi"] == n_mpi and res["members"] == config.ensemble.size
+    assert res["per_file_us"] > 0 and res["metadata_seconds"] > 0
+    assert res["files"] == config.ensemble.size and res["tiled"] is False
     assert res["state_bytes"] > 0 and res["journal"] is config.io.journal
     assert res["verified"] is True
     assert res["machine"]["cpu_model"] and res["machine"]["memory_bytes"] > 0
@@ -199,10 +201,38 @@ def test_bench_io_real_serial(tmp_path: Path, fmt: str, dtype: str, journal: boo
     res = bench_io(config, MPI.COMM_SELF, repeat=1, opener=ens.open_ensemble)
     _check_result(res, config)
     assert res["n_io"] == 1
+    assert res["quick_checked"] == 1.0  # every member: same structure as member 1
     after = _state_and_aux(config)
     for b, a in zip(before, after, strict=True):
         for name in ("state", "aux"):
             assert a[name].tobytes() == b[name].tobytes()
+
+
+def test_bench_io_tiled_members(tmp_path: Path) -> None:
+    """Tiled members: per-tile cost reported, no naive scheme, tiles unchanged."""
+    from tiles_support import PATTERN, tile_case
+
+    from ensio.layout.tiles import declared_geometry
+
+    _real_io()
+    _case(tmp_path, format="cdf5")
+    geo = declared_geometry((12, 24), 4, (2, 2), 1)
+    tile_case(tmp_path, geo, 3)
+    config = load_config(tmp_path / "ensio.yaml", [
+        f"ensemble.members={PATTERN}", "ensemble.tiles={count: 4, layout: [2, 2], halo: 1}",
+        "io.journal=false"])  # fmt: skip
+    tiles = sorted((tmp_path / "tiles").glob("*.nc"))
+    before = [p.read_bytes() for p in tiles]
+    res = bench_io(config, MPI.COMM_SELF, repeat=1)
+    assert res["tiled"] is True and res["files"] == 12 and res["per_file_us"] > 0
+    assert res["naive_gbps"] is None and res["verified"] is None
+    assert res["state_bytes"] == 3 * 12 * 24 * 8
+    assert res["raw_bytes"] > res["state_bytes"]  # the raw limit moves the halos too
+    assert res["throughput_gbps"] > 0 and res["raw_gbps"] > 0
+    assert [p.read_bytes() for p in tiles] == before
+    out = io.StringIO()
+    Console(file=out, width=100).print(result_table(res))
+    assert "12 tile files" in out.getvalue() and "per-file µs" in out.getvalue()
 
 
 def test_cli_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

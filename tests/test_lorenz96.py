@@ -7,7 +7,10 @@ units (400 steps); the ensemble starts at truth + N(0, I). The filter then
 runs for 20 time units (400 analyses) of burn-in, and the time mean of the
 analysis RMSE ``sqrt(mean((mean(E^a) − x)²))`` over the next 1000 analyses is
 compared with the acceptance threshold. No random rotation. "Inflation a"
-(DAPPER's ``infl``: anomalies × a) is the forgetting factor ``1/a²``.
+here inflates the *prior* anomalies by a (the forgetting factor ``1/a²``);
+DAPPER's ``infl`` inflates the analysis anomalies instead
+(``analysis.inflation.posterior``), which tests/test_lorenz96_dapper.py
+compares with DAPPER on DAPPER's own set-up.
 """
 
 from __future__ import annotations

@@ -45,8 +45,13 @@ SEED = 5
 
 
 def _analysis(name: str) -> tuple[dict, AnalysisSection]:
-    raw: dict = {"filter": name, "inflation": {"forget": 0.95}, "seed": SEED}
-    kw: dict = {"filter": name, "inflation": InflationSection(forget=0.95), "seed": SEED}
+    # prior and posterior inflation together: both must be decomposition independent
+    raw: dict = {"filter": name, "inflation": {"forget": 0.95, "posterior": 1.03}, "seed": SEED}
+    kw: dict = {
+        "filter": name,
+        "inflation": InflationSection(forget=0.95, posterior=1.03),
+        "seed": SEED,
+    }
     if name in LOCAL:
         raw["localization"] = {"taper": "gaspari-cohn", "radius_km": 4500.0}
         kw["localization"] = LocalizationSection(taper="gaspari-cohn", radius_km=4500.0)

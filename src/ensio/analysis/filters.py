@@ -12,8 +12,9 @@ adding a variant adds its two filters.
 
 Order of operations per cycle: multiplicative prior inflation (forgetting
 factor or adaptive estimate) inside the transform → analysis → relaxation
-(RTPP/RTPS, row by row) → optional mean-preserving random rotation (one
-rotation for all rows, seeded by (seed, cycle)).
+(RTPP/RTPS, row by row) → multiplicative posterior inflation (row by row,
+DAPPER's ``infl``) → optional mean-preserving random rotation (one rotation
+for all rows, seeded by (seed, cycle)).
 
 :func:`analyse` is the in-memory API on one process: a thin wrapper over the
 one pipeline, :func:`~ensio.analysis.pipeline.analyse_rows` on
@@ -33,7 +34,7 @@ from ..config.analysis import AnalysisSection, InflationSection, KernelName, Loc
 from ..config.filters import local_name
 from ..obs import ObsBatch, RegularGrid
 from ..stopwatch import Stopwatch
-from .inflation import adaptive_inflation_update, rtpp, rtps
+from .inflation import adaptive_inflation_update, inflate_anomalies, rtpp, rtps
 from .local import run_local
 from .localization import Geometry, Localization
 from .obsspace import ObsSpace
@@ -157,6 +158,7 @@ class Filter(ABC):
                 Xa = rtpp(X, Xa, self.inflation.rtpp)
             elif self.inflation.rtps is not None:
                 Xa = rtps(X, Xa, self.inflation.rtps)
+            Xa = inflate_anomalies(Xa, self.inflation.posterior)
             if self.rotate:
                 Xa = rotate(Xa, random_rotation(k, self.seed, cycle))
         return dataclasses.replace(res, ensemble=Xa, inflation=new_infl)

@@ -1,11 +1,19 @@
-"""Covariance inflation: forgetting factor, RTPP, RTPS, adaptive (Miyoshi 2011).
+"""Covariance inflation: forgetting factor, RTPP, RTPS, posterior, adaptive (Miyoshi 2011).
 
 The multiplicative prior inflation (forgetting factor ρ, PDAF convention:
 ``P ← P/ρ``) is applied inside the transforms (:mod:`ensio.analysis.transforms`)
-because it changes the gain, not just the spread. The relaxation schemes act
-on the analysis afterwards, row by row, so they need nothing but the prior and
-analysis values of the row and are independent of how rows are split over
-ranks. The adaptive scheme estimates ρ per grid point from the innovations.
+because it changes the gain, not just the spread. The relaxation schemes and
+the multiplicative posterior inflation (DAPPER's ``infl``: analysis anomalies
+× a after the update) act on the analysis afterwards, row by row, so they
+need nothing but the prior and analysis values of the row and are
+independent of how rows are split over ranks. The adaptive scheme estimates
+ρ per grid point from the innovations.
+
+The two multiplicative conventions are not the same filter: inflating the
+prior by a changes the gain of this cycle; inflating the posterior by a
+leaves this cycle's gain alone and enters the next cycle's prior only after
+the model has acted on the inflated anomalies. Comparisons with DAPPER need
+``posterior``, not ``forget = 1/a²``.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ import numpy as np
 
 __all__ = [
     "forget_from_factor",
+    "inflate_anomalies",
     "rtpp",
     "rtps",
     "adaptive_inflation_update",
@@ -21,12 +30,32 @@ __all__ = [
 
 
 def forget_from_factor(factor: float) -> float:
-    """Forgetting factor ρ equivalent to inflating the anomalies by ``factor``.
+    """Forgetting factor ρ equivalent to inflating the *prior* anomalies by ``factor``.
 
-    DAPPER's ``infl`` and most "inflation 1.0x" settings multiply the anomalies;
-    that multiplies P by ``factor²``, i.e. ``ρ = 1/factor²``.
+    Multiplying the prior anomalies by ``factor`` multiplies P by ``factor²``,
+    i.e. ``ρ = 1/factor²``. DAPPER's ``infl`` multiplies the *analysis*
+    anomalies instead: that is ``analysis.inflation.posterior``
+    (:func:`inflate_anomalies`), not this.
     """
     return 1.0 / factor**2
+
+
+def inflate_anomalies(analysis: np.ndarray, factor: float) -> np.ndarray:
+    """Multiplicative posterior inflation: ``X'a ← a X'a`` per row, mean unchanged.
+
+    DAPPER's ``post_process(E, infl, rot)`` convention (applied after the
+    analysis). ``factor == 1`` returns ``analysis`` itself, untouched, so the
+    default costs nothing and changes no bit.
+
+    Parameters
+    ----------
+    analysis : ndarray, shape (k, n)
+    factor : float > 0
+    """
+    if factor == 1.0:
+        return analysis
+    ma = analysis.mean(axis=0)
+    return ma + factor * (analysis - ma)
 
 
 def rtpp(prior: np.ndarray, analysis: np.ndarray, alpha: float) -> np.ndarray:

@@ -18,8 +18,9 @@ grid point) share the update, and a rank needs only the G of its own rows.
 
 The forgetting factor ρ ≤ 1 (PDAF convention) inflates the prior covariance
 to ``P/ρ``; it enters as ``(k−1)ρ I`` in the ensemble-space matrix (Hunt et al.
-2007 write ``(k−1)I/ρ_Hunt`` with ``ρ_Hunt = 1/ρ``). DAPPER's anomaly factor
-``infl`` corresponds to ``ρ = 1/infl²``.
+2007 write ``(k−1)I/ρ_Hunt`` with ``ρ_Hunt = 1/ρ``). DAPPER's ``infl`` is a
+different filter: it multiplies the analysis anomalies after the update
+(``analysis.inflation.posterior``, :func:`~ensio.analysis.inflation.inflate_anomalies`).
 """
 
 from __future__ import annotations

@@ -22,6 +22,20 @@ machine affects all three alike:
 
 The baselines live in :mod:`ensio.bench.io_baselines`.
 
+**Per-file cost** (``per_file_us``): what one member file costs one process
+before its data move — open and metadata. Each repeat also times ensio's
+metadata pass over all files on its own, as a run sees it when the model
+has written new members (the ensemble-I/O object forgets what it checked,
+then checks every member again, spread over the ranks): ``per_file_us`` is
+the best, over repeats, of the slowest rank's seconds per file it checked;
+``metadata_seconds`` the wall time of the whole pass; ``quick_checked`` the
+fraction of files accepted by the quick check (:mod:`ensio.io.quickcheck`).
+Tiled members (``{tile}``) have no such pass: their per-file cost is the
+per-tile step of the tiled reader, opening the tile and describing its
+variables (:func:`ensio.io.open.open_member`), timed on each rank over its
+share of the tile files. The naive scheme is not run for tiled members
+(it reads whole member files).
+
 Timing: every measurement starts after a barrier and ends when the slowest
 rank returns (maximum over ranks). The figure used is the **best** (minimum
 time) of the repeats, per measurement; all samples are kept in the JSON.
@@ -54,6 +68,8 @@ from ..config.schema import Config, EnsembleSection, IOSection
 from ..io.commit import ensemble_lock
 from ..io.journal import journal_root
 from ..io.lock import command_line
+from ..io.open import open_member
+from ..io.tiled import member_files
 from ..parallel.agree import root_call
 from .io_baselines import (
     RawRanges,
@@ -133,6 +149,7 @@ class _Run:
     stats: dict[str, list[Any]] = field(default_factory=lambda: {"read": [], "write": []})
     verified: bool | None = None
     prev: Any = None
+    quick: float | None = None
 
     def add(self, name: str, seconds: float) -> None:
         self.samples.setdefault(name, []).append(seconds)
@@ -164,6 +181,25 @@ class _Run:
             self.add("sequential_write", _timed(comm, lambda: ens.write(block, overlap=False))[0])
         return block
 
+    def per_file(self, tag: str, paths: Sequence[Path]) -> None:
+        """Open + metadata per file (module docstring); one sample per repeat."""
+        comm, ens = self.comm, self.ens
+        self.step(f"{tag}: metadata pass")
+        scan = getattr(ens, "scan", None)
+        if scan is not None:
+
+            def again() -> tuple[float, int, int]:
+                scan.invalidate()
+                scan.refresh()
+                return scan.seconds, scan.checked, scan.quick
+
+            t, (seconds, checked, quick) = _timed(comm, again)
+        else:
+            t, (seconds, checked, quick) = _timed(comm, lambda: _open_tiles(paths, comm))
+        self.add("metadata", t)
+        self.add("per_file", comm.allreduce(seconds / max(checked, 1), op=MPI.MAX))
+        self.quick = comm.allreduce(quick) / max(comm.allreduce(checked), 1)
+
     def raw_limit(self, tag: str) -> None:
         """The raw limit on rank 0 (and one extra write of the bytes, with a journal)."""
         raw, comm, fsync = self.raw, self.comm, self.config.io.fsync
@@ -181,6 +217,8 @@ class _Run:
 
     def naive(self, tag: str, layout: Any, digest: str | None) -> None:
         """The naive scheme; the first repeat also checks ensio's matrix against it."""
+        if self.config.ensemble.tiled:
+            return  # it reads whole member files
         comm, paths = self.comm, self.config.member_paths()
         self.step(f"{tag}: naive read")
         t, data = _timed(comm, lambda: naive_read(paths, comm, layout))
@@ -226,7 +264,8 @@ def bench_io(
     if repeat < 1:
         raise ValueError(f"--repeat must be at least 1, got {repeat}")
     step = on_step if (on_step is not None and comm.rank == 0) else (lambda _label: None)
-    paths = config.member_paths()
+    tiled = config.ensemble.tiled
+    paths = root_call(comm, lambda: member_files(config.ensemble, config.base_dir))
     names = [v.name for v in config.ensemble.variables]
 
     def prepare() -> RawRanges | None:
@@ -235,7 +274,12 @@ def bench_io(
 
     raw = root_call(comm, prepare)
     real = opener is None
-    if opener is None:
+    if opener is None and tiled:
+        from ..io.tiledio import TiledEnsembleIO
+
+        def opener(_p: Sequence[Path], ens: EnsembleSection, io: IOSection, c: MPI.Comm) -> Any:
+            return TiledEnsembleIO(ens, config.base_dir, io, c)
+    elif opener is None:
         from ..io.ensemble import open_ensemble as opener
     # it writes the members (in place, identity): under their lock, like any writer
     with ensemble_lock(journal_root(paths[0]), comm, command_line()), \
@@ -245,15 +289,23 @@ def bench_io(
             tag = f"repeat {r}/{repeat}"
             block = run.ensio(tag)
             digest = _digest(block.data) if r == 1 else None
+            run.per_file(tag, paths)
             run.raw_limit(tag)
             run.naive(tag, block.layout, digest)
         n_io = ens.n_io
-    state_bytes = int(run.stats["read"][0].state_bytes)
+    state_bytes = int(run.stats["read"][0].state_bytes) or _state_bytes(block)
+    per_file = run.samples.pop("per_file")
     head = {
         "benchmark": "io",
         "n_mpi": comm.size,
         "n_io": n_io,
         "members": config.ensemble.size,
+        "files": len(paths),
+        "tiled": tiled,
+        "per_file_us": min(per_file) * 1e6,
+        "per_file_samples_us": [x * 1e6 for x in per_file],
+        "metadata_seconds": min(run.samples["metadata"]),
+        "quick_checked": run.quick,
         "variables": names,
         "n_rows": int(block.layout.n_rows),
         "state_bytes": state_bytes,
@@ -270,6 +322,25 @@ def bench_io(
         samples=run.samples, stats=run.stats, state_bytes=state_bytes,
         raw_bytes=raw.nbytes if raw is not None else None, head=head, data_dir=paths[0].parent,
     )  # fmt: skip
+
+
+def _open_tiles(paths: Sequence[Path], comm: MPI.Comm) -> tuple[float, int, int]:
+    """This rank's share of the tile files, opened and described as the tiled reader does.
+
+    Returns (seconds, files, 0): the tiled reader has no quick check.
+    """
+    mine = list(paths)[comm.rank :: comm.size]
+    t0 = time.perf_counter()
+    for path in mine:
+        with open_member(path) as store:
+            store.variables()
+    return time.perf_counter() - t0, len(mine), 0
+
+
+def _state_bytes(block: Any) -> int:
+    """On-disk bytes of the state entries, all members (for objects whose stats lack them)."""
+    per_member = sum(v.size * v.dtype.itemsize for v in block.layout.variables)
+    return int(per_member * block.data.shape[0])
 
 
 def _variants(samples: dict[str, list[float]], measure_overlap: bool) -> dict[str, Any]:
@@ -361,7 +432,9 @@ def _fmt(x: float | None, spec: str = ".2f") -> str:
 def result_table(res: dict[str, Any]) -> Table:
     """A rich table of a :func:`bench_io` result: one column per direction (fits 80 columns)."""
     title = (
-        f"ensio bench io: {res['members']} members, {res['state_bytes'] / 1e9:.3g} GB of state, "
+        f"ensio bench io: {res['members']} members"
+        f"{' in ' + str(res['files']) + ' tile files' if res.get('tiled') else ''}, "
+        f"{res['state_bytes'] / 1e9:.3g} GB of state, "
         f"N_mpi={res['n_mpi']}, N_io={res['n_io']}, journal {'on' if res['journal'] else 'off'}, "
         f"best of {res['repeat']}"
     )
@@ -384,6 +457,8 @@ def result_table(res: dict[str, Any]) -> Table:
         ("ensio / raw", r["ratio_raw"], w["ratio_raw"], res["ratio_raw"], ".2f"),
         ("ensio / naive", r["ratio_naive"], w["ratio_naive"], res["ratio_naive"], ".2f"),
     ]
+    rows.append(("per-file µs (open+metadata)", res.get("per_file_us"), None, None, ".0f"))
+    rows.append(("metadata pass s", res.get("metadata_seconds"), None, None, ".4f"))
     ov, jc = res.get("overlap"), res.get("journal_cost")
     if ov:
         rows.append(("no-overlap / overlap", ov["read_gain"], ov["write_gain"], None, ".2f"))

@@ -34,6 +34,7 @@ import numpy as np
 import yaml
 
 from ..models.stencil import iodef
+from .childenv import child_env
 
 __all__ = ["IOServerBenchSettings", "bench_ioserver", "projection", "result_table",
            "plot_result", "copy_seconds_per_byte"]
@@ -76,14 +77,6 @@ def _ensio_command() -> list[str]:
     return [sys.executable, "-m", "ensio"]
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    src = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    return env
-
-
 def _run(st: IOServerBenchSettings, mode: str, servers: int, root: Path,
          rep: int) -> dict[str, Any]:
     """One ``mpiexec`` run of the stencil model; its JSON result."""
@@ -105,7 +98,7 @@ def _run(st: IOServerBenchSettings, mode: str, servers: int, root: Path,
     log = run_dir / "log.txt"
     with log.open("w") as out:
         proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=out,
-                              stderr=subprocess.STDOUT, env=_env(), cwd=run_dir)
+                              stderr=subprocess.STDOUT, env=child_env(), cwd=run_dir)
     if proc.returncode != 0:
         tail = log.read_text().strip().splitlines()[-3:]
         raise RuntimeError(f"{name} run failed (exit {proc.returncode}): {' | '.join(tail)}")

@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from .childenv import child_env
 from .machine import describe_machine
 
 __all__ = ["ShuffleBenchSettings", "bench_shuffle", "markdown_rows", "measure", "result_table"]
@@ -69,14 +70,6 @@ class ShuffleBenchSettings:
     proj_ranks_per_node: int = 40
     proj_max_nodes: int = 4096
     proj_fs_gbs: float = 100.0
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    src = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    return env
 
 
 def _case(root: Path, st: ShuffleBenchSettings) -> Path:
@@ -123,7 +116,7 @@ def _run(case: Path, root: Path, st: ShuffleBenchSettings, n_mpi: int) -> dict[s
     log = run / "log.txt"
     with log.open("w") as out:
         proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=out,
-                              stderr=subprocess.STDOUT, env=_env(), cwd=run)  # fmt: skip
+                              stderr=subprocess.STDOUT, env=child_env(), cwd=run)  # fmt: skip
     if proc.returncode != 0:
         tail = log.read_text().strip().splitlines()[-3:]
         raise RuntimeError(f"N_mpi = {n_mpi} failed (exit {proc.returncode}): {' | '.join(tail)}")

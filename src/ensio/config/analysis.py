@@ -140,9 +140,14 @@ class InflationSection:
     ----------
     forget : float
         Forgetting factor ρ in (0, 1]: the prior covariance is inflated to
-        P/ρ (anomalies × 1/√ρ; DAPPER's ``infl = a`` is ``forget = 1/a²``).
+        P/ρ (anomalies × 1/√ρ before the update).
     rtpp, rtps : float or None
         Relaxation to prior perturbations / spread, α in [0, 1].
+    posterior : float
+        Multiplicative posterior inflation a > 0 (1: none): the analysis
+        anomalies are multiplied by a after the update and after RTPP/RTPS
+        (DAPPER's ``infl = a``; ``forget = 1/a²`` inflates the prior instead,
+        a different filter). Composes with every other key.
     adaptive : bool
         Adaptive multiplicative inflation (Miyoshi 2011), replaces ``forget``.
     adaptive_sigma : float
@@ -157,11 +162,16 @@ class InflationSection:
     adaptive: bool = False
     adaptive_sigma: float = 0.04
     adaptive_initial: float = 1.0
+    posterior: float = 1.0
 
     def __post_init__(self) -> None:
         key = "analysis.inflation"
         if not (0.0 < self.forget <= 1.0):
             raise ConfigError(f"{key}.forget: must be in (0, 1], got {self.forget}")
+        if not (self.posterior > 0.0 and math.isfinite(self.posterior)):
+            raise ConfigError(
+                f"{key}.posterior: must be a finite number > 0, got {self.posterior}"
+            )
         for name in ("rtpp", "rtps"):
             v = getattr(self, name)
             if v is not None and not (0.0 <= v <= 1.0):

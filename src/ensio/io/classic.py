@@ -47,10 +47,12 @@ from .store import LibraryBackedStore, VarInfo
 
 __all__ = [
     "CLASSIC_DTYPES",
+    "ClassicMetadata",
     "NUMRECS_OFFSET",
     "ClassicStore",
     "RecordLayout",
     "RecordVar",
+    "classic_metadata",
     "read_classic_header",
     "record_layout",
 ]
@@ -163,6 +165,18 @@ class _Header:
             raise _Corrupt(f"bad nc_type {code}")
         return dtype
 
+    def attribute_values(self) -> tuple[tuple[int, int], ...]:
+        """An att_list, skipped: the byte range of each value (padded)."""
+        out = []
+        word = 8 if self.version == 5 else 4
+        for _ in range(self.list_tag(_NC_ATTRIBUTE, "attribute", 2 * word + 8)):
+            self.name()
+            dtype = self.nc_type()
+            n = self.count(dtype.itemsize, "attribute value")
+            out.append((self.pos, self.pos + _pad4(n * dtype.itemsize)))
+            self.take(_pad4(n * dtype.itemsize))
+        return tuple(out)
+
     def attributes(self) -> dict[str, tuple[np.dtype, bytes]]:
         """An att_list: name → (dtype, raw value bytes)."""
         atts: dict[str, tuple[np.dtype, bytes]] = {}
@@ -201,6 +215,9 @@ class _Parsed(NamedTuple):
     variables: dict[str, VarInfo]
     record: list[tuple[str, int, int]]  # record variables: name, begin, bytes per record
     numrecs: int
+    header_end: int = 0
+    #: Byte ranges of the values of the global attributes.
+    global_values: tuple[tuple[int, int], ...] = ()
 
 
 def read_classic_header(fd: int, path: Path) -> tuple[int, dict[str, VarInfo]]:
@@ -239,7 +256,7 @@ def _parse_header(fd: int, path: Path) -> _Parsed:
         dims: list[tuple[str, int]] = []
         for _ in range(h.list_tag(_NC_DIMENSION, "dimension", 2 * word + 4)):
             dims.append((h.name(), h.non_neg()))
-        h.attributes()  # global attributes: skipped
+        global_values = h.attribute_values()  # global attributes: only where they are
 
         variables: dict[str, VarInfo] = {}
         record: list[tuple[str, int, int]] = []  # name, begin, bytes per record
@@ -285,7 +302,26 @@ def _parse_header(fd: int, path: Path) -> _Parsed:
         for name, _, _ in record:
             info = variables[name]
             variables[name] = replace(info, shape=(numrecs, *info.shape[1:]))
-    return _Parsed(h.version, variables, record, numrecs)
+    return _Parsed(h.version, variables, record, numrecs, header_end, global_values)
+
+
+class ClassicMetadata(NamedTuple):
+    """Where a classic file's metadata is: the header, and its global attribute values in it."""
+
+    header_end: int
+    global_values: tuple[tuple[int, int], ...]
+
+
+def classic_metadata(fd: int, path: Path) -> ClassicMetadata:
+    """The header's extent and the global attribute values' byte ranges (see :mod:`.bytecheck`).
+
+    Raises
+    ------
+    InputError
+        Not a classic file, or a corrupt header (names the file).
+    """
+    parsed = _parse_header(fd, path)
+    return ClassicMetadata(parsed.header_end, parsed.global_values)
 
 
 def _recsize(record: list[tuple[str, int, int]]) -> int:

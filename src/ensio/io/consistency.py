@@ -80,6 +80,8 @@ def check_coordinates(
         if c.role == "time":
             time = got
             continue
+        if np.array_equal(got, ref):  # the usual case, one comparison (NaN: the rule below)
+            continue
         with np.errstate(invalid="ignore"):
             same = np.abs(got - ref) <= REL_TOL * np.maximum(1.0, np.abs(ref))
         same |= np.isnan(got) & np.isnan(ref)

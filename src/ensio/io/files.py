@@ -122,6 +122,7 @@ class FileEnsembleIO:
         self.stats: IOStats | None = None
         self._clips = np.zeros(len(layout.variables), dtype=np.int64)  # of the current write
         self._fresh = True  # the scan is current: the first call need not stat again
+        self._maybe_nonfinite = True  # of the current read (see read)
         self._closed = False
 
     # ----------------------------------------------------------------- life cycle
@@ -202,6 +203,7 @@ class FileEnsembleIO:
         sw = Stopwatch()
         gcomm = self.groups.group_comm
         note: ErrorNote = None
+        self._maybe_nonfinite = False  # set by _read_member
         if not self.groups.is_io:
             for m in range(self.n_members):
                 with sw("comm"):
@@ -226,7 +228,13 @@ class FileEnsembleIO:
             )  # fmt: skip
         raise_if_any(self.comm, note)
         block = EnsembleBlock(self.layout, self.rows.start, self.rows.count, data)
-        block.inactive = block.inactive_rows()
+        if self.groups.is_io and gcomm.size == 1 and not self._maybe_nonfinite:
+            # this rank decoded all its rows itself and found every value finite:
+            # no row is inactive, and a scan of the whole block would cost as
+            # much as reading it from the page cache
+            block.inactive = np.zeros(self.rows.count, dtype=bool)
+        else:
+            block.inactive = block.inactive_rows()
         inactive = self._per_variable(block.count_by_variable(block.inactive))
         total = time.perf_counter() - t_start
         stats = IOStats.from_stopwatch(sw, total, self.state_bytes).reduce(self.comm)
@@ -258,14 +266,15 @@ class FileEnsembleIO:
                 if meta.raw(name):
                     if seg.select is None and info.dtype == _NATIVE_F8:
                         raw_read(fd, info, seg.elem_lo, seg.elem_hi, out=dst, path=path)
-                        info.encoding.decode(dst, dst)
+                        self._maybe_nonfinite |= info.encoding.decode(dst, dst)
                         continue
                     buf = scratch.get(info.dtype, seg.n_elems)
                     arr = raw_read(fd, info, seg.elem_lo, seg.elem_hi, out=buf, path=path)
                 else:
                     store = store or open_member(path)
                     arr = store.read_elements(name, seg.elem_lo, seg.elem_hi)
-                info.encoding.decode(arr if seg.select is None else arr[seg.select], dst)
+                src = arr if seg.select is None else arr[seg.select]
+                self._maybe_nonfinite |= info.encoding.decode(src, dst)
         finally:
             os.close(fd)
             if store is not None:

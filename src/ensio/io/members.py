@@ -6,6 +6,10 @@ is written). The scan spreads the N_e opens over all ranks, checks every file
 against the layout, and shares the small per-file results (raw offsets and
 on-disk dtypes), so the data pipeline itself only issues ``pread``/``pwrite``.
 
+Every member is checked against one fully checked member, the template, at
+a fraction of a full parse (:mod:`ensio.io.quickcheck`): with many small
+members the per-file cost of this pass, not the data, used to dominate.
+
 The scan is an object (:class:`MemberScan`) that lives as long as the
 ensemble-I/O object holding it: a repeated read or write (read then write of
 one cycle, a benchmark's repeats) then costs one ``stat`` per file instead of
@@ -15,6 +19,7 @@ an open, and nothing is remembered between objects.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +33,9 @@ from ..layout.state import StateLayout, VarMeta, build_layout, check_state_dtype
 from ..parallel.agree import ErrorNote, note_error, rebuild, root_call
 from .consistency import check_coordinates, check_distinct, check_times
 from .open import open_member
-from .store import VarInfo
+from .quickcheck import Template, make_template, quick_check
+from .raw import raw_read
+from .store import MemberStore, VarInfo
 
 __all__ = ["MemberMeta", "MemberScan", "check_member", "layout_from_member", "resolve_io_tasks",
            "root_layout"]
@@ -51,6 +58,8 @@ class MemberMeta:
     raw_byte_ranges: bool
     library_writes: bool
     time: np.ndarray | None = None
+    #: Accepted by the quick check (:mod:`ensio.io.quickcheck`), not the full one.
+    quick: bool = False
 
     def raw(self, name: str) -> bool:
         """Whether state variable ``name`` moves as a plain byte range (else: library path)."""
@@ -72,6 +81,24 @@ def resolve_io_tasks(io: IOSection, n_members: int, n_mpi: int) -> int:
     return n_io
 
 
+def read_whole(store: MemberStore, info: VarInfo) -> np.ndarray:
+    """All values of one variable as stored (native byte order), shaped.
+
+    A variable with a raw byte range is ``pread`` straight from the file: the
+    library path would open the file with the netCDF library, whose full
+    metadata parse costs milliseconds per file (it dominated the metadata pass
+    of small members). Values are the same either way.
+    """
+    if type(store).raw_byte_ranges and info.raw_offset is not None:
+        fd = os.open(store.path, os.O_RDONLY)
+        try:
+            flat = raw_read(fd, info, 0, info.size, path=store.path)
+        finally:
+            os.close(fd)
+        return flat.astype(info.dtype.newbyteorder("="), copy=False).reshape(info.shape)
+    return store.read_elements(info.name, 0, info.size).reshape(info.shape)
+
+
 def layout_from_member(ensemble: EnsembleSection, path: Path) -> StateLayout:
     """Build the state layout of the ``ensemble`` section from one member file (normally 1)."""
     with open_member(path) as store:
@@ -79,8 +106,7 @@ def layout_from_member(ensemble: EnsembleSection, path: Path) -> StateLayout:
         metas = {n: VarMeta(n, i.dims, i.shape, i.dtype, i.encoding) for n, i in infos.items()}
 
         def read_var(name: str) -> np.ndarray:
-            info = infos[name]
-            return store.read_elements(name, 0, info.size).reshape(info.shape)
+            return read_whole(store, infos[name])
 
         return build_layout(ensemble.variables, metas, read_var, ensemble.coordinates, str(path))
 
@@ -90,26 +116,53 @@ def root_layout(ensemble: EnsembleSection, first: Path, comm: MPI.Comm) -> State
     return root_call(comm, lambda: layout_from_member(ensemble, first))
 
 
-def check_member(path: Path, layout: StateLayout) -> MemberMeta:
+def check_member(
+    path: Path, layout: StateLayout, template: Template | None = None
+) -> MemberMeta:
     """Open one member and check it against the layout: state variables, coordinates.
 
     The coordinate variables (:func:`~ensio.io.consistency.check_coordinates`)
     are compared with the first member's, so a member with inverted latitudes
-    is refused by name.
+    is refused by name. With a ``template`` (:mod:`ensio.io.quickcheck`) a
+    member of the template's structure is checked without a full metadata
+    parse; anything else takes the full check, whose messages name the problem.
     """
+    quick = None if template is None else quick_member(path, layout, template)
+    return quick if quick is not None else _full_check(path, layout)[0]
+
+
+def quick_member(path: Path, layout: StateLayout, template: Template) -> MemberMeta | None:
+    """The quick check of :mod:`ensio.io.quickcheck`; None: take the full check."""
+    quick = quick_check(path, layout, template)
+    if quick is None:
+        return None
+    infos, times = quick
+    state = _check_variables(path, layout, infos)
+    return MemberMeta(state, True, template.library_writes, time=times, quick=True)
+
+
+def _full_check(path: Path, layout: StateLayout) -> tuple[MemberMeta, dict[str, VarInfo], str]:
+    """:func:`check_member` without a template; also all variable descriptions and the format."""
     with open_member(path) as store:
-        infos = store.variables()
+        fmt = type(store).format_name
+        infos = dict(store.variables())
         caps = (type(store).raw_byte_ranges, type(store).library_writes)
         out = _check_variables(path, layout, infos)
 
         def read(name: str) -> np.ndarray | None:
             info = infos.get(name)
-            if info is None:
-                return None
-            return store.read_elements(name, 0, info.size).reshape(info.shape)
+            return None if info is None else read_whole(store, info)
 
-        time = check_coordinates(path, layout, read)
-    return MemberMeta(out, *caps, time=time)
+        times = check_coordinates(path, layout, read)
+    return MemberMeta(out, *caps, time=times), infos, fmt
+
+
+def member_template(path: Path, layout: StateLayout) -> tuple[MemberMeta, Template | None]:
+    """Fully check member ``path``; it is the template of the quick check (if that applies)."""
+    meta, infos, fmt = _full_check(path, layout)
+    if not meta.raw_byte_ranges:  # the quick check reads coordinates as byte ranges
+        return meta, None
+    return meta, make_template(path, layout, infos, fmt, meta.library_writes)
 
 
 def _check_variables(
@@ -175,37 +228,78 @@ class MemberScan:
         self.comm = comm
         self._seen: dict[int, tuple[int, ...]] = {}
         self.metas: list[MemberMeta] = []
-        self.refresh()
+        #: This rank's share of the last :meth:`refresh`: files checked, quickly, seconds.
+        self.checked, self.quick, self.seconds = 0, 0, 0.0
+        self.template: Template | None = None
+        first = root_call(comm, self._first) if self.paths else None
+        self.refresh(first)
+
+    def _first(self) -> tuple[tuple[int, ...], MemberMeta, Template | None] | None:
+        """Rank 0: member 1, fully checked, and the quick check's template; None if it is bad.
+
+        A bad member 1 is reported by :meth:`refresh` like any other member.
+        """
+        try:
+            ident = file_identity(self.paths[0])
+            return (ident, *member_template(self.paths[0], self.layout))
+        except Exception:
+            return None
 
     def _mine(self) -> range:
         return range(self.comm.rank, len(self.paths), self.comm.size)
 
-    def refresh(self) -> list[MemberMeta]:
+    def invalidate(self) -> None:
+        """Forget what was checked: the next :meth:`refresh` checks every member again.
+
+        What a run sees when the model has written new member files; the
+        benchmark measures the metadata pass this way.
+        """
+        self._seen.clear()
+
+    def _check(self, m: int) -> MemberMeta:
+        t0 = time.perf_counter()
+        meta = check_member(self.paths[m], self.layout, self.template)
+        self.seconds += time.perf_counter() - t0
+        self.checked += 1
+        self.quick += meta.quick
+        return meta
+
+    def refresh(
+        self, first: tuple[tuple[int, ...], MemberMeta, Template | None] | None = None
+    ) -> list[MemberMeta]:
         """Collective: re-check the members that changed; the metadata of all, on all ranks.
 
         Raises the problem of the lowest-numbered bad member (the same on
         every rank), and an error naming both paths if two members are one
-        file (:func:`~ensio.io.consistency.check_distinct`).
+        file (:func:`~ensio.io.consistency.check_distinct`). ``first``: member
+        1 as checked by :meth:`_first` (construction only).
         """
         changed: dict[int, MemberMeta] = {}
         bad: tuple[int, ErrorNote] | None = None
+        self.checked, self.quick, self.seconds = 0, 0, 0.0
+        if first is not None:
+            ident, meta, self.template = first
+            if 0 in self._mine():
+                self._seen[0], changed[0] = ident, meta
         for m in self._mine():
             try:
                 ident = file_identity(self.paths[m])
                 if self._seen.get(m) != ident:
-                    changed[m] = check_member(self.paths[m], self.layout)
+                    changed[m] = self._check(m)
                     self._seen[m] = ident
             except Exception as exc:
                 bad = (m, note_error(exc))
                 self._seen.pop(m, None)
                 break
-        failed = [b for b in self.comm.allgather(bad) if b is not None]
+        # one collective for errors and results: a metadata pass costs one round trip
+        mine = {m: self._seen[m][:2] for m in self._mine() if m in self._seen}
+        parts = self.comm.allgather((bad, changed, mine))
+        failed = [b for b, _, _ in parts if b is not None]
         if failed:
             raise rebuild(min(failed, key=lambda b: b[0])[1])  # type: ignore[arg-type]
         merged = dict(enumerate(self.metas))
         inodes: dict[int, tuple[int, int]] = {}
-        mine = {m: self._seen[m][:2] for m in self._mine()}
-        for part, ids in self.comm.allgather((changed, mine)):
+        for _, part, ids in parts:
             merged.update(part)
             inodes.update(ids)
         check_distinct(self.paths, inodes)

@@ -204,20 +204,45 @@ class Encoding:
             mask |= raw > self.valid_max
         return mask
 
-    def decode(self, raw: np.ndarray, out: np.ndarray) -> None:
+    def _none_missing(self, raw: np.ndarray) -> bool:
+        """True if no stored value of floating ``raw`` can be missing (two reductions).
+
+        The usual case of a state variable. ``min``/``max`` propagate NaN, so
+        finite extremes mean every value is finite; markers and the valid
+        range are then checked against the extremes only. Cheaper than
+        building the mask (several passes and temporaries over the segment).
+        """
+        if self.dtype.kind != "f" or raw.size == 0:
+            return False
+        lo, hi = float(np.min(raw)), float(np.max(raw))
+        if not (np.isfinite(lo) and np.isfinite(hi)):
+            return False
+        if any(lo <= float(v) <= hi for v in self._markers()):
+            return False
+        return (self.valid_min is None or lo >= self.valid_min) and (
+            self.valid_max is None or hi <= self.valid_max
+        )
+
+    def decode(self, raw: np.ndarray, out: np.ndarray) -> bool:
         """Stored values → physical float64 into ``out`` (missing → NaN).
 
         ``out`` may be ``raw`` itself (native float64 segments are converted
-        in place).
+        in place). Returns False only if every value of ``out`` is known to
+        be finite (none missing, no packing arithmetic that could overflow):
+        a caller may then skip looking for NaN.
         """
-        mask = self.missing_mask(raw)
+        clean = self._none_missing(raw)
+        mask = None if clean else self.missing_mask(raw)
         if out is not raw:
             out[...] = raw
         if self.scale is not None:
             out *= self.scale
         if self.offset is not None:
             out += self.offset
+        if mask is None:
+            return self.packed
         out[mask] = np.nan
+        return True
 
     def encode(self, x: np.ndarray, out: np.ndarray) -> int:
         """Physical float64 ``x`` → stored values in ``out`` (any byte order); returns the clips.

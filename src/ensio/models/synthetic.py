@@ -29,14 +29,24 @@ Files written by :func:`write_synthetic` into ``OUT``:
   support radius is :data:`LOCALIZATION_CELLS` grid spacings, writing
   ``an/mean.nc`` and ``an/spread.nc``; ``ensio analyse ensio.yaml`` runs it as is.
 
+With ``perturbation = A > 0`` every member also gets ``A ×`` its own smooth
+random field (:func:`ensio.models.smoothnoise.smooth_field`: white noise
+under a Gaussian of ``perturbation_scale`` grid points, periodic in
+longitude, one independent field per level), so that the anomalies are
+locally full-rank like a real ensemble's instead of spanning the two
+dimensions of a phase shift. ``A = 0`` (the default) writes exactly what
+the seed's problem always was, bit for bit.
+
 Levels are not part of the paper's (2-D) problem; they exist so benchmarks can
 exercise 3-D variables. Level ``l`` of ``L`` holds the 2-D field times
 ``1 + l / L`` so that levels are distinguishable (a transposed read shows up).
 
 Randomness: one :class:`numpy.random.SeedSequence` from ``seed`` is spawned
-into independent streams for the shifts, the observations and each member's
-auxiliary noise, so the same seed gives the same data bit for bit and changing
-the number of members does not change the observations.
+into independent streams for the shifts, the observations, each member's
+auxiliary noise and (a fourth child, drawn only when ``A > 0``) each member's
+perturbation, so the same seed gives the same data bit for bit, changing
+the number of members does not change the observations, and turning the
+perturbation on changes nothing but ``state``.
 """
 
 from __future__ import annotations
@@ -49,6 +59,8 @@ from typing import Literal
 import netCDF4
 import numpy as np
 
+from .smoothnoise import smooth_field
+
 __all__ = [
     "LOCALIZATION_CELLS",
     "OBS_ERROR",
@@ -60,8 +72,10 @@ __all__ = [
     "level_factors",
     "localization_radius_km",
     "member_shifts",
+    "member_perturbation",
     "n_observations",
     "observations",
+    "perturbation_streams",
     "spacing_km",
     "write_synthetic",
 ]
@@ -104,6 +118,11 @@ class SyntheticSpec:
         On-disk dtype of ``state`` and ``aux``.
     levels : int or None
         ``None``: 2-D ``state(lat, lon)``; otherwise ``state(lev, lat, lon)``.
+    perturbation : float
+        Standard deviation A of the smooth random field added to each
+        member's ``state`` (0: none, the paper's members unchanged).
+    perturbation_scale : float
+        Standard deviation of its Gaussian smoothing kernel, in grid points.
     """
 
     nx: int
@@ -113,6 +132,8 @@ class SyntheticSpec:
     format: Format = "netcdf4"
     dtype: DType = "float64"
     levels: int | None = None
+    perturbation: float = 0.0
+    perturbation_scale: float = 4.0
 
     def __post_init__(self) -> None:
         if self.nx < 2 or self.ny < 2:
@@ -127,6 +148,12 @@ class SyntheticSpec:
             raise ValueError(f"dtype {self.dtype!r} is not one of float64 | float32")
         if self.seed < 0:
             raise ValueError(f"seed must be non-negative, got {self.seed}")
+        if not (self.perturbation >= 0 and np.isfinite(self.perturbation)):
+            raise ValueError(f"perturbation must be a finite number >= 0, got {self.perturbation}")
+        if not (self.perturbation_scale > 0 and np.isfinite(self.perturbation_scale)):
+            raise ValueError(
+                f"perturbation-scale must be a finite number > 0, got {self.perturbation_scale}"
+            )
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -194,6 +221,27 @@ def _streams(seed: int, members: int) -> tuple[np.random.Generator, np.random.Ge
     s_shift, s_obs, s_aux = ss.spawn(3)
     aux = [np.random.default_rng(s) for s in s_aux.spawn(members)]
     return np.random.default_rng(s_shift), np.random.default_rng(s_obs), aux
+
+
+def perturbation_streams(seed: int, members: int) -> list[np.random.Generator]:
+    """One generator per member for its smooth perturbation (the seed's fourth child).
+
+    ``SeedSequence.spawn`` numbers its children, so the first three streams
+    (:func:`_streams`) are the same whether or not this one is drawn.
+    """
+    s_pert = np.random.SeedSequence(seed).spawn(4)[3]
+    return [np.random.default_rng(s) for s in s_pert.spawn(members)]
+
+
+def member_perturbation(spec: SyntheticSpec, rng: np.random.Generator) -> np.ndarray:
+    """``A ×`` the smooth field of one member, shaped like ``state`` (float64).
+
+    One independent field per level: each level of a 3-D state is full-rank
+    on its own.
+    """
+    count = 1 if spec.levels is None else spec.levels
+    f = smooth_field(rng, spec.ny, spec.nx, spec.perturbation_scale, count)
+    return spec.perturbation * (f[0] if spec.levels is None else f)
 
 
 def member_shifts(seed: int, members: int) -> np.ndarray:
@@ -308,7 +356,8 @@ def _config_text(spec: SyntheticSpec) -> str:
     return (
         f"# Synthetic case (ensio synth): {spec.ny} x {spec.nx} grid"
         f"{'' if spec.levels is None else f' x {spec.levels} levels'}, {spec.members} members,"
-        f" {spec.format}, {spec.dtype}, seed {spec.seed}.\n"
+        f" {spec.format}, {spec.dtype}, seed {spec.seed}"
+        f"{_perturbation_note(spec)}.\n"
         "# Relative paths are resolved against this file's directory.\n"
         "ensemble:\n"
         f"  members: \"{MEMBER_PATTERN}\"\n"
@@ -330,6 +379,14 @@ def _config_text(spec: SyntheticSpec) -> str:
         "  mean: an/mean.nc\n"
         "  spread: an/spread.nc\n"
     )
+
+
+def _perturbation_note(spec: SyntheticSpec) -> str:
+    """The config header's mention of the perturbation (empty when A = 0)."""
+    if spec.perturbation == 0:
+        return ""
+    return (f", smooth perturbation A = {spec.perturbation:g}"
+            f" (scale {spec.perturbation_scale:g} grid points)")
 
 
 def spacing_km(nx: int, ny: int) -> float:
@@ -367,6 +424,8 @@ def write_synthetic(
     out.mkdir(parents=True, exist_ok=True)
     _, obs_rng, aux_rngs = _streams(spec.seed, spec.members)
     shifts = member_shifts(spec.seed, spec.members)
+    perturbed = spec.perturbation > 0
+    pert_rngs = perturbation_streams(spec.seed, spec.members) if perturbed else []
     dt = np.dtype(spec.dtype)
 
     truth = field(spec.nx, spec.ny, 0.0, spec.levels).astype(dt)
@@ -384,8 +443,13 @@ def write_synthetic(
         shift = float(shifts[k - 1])
         attrs = {"description": "synthetic ensemble member", "member": np.int32(k),
                  "shift": shift}
+        state = field(spec.nx, spec.ny, shift, spec.levels)
+        if perturbed:  # A = 0 adds neither the field nor the attributes: bit for bit as before
+            attrs.update(perturbation=spec.perturbation,
+                         perturbation_scale=spec.perturbation_scale)
+            state = state + member_perturbation(spec, pert_rngs[k - 1])
         with _create(path, spec, attrs, aux=True) as ds:
-            ds["state"][:] = field(spec.nx, spec.ny, shift, spec.levels).astype(dt)
+            ds["state"][:] = state.astype(dt)
             ds["aux"][:] = aux_rngs[k - 1].standard_normal((spec.ny, spec.nx)).astype(dt)
         paths.append(path)
         if on_member is not None:
