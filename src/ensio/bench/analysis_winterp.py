@@ -16,11 +16,9 @@ interpolation of the coarse transforms and their application), and
 of the analysis increments to the exact ones, relative to the RMS of the
 exact increments.
 
-``perturbation`` A > 0 adds to every member A × a smooth random field (a sum
-of 64 random Fourier modes in longitude and latitude, up to wavenumber 24
-along the equator, seeded per member; rank-independent because it is a
-function of the row's lon/lat), so the anomalies are locally full-rank
-(the synthetic members otherwise differ by a phase shift only).
+Speed is measured on locally full-rank members
+(``ensio synth --perturbation 0.1``): the synthetic members otherwise differ
+by a phase shift only and the exact kernel's reduced basis makes them cheap.
 """
 
 from __future__ import annotations
@@ -36,37 +34,10 @@ from rich.table import Table
 
 from ..config.analysis import WeightInterpolationSection
 from ..config.schema import Config, ConfigError
-from ..layout.block import EnsembleBlock
 from .analysis import PHASES, _measure, _phases
 from .machine import describe_machine
 
-__all__ = ["bench_weight_interpolation", "perturbed", "winterp_table"]
-
-#: Random modes of the smooth perturbation field per member.
-MODES = 64
-
-
-def perturbed(block: EnsembleBlock, amplitude: float, seed: int = 12345) -> EnsembleBlock:
-    """The block with ``amplitude`` × a smooth random field added to every member."""
-    from ..analysis.placement import lonlat_of_row_set
-
-    if amplitude == 0.0:
-        return block
-    lonlat = lonlat_of_row_set(block.layout, block.rows)
-    if lonlat is None:
-        raise ConfigError("bench analysis --perturbation: the members have no lon/lat")
-    lon, lat = np.radians(lonlat[:, 0]), np.radians(lonlat[:, 1])
-    data = np.array(block.data, dtype=np.float64)
-    for m in range(data.shape[0]):
-        rng = np.random.default_rng([seed, m])
-        lw = rng.integers(0, 25, MODES)
-        nw = rng.integers(0, 13, MODES)
-        ph = rng.uniform(0, 2 * np.pi, (2, MODES))
-        amp = rng.standard_normal(MODES) / np.sqrt(MODES)
-        field = np.cos(np.outer(lon, lw) + ph[0]) * np.cos(np.outer(lat, nw) + ph[1])
-        data[m] += amplitude * (field @ amp)
-    return dataclasses.replace(block, data=data)
-
+__all__ = ["bench_weight_interpolation", "winterp_table"]
 
 def bench_weight_interpolation(
     config: Config,
@@ -74,7 +45,6 @@ def bench_weight_interpolation(
     strides: Sequence[int],
     repeat: int = 1,
     on_step: Callable[[str], None] | None = None,
-    perturbation: float = 0.0,
 ) -> dict[str, Any]:
     """Collective: time the exact analysis and its weight-interpolated versions.
 
@@ -101,7 +71,7 @@ def bench_weight_interpolation(
         raise ConfigError("observations: at least one observation file is needed for an analysis")
     step = on_step if (on_step is not None and comm.rank == 0) else (lambda _label: None)
     step("reading members (not timed)")
-    block = perturbed(read_ensemble(config, comm), perturbation)
+    block = read_ensemble(config, comm)
     runs = {
         str(k): dataclasses.replace(
             config.analysis, weight_interpolation=WeightInterpolationSection(k)
@@ -145,7 +115,6 @@ def bench_weight_interpolation(
         "kernel": cfg.kernel,
         "filter": cfg.filter,
         "localization": dataclasses.asdict(cfg.localization),
-        "perturbation": perturbation,
         "n_mpi": comm.size,
         "points": int(block.layout.n_rows),
         "members": int(block.data.shape[0]),
@@ -189,6 +158,5 @@ def winterp_table(res: dict[str, Any]) -> Table:
         rms += ["–" if r is None else f"{r:.2e}", ""]
     table.add_row(*total)
     table.add_row(*rms)
-    table.caption = (f"best of {res['repeat']}; seconds = slowest rank, file I/O excluded; "
-                     f"perturbation {res['perturbation']}")  # fmt: skip
+    table.caption = f"best of {res['repeat']}; seconds = slowest rank, file I/O excluded"
     return table

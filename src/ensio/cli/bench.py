@@ -56,9 +56,6 @@ def _add_analysis(sub: Any) -> None:
                    help="instead of the kernel comparison: the exact analysis against weight "
                         "interpolation with stride K (repeatable): speed-up per phase and "
                         "increment_rel_rms")
-    p.add_argument("--perturbation", type=float, default=0.0, metavar="A",
-                   help="with --weight-stride: add A x a smooth random field to every member "
-                        "(locally full-rank anomalies; default 0)")
     add_set_option(p, "override a config key, e.g. --set analysis.tile_points=64 (repeatable)")
     p.set_defaults(bench_run=run_analysis)
 
@@ -181,8 +178,7 @@ def _run_winterp(args: argparse.Namespace) -> int:
 
     from ensio.bench.analysis_winterp import bench_weight_interpolation, winterp_table
 
-    measure = functools.partial(bench_weight_interpolation, strides=args.weight_stride,
-                                perturbation=args.perturbation)  # fmt: skip
+    measure = functools.partial(bench_weight_interpolation, strides=args.weight_stride)
     _run_mpi_bench(args, "analysis", measure, winterp_table, lambda res: None)
     return 0
 
