@@ -41,6 +41,7 @@ from .obsspace import ObsSpace
 from .result import AnalysisResult, InnovationStats
 from .transforms import apply_transform, obs_perturbations, random_rotation, rotate
 from .variants import VARIANTS, Variant
+from .winterp import WeightGrid, interpolated_local
 
 __all__ = [
     "AnalysisResult",
@@ -198,6 +199,9 @@ class LocalFilter(Filter):
     kernel: KernelName = "batched"
     tile_points: int = 128
     threads: int = 1
+    #: Transforms on a coarse grid, interpolated (``analysis.weight_interpolation``;
+    #: set by the pipeline, which knows the grid); None: the exact analysis.
+    weight_grid: WeightGrid | None = None
 
     @classmethod
     def from_config(cls, cfg: AnalysisSection) -> LocalFilter:
@@ -216,6 +220,11 @@ class LocalFilter(Filter):
         if coords is None:
             raise ValueError("a local filter needs the coordinates of the rows")
         loc, variant = self.localization, self.variant
+        if self.weight_grid is not None:
+            return interpolated_local(
+                X, coords, obs, loc, variant, forget, self.kernel, self.tile_points,
+                self.threads, sw, self.weight_grid,
+            )  # fmt: skip
         return run_local(
             X, coords, obs, loc, variant, forget, self.kernel, self.tile_points, self.threads, sw
         )

@@ -37,6 +37,7 @@ from .placement import block_row_coordinates, obs_coordinates, state_grid
 from .regional_obs import load_regional, regional_wanted
 from .result import AnalysisResult
 from .stoo import SlotPrior, SlotReader, slot_prior
+from .winterp import selection_radius, weight_grid
 
 __all__ = [
     "PARTIAL_READ_BYTES",
@@ -170,7 +171,8 @@ def _needed(
     owners = observation_owners(op, inside, obs.ids, dist)
     rows = block_row_coordinates(analysis, block)
     geometry = localization_from_config(analysis.localization).geometry
-    radius = analysis.localization.support_radius
+    radius = selection_radius(analysis.localization.support_radius,
+                              weight_grid(analysis, block.layout))  # fmt: skip
     near = observations_near(geometry, rows, obs_coordinates(analysis, obs), radius)
     return np.flatnonzero(near | (owners == comm.rank))
 

@@ -48,6 +48,7 @@ from .obsspace import ObsSpace
 from .placement import block_row_coordinates, obs_coordinates, state_grid
 from .result import AnalysisResult
 from .stoo import SlotPrior
+from .winterp import WeightGrid, selection_radius, weight_grid
 
 __all__ = ["AnalysisSettings", "analyse_rows"]
 
@@ -107,6 +108,7 @@ def _observed(
     comm: MPI.Comm,
     inactive: np.ndarray,
     prior: SlotPrior | None = None,
+    wgrid: WeightGrid | None = None,
 ) -> _Observed:
     """Collective: H (or the 4-D ``prior``), quality control and the selection near the rows."""
     cfg = settings.analysis
@@ -146,7 +148,8 @@ def _observed(
     else:
         geometry = localization_from_config(cfg.localization).geometry
         rows = as_coords(rows, geometry)
-        keep = observations_near(geometry, rows, obs_coords, cfg.localization.support_radius)
+        radius = selection_radius(cfg.localization.support_radius, wgrid)
+        keep = observations_near(geometry, rows, obs_coords, radius)
     space = ObsSpace(
         hx=hx_ok[:, keep],
         values=obs.values[keep],
@@ -182,7 +185,12 @@ def _reads_inactive(
 
 
 def _filter_rows(
-    X: np.ndarray, seen: _Observed, settings: AnalysisSettings, inactive: np.ndarray, sw: Stopwatch
+    X: np.ndarray,
+    seen: _Observed,
+    settings: AnalysisSettings,
+    inactive: np.ndarray,
+    sw: Stopwatch,
+    wgrid: WeightGrid | None = None,
 ) -> AnalysisResult:
     """The filter on the active rows; inactive rows pass through unchanged.
 
@@ -193,6 +201,8 @@ def _filter_rows(
     """
     cfg, cycle = settings.analysis, settings.cycle
     flt = make_filter(cfg)
+    if wgrid is not None:  # analysis.weight_interpolation
+        flt = dataclasses.replace(flt, weight_grid=wgrid)
     if not inactive.any():
         return flt.analyse(
             X, seen.row_coords, seen.space, cycle=cycle, inflation=settings.inflation, stopwatch=sw
@@ -277,14 +287,15 @@ def analyse_rows(
     dist = row_plan(block, comm)
     X = np.asarray(block.data, dtype=np.float64)
     inactive = block.inactive_rows()
+    wgrid = weight_grid(settings.analysis, block.layout, settings.grid, settings.coords)
     with sw("obs"):
-        seen = _observed(X, block, dist, observations, settings, comm, inactive, prior)
+        seen = _observed(X, block, dist, observations, settings, comm, inactive, prior, wgrid)
     cfg = settings.analysis
     # One BLAS thread per rank: ranks already fill the cores, and the many small
     # k×k eigendecompositions of a local analysis run ~4× slower threaded.
     limit = 1 if (comm.size > 1 or cfg.localization is not None) else None
     with threadpool_limits(limits=limit, user_api="blas"):
-        res = _filter_rows(X, seen, settings, inactive, sw)
+        res = _filter_rows(X, seen, settings, inactive, sw, wgrid)
     with sw("posterior"):
         hx_post = observe(res.ensemble, dist, seen.op, comm)[:, seen.ok]
         values = seen.accepted.values

@@ -35,6 +35,7 @@ from ..parallel.agree import all_call
 from .distributed import RowPlan, observation_owners, observations_near, row_plan
 from .filters import localization_from_config
 from .placement import block_row_coordinates, obs_coordinates, state_grid
+from .winterp import selection_radius, weight_grid
 
 __all__ = ["load_regional", "rank_boxes", "regional_wanted"]
 
@@ -57,7 +58,8 @@ def rank_boxes(analysis: AnalysisSection, block: EnsembleBlock, comm: MPI.Comm) 
     def mine() -> Boxes:
         rows = block_row_coordinates(analysis, block)
         assert rows is not None
-        return cover(rows, geometry.kind, loc.support_radius, comm.rank, geometry.period)
+        radius = selection_radius(loc.support_radius, weight_grid(analysis, block.layout))
+        return cover(rows, geometry.kind, radius, comm.rank, geometry.period)
 
     return Boxes.concat(comm.allgather(all_call(comm, mine)))
 
@@ -113,7 +115,8 @@ def _kept(
     geometry = localization_from_config(loc).geometry
     rows = block_row_coordinates(analysis, block)
     assert rows is not None
-    near = observations_near(geometry, rows, obs_coordinates(analysis, got), loc.support_radius)
+    radius = selection_radius(loc.support_radius, weight_grid(analysis, block.layout))
+    near = observations_near(geometry, rows, obs_coordinates(analysis, got), radius)
     for s in range(0, len(got), CHUNK):
         part = got.subset(np.arange(s, min(s + CHUNK, len(got))))
         op, inside = build_operator(part, dist.n_rows, grid)

@@ -52,6 +52,10 @@ def _add_analysis(sub: Any) -> None:
                    help="repeats of each kernel; the best time is reported (default 1)")
     p.add_argument("--json", type=Path, default=None, metavar="FILE",
                    help="write the result as JSON (rank 0)")
+    p.add_argument("--weight-stride", type=int, action="append", default=None, metavar="K",
+                   help="instead of the kernel comparison: the exact analysis against weight "
+                        "interpolation with stride K (repeatable): speed-up per phase and "
+                        "increment_rel_rms")
     add_set_option(p, "override a config key, e.g. --set analysis.tile_points=64 (repeatable)")
     p.set_defaults(bench_run=run_analysis)
 
@@ -158,12 +162,25 @@ def run_analysis(args: argparse.Namespace) -> int:
     """``ensio bench analysis``: measure, print the table (rank 0), write the JSON (rank 0)."""
     from ensio.bench.analysis import bench_analysis, result_table
 
+    if getattr(args, "weight_stride", None):
+        return _run_winterp(args)
     res = _run_mpi_bench(
         args, "analysis", bench_analysis, result_table,
         lambda res: f"the kernels disagree by more than {res['tolerance']:.0e} (relative)"
         if not res["agree"] else None,
     )  # fmt: skip
     return 0 if res["agree"] else 1
+
+
+def _run_winterp(args: argparse.Namespace) -> int:
+    """``ensio bench analysis --weight-stride K …``: exact vs weight-interpolated analysis."""
+    import functools
+
+    from ensio.bench.analysis_winterp import bench_weight_interpolation, winterp_table
+
+    measure = functools.partial(bench_weight_interpolation, strides=args.weight_stride)
+    _run_mpi_bench(args, "analysis", measure, winterp_table, lambda res: None)
+    return 0
 
 
 def _run_mpi_bench(

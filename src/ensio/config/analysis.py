@@ -25,6 +25,7 @@ __all__ = [
     "LocalizationSection",
     "InflationSection",
     "QCSection",
+    "WeightInterpolationSection",
     "AnalysisSection",
     "slot_edges",
     "OutputSection",
@@ -199,6 +200,27 @@ class QCSection:
 
 
 @dataclass(frozen=True)
+class WeightInterpolationSection:
+    """``analysis.weight_interpolation`` — transforms on a coarser grid (Yang et al. 2009).
+
+    With ``stride: k > 1`` a local filter on a rectilinear lon/lat grid
+    computes its transforms (mean weights and square-root matrix) only on
+    every k-th longitude and latitude (plus the last ones) and interpolates
+    them bilinearly to the other points (periodic in longitude); ``1`` is
+    the exact analysis.
+    """
+
+    stride: int = 1
+
+    def __post_init__(self) -> None:
+        s = self.stride
+        if isinstance(s, bool) or not isinstance(s, int) or s < 1:
+            raise ConfigError(
+                f"analysis.weight_interpolation.stride: must be an integer >= 1, got {s!r}"
+            )
+
+
+@dataclass(frozen=True)
 class AnalysisSection:
     """``analysis:`` — which filter and how.
 
@@ -232,9 +254,13 @@ class AnalysisSection:
     time_slots: int | tuple[float, ...] | None = None
     window: tuple[float, ...] | None = None
     observations: ObsDistributionSection = field(default_factory=ObsDistributionSection)
+    weight_interpolation: WeightInterpolationSection = field(
+        default_factory=WeightInterpolationSection
+    )
 
     def __post_init__(self) -> None:
         _check_slots(self.time_slots, self.window)
+        self._check_weight_interpolation()
         if self.filter in LOCAL_FILTERS and self.localization is None:
             raise ConfigError(
                 f"analysis.localization: required for the local filter {self.filter} "
@@ -261,6 +287,16 @@ class AnalysisSection:
                 "analysis.observations.distribution: regional is not available with "
                 "analysis.time_slots (the 4-D operator needs every location on every rank)"
             )
+
+    def _check_weight_interpolation(self) -> None:
+        if self.weight_interpolation.stride == 1:
+            return
+        key = "analysis.weight_interpolation.stride"
+        loc = self.localization
+        if loc is None or loc.radius_km is None:
+            raise ConfigError(f"{key}: needs a local filter with localization.radius_km (lon/lat)")
+        if self.inflation.adaptive:
+            raise ConfigError(f"{key}: not available with analysis.inflation.adaptive")
 
     @property
     def n_slots(self) -> int:

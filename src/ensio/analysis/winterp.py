@@ -1,0 +1,347 @@
+"""Weight interpolation (Yang et al. 2009): transforms on a coarse grid, bilinear in between.
+
+With ``analysis.weight_interpolation.stride: k > 1`` a local filter on a
+rectilinear lon/lat grid computes the ensemble-space transform
+``G = w̄ 1ᵀ + W`` (the perturbed-observation transform for the EnKF, the
+error-subspace one mapped to member space for the ESTKF) only at the
+**coarse nodes**: every k-th longitude and every k-th latitude of the
+grid, plus the last latitude (and the last longitude when longitude is not
+periodic), so every grid point lies in a coarse cell. Every analysis point
+then gets ``G = Σ_c β_c G_c`` over the four corners of its cell, with the
+bilinear weights ``β`` of its (lon, lat) in the cell — in longitude across
+the dateline when the grid is periodic (the cell between the last coarse
+column and the first wraps), and up to the pole rows when the grid has
+them — and is updated as ``x̄ + X'G``. A point on a coarse node takes that
+node's transform exactly (weights 1, 0, 0, 0); a point whose four corners
+have no observation keeps the inflated prior ``I/√ρ`` exactly. Rows of a
+3-D variable share the transform of their column, as in the exact analysis
+(there is no vertical localization), so each level is interpolated alike.
+
+**Ranks.** A rank computes the coarse nodes its points need, wherever they
+are (inside its rows or not): their transforms need only the observations
+within the support radius of the node, so the observations a rank selects
+(:func:`selection_radius`) reach ``margin_km`` further, the largest
+distance between a grid point and a corner of its coarse cell. The result
+then does not depend on the ranks (to rounding: tiles of nodes differ).
+
+The coarse columns start at the smallest longitude of the grid (as the
+coordinate is stored) and the coarse rows at the southernmost latitude. A
+regional grid whose longitudes wrap inside it (e.g. 170 … 180, −180 … −170)
+is not supported (its sorted longitudes are not in order along the grid).
+
+The coarse transforms of a rank are kept as k × k matrices
+(``8 N_e²`` bytes per node: 207 MB at N_e = 40 for the 16 290 nodes of a
+360 × 180 grid at stride 2 on one rank), then blended into the rows by a
+compiled loop (:func:`_blend_rows`, numba like the eigensolver).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from numba import njit
+
+from ..config.analysis import AnalysisSection, KernelName
+from ..config.errors import ConfigError
+from ..layout.state import StateLayout
+from ..obs import RegularGrid
+from ..obs.cells import lon_periodic
+from ..stopwatch import Stopwatch
+from .basis import FactoredTransform
+from .local import KERNELS
+from .localization import EARTH_RADIUS_KM, Localization, as_coords
+from .obsspace import ObsSpace
+from .result import AnalysisResult
+from .variants import Variant
+
+__all__ = [
+    "KEY",
+    "WeightGrid",
+    "interpolated_local",
+    "warm_up",
+    "selection_radius",
+    "weight_grid",
+]
+
+KEY = "analysis.weight_interpolation.stride"
+
+#: Points interpolated and updated per batch (bounds the (p, k, k) temporaries).
+CHUNK_POINTS = 512
+
+
+def _coarse_indices(n: int, stride: int, closed: bool) -> np.ndarray:
+    """Every ``stride``-th index of ``n``, plus ``n - 1`` when ``closed`` (non-periodic)."""
+    idx = np.arange(0, n, stride)
+    if closed and idx[-1] != n - 1:
+        idx = np.append(idx, n - 1)
+    return idx
+
+
+def _axis_cells(nodes: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Left node (clipped to ``[0, n-2]``) and fraction in ``[0, 1]`` on ascending ``nodes``."""
+    i = np.clip(np.searchsorted(nodes, x, side="right") - 1, 0, nodes.size - 2)
+    f = np.clip((x - nodes[i]) / (nodes[i + 1] - nodes[i]), 0.0, 1.0)
+    return i, f
+
+
+@dataclass(frozen=True, eq=False)
+class WeightGrid:
+    """The lon/lat grid and its coarse nodes for a stride.
+
+    Parameters
+    ----------
+    lon, lat : ndarray, 1-D
+        The grid's coordinates in degrees (any order; sorted here).
+    stride : int
+    """
+
+    lon: np.ndarray
+    lat: np.ndarray
+    stride: int
+    periodic: bool = field(init=False)
+    clon: np.ndarray = field(init=False)  # coarse longitudes (grid values), ascending
+    clat: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        lon = np.unique(np.asarray(self.lon, dtype=float))
+        lat = np.unique(np.asarray(self.lat, dtype=float))
+        if lon.size < 2 or lat.size < 2:
+            raise ConfigError(f"{KEY}: needs a lon/lat grid of at least 2 × 2 points")
+        periodic = lon.size > 2 and lon_periodic(lon)
+        if periodic:  # ascending from the first longitude eastwards, in (lon0 - 360, lon0 + 360)
+            lon = lon[np.argsort(np.mod(lon - lon[0], 360.0), kind="stable")]
+        object.__setattr__(self, "lon", lon)
+        object.__setattr__(self, "lat", lat)
+        object.__setattr__(self, "periodic", periodic)
+        object.__setattr__(
+            self, "clon", lon[_coarse_indices(lon.size, self.stride, not periodic)]
+        )
+        object.__setattr__(self, "clat", lat[_coarse_indices(lat.size, self.stride, True)])
+
+    def _lon_cells(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Left and right coarse column and fraction of each longitude ``x``."""
+        if not self.periodic:
+            i, f = _axis_cells(self.clon, x)
+            return i, i + 1, f
+        rel = np.mod(self.clon - self.clon[0], 360.0)
+        edges = np.append(rel, 360.0)  # the last cell wraps to the first column
+        r = np.mod(x - self.clon[0], 360.0)
+        i = np.clip(np.searchsorted(edges, r, side="right") - 1, 0, rel.size - 1)
+        f = np.clip((r - edges[i]) / (edges[i + 1] - edges[i]), 0.0, 1.0)
+        return i, (i + 1) % rel.size, f
+
+    def cells(self, pts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The coarse nodes the points need and each point's corners and weights.
+
+        Parameters
+        ----------
+        pts : ndarray, shape (p, 2)
+            lon, lat in degrees.
+
+        Returns
+        -------
+        nodes : ndarray, shape (c, 2)
+            lon, lat of the needed coarse nodes (grid values, so a node that
+            is also a row has exactly the row's coordinates).
+        corner : ndarray of int, shape (p, 4)
+            Index into ``nodes`` of the corners (i, j), (i+1, j), (i, j+1), (i+1, j+1).
+        beta : ndarray, shape (p, 4)
+            Bilinear weights (sum 1; exactly (1, 0, 0, 0) on a node).
+        cell : ndarray of int, shape (p,)
+            The coarse cell of each point (points of one cell share the corners).
+        """
+        i0, i1, fx = self._lon_cells(pts[:, 0])
+        j0, fy = _axis_cells(self.clat, pts[:, 1])
+        j1 = j0 + 1
+        nlon = self.clon.size
+        ids = np.stack([j0 * nlon + i0, j0 * nlon + i1, j1 * nlon + i0, j1 * nlon + i1], axis=1)
+        beta = np.stack(
+            [(1 - fx) * (1 - fy), fx * (1 - fy), (1 - fx) * fy, fx * fy], axis=1
+        )
+        uniq, corner = np.unique(ids, return_inverse=True)
+        nodes = np.stack([self.clon[uniq % nlon], self.clat[uniq // nlon]], axis=1)
+        return nodes, corner.reshape(ids.shape), beta, ids[:, 0]
+
+    def margin_km(self) -> float:
+        """Upper bound of the distance from a grid point to the corners of its coarse cell.
+
+        Along the meridian at most the largest coarse latitude step, then
+        along the parallel at most the largest coarse longitude step (an arc
+        of a parallel is no shorter than the great circle): their sum.
+        """
+        dlat = float(np.max(np.diff(self.clat)))
+        if self.periodic:
+            rel = np.append(np.mod(self.clon - self.clon[0], 360.0), 360.0)
+            dlon = float(np.max(np.diff(rel)))
+        else:
+            dlon = float(np.max(np.diff(self.clon)))
+        return EARTH_RADIUS_KM * np.radians(dlat + min(dlon, 180.0)) * (1.0 + 1e-9)
+
+
+def weight_grid(
+    cfg: AnalysisSection,
+    layout: StateLayout | None,
+    grid: object = None,
+    coords: np.ndarray | None = None,
+) -> WeightGrid | None:
+    """The :class:`WeightGrid` of ``analysis.weight_interpolation`` (None: exact analysis).
+
+    The grid is the layout's rectilinear lon/lat grid (member files), else
+    ``grid`` (a :class:`~ensio.obs.RegularGrid` of the in-memory API), else
+    the distinct longitudes and latitudes of ``coords`` (the in-memory API's
+    coordinates of every row).
+    """
+    stride = cfg.weight_interpolation.stride
+    if stride == 1 or cfg.localization is None:
+        return None
+    geo = None if layout is None else layout.geometry
+    if geo is not None and geo.grid is not None:
+        if geo.grid.kind != "rectilinear":
+            raise ConfigError(
+                f"{KEY}: needs a rectilinear lon/lat grid; {geo.source} has a {geo.grid.kind} one"
+            )
+        return WeightGrid(geo.grid.lon.values, geo.grid.lat.values, stride)
+    if isinstance(grid, RegularGrid):
+        return WeightGrid(grid.lon, grid.lat, stride)
+    if coords is not None:
+        c = np.asarray(coords, dtype=float)
+        if c.ndim == 2 and c.shape[1] == 2:
+            return WeightGrid(c[:, 0], c[:, 1], stride)
+    raise ConfigError(f"{KEY}: needs the lon/lat grid of the state (member files or grid=)")
+
+
+def selection_radius(support_radius: float, wgrid: WeightGrid | None) -> float:
+    """Radius around a rank's rows within which it keeps observations (see the module doc)."""
+    return support_radius if wgrid is None else support_radius + wgrid.margin_km()
+
+
+def _coarse_transforms(nodes, obs, loc, variant, rho, kernel, tile_points, threads, sw):
+    """Dense transforms ``(c, k, k)`` and diagnostics ``(c, 4)`` of the coarse nodes."""
+    k = obs.k
+    G = np.empty((nodes.shape[0], k, k))
+
+    def capture(points: np.ndarray, Gp: np.ndarray | FactoredTransform) -> None:
+        G[points] = Gp.dense() if isinstance(Gp, FactoredTransform) else Gp
+
+    diag = KERNELS[kernel](
+        nodes,
+        obs,
+        loc,
+        variant,
+        np.full(nodes.shape[0], rho),
+        variant.projection(k),
+        capture,
+        sw,
+        tile_points=tile_points,
+        threads=threads,
+    )
+    return G, diag
+
+
+def interpolated_local(
+    X: np.ndarray,
+    row_coords: np.ndarray,
+    obs: ObsSpace,
+    loc: Localization,
+    variant: Variant,
+    forget: float | np.ndarray,
+    kernel: KernelName,
+    tile_points: int,
+    threads: int,
+    sw: Stopwatch,
+    wgrid: WeightGrid,
+) -> AnalysisResult:
+    """:func:`~ensio.analysis.local.run_local` with transforms interpolated from ``wgrid``.
+
+    ``obs`` must hold every observation within the support radius of the
+    coarse nodes of the rows' cells (:func:`selection_radius`). The
+    diagnostics of a point (observations used, adaptive-inflation sums) are
+    interpolated like the transforms (the count rounded). ``forget`` must be
+    one value (adaptive inflation is refused by the config).
+    """
+    X = np.asarray(X, dtype=float)
+    k, n = X.shape
+    if obs.k != k:
+        raise ValueError(f"observed ensemble has {obs.k} members, state has {k}")
+    coords = as_coords(row_coords, loc.geometry)
+    if coords.shape != (n, 2):
+        raise ValueError(f"{KEY}: needs lon/lat of every row, got shape {coords.shape}")
+    rho_all = np.broadcast_to(np.asarray(forget, dtype=float), (n,))
+    rho = float(rho_all[0]) if n else 1.0
+    if not np.all(rho_all == rho):
+        raise ValueError(f"{KEY}: needs one forgetting factor for all rows")
+    out = X.copy()
+    if n == 0:
+        z = np.zeros(0)
+        return AnalysisResult(ensemble=out, n_obs=np.zeros(0, np.int64), dRd=z, trace=z,
+                              weight_sum=z)  # fmt: skip
+    pts, inv = np.unique(coords, axis=0, return_inverse=True)
+    inv = inv.ravel()
+    nodes, corner, beta, cell = wgrid.cells(pts)
+    Gc, diag_c = _coarse_transforms(nodes, obs, loc, variant, rho, kernel, tile_points,
+                                    threads, sw)  # fmt: skip
+    diag = np.einsum("pc,pcj->pj", beta, diag_c[corner])
+    diag[:, 0] = np.rint(diag[:, 0])
+    empty = ~np.any(diag_c[corner, 0] > 0, axis=1)
+    with sw("update"):  # the kernel timed its own phases
+        _interpolate_and_apply(X, out, inv, Gc, corner, beta, cell, empty, rho)
+    d = diag[inv]
+    return AnalysisResult(
+        ensemble=out,
+        n_obs=d[:, 0].astype(np.int64),
+        dRd=d[:, 1],
+        trace=d[:, 2],
+        weight_sum=d[:, 3],
+    )
+
+
+def _interpolate_and_apply(X, out, inv, Gc, corner, beta, cell, empty, rho) -> None:
+    """``out[:, r] = x̄_r + Σ_c β_c x'_rᵀ G_c`` for every row r (compiled, :func:`_blend_rows`).
+
+    Rows are visited cell by cell, so the four corner transforms of a cell
+    stay in the cache while its rows use them; no interpolated k × k matrix
+    is formed and nothing is gathered. Rows whose four corners have no
+    observation get ``x̄ + x'·(1/√ρ)`` exactly, as in the exact analysis.
+    """
+    mean = X.mean(axis=0)
+    Xp = X - mean
+    rows = np.argsort(cell[inv], kind="stable").astype(np.int64)
+    _blend_rows(Xp, mean, rows, inv.astype(np.int64), corner.astype(np.int64),
+                np.ascontiguousarray(beta), Gc, empty, 1.0 / np.sqrt(rho), out)  # fmt: skip
+
+
+@njit(cache=True, nogil=True, fastmath=False)
+def _blend_rows(Xp, mean, rows, point, corner, beta, Gc, empty, s0, out):  # pragma: no cover
+    """The loops of :func:`_interpolate_and_apply` (numba; ``Xp``, ``out``: (k, n))."""
+    k = Xp.shape[0]
+    x = np.empty(k)
+    acc = np.empty(k)
+    for t in range(rows.size):
+        r = rows[t]
+        p = point[r]
+        for a in range(k):
+            x[a] = Xp[a, r]
+        if empty[p]:
+            for b in range(k):
+                out[b, r] = mean[r] + x[b] * s0
+            continue
+        acc[:] = 0.0
+        for q in range(4):
+            w = beta[p, q]
+            if w == 0.0:
+                continue
+            G = Gc[corner[p, q]]
+            for a in range(k):
+                xa = x[a] * w
+                for b in range(k):
+                    acc[b] += xa * G[a, b]
+        for b in range(k):
+            out[b, r] = mean[r] + acc[b]
+
+
+def warm_up() -> None:
+    """Compile (first use) or load from the cache :func:`_blend_rows` (benchmarks call it)."""
+    _blend_rows(np.zeros((2, 1)), np.zeros(1), np.zeros(1, np.int64), np.zeros(1, np.int64),
+                np.zeros((1, 4), np.int64), np.array([[1.0, 0, 0, 0]]), np.eye(2)[None],
+                np.zeros(1, np.bool_), 1.0, np.zeros((2, 1)))  # fmt: skip

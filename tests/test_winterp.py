@@ -1,0 +1,266 @@
+"""Weight interpolation (``analysis.weight_interpolation``) against an independent interpolation.
+
+The reference computes the transforms of the coarse nodes with the
+pointwise kernel (one eigendecomposition per node, the formulas as
+written) and interpolates them with a bilinear interpolation written here
+in *grid-index* space (ensio's works on longitudes/latitudes in degrees):
+coarse columns ``0, k, 2k, …`` with the last cell wrapping across the
+dateline to column 0, coarse rows ``0, k, 2k, …`` and the last row (the
+poles are grid rows).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ensio.analysis.filters import analyse
+from ensio.analysis.localization import Geometry, Localization
+from ensio.analysis.obsspace import ObsSpace
+from ensio.analysis.pointwise import pointwise_kernel
+from ensio.analysis.variants import VARIANTS
+from ensio.analysis.winterp import WeightGrid, interpolated_local
+from ensio.config.analysis import (
+    AnalysisSection,
+    InflationSection,
+    LocalizationSection,
+    WeightInterpolationSection,
+)
+from ensio.config.errors import ConfigError
+from ensio.config.load import from_plain
+from ensio.obs import ObsBatch, RegularGrid
+from ensio.stopwatch import Stopwatch
+
+LON = np.arange(-180.0, 180.0, 15.0)  # 24 columns, the dateline between the last and the first
+LAT = np.arange(-90.0, 90.1, 15.0)  # 13 rows, both poles
+RADIUS = 3000.0
+
+
+def grid_points() -> np.ndarray:
+    lon2, lat2 = np.meshgrid(LON, LAT)
+    return np.stack([lon2.ravel(), lat2.ravel()], axis=1)  # (lat, lon) C order
+
+
+def obs_case(rng, k: int, m: int = 160, stochastic: bool = False) -> ObsSpace:
+    """Observations clustered at the dateline and the poles, with a hole (no observations)."""
+    olon = rng.uniform(-180, 180, m)
+    olat = np.degrees(np.arcsin(rng.uniform(-1, 1, m)))
+    olon[: m // 4] = rng.uniform(165, 195, m // 4)
+    olat[m // 4 : m // 2] = rng.uniform(75, 90, m // 4) * rng.choice([-1, 1], m // 4)
+    hole = (np.abs(olon - 60) < 50) & (np.abs(olat) < 40)
+    olon[hole] -= 140.0
+    olon = (olon + 180.0) % 360.0 - 180.0
+    pert = rng.standard_normal((k, m)) if stochastic else None
+    errors = rng.uniform(0.5, 2.0, m)
+    return ObsSpace(
+        hx=rng.standard_normal((k, m)) + rng.standard_normal(m),
+        values=rng.standard_normal(m),
+        errors=errors,
+        coords=np.stack([olon, olat], axis=1),
+        ids=rng.permutation(m),
+        perturbations=None if pert is None else (pert - pert.mean(axis=0)) * errors,
+    )
+
+
+def coarse_index(n: int, k: int, closed: bool) -> list[int]:
+    idx = list(range(0, n, k))
+    if closed and idx[-1] != n - 1:
+        idx.append(n - 1)
+    return idx
+
+
+def reference(X, obs, method, stride, rho):
+    """Analysis with pointwise transforms at the coarse nodes, interpolated in index space."""
+    nlat, nlon = LAT.size, LON.size
+    cols, rows = coarse_index(nlon, stride, False), coarse_index(nlat, stride, True)
+    nodes = np.array([(LON[i], LAT[j]) for j in rows for i in cols])
+    k = X.shape[0]
+    Gc = np.empty((len(nodes), k, k))
+
+    def capture(points, G):
+        Gc[points] = G
+
+    variant = VARIANTS[method]
+    loc = Localization(geometry=Geometry("lonlat"), radius=RADIUS)
+    pointwise_kernel(nodes, obs, loc, variant, np.full(len(nodes), rho), variant.projection(k),
+                     capture, Stopwatch(enabled=False))  # fmt: skip
+    Gc = Gc.reshape(len(rows), len(cols), k, k)
+    out = np.empty_like(X)
+    xbar = X.mean(axis=0)
+    for j in range(nlat):
+        b = max(b for b in range(len(rows) - 1) if rows[b] <= j)
+        fy = (j - rows[b]) / (rows[b + 1] - rows[b])
+        for i in range(nlon):
+            a = i // stride
+            right = cols[a + 1] if a + 1 < len(cols) else nlon  # wraps to column 0
+            fx = (i - cols[a]) / (right - cols[a])
+            a1 = (a + 1) % len(cols)
+            G = ((1 - fx) * (1 - fy) * Gc[b, a] + fx * (1 - fy) * Gc[b, a1]
+                 + (1 - fx) * fy * Gc[b + 1, a] + fx * fy * Gc[b + 1, a1])  # fmt: skip
+            r = j * nlon + i
+            out[:, r] = xbar[r] + (X[:, r] - xbar[r]) @ G
+    return out
+
+
+def run(X, obs, method, stride, rho, kernel="batched", coords=None):
+    loc = Localization(geometry=Geometry("lonlat"), radius=RADIUS)
+    coords = grid_points() if coords is None else coords
+    return interpolated_local(X, coords, obs, loc, VARIANTS[method], rho, kernel, 32, 1,
+                              Stopwatch(enabled=False), WeightGrid(LON, LAT, stride))  # fmt: skip
+
+
+@pytest.mark.parametrize("method", ["etkf", "estkf", "enkf"])
+@pytest.mark.parametrize("stride", [2, 3, 5])
+def test_interpolated_transforms_equal_an_independent_interpolation(method, stride, rng):
+    k = 7
+    obs = obs_case(rng, k, stochastic=method == "enkf")
+    n = LON.size * LAT.size
+    X = rng.standard_normal((k, n)) * 2.0 + rng.standard_normal(n)
+    rho = 0.9
+    got = run(X, obs, method, stride, rho)
+    want = reference(X, obs, method, stride, rho)
+    assert np.abs(got.ensemble - want).max() / np.abs(want).max() < 1e-10
+    assert not np.allclose(got.ensemble, X)  # observations did act
+
+
+def test_levels_share_the_interpolated_transform(rng):
+    """A 3-D state: every level of a column gets the column's interpolated transform."""
+    k, levels = 6, 3
+    obs = obs_case(rng, k)
+    pts = grid_points()
+    n = pts.shape[0]
+    X = rng.standard_normal((k, levels * n))
+    got = run(X, obs, "etkf", 3, 1.0, coords=np.tile(pts, (levels, 1)))
+    for lev in range(levels):
+        part = X[:, lev * n : (lev + 1) * n]
+        want = reference(part, obs, "etkf", 3, 1.0)
+        assert np.abs(got.ensemble[:, lev * n : (lev + 1) * n] - want).max() < 1e-10 * np.abs(
+            want
+        ).max()
+
+
+def test_points_without_observations_keep_the_inflated_prior_exactly(rng):
+    k = 5
+    far = ObsSpace(hx=rng.standard_normal((k, 3)), values=np.zeros(3), errors=np.ones(3),
+                   coords=np.array([[0.0, 0.0], [15.0, 0.0], [0.0, 15.0]]), ids=np.arange(3))
+    n = LON.size * LAT.size
+    X = rng.standard_normal((k, n))
+    rho = 0.81
+    got = run(X, far, "etkf", 2, rho).ensemble
+    xbar = X.mean(axis=0)
+    prior = xbar + (X - xbar) * (1.0 / np.sqrt(rho))  # I/√ρ, as the exact analysis has it
+    pts = grid_points()
+    untouched = np.abs(pts[:, 1]) >= 60  # every corner of their cells is > radius away
+    assert np.array_equal(got[:, untouched], prior[:, untouched])
+    assert not np.allclose(got[:, ~untouched], prior[:, ~untouched])
+
+
+def config(stride: int | None, kernel: str = "batched") -> AnalysisSection:
+    extra = {} if stride is None else {"weight_interpolation": WeightInterpolationSection(stride)}
+    return AnalysisSection(
+        filter="letkf",
+        localization=LocalizationSection(radius_km=RADIUS),
+        inflation=InflationSection(forget=0.95),
+        kernel=kernel,
+        **extra,
+    )
+
+
+def batch(rng, m=120) -> ObsBatch:
+    return ObsBatch(
+        values=rng.standard_normal(m),
+        errors=rng.uniform(0.5, 1.5, m),
+        lon=rng.uniform(-180, 180, m),
+        lat=np.degrees(np.arcsin(rng.uniform(-1, 1, m))),
+    )
+
+
+def test_stride_one_is_the_exact_analysis_bit_for_bit(rng):
+    n = LON.size * LAT.size
+    X = rng.standard_normal((8, n))
+    obs, grid = batch(rng), RegularGrid(LON, LAT)
+    exact = analyse(X, obs, config(None), grid=grid).ensemble
+    assert np.array_equal(analyse(X, obs, config(1), grid=grid).ensemble, exact)
+
+
+@pytest.mark.parametrize("stride", [2, 4])
+def test_through_the_pipeline_coarse_rows_are_exact(stride, rng):
+    """``analyse`` with a stride: rows on coarse nodes get the exact analysis, others differ."""
+    n = LON.size * LAT.size
+    X = rng.standard_normal((8, n)) + np.linspace(0, 3, n)
+    obs, grid = batch(rng), RegularGrid(LON, LAT)
+    exact = analyse(X, obs, config(None, "pointwise"), grid=grid).ensemble
+    got = analyse(X, obs, config(stride), grid=grid)
+    jj, ii = np.divmod(np.arange(n), LON.size)
+    on_node = (ii % stride == 0) & ((jj % stride == 0) | (jj == LAT.size - 1))
+    assert np.abs(got.ensemble[:, on_node] - exact[:, on_node]).max() < 1e-10 * np.abs(exact).max()
+    assert not np.allclose(got.ensemble[:, ~on_node], exact[:, ~on_node])
+    assert got.n_obs.shape == (n,) and np.all(got.n_obs >= 0)
+
+
+@pytest.mark.parametrize("bad", [0, -2, 1.5, True, "2"])
+def test_stride_must_be_a_positive_integer(bad):
+    with pytest.raises(ConfigError, match="analysis.weight_interpolation.stride"):
+        WeightInterpolationSection(bad)  # type: ignore[arg-type]
+
+
+def test_stride_needs_lonlat_and_no_adaptive_inflation():
+    with pytest.raises(ConfigError, match="analysis.weight_interpolation.stride"):
+        AnalysisSection(filter="letkf", localization=LocalizationSection(radius=3.0, periodic=40),
+                        weight_interpolation=WeightInterpolationSection(2))  # fmt: skip
+    with pytest.raises(ConfigError, match="analysis.weight_interpolation.stride"):
+        AnalysisSection(filter="letkf", localization=LocalizationSection(radius_km=RADIUS),
+                        inflation=InflationSection(adaptive=True),
+                        weight_interpolation=WeightInterpolationSection(2))  # fmt: skip
+
+
+def test_the_yaml_key_reaches_the_section():
+    raw = {"filter": "letkf", "localization": {"radius_km": 500.0},
+           "weight_interpolation": {"stride": 3}}  # fmt: skip
+    assert from_plain(AnalysisSection, raw, "analysis").weight_interpolation.stride == 3
+    raw["weight_interpolation"] = {"stride": 0}
+    with pytest.raises(ConfigError, match="analysis.weight_interpolation.stride"):
+        from_plain(AnalysisSection, raw, "analysis")
+
+
+def test_margin_bounds_the_distance_to_every_corner():
+    from ensio.analysis.localization import Geometry, distances
+
+    for stride in (2, 3, 7):
+        wg = WeightGrid(LON, LAT, stride)
+        pts = grid_points()
+        nodes, corner, _, _ = wg.cells(pts)
+        d = distances(Geometry("lonlat"), pts, nodes)
+        far = np.take_along_axis(d, corner, axis=1).max()
+        assert far <= wg.margin_km()
+
+
+def test_threads_do_not_change_the_result(rng):
+    k = 6
+    obs = obs_case(rng, k)
+    n = LON.size * LAT.size
+    X = rng.standard_normal((k, n))
+    loc = Localization(geometry=Geometry("lonlat"), radius=RADIUS)
+    wg = WeightGrid(LON, LAT, 2)
+    one, two = (
+        interpolated_local(X, grid_points(), obs, loc, VARIANTS["etkf"], 1.0, "batched", 16, t,
+                           Stopwatch(enabled=False), wg).ensemble  # fmt: skip
+        for t in (1, 2)
+    )
+    assert np.array_equal(one, two)
+
+
+def test_longitude_convention_and_latitude_order_do_not_matter(rng):
+    """The grid given as 0..345 E with descending latitudes: the same cells, the same analysis."""
+    k, stride = 6, 3
+    obs = obs_case(rng, k)
+    n = LON.size * LAT.size
+    X = rng.standard_normal((k, n))
+    want = run(X, obs, "etkf", stride, 1.0).ensemble
+    loc = Localization(geometry=Geometry("lonlat"), radius=RADIUS)
+    shifted = grid_points().copy()
+    shifted[:, 0] = np.mod(shifted[:, 0], 360.0)
+    wg = WeightGrid(np.mod(LON, 360.0)[::-1], LAT[::-1], stride)
+    got = interpolated_local(X, shifted, obs, loc, VARIANTS["etkf"], 1.0, "batched", 32, 1,
+                             Stopwatch(enabled=False), wg).ensemble  # fmt: skip
+    assert np.abs(got - want).max() <= 1e-12 * np.abs(want).max()
