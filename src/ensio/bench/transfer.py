@@ -54,7 +54,9 @@ class TransferBenchSettings:
     reference) touches and frees as much memory as it will allocate before its start
     (see :func:`.transfer_programs._warm`); ``compute_ms``: the producer computes
     this long after writing each variable, as a model computes between its outputs
-    (the overlap the seed's asynchronous mode exists for; 0 writes back to back)."""
+    (the overlap the seed's asynchronous mode exists for; 0 writes back to back);
+    ``pool_mb``: the staging daemons' pool of pre-faulted memfds (None: their
+    default; 0: none), see :mod:`ensio.transfer.pool`."""
 
     files: int = 8
     size_mb: float = 64.0
@@ -64,6 +66,7 @@ class TransferBenchSettings:
     poll_ms: float = 1.0
     warm: bool = True
     compute_ms: float = 0.0
+    pool_mb: float | None = None
     seed: int = 20041
     timeout_s: float = 600.0
 
@@ -133,7 +136,7 @@ def bench_transfer(st: TransferBenchSettings, workdir: str | Path | None = None,
     cases = [CASES[c] for c in st.cases]
     load_start = list(os.getloadavg())
     with contextlib.ExitStack() as stack:
-        host, places, skipped = _placements(cases, stack)
+        host, places, skipped = _placements(cases, stack, st.pool_mb)
         runs: dict[str, list[dict[str, Any]]] = {}
         copies: list[float] = []
         fresh: list[float] = []
@@ -161,7 +164,7 @@ def bench_transfer(st: TransferBenchSettings, workdir: str | Path | None = None,
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
 
 
-def _placements(cases: Sequence[Case], stack: contextlib.ExitStack
+def _placements(cases: Sequence[Case], stack: contextlib.ExitStack, pool_mb: float | None
                 ) -> tuple[DirectHost | None, dict[int, Placement], dict[str, str]]:
     """The one-host daemon and, if a two-host case can run, the namespace pair; the cases
     that cannot be measured, with the reason. Everything started is closed by ``stack``."""
@@ -169,7 +172,7 @@ def _placements(cases: Sequence[Case], stack: contextlib.ExitStack
 
     host = None
     if any(c.exchange == "direct" for c in cases):
-        host = stack.enter_context(direct_host())
+        host = stack.enter_context(direct_host(pool_mb))
     skipped = {c.name: why for c in cases if (why := unavailable(c, host)) is not None}
     places: dict[int, Placement] = {} if host is None else {1: host}
     if any(c.hosts == 2 and c.name not in skipped for c in cases):

@@ -167,17 +167,16 @@ class Network:
         True if it is held here, complete, at the end."""
         path = m.get("path")
         peer = Peer(id=peer.id, component=f"{m.get('component', '?')}@{host}", pid=0)
-        memfd = os.memfd_create(os.path.basename(path), os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-        wfd = os.dup(memfd)
-        try:
-            reply = self.table.create(peer, path, memfd, conn=m.get("conn"), budget=-1,
+        wfd = -1
+        try:  # the table supplies the memory (pre-faulted from the pool when it can)
+            reply = self.table.create(peer, path, None, conn=m.get("conn"), budget=-1,
                                       fallback="files", persist=False,
                                       mode=int(m.get("mode", "644"), 8), excl=False,
                                       keep=False)
-            if reply.verb != "OK":
-                os.close(memfd)
+            if reply.verb != "OK" or reply.fd is None:
                 send_frame(conn, reply.verb, **reply.fields)
                 return False
+            wfd = reply.fd
             send_frame(conn, "OK")
             entry_id = int(str(reply.fields["id"]))
             buf = bytearray(0)  # grown to the largest DATA seen, at most _CHUNK
