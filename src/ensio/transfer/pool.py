@@ -174,61 +174,80 @@ class MemfdPool:
                 self._cond.notify_all()
 
     def run(self) -> None:
-        """Fill the pool until ``close``, in steps of :data:`_STEP` bytes outside the lock,
-        pausing when a producer starts writing; at the lowest CPU priority (``SCHED_IDLE``):
-        the pool uses idle time, never a program's."""
+        """Fill the pool until ``close`` (the daemon's filling thread): at the lowest CPU
+        priority (``SCHED_IDLE``), so the pool uses idle time, never a program's."""
         _lowest_priority()
         while True:
             with self._cond:
-                if self._wait_for_room() is None:
-                    return
-                fd, done, size = self._partial
-                self._in_step = True  # close() leaves the partial entry to us meanwhile
-            try:
-                fallocate_keep_size(fd, min(_STEP, size - done), offset=done)
-            except OSError as exc:
-                self.log.warning("memfd pool: cannot pre-fault %d bytes (%s): not filled",
-                                 size, exc.strerror)
-                with self._cond:
-                    self._in_step = False
-                    self._drop_partial()
-                    self._cond.wait(60.0)
-                continue
-            with self._cond:
-                self._in_step = False
+                while not self._closed and not self._work():
+                    self._cond.wait(self._wait_s())
                 if self._closed:
-                    self._drop_partial()
                     return
-                done = min(size, done + _STEP)
-                self._partial = (fd, done, size)
-                if done == size:
-                    self._ready.append((fd, size))
-                    self._partial = None
-                    self._cond.notify_all()
+            if not self.fill_step():
+                with self._cond:  # refused by the kernel: try again much later
+                    self._cond.wait(60.0)
 
-    def _wait_for_room(self) -> bool | None:
-        """(lock held) Wait until there is something to fill and no file is being written;
-        ``self._partial`` is then the entry to go on with. None: closed."""
-        while not self._closed:
-            idle = time.monotonic() - self._last_take
-            if idle >= self.idle_s and (self._ready or self._partial):
+    def fill_step(self) -> bool:
+        """Pre-fault the next :data:`_STEP` bytes of the entry being filled, if there is
+        work now (no file being written, room under the limit, memory available); never
+        waits. False: nothing was done."""
+        with self._cond:
+            if self._closed or not self._work():
+                return False
+            fd, done, size = self._partial
+            self._in_step = True  # close() leaves the partial entry to us meanwhile
+        try:
+            fallocate_keep_size(fd, min(_STEP, size - done), offset=done)
+            failed = None
+        except OSError as exc:
+            failed = exc
+        with self._cond:
+            self._in_step = False
+            if failed is not None or self._closed:
+                if failed is not None:
+                    self.log.warning("memfd pool: cannot pre-fault %d bytes (%s): not filled",
+                                     size, failed.strerror)
+                self._drop_partial()
+                return False
+            done = min(size, done + _STEP)
+            self._partial = None if done == size else (fd, done, size)
+            if done == size:
+                self._ready.append((fd, size))
+                if self._held() + size > self.limit:
+                    self.log.info("memfd pool: %d entries of %d MiB ready", len(self._ready),
+                                  size >> 20)
+                self._cond.notify_all()
+            return True
+
+    def _work(self) -> bool:
+        """(lock held) Whether there is something to fill now; ``self._partial`` is then
+        the entry to go on with (a new one is made here). Releases an idle pool."""
+        idle = time.monotonic() - self._last_take
+        if idle >= self.idle_s:
+            if self._ready or self._partial:
                 self.log.info("memfd pool: idle for %.0f s, %d bytes released", idle,
                               self._held())
                 self._release()
-            for_use = idle < self.idle_s
-            if for_use and self._writing == 0:
-                if self._partial is not None:
-                    return True
-                size = self._entry_size()
-                if size and self._held() + size <= self.limit:
-                    if _available_ok(size):
-                        fd = os.memfd_create("ensio-pool", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-                        self._partial = (fd, 0, size)
-                        return True
-                    self._cond.wait(5.0)  # short of memory: look again later
-                    continue
-            self._cond.wait(max(0.5, self.idle_s - idle) if for_use else None)
-        return None
+            return False
+        if self._writing or self._in_step:
+            return False
+        if self._partial is not None:
+            return True
+        size = self._entry_size()
+        if not size or self._held() + size > self.limit or not _available_ok(size):
+            return False
+        fd = os.memfd_create("ensio-pool", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        self._partial = (fd, 0, size)
+        return True
+
+    def _wait_s(self) -> float | None:
+        """(lock held) How long the filling thread sleeps when there is no work: until the
+        pool turns idle (it is released then), or until woken (a take, a learn, the last
+        writer done, close); a pool short of memory looks again every 5 s."""
+        idle = time.monotonic() - self._last_take
+        if idle >= self.idle_s:
+            return None
+        return max(0.5, min(5.0, self.idle_s - idle))
 
     def _held(self) -> int:
         return sum(n for _, n in self._ready) + (self._partial[1] if self._partial else 0)
