@@ -164,6 +164,8 @@ class Daemon:
                     self._send_status(conn)
                     continue
                 reply = self._dispatch(peer, msg)
+                if msg.verb == "RANGES" and msg.get("ack") == "0":
+                    continue  # the interposer does not wait for an answer
                 self._reply(conn, reply)
                 if msg.verb == "STOP":
                     self.log.info("stop requested by %s", peer)
