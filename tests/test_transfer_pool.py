@@ -315,3 +315,15 @@ def test_unmodified_programs_through_the_pool(host: Host):
     stop = host.ensio("transfer", "stop")
     assert stop.returncode == 0, stop.stderr
     assert "memfd pool: 2 new files took pre-faulted memory" in host.log()
+
+
+def test_the_configs_pool_mb_sizes_the_pool_of_the_daemon_ensio_run_starts(host: Host):
+    import yaml
+
+    (host.work / "fc").mkdir()
+    config = write_config(host.work / "t.yaml", ["fc/mem*.nc"])
+    raw = yaml.safe_load(config.read_text())
+    config.write_text(yaml.safe_dump({**raw, "pool_mb": 48}))
+    p = host.run(config, "model", sys.executable, "-c", "pass")
+    assert p.returncode == 0, p.stderr
+    assert "memfd pool 48 MiB" in host.log()
