@@ -39,7 +39,7 @@ import os
 import threading
 import time
 
-__all__ = ["MemfdPool", "fallocate_keep_size", "trim"]
+__all__ = ["MemfdPool", "fallocate_keep_size", "supply_memfd", "trim"]
 
 FALLOC_FL_KEEP_SIZE = 0x01
 _ROUND = 2 << 20
@@ -73,6 +73,16 @@ def trim(fd: int) -> None:
     can write past the end any more.
     """
     os.ftruncate(fd, os.fstat(fd).st_size)
+
+
+def supply_memfd(pool: MemfdPool | None, path: str) -> tuple[int, bool]:
+    """The memory of a new file: a memfd pre-faulted from ``pool`` (True), else a fresh
+    one named after ``path`` (False). Sealing allowed; the caller owns it."""
+    fd = pool.take() if pool is not None else None
+    if fd is not None:
+        return fd, True
+    return os.memfd_create(os.path.basename(path) or "ensio",
+                           os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING), False
 
 
 def _lowest_priority() -> None:

@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 
 from . import materialize
-from .pool import MemfdPool, trim
+from .pool import MemfdPool, supply_memfd, trim
 
 __all__ = ["Entry", "Peer", "Reply", "Table"]
 
@@ -140,7 +140,7 @@ class Table:
         supplied = memfd is None
         pooled = False
         if supplied:
-            memfd, pooled = self._supply(path)
+            memfd, pooled = supply_memfd(self.pool, path)
         try:
             if keep:
                 self._copy_current(path, source, memfd)
@@ -165,15 +165,6 @@ class Table:
             self.cond.notify_all()
         return Reply("OK", {"id": entry.id, "mode": f"0{mode:o}"},
                      os.dup(memfd) if supplied else None)
-
-    def _supply(self, path: str) -> tuple[int, bool]:
-        """A memfd for a new file: pre-faulted from the pool, else a fresh one."""
-        fd = self.pool.take() if self.pool is not None else None
-        if fd is not None:
-            return fd, True
-        return os.memfd_create(os.path.basename(path) or "ensio",
-                               os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING), False
-
     @staticmethod
     def _existing_mode(path: str, cur: Entry | None, mode: int) -> int:
         """An open of an existing file keeps its permission bits (``mode`` is for creating)."""
