@@ -98,6 +98,19 @@ def test_the_pool_does_not_fill_while_a_file_is_being_written(pool):
     assert fill(pool) > 0 and pool.held() == 10 * MIB
 
 
+def test_the_pool_waits_for_a_quiet_moment_after_the_daemons_last_request():
+    p = MemfdPool(4 * MIB, logging.getLogger("test-pool"), quiet_s=0.3)
+    try:
+        p.learn(MIB)
+        p.touch()  # a program just opened or closed a file: it is busy with it now
+        assert fill(p) == 0
+        wait_for(p.fill_step, timeout=30, what="the pool filling once quiet")
+        fill(p)
+        assert p.held() == 4 * MIB
+    finally:
+        p.close()
+
+
 def test_an_empty_pool_answers_none_and_close_releases_every_entry(pool):
     assert pool.take() is None and pool.missed == 1
     pool.learn(MIB)

@@ -178,6 +178,7 @@ class Daemon:
 
     def _dispatch(self, peer: Peer, msg: Message) -> Reply:
         """One request → the table's reply; a descriptor received and not kept is closed."""
+        self.pool.touch()
         try:
             if msg.verb == "CREATE":  # without a descriptor: the daemon supplies the memory
                 reply = self.table.create(

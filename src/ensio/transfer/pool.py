@@ -25,8 +25,11 @@ while the host's available memory would drop below a tenth of its total; it is
 released after ``idle_s`` seconds without a take, and when the daemon stops.
 
 When: only while no file is being written on this host (the table says,
-:meth:`MemfdPool.set_writing`), and at the lowest CPU priority: the pool is filled
-in the gaps between output bursts, from idle time.
+:meth:`MemfdPool.set_writing`), once the daemon has had no request for ``quiet_s``
+(1 s: the programs that just wrote or opened files are still busy with them), and at
+the lowest CPU priority: the pool is filled in the gaps between output bursts, from
+idle time. Filling beside a producer's writes, or right after them while the
+consumer reads, slowed those programs down more than the pool saved them.
 """
 
 from __future__ import annotations
@@ -117,9 +120,12 @@ class MemfdPool:
     memfd. ``run`` (a thread of the daemon) fills it; ``close`` releases everything.
     """
 
-    def __init__(self, limit: int, log: logging.Logger, idle_s: float = 300.0) -> None:
+    def __init__(self, limit: int, log: logging.Logger, idle_s: float = 300.0,
+                 quiet_s: float = 1.0) -> None:
         self.limit = max(0, int(limit))
         self.idle_s = idle_s
+        self.quiet_s = quiet_s
+        self._last_request = -quiet_s  # the daemon's last request (monotonic seconds)
         self.log = log
         self._cond = threading.Condition()
         self._ready: collections.deque[tuple[int, int]] = collections.deque()  # (fd, bytes)
@@ -172,6 +178,11 @@ class MemfdPool:
         return min(want, self.limit)
 
     # -- the filling thread ------------------------------------------------------------
+
+    def touch(self) -> None:
+        """The daemon served a request: programs are opening, writing or closing files
+        now, and the pool waits until ``quiet_s`` passed without one."""
+        self._last_request = time.monotonic()  # one float store: no lock needed
 
     def set_writing(self, n: int) -> None:
         """``n`` files are being written now. The pool fills only while none is: a fill
@@ -232,14 +243,15 @@ class MemfdPool:
     def _work(self) -> bool:
         """(lock held) Whether there is something to fill now; ``self._partial`` is then
         the entry to go on with (a new one is made here). Releases an idle pool."""
-        idle = time.monotonic() - self._last_take
+        now = time.monotonic()
+        idle = now - self._last_take
         if idle >= self.idle_s:
             if self._ready or self._partial:
                 self.log.info("memfd pool: idle for %.0f s, %d bytes released", idle,
                               self._held())
                 self._release()
             return False
-        if self._writing or self._in_step:
+        if self._writing or self._in_step or now - self._last_request < self.quiet_s:
             return False
         if self._partial is not None:
             return True
@@ -254,9 +266,13 @@ class MemfdPool:
         """(lock held) How long the filling thread sleeps when there is no work: until the
         pool turns idle (it is released then), or until woken (a take, a learn, the last
         writer done, close); a pool short of memory looks again every 5 s."""
-        idle = time.monotonic() - self._last_take
+        now = time.monotonic()
+        idle = now - self._last_take
         if idle >= self.idle_s:
             return None
+        quiet = self._last_request + self.quiet_s - now
+        if quiet > 0:
+            return quiet + 0.01
         return max(0.5, min(5.0, self.idle_s - idle))
 
     def _held(self) -> int:
