@@ -28,8 +28,9 @@ When: only while no file is being written on this host (the table says,
 :meth:`MemfdPool.set_writing`), once the daemon has had no request for ``quiet_s``
 (1 s: the programs that just wrote or opened files are still busy with them), and at
 the lowest CPU priority: the pool is filled in the gaps between output bursts, from
-idle time. Filling beside a producer's writes, or right after them while the
-consumer reads, slowed those programs down more than the pool saved them.
+idle time. Filling beside a producer's writes slowed them down more than the pool
+saved them (the kernel's page allocator and the memory bandwidth are shared); right
+after them it would compete with the consumers reading the new files.
 """
 
 from __future__ import annotations
