@@ -66,6 +66,8 @@ def error_of(raw) -> str:
     (cfg(connections=[conn(files=["/x/"])]), "connections[0].files[0]: '/x/' names a directory"),
     (cfg(connections=[]), "connections: expected a non-empty list"),
     (cfg(connections=["restarts"]), "connections[0]: expected a mapping"),
+    (cfg(pool_mb=-1), "pool_mb: must be 0 or more"),
+    (cfg(pool_mb="big"), "pool_mb: expected a number"),
 ])
 def test_config_errors_name_the_key(raw, key):
     assert key in error_of(raw)

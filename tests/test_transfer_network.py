@@ -166,3 +166,37 @@ def test_merge_covers_the_same_bytes_as_the_union(rng):
     covered = [b for off, n in merged for b in range(off, off + n)]
     assert sorted(covered) == sorted(union) and len(covered) == len(union)
     assert all(a[0] + a[1] < b[0] for a, b in zip(merged, merged[1:], strict=False))
+
+
+@pytest.mark.parametrize("way", ["splice", "copy"])
+def test_received_bytes_land_at_their_offset_and_no_further(way, rng):
+    """The receiving side of a stream moves exactly ``n`` bytes from the socket into the
+    memory file at ``off`` (by splice, or recv_into + pwrite): the bytes behind them on the
+    socket (the next frame) stay there."""
+    from ensio.transfer.network import _Sink
+
+    head, body, tail = rng.bytes(1000), rng.bytes(3 * (1 << 20) + 77), b"NEXT FRAME"
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    fd = os.memfd_create("t", os.MFD_CLOEXEC)
+    os.write(fd, head)
+    sender = threading.Thread(target=a.sendall, args=(body + tail,))
+    sender.start()
+    sink = _Sink(b, fd)
+    try:
+        if way == "copy":
+            sink.close()
+        else:
+            assert sink.pipe is not None
+        assert sink.receive(len(head), len(body))
+        if way == "splice":
+            assert sink.pipe is not None  # the kernel took it: no fallback happened
+        sender.join()
+        assert b.recv(100) == tail
+        assert os.pread(fd, len(head) + len(body) + 1, 0) == head + body
+        a.close()
+        assert not sink.receive(0, 10)  # the connection closed before the bytes came
+    finally:
+        sink.close()
+        os.close(fd)
+        a.close()
+        b.close()

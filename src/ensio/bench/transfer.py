@@ -54,7 +54,9 @@ class TransferBenchSettings:
     reference) touches and frees as much memory as it will allocate before its start
     (see :func:`.transfer_programs._warm`); ``compute_ms``: the producer computes
     this long after writing each variable, as a model computes between its outputs
-    (the overlap the seed's asynchronous mode exists for; 0 writes back to back)."""
+    (the overlap the seed's asynchronous mode exists for; 0 writes back to back);
+    ``pool_mb``: the staging daemons' pool of pre-faulted memfds (None: their
+    default; 0: none), see :mod:`ensio.transfer.pool`."""
 
     files: int = 8
     size_mb: float = 64.0
@@ -64,6 +66,7 @@ class TransferBenchSettings:
     poll_ms: float = 1.0
     warm: bool = True
     compute_ms: float = 0.0
+    pool_mb: float | None = None
     seed: int = 20041
     timeout_s: float = 600.0
 
@@ -89,26 +92,35 @@ def memcpy_seconds(nbytes: int, copies: int, repeat: int = 3) -> float:
     return best
 
 
-def fresh_memory_write_seconds(nbytes: int, copies: int, warm: bool = True) -> float:
+def fresh_memory_write_seconds(nbytes: int, copies: int, warm: bool = True,
+                               prefaulted: bool = False) -> float:
     """Seconds to write ``copies`` times ``nbytes`` into fresh memfds (one each, closed).
 
     Not a headline number: the floor of anything that puts a file into memory not
-    touched before (the kernel allocates and zeroes every page), which a direct
-    transfer's producer pays and a memcpy between touched buffers does not.
+    touched before (the kernel allocates every page), which a direct transfer's
+    producer pays and a memcpy between touched buffers does not. ``prefaulted``: the
+    memfds' pages are allocated before the clock starts, as the staging daemon's pool
+    does (:mod:`ensio.transfer.pool`): the floor of a producer writing into the pool.
     """
+    from ..transfer.pool import fallocate_keep_size
+
     src = np.frombuffer(np.random.default_rng(1).bytes(nbytes), dtype=np.uint8)
     if warm:
         np.ones(nbytes * copies, dtype=np.uint8)  # as the programs do before their start
-    t = time.perf_counter()
+    total = 0.0
     for _ in range(copies):
         fd = os.memfd_create("ensio-bench", os.MFD_CLOEXEC)
         try:
+            if prefaulted:
+                fallocate_keep_size(fd, nbytes)
+            t = time.perf_counter()
             view = memoryview(src)
             while view:
                 view = view[os.write(fd, view):]
         finally:
-            os.close(fd)
-    return time.perf_counter() - t
+            os.close(fd)  # freeing the pages is timed too, as the programs' exit is
+        total += time.perf_counter() - t
+    return total
 
 
 def bench_transfer(st: TransferBenchSettings, workdir: str | Path | None = None,
@@ -133,10 +145,11 @@ def bench_transfer(st: TransferBenchSettings, workdir: str | Path | None = None,
     cases = [CASES[c] for c in st.cases]
     load_start = list(os.getloadavg())
     with contextlib.ExitStack() as stack:
-        host, places, skipped = _placements(cases, stack)
+        host, places, skipped = _placements(cases, stack, st.pool_mb)
         runs: dict[str, list[dict[str, Any]]] = {}
         copies: list[float] = []
         fresh: list[float] = []
+        prefaulted: list[float] = []
         for rep in range(st.repeat):
             for case in cases[rep % len(cases):] + cases[:rep % len(cases)]:
                 if case.name in skipped:
@@ -150,18 +163,21 @@ def bench_transfer(st: TransferBenchSettings, workdir: str | Path | None = None,
                 shutil.rmtree(Path(r["run_dir"]) / "data", ignore_errors=True)
             copies.append(memcpy_seconds(st.bytes_per_file, st.files))
             fresh.append(fresh_memory_write_seconds(st.bytes_per_file, st.files, st.warm))
+            prefaulted.append(fresh_memory_write_seconds(st.bytes_per_file, st.files, st.warm,
+                                                         prefaulted=True))
         features = sorted(host.features) if host is not None else []
     total = st.files * st.bytes_per_file
     return summary(st, runs, skipped, min(copies), {
         "fresh_memory_write_seconds": min(fresh),
         "fresh_memory_write_gb_per_s": total / min(fresh) / 1e9,
+        "prefaulted_memory_write_gb_per_s": total / min(prefaulted) / 1e9,
         "machine": describe_machine(root), "workdir": str(root), "cores": os.cpu_count(),
         "load_average_start": load_start,
         "load_average": list(os.getloadavg()), "daemon_features": features,
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
 
 
-def _placements(cases: Sequence[Case], stack: contextlib.ExitStack
+def _placements(cases: Sequence[Case], stack: contextlib.ExitStack, pool_mb: float | None
                 ) -> tuple[DirectHost | None, dict[int, Placement], dict[str, str]]:
     """The one-host daemon and, if a two-host case can run, the namespace pair; the cases
     that cannot be measured, with the reason. Everything started is closed by ``stack``."""
@@ -169,7 +185,7 @@ def _placements(cases: Sequence[Case], stack: contextlib.ExitStack
 
     host = None
     if any(c.exchange == "direct" for c in cases):
-        host = stack.enter_context(direct_host())
+        host = stack.enter_context(direct_host(pool_mb))
     skipped = {c.name: why for c in cases if (why := unavailable(c, host)) is not None}
     places: dict[int, Placement] = {} if host is None else {1: host}
     if any(c.hosts == 2 and c.name not in skipped for c in cases):
@@ -281,7 +297,9 @@ def result_table(res: Mapping[str, Any]) -> Any:
                   f"{r['after_close_seconds']:.3f}", f"{r['gb_per_s']:.2f}",
                   f"{100 * r['memcpy_fraction']:.0f} %", _fmt(r["direct_speedup"], ".1f"))
     t.caption = (f"memcpy {res['memcpy_gb_per_s']:.2f} GB/s (write into fresh memory "
-                 f"{res['fresh_memory_write_gb_per_s']:.2f} GB/s); speedup_fsync "
+                 f"{res['fresh_memory_write_gb_per_s']:.2f} GB/s, into pre-faulted memory "
+                 f"{_fmt(res.get('prefaulted_memory_write_gb_per_s'), '.2f')} GB/s); "
+                 f"speedup_fsync "
                  f"{_fmt(res['speedup_fsync'], '.2f')}, speedup_pagecache "
                  f"{_fmt(res['speedup_pagecache'], '.2f')}, memcpy_fraction "
                  f"{_fmt(res['memcpy_fraction'], '.3f')}, async_after_close_ratio "

@@ -169,7 +169,7 @@ class DirectHost:
     does not start); ``features`` is what the daemon advertises.
     """
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, pool_mb: float | None = None) -> None:
         from ..transfer.build import interposer
         from ..transfer.errors import TransferError
         from ..transfer.runtime import ensure_daemon
@@ -179,7 +179,8 @@ class DirectHost:
         self.features: frozenset[str] = frozenset()
         try:
             interposer()
-            self.features = daemon_features(ensure_daemon(directory, idle_timeout=3600.0))
+            self.features = daemon_features(ensure_daemon(directory, idle_timeout=3600.0,
+                                                          pool_mb=pool_mb))
         except (TransferError, OSError) as exc:
             self.error = f"the transfer layer is unavailable here: {exc}"
 
@@ -204,12 +205,12 @@ class DirectHost:
 
 
 @contextlib.contextmanager
-def direct_host() -> Iterator[DirectHost]:
+def direct_host(pool_mb: float | None = None) -> Iterator[DirectHost]:
     """A :class:`DirectHost` in a fresh 0700 directory under /tmp (a Unix socket path must
     stay under 108 bytes, which a deep ``--workdir`` may exceed)."""
     import tempfile
 
-    host = DirectHost(Path(tempfile.mkdtemp(prefix="ensio-bt-", dir="/tmp")))
+    host = DirectHost(Path(tempfile.mkdtemp(prefix="ensio-bt-", dir="/tmp")), pool_mb)
     try:
         yield host
     finally:
@@ -233,8 +234,10 @@ def unavailable(case: Case, host: DirectHost | None) -> str | None:
     return None
 
 
-def _env(place: Placement | None, role: str) -> dict[str, str]:
+def _env(place: Placement | None, role: str, pool_mb: float | None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    if pool_mb is not None:  # a daemon that ensio run starts (two namespaces)
+        env["ENSIO_TRANSFER_POOL_MB"] = str(pool_mb)
     src = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
     env.setdefault("OMP_NUM_THREADS", "1")
@@ -296,8 +299,8 @@ def run_case(case: Case, settings: Mapping[str, Any], run_dir: Path,
             with (run_dir / f"{role}.log").open("w") as log:
                 procs[role] = subprocess.Popen(
                     _argv(case, role, spec, config, place), stdin=subprocess.DEVNULL,
-                    stdout=log, stderr=subprocess.STDOUT, env=_env(place, role), cwd=run_dir,
-                    pass_fds=fds)
+                    stdout=log, stderr=subprocess.STDOUT,
+                    env=_env(place, role, settings.get("pool_mb")), cwd=run_dir, pass_fds=fds)
         for fd in (go_r, go_w, note_r, note_w):
             os.close(fd)
         go_r = go_w = note_r = note_w = -1

@@ -63,6 +63,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compute-ms", type=float, default=d.compute_ms, metavar="MS",
                    help="the producer computes this long after each variable it writes, as a "
                         f"model between outputs (default {d.compute_ms:g}: back to back)")
+    p.add_argument("--pool-mb", type=float, default=None, metavar="MIB",
+                   help="the staging daemons' pool of pre-faulted memory for new files "
+                        "(ensio transfer daemon --pool-mb; default: the daemon's, 256; "
+                        "0 measures without it)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -74,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
 
     st = TransferBenchSettings(files=args.files, size_mb=args.size_mb, fields=args.fields,
                                repeat=args.repeat, cases=args.cases, poll_ms=args.poll_ms,
-                               warm=args.warm, compute_ms=args.compute_ms)
+                               warm=args.warm, compute_ms=args.compute_ms,
+                               pool_mb=args.pool_mb)
     res = run_with_status("ensio bench transfer",
                           lambda on_step: bench_transfer(st, args.workdir, on_step))
     Console().print(result_table(res))

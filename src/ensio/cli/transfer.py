@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 __all__ = ["add_parser"]
@@ -25,6 +26,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     d.add_argument("--socket-dir", type=Path, metavar="DIR", help=_DIR_HELP)
     d.add_argument("--idle-timeout", type=float, default=600.0, metavar="SECONDS",
                    help="exit after this long without clients and held files (default 600)")
+    d.add_argument("--pool-mb", type=float, default=None, metavar="MIB",
+                   help="pre-faulted memory kept ready for producers' new files, so that "
+                        "their writes copy into existing pages (default 256; 0: none)")
     d.set_defaults(func=_daemon)
     s = sub.add_parser("stop", help="stop the daemon",
                        description="Stop the daemon. Complete files of fallback: files "
@@ -46,11 +50,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _daemon(args: argparse.Namespace) -> int:
-    from ..transfer.daemon import AlreadyRunning, serve
+    from ..transfer.daemon import DEFAULT_POOL_MB, AlreadyRunning, serve
     from ..transfer.runtime import prepare_dir, socket_dir
 
+    pool_mb = DEFAULT_POOL_MB if args.pool_mb is None else args.pool_mb
+    if not pool_mb >= 0:
+        print(f"ensio transfer daemon: --pool-mb: must be 0 or more, got {args.pool_mb}",
+              file=sys.stderr)
+        return 2
     try:
-        serve(prepare_dir(socket_dir(args.socket_dir)), idle_timeout=args.idle_timeout)
+        serve(prepare_dir(socket_dir(args.socket_dir)), idle_timeout=args.idle_timeout,
+              pool_mb=pool_mb)
     except AlreadyRunning as exc:
         print(f"ensio transfer daemon: {exc}")
     return 0

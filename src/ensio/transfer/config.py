@@ -189,6 +189,11 @@ class TransferConfig:
     ``identity`` is a short hash of the file's path and content: the daemon keys each
     connection's memory budget by it, so two experiments sharing a host (and a
     daemon) with a connection of the same name do not share a budget.
+
+    ``pool_mb`` (top-level key): the pre-faulted memory a daemon that ``ensio run``
+    starts keeps ready for new files (:mod:`.pool`; None: the daemon's default, 0:
+    none). It is the host's, not a connection's: it counts against no ``memory_mb``,
+    and a daemon already running keeps the pool it was started with.
     """
 
     components: tuple[str, ...]
@@ -197,6 +202,7 @@ class TransferConfig:
     identity: str = ""
     hosts: tuple[HostDef, ...] = ()
     secret: Path | None = None
+    pool_mb: float | None = None
 
     def host(self, name: str) -> HostDef | None:
         """The host called ``name`` in ``hosts`` (None if it is not listed)."""
@@ -248,7 +254,7 @@ def transfer_from_dict(raw: Mapping[str, Any], base_dir: str | os.PathLike = "."
     numbers are positive.
     """
     for k in raw:
-        if k not in ("components", "connections", "hosts", "secret"):
+        if k not in ("components", "connections", "hosts", "secret", "pool_mb"):
             raise ConfigError(f"{k}: unknown config key")
     for k in ("components", "connections"):
         if k not in raw:
@@ -268,8 +274,13 @@ def transfer_from_dict(raw: Mapping[str, Any], base_dir: str | os.PathLike = "."
     if "secret" in raw:
         given = from_plain(str, raw["secret"], "secret")
         secret = Path(base_dir, os.path.expanduser(given)).resolve()
+    pool_mb = None
+    if "pool_mb" in raw:
+        pool_mb = from_plain(float, raw["pool_mb"], "pool_mb")
+        if not pool_mb >= 0:
+            raise ConfigError(f"pool_mb: must be 0 or more (MiB), got {raw['pool_mb']!r}")
     return TransferConfig(components=components, connections=connections, hosts=hosts,
-                          secret=secret)
+                          secret=secret, pool_mb=pool_mb)
 
 
 def _unique_names(names: Any, key: str, suffix: str = "") -> None:

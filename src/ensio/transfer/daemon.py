@@ -14,6 +14,10 @@ activity (an experiment registered, a stream received: :mod:`.network`). At exit
 files of ``fallback: files`` connections that are not on disk yet are written to
 their real paths; anything else held is logged as lost.
 
+The daemon keeps up to ``pool_mb`` MiB of pre-faulted memfds ready for producers
+(:mod:`.pool`; 0 turns it off): a ``CREATE`` without a descriptor gets one of them,
+or a fresh memfd, with its reply. The pool is released at exit.
+
 Log lines (one per event: refusals, producers that died, budgets, timeouts) go to
 ``<socket dir>/daemon.log``.
 """
@@ -33,10 +37,13 @@ import time
 from pathlib import Path
 
 from .network import Network, parse_ranges
+from .pool import MemfdPool
 from .protocol import PROTOCOL_VERSION, Message, encode, recv_message, send_message
 from .table import Peer, Reply, Table
 
-__all__ = ["AlreadyRunning", "Daemon", "serve"]
+__all__ = ["DEFAULT_POOL_MB", "AlreadyRunning", "Daemon", "serve"]
+
+DEFAULT_POOL_MB = 256.0
 
 LOCK_NAME = "daemon.lock"
 SOCKET_NAME = "daemon.sock"
@@ -51,12 +58,14 @@ class Daemon:
     """A listening staging daemon (``serve_forever`` blocks until it stops)."""
 
     def __init__(self, socket_dir: str | os.PathLike, idle_timeout: float = 600.0,
-                 log: logging.Logger | None = None) -> None:
+                 log: logging.Logger | None = None,
+                 pool_mb: float = DEFAULT_POOL_MB) -> None:
         self.dir = Path(socket_dir)
         self.idle_timeout = idle_timeout
         self.log = log or _file_logger(self.dir / LOG_NAME)
         self._lock_fd = _take_lock(self.dir / LOCK_NAME)
-        self.table = Table(self.log)
+        self.pool = MemfdPool(int(pool_mb * 1024 * 1024), self.log)
+        self.table = Table(self.log, self.pool)
         self.network = Network(self.table, self.log, on_activity=lambda: self._count(0))
         self._stop = threading.Event()
         self._clients = 0
@@ -74,9 +83,11 @@ class Daemon:
 
     def serve_forever(self) -> None:
         """Accept clients until stopped; then write out or report what is held."""
-        self.log.info("listening on %s (pid %d)", self.socket_path, os.getpid())
+        self.log.info("listening on %s (pid %d), memfd pool %d MiB", self.socket_path,
+                      os.getpid(), self.pool.limit >> 20)
         persister = threading.Thread(target=self.table.persist_loop, name="persist", daemon=True)
         persister.start()
+        threading.Thread(target=self.pool.run, name="pool", daemon=True).start()
         acceptor = threading.Thread(target=self._accept_loop, name="accept", daemon=True)
         acceptor.start()
         with self._state:
@@ -100,6 +111,10 @@ class Daemon:
         with contextlib.suppress(OSError):
             self.socket_path.unlink()
         self.sock.close()
+        if self.pool.limit:
+            self.log.info("memfd pool: %d new files took pre-faulted memory, %d found none "
+                          "ready", self.pool.taken, self.pool.missed)
+        self.pool.close()
         self.network.close()
         if not self.table.wait_persisted(timeout=120.0):
             self.log.error("write-behind still pending after 120 s at exit")
@@ -149,6 +164,8 @@ class Daemon:
                     self._send_status(conn)
                     continue
                 reply = self._dispatch(peer, msg)
+                if msg.verb == "RANGES" and msg.get("ack") == "0":
+                    continue  # the interposer does not wait for an answer
                 self._reply(conn, reply)
                 if msg.verb == "STOP":
                     self.log.info("stop requested by %s", peer)
@@ -161,10 +178,9 @@ class Daemon:
 
     def _dispatch(self, peer: Peer, msg: Message) -> Reply:
         """One request → the table's reply; a descriptor received and not kept is closed."""
+        self.pool.touch()
         try:
-            if msg.verb == "CREATE":
-                if msg.fd is None:
-                    return Reply.err(errno.EBADF)
+            if msg.verb == "CREATE":  # without a descriptor: the daemon supplies the memory
                 reply = self.table.create(
                     peer, msg.get("path"), msg.fd, conn=msg.get("conn"),
                     budget=msg.int("budget", -1), fallback=msg.get("fallback", "files"),
@@ -172,10 +188,15 @@ class Daemon:
                     excl=msg.get("excl") == "1", keep=msg.get("keep") == "1",
                     exist=msg.get("exist") == "1")
                 if reply.verb == "OK":
-                    if msg.get("targets"):
-                        self.network.announce(peer, int(str(reply.fields["id"])), {
-                            **msg.fields, "component": peer.component,
-                            "mode": str(reply.fields["mode"])})
+                    try:
+                        if msg.get("targets"):
+                            self.network.announce(peer, int(str(reply.fields["id"])), {
+                                **msg.fields, "component": peer.component,
+                                "mode": str(reply.fields["mode"])})
+                    except OSError:
+                        if reply.fd is not None:
+                            os.close(reply.fd)  # the producer's descriptor, never sent
+                        raise
                     return reply
             elif msg.verb == "COMPLETE":
                 reply = self.table.complete(peer, msg.int("id"))
@@ -283,7 +304,8 @@ def _file_logger(path: Path) -> logging.Logger:
     return log
 
 
-def serve(socket_dir: str | os.PathLike, idle_timeout: float = 600.0) -> None:
+def serve(socket_dir: str | os.PathLike, idle_timeout: float = 600.0,
+          pool_mb: float = DEFAULT_POOL_MB) -> None:
     """Run a daemon in the foreground until it stops (SIGTERM/SIGINT stop it cleanly).
 
     Raises
@@ -292,7 +314,7 @@ def serve(socket_dir: str | os.PathLike, idle_timeout: float = 600.0) -> None:
         Another daemon serves ``socket_dir``.
     """
     os.environ.pop("LD_PRELOAD", None)  # the daemon itself is never interposed
-    d = Daemon(socket_dir, idle_timeout=idle_timeout)
+    d = Daemon(socket_dir, idle_timeout=idle_timeout, pool_mb=pool_mb)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: d.stop())
     d.serve_forever()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import itertools
 import logging
 import os
@@ -49,6 +50,7 @@ __all__ = ["Network", "parse_endpoint", "parse_ranges"]
 _CONNECT_S = 5.0      # how long a producer's daemon retries a host that is not up yet
 _HANDSHAKE_S = 15.0
 _CHUNK = 8 << 20      # bytes received per recv_into/pwrite
+_PIPE = 1 << 20       # the splice pipe's size (the unprivileged maximum by default)
 _DOWN_S = 30.0        # a host that did not answer is not retried for this long
 
 
@@ -167,25 +169,22 @@ class Network:
         True if it is held here, complete, at the end."""
         path = m.get("path")
         peer = Peer(id=peer.id, component=f"{m.get('component', '?')}@{host}", pid=0)
-        memfd = os.memfd_create(os.path.basename(path), os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-        wfd = os.dup(memfd)
-        try:
-            reply = self.table.create(peer, path, memfd, conn=m.get("conn"), budget=-1,
+        wfd, sink = -1, None
+        try:  # the table supplies the memory (pre-faulted from the pool when it can)
+            reply = self.table.create(peer, path, None, conn=m.get("conn"), budget=-1,
                                       fallback="files", persist=False,
                                       mode=int(m.get("mode", "644"), 8), excl=False,
                                       keep=False)
-            if reply.verb != "OK":
-                os.close(memfd)
+            if reply.verb != "OK" or reply.fd is None:
                 send_frame(conn, reply.verb, **reply.fields)
                 return False
+            wfd = reply.fd
             send_frame(conn, "OK")
             entry_id = int(str(reply.fields["id"]))
-            buf = bytearray(0)  # grown to the largest DATA seen, at most _CHUNK
+            sink = _Sink(conn, wfd)
             while (m := recv_frame(conn)) is not None:
                 if m.verb == "DATA":
-                    if len(buf) < min(_CHUNK, m.int("len")):
-                        buf = bytearray(min(_CHUNK, m.int("len")))
-                    if not _receive_data(conn, wfd, m.int("off"), m.int("len"), buf):
+                    if not sink.receive(m.int("off"), m.int("len")):
                         break
                 elif m.verb == "DONE":
                     os.ftruncate(wfd, m.int("size"))
@@ -204,6 +203,8 @@ class Network:
         finally:
             if wfd >= 0:
                 os.close(wfd)
+            if sink is not None:
+                sink.close()
         return False
 
     # -- pull on demand (all-to-all, a consumer on a host no file was pushed to) ---------------
@@ -377,19 +378,64 @@ class Network:
             s.abort()
 
 
-def _receive_data(conn: socket.socket, fd: int, off: int, n: int, buf: bytearray) -> bool:
-    """``len`` raw bytes into the memory file at ``off`` (recv_into, then pwrite)."""
-    view = memoryview(buf)
-    while n > 0:
-        k = min(n, len(view))
-        if not recv_exact_into(conn, view[:k]):
-            return False
-        done = 0
-        while done < k:
-            done += os.pwrite(fd, view[done:k], off + done)
-        off += k
-        n -= k
-    return True
+class _Sink:
+    """Where the raw bytes of ``DATA`` frames go: the memory file, at their offset.
+
+    Through a pipe with ``splice`` (socket → pipe → memfd: one copy, in the kernel),
+    or, where the kernel refuses that for this socket, through ``recv_into`` a buffer
+    and ``pwrite`` (two copies, the second through Python).
+    """
+
+    def __init__(self, conn: socket.socket, fd: int) -> None:
+        self.conn, self.fd = conn, fd
+        self.pipe: tuple[int, int] | None = None
+        self.buf = bytearray(0)  # grown to the largest DATA seen, at most _CHUNK
+        with contextlib.suppress(OSError, AttributeError):
+            self.pipe = os.pipe2(os.O_CLOEXEC)
+            with contextlib.suppress(OSError):
+                fcntl.fcntl(self.pipe[1], fcntl.F_SETPIPE_SZ, _PIPE)
+        self.room = fcntl.fcntl(self.pipe[1], fcntl.F_GETPIPE_SZ) if self.pipe else 0
+
+    def receive(self, off: int, n: int) -> bool:
+        """``n`` raw bytes into the memory file at ``off``; False: the connection closed."""
+        while self.pipe is not None and n > 0:
+            r, w = self.pipe
+            try:
+                k = os.splice(self.conn.fileno(), w, min(n, self.room))
+            except OSError as exc:
+                if exc.errno not in (errno.EINVAL, errno.ENOSYS):
+                    raise
+                self.close()  # refused, the pipe empty: the rest the portable way
+                break
+            if k == 0:
+                return False
+            n -= k
+            while k > 0:
+                moved = os.splice(r, self.fd, k, offset_dst=off)
+                off += moved
+                k -= moved
+        return n == 0 or self._copy(off, n)
+
+    def _copy(self, off: int, n: int) -> bool:
+        if len(self.buf) < min(_CHUNK, n):
+            self.buf = bytearray(min(_CHUNK, n))
+        view = memoryview(self.buf)
+        while n > 0:
+            k = min(n, len(view))
+            if not recv_exact_into(self.conn, view[:k]):
+                return False
+            done = 0
+            while done < k:
+                done += os.pwrite(self.fd, view[done:k], off + done)
+            off += k
+            n -= k
+        return True
+
+    def close(self) -> None:
+        if self.pipe is not None:
+            for end in self.pipe:
+                os.close(end)
+            self.pipe = None
 
 
 def _listen(endpoint: str) -> socket.socket:

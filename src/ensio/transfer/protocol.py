@@ -33,9 +33,11 @@ Requests (interposer → daemon), and their replies
     ``targets=HOST,HOST`` (the hosts the connection's pattern names for this producer
     process) and ``xmode=sync|async``; the daemon opens a stream to each of them
     (:mod:`.network`) before answering, so consumers there find the file and wait.
-``RANGES id= r=OFF+LEN,OFF+LEN,...``
+``RANGES id= [ack=0] r=OFF+LEN,OFF+LEN,...``
     Async: byte ranges the producer wrote since its last report (a batch: 1 MiB or 64
-    ranges). The daemon sends them to the other hosts while the producer runs. → ``OK``
+    ranges). The daemon sends them to the other hosts while the producer runs. → ``OK``,
+    or no answer at all with ``ack=0`` (what the interposer sends: a writer never waits
+    for the daemon; its next request's answer comes in order behind)
 ``COMPLETE id= [r=OFF+LEN,...]``
     The producer closed its last descriptor of the file registered as ``id``: the
     daemon seals it (no write, grow or shrink, ever) and wakes waiting consumers.

@@ -91,7 +91,7 @@ def prepare(config: str | os.PathLike | TransferConfig, component: str,
         raise ConfigError(f"{where}--component {component!r} is not one of the components "
                           f"({', '.join(cfg.components)})")
     lib = interposer()
-    sock = ensure_daemon(socket_dir, idle_timeout=idle_timeout)
+    sock = ensure_daemon(socket_dir, idle_timeout=idle_timeout, pool_mb=cfg.pool_mb)
     rules = Path(sock).parent / "rules" / f"{cfg.identity or 'local'}-{component}.rules"
     rules.parent.mkdir(mode=0o700, exist_ok=True)
     rank = process_rank()

@@ -89,8 +89,11 @@ def _start_lock(path: Path) -> Iterator[None]:
 
 
 def ensure_daemon(directory: str | os.PathLike | None = None, idle_timeout: float = 600.0,
-                  timeout: float = 30.0) -> Path:
+                  timeout: float = 30.0, pool_mb: float | None = None) -> Path:
     """The socket of a running daemon, started first if there is none.
+
+    ``pool_mb``: the memfd pool of a daemon started here (None: ``$ENSIO_TRANSFER_POOL_MB``,
+    else the daemon's default); a daemon already running keeps its own.
 
     Raises
     ------
@@ -103,7 +106,7 @@ def ensure_daemon(directory: str | os.PathLike | None = None, idle_timeout: floa
     with _start_lock(path):
         if _alive(path):
             return path / SOCKET_NAME
-        pid = _spawn(path, idle_timeout)
+        pid = _spawn(path, idle_timeout, pool_mb)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if _alive(path):
@@ -114,7 +117,7 @@ def ensure_daemon(directory: str | os.PathLike | None = None, idle_timeout: floa
     raise TransferError(f"the staging daemon did not start in {path}: see {path / LOG_NAME}")
 
 
-def _spawn(path: Path, idle_timeout: float) -> int:
+def _spawn(path: Path, idle_timeout: float, pool_mb: float | None = None) -> int:
     """Start ``ensio transfer daemon`` detached (double fork); its pid."""
     import ensio
 
@@ -123,6 +126,10 @@ def _spawn(path: Path, idle_timeout: float) -> int:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
     argv = [sys.executable, "-m", "ensio.cli.main", "transfer", "daemon",
             "--socket-dir", str(path), "--idle-timeout", str(idle_timeout)]
+    if pool_mb is None and os.environ.get("ENSIO_TRANSFER_POOL_MB"):
+        pool_mb = _pool_from_env(os.environ["ENSIO_TRANSFER_POOL_MB"])
+    if pool_mb is not None:
+        argv += ["--pool-mb", str(pool_mb)]
     log = os.open(path / LOG_NAME, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
     r, w = os.pipe()
     child = os.fork()
@@ -148,6 +155,16 @@ def _spawn(path: Path, idle_timeout: float) -> int:
     with os.fdopen(r, "rb") as f:
         text = f.read().decode() or "0"
     return int(text)
+
+
+def _pool_from_env(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise TransferError(f"ENSIO_TRANSFER_POOL_MB: expected MiB (0 or more), got {text!r}")
+    return value
 
 
 def _process_exists(pid: int) -> bool:

@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass, field
 
 from . import materialize
+from .pool import MemfdPool, supply_memfd, trim
 
 __all__ = ["Entry", "Peer", "Reply", "Table"]
 
@@ -83,6 +84,7 @@ class Entry:
     waiters: int = 0
     sent: int = 0          # bytes streamed to other hosts (all of them together)
     after_close: int = 0   # of which after the producer's close
+    pooled: bool = False   # the memory came pre-faulted from the pool: trim its tail
 
     def size(self) -> int:
         return os.fstat(self.fd).st_size if self.fd is not None else 0
@@ -97,8 +99,9 @@ class Entry:
 class Table:
     """The held files of one daemon, guarded by one lock (``cond``)."""
 
-    def __init__(self, log: logging.Logger) -> None:
+    def __init__(self, log: logging.Logger, pool: MemfdPool | None = None) -> None:
         self.log = log
+        self.pool = pool
         self.cond = threading.Condition()
         self.entries: dict[str, Entry] = {}
         self._ids = itertools.count(1)
@@ -107,13 +110,16 @@ class Table:
 
     # -- producers ---------------------------------------------------------------------
 
-    def create(self, peer: Peer, path: str, memfd: int, *, conn: str, budget: int,
+    def create(self, peer: Peer, path: str, memfd: int | None, *, conn: str, budget: int,
                fallback: str, persist: bool, mode: int, excl: bool, keep: bool,
                exist: bool = False) -> Reply:
         """Register ``memfd`` as the new version of ``path`` being written by ``peer``.
 
-        ``exist``: the open had no ``O_CREAT``, so the file must exist (held or on disk).
-        The caller keeps ownership of ``memfd`` unless the reply is ``OK``.
+        ``memfd`` None: the daemon supplies the memory, pre-faulted from the pool when
+        it has some (:mod:`.pool`), and an ``OK`` reply carries a descriptor of it for
+        the producer. ``exist``: the open had no ``O_CREAT``, so the file must exist
+        (held or on disk). The caller keeps ownership of ``memfd`` unless the reply is
+        ``OK``.
         """
         with self.cond:
             cur = self.entries.get(path)
@@ -131,6 +137,10 @@ class Table:
                 return self._over_budget(peer, path, conn, fallback)
             source = os.dup(cur.fd) if keep and cur is not None and cur.fd is not None else None
             mode = self._existing_mode(path, cur, mode)
+        supplied = memfd is None
+        pooled = False
+        if supplied:
+            memfd, pooled = supply_memfd(self.pool, path)
         try:
             if keep:
                 self._copy_current(path, source, memfd)
@@ -138,6 +148,8 @@ class Table:
         except OSError as exc:
             self.log.warning("%s: cannot copy the current content for %s: %s", path, peer,
                              exc.strerror)
+            if supplied:
+                os.close(memfd)
             return Reply.err(exc.errno or errno.EIO)
         finally:
             if source is not None:
@@ -146,12 +158,13 @@ class Table:
             self._drop(path)
             entry = Entry(id=next(self._ids), path=path, fd=memfd, conn=conn,
                           component=peer.component, writer=peer, mode=mode, budget=budget,
-                          fallback=fallback, persist=persist)
+                          fallback=fallback, persist=persist, pooled=pooled)
             self.entries[path] = entry
             self._by_id[entry.id] = entry
+            self._note_writers()
             self.cond.notify_all()
-        return Reply("OK", {"id": entry.id, "mode": f"0{mode:o}"})
-
+        return Reply("OK", {"id": entry.id, "mode": f"0{mode:o}"},
+                     os.dup(memfd) if supplied else None)
     @staticmethod
     def _existing_mode(path: str, cur: Entry | None, mode: int) -> int:
         """An open of an existing file keeps its permission bits (``mode`` is for creating)."""
@@ -203,6 +216,8 @@ class Table:
                 self._fail(e, f"cannot seal it ({exc.strerror})")
                 return Reply.err(errno.EIO)
             e.writer = None
+            if self.pool is not None:
+                self.pool.learn(e.size())
             over = e.budget >= 0 and self._usage(e.conn) > e.budget
             if over and e.fallback == "error":
                 # Kept: failing the close would lose a complete file (and netCDF 4.9
@@ -212,6 +227,7 @@ class Table:
                                  "freed", e.path, peer, e.conn.split(":", 1)[-1])
                 over = False
             e.state = "spilling" if over else "complete"
+            self._note_writers()
             if e.persist and not over:
                 e.persist_state = "pending"
                 self.persist_queue.put(e)
@@ -231,13 +247,15 @@ class Table:
         assert e.fd is not None
         try:
             fcntl.fcntl(e.fd, fcntl.F_ADD_SEALS, SEALS)
+            if e.pooled:
+                trim(e.fd)  # sealed: no one writes past the end any more
             fresh = os.open(f"/proc/self/fd/{e.fd}", os.O_RDONLY | os.O_CLOEXEC)
         except OSError as exc:
             if exc.errno != errno.EBUSY:
                 raise
             fresh = os.memfd_create(os.path.basename(e.path),
                                     os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-            materialize.copy_into(e.fd, fresh)
+            materialize.copy_into(e.fd, fresh)  # the copy has no tail to trim
             fcntl.fcntl(fresh, fcntl.F_ADD_SEALS, SEALS)
         os.close(e.fd)
         e.fd = fresh
@@ -266,6 +284,7 @@ class Table:
         e.state = "failed"
         e.writer = None
         e.release()
+        self._note_writers()
         self.log.error("%s: %s: consumers get EIO (component %s)", e.path, why, e.component)
         self.cond.notify_all()
 
@@ -387,6 +406,13 @@ class Table:
         if e is not None:
             self._by_id.pop(e.id, None)
             e.release()
+            self._note_writers()
+
+    def _note_writers(self) -> None:
+        """(lock held) Tell the pool how many files are being written: it fills only in
+        the gaps between them."""
+        if self.pool is not None:
+            self.pool.set_writing(sum(e.state == "writing" for e in self.entries.values()))
 
     # -- write-behind (persist) ----------------------------------------------------------
 

@@ -262,13 +262,12 @@ static int reopen_local(struct wfile *w, int flags, int writing)
     return fd;
 }
 
-/* A producer's open for writing: a new memfd registered with the daemon. Returns the
- * descriptor, -1 with errno, or -2: use the real path. */
+/* A producer's open for writing: a memfd the daemon supplies and registers (pre-faulted
+ * from its pool when it has one ready: the writes then copy into existing pages).
+ * Returns the descriptor, -1 with errno, or -2: use the real path. */
 static int produce(const struct ei_rule *r, const char *path, int flags, mode_t mode)
 {
-    const char *base = strrchr(path, '/') + 1;
-    int mfd = memfd_create(base, MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    if (mfd < 0) return -2;
+    int mfd = -1;
     char msg[PATH_MAX + 1024], reply[EI_REPLY_MAX];
     mode_t perm = (flags & O_CREAT ? mode : 0666) & ~ei_umask & 07777;
     int n = snprintf(msg, sizeof msg,
@@ -280,12 +279,12 @@ static int produce(const struct ei_rule *r, const char *path, int flags, mode_t 
     if (r->targets[0])  /* streamed to other hosts (sync or async) */
         n += snprintf(msg + n, sizeof msg - (size_t)n, "\ntargets=%s\nxmode=%s", r->targets,
                       r->async ? "async" : "sync");
-    if (ei_request(msg, (size_t)n, mfd, reply, NULL) != 0 || ei_reply_is(reply, "FALLBACK")) {
-        ei_real.close(mfd);
+    if (ei_request(msg, (size_t)n, -1, reply, &mfd) != 0 || ei_reply_is(reply, "FALLBACK")) {
+        if (mfd >= 0) ei_real.close(mfd);
         return -2;
     }
-    if (!ei_reply_is(reply, "OK")) {
-        ei_real.close(mfd);
+    if (!ei_reply_is(reply, "OK") || mfd < 0) {
+        if (mfd >= 0) ei_real.close(mfd);
         errno = (int)ei_reply_long(reply, "errno", EIO);
         return -1;
     }

@@ -118,6 +118,8 @@ EI_HIDDEN int ei_canonical(int dirfd, const char *path, char out[PATH_MAX]);
 #define EI_REPLY_MAX 1024
 EI_HIDDEN int ei_request(const char *msg, size_t len, int send_fd, char reply[EI_REPLY_MAX],
                          int *recv_fd);
+/* a packet the daemon does not answer (RANGES with ack=0): the writer never waits */
+EI_HIDDEN int ei_send_oneway(const char *msg, size_t len);
 /* without the lock: one request on a connection of its own (a consumer's long wait) */
 EI_HIDDEN int ei_request_private(const char *msg, size_t len, char reply[EI_REPLY_MAX],
                                  int *recv_fd);

@@ -183,6 +183,16 @@ int ei_request(const char *msg, size_t len, int send_fd, char reply[EI_REPLY_MAX
     return 0;
 }
 
+int ei_send_oneway(const char *msg, size_t len)
+{
+    if (!ei_daemon_usable()) return -1;
+    if (send_packet(sock, msg, len, -1) != 0) {
+        gone("connection lost");
+        return -1;
+    }
+    return 0;
+}
+
 int ei_reply_is(const char *reply, const char *verb)
 {
     size_t n = strlen(verb);

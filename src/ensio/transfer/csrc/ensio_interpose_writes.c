@@ -38,16 +38,19 @@ int ei_batch_text(struct wfile *w, char *out, size_t room)
     return n;
 }
 
-/* Report w's batch to the daemon (lock held): one RANGES packet for many writes. */
+/* Report w's batch to the daemon (lock held): one RANGES packet for many writes, not
+ * answered (ack=0): the producer goes on writing at once, however busy the daemon is
+ * (its sender threads share the CPU with it). A full socket buffer still holds the
+ * producer back; the next request's answer is in order behind it (one connection). */
 static void wfile_report(struct wfile *w)
 {
     if (w->nranges == 0) return;
-    char msg[64 + EI_BATCH * 44], reply[EI_REPLY_MAX];
-    int n = snprintf(msg, sizeof msg, "RANGES\nid=%ld\nr=", w->id);
+    char msg[64 + EI_BATCH * 44];
+    int n = snprintf(msg, sizeof msg, "RANGES\nid=%ld\nack=0\nr=", w->id);
     n += ei_batch_text(w, msg + n, sizeof msg - (size_t)n);
     w->nranges = 0;
     w->bytes = 0;
-    if ((size_t)n < sizeof msg) ei_request(msg, (size_t)n, -1, reply, NULL);
+    if ((size_t)n < sizeof msg) ei_send_oneway(msg, (size_t)n);
 }
 
 void ei_wrote(int fd, long long off, long long n)
