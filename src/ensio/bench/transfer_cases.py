@@ -34,6 +34,8 @@ from typing import Any, Literal, Protocol
 
 import yaml
 
+from .childenv import child_env
+
 __all__ = ["CASES", "Case", "DirectHost", "Placement", "async_unsupported",
            "cross_host_unsupported", "daemon_features", "direct_host", "run_case", "unavailable"]
 
@@ -235,12 +237,9 @@ def unavailable(case: Case, host: DirectHost | None) -> str | None:
 
 
 def _env(place: Placement | None, role: str, pool_mb: float | None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    env = child_env(drop_preload=True)
     if pool_mb is not None:  # a daemon that ensio run starts (two namespaces)
         env["ENSIO_TRANSFER_POOL_MB"] = str(pool_mb)
-    src = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
-    env.setdefault("OMP_NUM_THREADS", "1")
     if place is not None:
         env.update(place.env(role))
     return env
