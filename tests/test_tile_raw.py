@@ -88,8 +88,10 @@ WRITERS = {
 
 
 @pytest.mark.parametrize("writer", list(WRITERS))
-def test_raw_equals_library_on_tool_written_tiles(tmp_path, writer) -> None:
+@pytest.mark.parametrize("strided", [True, False])
+def test_raw_equals_library_on_tool_written_tiles(tmp_path, writer, strided, monkeypatch) -> None:
     """The raw path (contiguous tiles) or its fallback (chunked) gives the library's matrix."""
+    monkeypatch.setattr(tileread, "STRIDED", strided)
     fmt, tool, contiguous = WRITERS[writer]
     case = _case(tmp_path, fmt, levels=2)
     if isinstance(tool, str):
@@ -111,8 +113,10 @@ def test_raw_equals_library_on_tool_written_tiles(tmp_path, writer) -> None:
 
 @pytest.mark.parametrize(("fmt", "dtype"), [("netcdf4", "float64"), ("cdf5", "float64"),
                                             ("cdf5", "float32"), ("netcdf4", "float32")])
-def test_raw_read_equals_single_file(tmp_path, fmt, dtype) -> None:
+@pytest.mark.parametrize("strided", [True, False])
+def test_raw_read_equals_single_file(tmp_path, fmt, dtype, strided, monkeypatch) -> None:
     """Bitwise the single-file case: byte-swapped (CDF-5), 4-byte (through a range read)."""
+    monkeypatch.setattr(tileread, "STRIDED", strided)
     case = _case(tmp_path, fmt, dtype, levels=3)
     want = read_ensemble(load_config(case / "ensio.yaml"), MPI.COMM_SELF).data
     raw, library, _ = _both(case)
@@ -173,10 +177,13 @@ def test_corrupt_tile_one_line_error(tmp_path, fmt) -> None:
     assert {p: p.read_bytes() for p in _tiles(case)} == before
 
 
-def test_short_reads_and_batches(tmp_path, monkeypatch) -> None:
-    """preadv returning a few bytes at a time, and batches of 3 buffers: same matrix."""
+@pytest.mark.parametrize("strided", [True, False])
+def test_short_reads_and_batches(tmp_path, monkeypatch, strided) -> None:
+    """preadv returning a few bytes at a time, batches of 3 buffers, both raw paths: the
+    library's matrix."""
     case = _case(tmp_path, "netcdf4", levels=2)
-    raw, _, io = _both(case)
+    _, raw, io = _both(case)
+    monkeypatch.setattr(tileread, "STRIDED", strided)
     real = tileread.os.preadv
 
     def short(fd, bufs, offset):

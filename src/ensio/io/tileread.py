@@ -26,14 +26,20 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from ..errors import InputError
 from ..layout.encoding import Encoding
 from ..layout.state import StateLayout
+from .raw import raw_read
 from .store import VarInfo
 from .tilefile import TileRuns, read_tile
 
 __all__ = ["direct", "read_member_rows"]
+
+#: Read each tile variable's element range in one piece, then decode it into the
+#: matrix with one strided copy per level (else: preadv into the rows directly).
+STRIDED = True
 
 #: At most this many buffers per ``preadv`` (Linux IOV_MAX).
 _IOV_MAX = 1024
@@ -92,6 +98,54 @@ def _read_runs(
     _preadv_all(fd, bufs, info.raw_offset + int(elems[0]) * size, path, info)
 
 
+def _segments(elems: np.ndarray, rows: np.ndarray, lengths: np.ndarray) -> list[tuple[int, int]]:
+    """Maximal stretches ``[k, j)`` of pieces with one length and constant strides (file, rows).
+
+    A tile's lat lines of one level are such a stretch: it moves as one
+    strided 2-D copy instead of one copy per line.
+    """
+    out, k, n = [], 0, len(elems)
+    while k < n:
+        if k + 1 == n or lengths[k + 1] != lengths[k]:
+            out.append((k, k + 1))
+            k += 1
+            continue
+        dr, de = rows[k + 1] - rows[k], elems[k + 1] - elems[k]
+        ok = (np.diff(rows[k:]) == dr) & (np.diff(elems[k:]) == de)
+        ok &= lengths[k + 1 :] == lengths[k]
+        j = k + 1 + (len(ok) if ok.all() else int(np.argmin(ok)))
+        out.append((k, j))
+        k = j
+    return out
+
+
+def _read_strided(
+    fd: int, path: Path, info: VarInfo, pieces: tuple[np.ndarray, np.ndarray, np.ndarray],
+    lo: int, out: np.ndarray, scratch: np.ndarray,
+) -> tuple[np.ndarray, bool]:  # fmt: skip
+    """One tile variable's runs in the window: one ``preadv`` of their element range, then
+    one decoding copy per stretch of lat lines (:func:`_segments`) into ``out``.
+
+    Returns (a scratch buffer to reuse, whether a value may be non-finite).
+    """
+    elems, rows, lengths = pieces
+    e0, e1 = int(elems[0]), int(elems[-1] + lengths[-1])
+    size = info.dtype.itemsize
+    if scratch.nbytes < (e1 - e0) * size:
+        scratch = np.empty((e1 - e0) * size, dtype=np.uint8)
+    buf = scratch[: (e1 - e0) * size].view(info.dtype)
+    raw_read(fd, info, e0, e1, out=buf, path=path)
+    maybe = False
+    for k, j in _segments(elems, rows, lengths):
+        n, width = j - k, int(lengths[k])
+        de = int(elems[k + 1] - elems[k]) if n > 1 else 0
+        dr = int(rows[k + 1] - rows[k]) if n > 1 else 0
+        src = as_strided(buf[int(elems[k]) - e0 :], (n, width), (de * size, size), writeable=False)
+        dst = as_strided(out[int(rows[k]) - lo :], (n, width), (dr * 8, 8))
+        maybe |= info.encoding.decode(src, dst)
+    return scratch, maybe
+
+
 def _same(encodings: Sequence[Encoding]) -> bool:
     """All equal (``repr``: a NaN fill value equals itself)."""
     return len({repr(e) for e in encodings}) == 1
@@ -116,17 +170,26 @@ def read_member_rows(
         [] for _ in names
     ]
     maybe_nan = False
+    block = np.empty(0, dtype=np.uint8)
     for path, tile_infos, tile_runs in zip(paths, infos, runs, strict=True):
         wins = [run.pieces(lo, hi) for run in tile_runs]
         use = [j for j, (e, _, _) in enumerate(wins) if e.size]
-        fast = [j for j in use if direct(tile_infos[names[j]])]
+        if STRIDED:
+            fast = [j for j in use if tile_infos[names[j]].raw_offset is not None]
+        else:
+            fast = [j for j in use if direct(tile_infos[names[j]])]
         slow = [names[j] for j in use if j not in fast]
         if fast:
             fd = os.open(path, os.O_RDONLY)
             try:
                 for j in fast:
-                    _read_runs(fd, path, tile_infos[names[j]], wins[j], lo, dest, scratch)
-                    raw_by_var[j].append((tile_infos[names[j]], wins[j]))  # type: ignore[arg-type]
+                    info = tile_infos[names[j]]
+                    if STRIDED:
+                        block, maybe = _read_strided(fd, path, info, wins[j], lo, out, block)
+                        maybe_nan |= maybe
+                        continue
+                    _read_runs(fd, path, info, wins[j], lo, dest, scratch)
+                    raw_by_var[j].append((info, wins[j]))  # type: ignore[arg-type]
             finally:
                 os.close(fd)
         if slow:  # the library or a raw range, one variable at a time
