@@ -123,26 +123,38 @@ def _read_strided(
     fd: int, path: Path, info: VarInfo, pieces: tuple[np.ndarray, np.ndarray, np.ndarray],
     lo: int, out: np.ndarray, scratch: np.ndarray,
 ) -> tuple[np.ndarray, bool]:  # fmt: skip
-    """One tile variable's runs in the window: one ``preadv`` of their element range, then
-    one decoding copy per stretch of lat lines (:func:`_segments`) into ``out``.
+    """One tile variable's runs in the window: one ``preadv`` of their element range, decoded
+    there (contiguous: fast reductions and byte swap), then one strided copy per stretch of
+    lat lines (:func:`_segments`) into ``out``.
 
-    Returns (a scratch buffer to reuse, whether a value may be non-finite).
+    The halo points inside the range are decoded too but never copied (a
+    missing value there only makes the return value conservative). Returns
+    (a scratch buffer to reuse, whether a value may be non-finite).
     """
     elems, rows, lengths = pieces
     e0, e1 = int(elems[0]), int(elems[-1] + lengths[-1])
+    need = (e1 - e0) * 8  # float64 after decoding; the stored items are at most 8 bytes
+    if scratch.nbytes < need:
+        scratch = np.empty(need, dtype=np.uint8)
+    f8 = scratch[:need].view(np.float64)
     size = info.dtype.itemsize
-    if scratch.nbytes < (e1 - e0) * size:
-        scratch = np.empty((e1 - e0) * size, dtype=np.uint8)
-    buf = scratch[: (e1 - e0) * size].view(info.dtype)
-    raw_read(fd, info, e0, e1, out=buf, path=path)
-    maybe = False
+    if size == 8:  # read in place, decode in place
+        stored = scratch[:need].view(info.dtype)
+        raw_read(fd, info, e0, e1, out=stored, path=path)
+        if info.dtype.kind == "f":  # to native float64 where it lies
+            if info.dtype != f8.dtype:
+                stored.byteswap(inplace=True)
+            stored = f8
+    else:
+        stored = raw_read(fd, info, e0, e1, path=path)
+    maybe = info.encoding.decode(stored, f8)
     for k, j in _segments(elems, rows, lengths):
         n, width = j - k, int(lengths[k])
         de = int(elems[k + 1] - elems[k]) if n > 1 else 0
         dr = int(rows[k + 1] - rows[k]) if n > 1 else 0
-        src = as_strided(buf[int(elems[k]) - e0 :], (n, width), (de * size, size), writeable=False)
+        src = as_strided(f8[int(elems[k]) - e0 :], (n, width), (de * 8, 8), writeable=False)
         dst = as_strided(out[int(rows[k]) - lo :], (n, width), (dr * 8, 8))
-        maybe |= info.encoding.decode(src, dst)
+        dst[...] = src
     return scratch, maybe
 
 
