@@ -26,14 +26,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 
 from ..errors import InputError
 from ..layout.encoding import Encoding
 from ..layout.state import StateLayout
-from .raw import raw_read
 from .store import VarInfo
-from .tilefile import TileRuns, read_tile
+from .tilefile import TileRuns, read_runs_into, read_tile
 
 __all__ = ["direct", "read_member_rows"]
 
@@ -98,66 +96,6 @@ def _read_runs(
     _preadv_all(fd, bufs, info.raw_offset + int(elems[0]) * size, path, info)
 
 
-def _segments(elems: np.ndarray, rows: np.ndarray, lengths: np.ndarray) -> list[tuple[int, int]]:
-    """Maximal stretches ``[k, j)`` of pieces with one length and constant strides (file, rows).
-
-    A tile's lat lines of one level are such a stretch: it moves as one
-    strided 2-D copy instead of one copy per line.
-    """
-    out, k, n = [], 0, len(elems)
-    while k < n:
-        if k + 1 == n or lengths[k + 1] != lengths[k]:
-            out.append((k, k + 1))
-            k += 1
-            continue
-        dr, de = rows[k + 1] - rows[k], elems[k + 1] - elems[k]
-        ok = (np.diff(rows[k:]) == dr) & (np.diff(elems[k:]) == de)
-        ok &= lengths[k + 1 :] == lengths[k]
-        j = k + 1 + (len(ok) if ok.all() else int(np.argmin(ok)))
-        out.append((k, j))
-        k = j
-    return out
-
-
-def _read_strided(
-    fd: int, path: Path, info: VarInfo, pieces: tuple[np.ndarray, np.ndarray, np.ndarray],
-    lo: int, out: np.ndarray, scratch: np.ndarray,
-) -> tuple[np.ndarray, bool]:  # fmt: skip
-    """One tile variable's runs in the window: one ``preadv`` of their element range, decoded
-    there (contiguous: fast reductions and byte swap), then one strided copy per stretch of
-    lat lines (:func:`_segments`) into ``out``.
-
-    The halo points inside the range are decoded too but never copied (a
-    missing value there only makes the return value conservative). Returns
-    (a scratch buffer to reuse, whether a value may be non-finite).
-    """
-    elems, rows, lengths = pieces
-    e0, e1 = int(elems[0]), int(elems[-1] + lengths[-1])
-    need = (e1 - e0) * 8  # float64 after decoding; the stored items are at most 8 bytes
-    if scratch.nbytes < need:
-        scratch = np.empty(need, dtype=np.uint8)
-    f8 = scratch[:need].view(np.float64)
-    size = info.dtype.itemsize
-    if size == 8:  # read in place, decode in place
-        stored = scratch[:need].view(info.dtype)
-        raw_read(fd, info, e0, e1, out=stored, path=path)
-        if info.dtype.kind == "f":  # to native float64 where it lies
-            if info.dtype != f8.dtype:
-                stored.byteswap(inplace=True)
-            stored = f8
-    else:
-        stored = raw_read(fd, info, e0, e1, path=path)
-    maybe = info.encoding.decode(stored, f8)
-    for k, j in _segments(elems, rows, lengths):
-        n, width = j - k, int(lengths[k])
-        de = int(elems[k + 1] - elems[k]) if n > 1 else 0
-        dr = int(rows[k + 1] - rows[k]) if n > 1 else 0
-        src = as_strided(f8[int(elems[k]) - e0 :], (n, width), (de * 8, 8), writeable=False)
-        dst = as_strided(out[int(rows[k]) - lo :], (n, width), (dr * 8, 8))
-        dst[...] = src
-    return scratch, maybe
-
-
 def _same(encodings: Sequence[Encoding]) -> bool:
     """All equal (``repr``: a NaN fill value equals itself)."""
     return len({repr(e) for e in encodings}) == 1
@@ -197,7 +135,7 @@ def read_member_rows(
                 for j in fast:
                     info = tile_infos[names[j]]
                     if STRIDED:
-                        block, maybe = _read_strided(fd, path, info, wins[j], lo, out, block)
+                        block, maybe = read_runs_into(fd, path, info, wins[j], lo, out, block)
                         maybe_nan |= maybe
                         continue
                     _read_runs(fd, path, info, wins[j], lo, dest, scratch)
