@@ -30,11 +30,12 @@ then checks every member again, spread over the ranks): ``per_file_us`` is
 the best, over repeats, of the slowest rank's seconds per file it checked;
 ``metadata_seconds`` the wall time of the whole pass; ``quick_checked`` the
 fraction of files accepted by the quick check (:mod:`ensio.io.quickcheck`).
-Tiled members (``{tile}``) have no such pass: their per-file cost is the
-per-tile step of the tiled reader, opening the tile and describing its
-variables (:func:`ensio.io.open.open_member`), timed on each rank over its
-share of the tile files. The naive scheme is not run for tiled members
-(it reads whole member files).
+Tiled members (``{tile}``) have the same pass over their tile files
+(:class:`~ensio.io.tilescan.TileScan`, one quick-check template per tile
+index), so ``per_file_us`` is per tile file; an ensemble-I/O object without
+a scan is timed opening and describing each tile
+(:func:`ensio.io.open.open_member`). The naive scheme is not run for tiled
+members (it reads whole member files).
 
 Timing: every measurement starts after a barrier and ends when the slowest
 rank returns (maximum over ranks). The figure used is the **best** (minimum

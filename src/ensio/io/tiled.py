@@ -24,7 +24,7 @@ pattern. The group shuffle (issue 13, item 2) is to reuse the geometry of
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import netCDF4
@@ -39,6 +39,7 @@ from . import journal as journal_mod
 from .open import open_member
 from .store import VarInfo
 from .tilefile import TileRuns, plan_runs, read_tile, write_tile
+from .tileread import read_member_rows
 
 __all__ = [
     "TiledEnsemble",
@@ -272,7 +273,7 @@ class TiledEnsemble:
         message names the file and the variable or attribute.
     """
 
-    def __init__(self, ens: EnsembleSection, base: Path) -> None:
+    def __init__(self, ens: EnsembleSection, base: Path, *, check_tiles: bool = True) -> None:
         if not ens.tiled:
             raise InputError(f"ensemble.members: pattern {ens.members!r} has no {{tile}}")
         masked = [v.name for v in ens.variables if v.mask is not None]
@@ -294,6 +295,8 @@ class TiledEnsemble:
         self.geometry = tile_geometry(ens, self.paths[0], shapes)
         self.layout = self._global_layout(ens, first[0])
         self._runs = self._plan()
+        if not check_tiles:  # the caller checks them (:class:`~ensio.io.tilescan.TileScan`)
+            return
         for tiles in self.paths:
             for path, box in zip(tiles, self.geometry.boxes, strict=True):
                 self._check_tile(path, box)
@@ -330,6 +333,11 @@ class TiledEnsemble:
         return plan_runs(self.geometry, self.layout)
 
     @property
+    def runs(self) -> list[list[TileRuns]]:
+        """Per tile, per state variable: the interior's runs."""
+        return self._runs
+
+    @property
     def n_members(self) -> int:
         return len(self.paths)
 
@@ -337,7 +345,10 @@ class TiledEnsemble:
         """Rows ``[lo, hi)`` of the ensemble matrix, shape (N_e, hi - lo).
 
         Physical values, missing ones NaN; only the tiles (and, in each, only
-        the element range) that hold those rows are read.
+        the element range) that hold those rows are read, each opened
+        through the netCDF library (the collective reader,
+        :class:`~ensio.io.tiledio.TiledEnsembleIO`, reads raw byte ranges
+        from offsets it checked once: :meth:`read_into`).
         """
         hi = self.layout.n_rows if hi is None else hi
         out = np.empty((self.n_members, hi - lo), dtype=np.float64)
@@ -347,13 +358,33 @@ class TiledEnsemble:
                 out[m, rows - lo] = values
         return out
 
-    def check_writable(self) -> None:
-        """Every state variable of every tile is one raw byte range (else InputError)."""
-        for tiles in self.paths:
-            for path in tiles:
-                infos = self._infos(path)
+    def read_into(
+        self, out: np.ndarray, lo: int, infos: Sequence[Sequence[Mapping[str, VarInfo]]]
+    ) -> bool:
+        """Rows ``[lo, lo + out.shape[1])`` of every member into ``out`` (N_e, n), float64.
+
+        ``infos[m][t]``: tile t of member m's state variables as checked
+        (:class:`~ensio.io.tilescan.TileScan`): byte-range variables are
+        ``pread`` into ``out`` directly (:mod:`ensio.io.tileread`), the others
+        read through the library. Returns False if every value is known finite.
+        """
+        maybe_nan = False
+        for m, tiles in enumerate(self.paths):
+            maybe_nan |= read_member_rows(tiles, infos[m], self._runs, self.layout, lo, out[m])
+        return maybe_nan
+
+    def check_writable(
+        self, infos: Sequence[Sequence[Mapping[str, VarInfo]]] | None = None
+    ) -> None:
+        """Every state variable of every tile is one raw byte range (else InputError).
+
+        ``infos[m][t]``: the tiles' state variables when already checked.
+        """
+        for m, tiles in enumerate(self.paths):
+            for t, path in enumerate(tiles):
+                tile = self._infos(path) if infos is None else infos[m][t]
                 for name in self.names:
-                    if infos[name].raw_offset is None:
+                    if tile[name].raw_offset is None:
                         raise InputError(
                             f"{path}: variable '{name}' has no raw byte range (chunked or "
                             "compressed); tiles are written in place only"
@@ -387,20 +418,24 @@ class TiledEnsemble:
         return clips
 
     def write_rows(
-        self, data: np.ndarray, lo: int, undo: journal_mod.UndoLog | None, fsync: bool
-    ) -> int:
+        self, data: np.ndarray, lo: int, undo: journal_mod.UndoLog | None, fsync: bool,
+        infos: Sequence[Sequence[Mapping[str, VarInfo]]] | None = None,
+    ) -> int:  # fmt: skip
         """Write rows ``[lo, lo + data.shape[1])`` of every member into the tiles' interiors.
 
         Non-finite values keep the prior bytes (inactive points), as in
         ``files`` mode; the prior bytes of every run written are saved to
         ``undo`` first. Only bytes of interior points in the row range are
         touched, so ranks with disjoint row ranges can write the same tile
-        concurrently. Returns the number of values clipped by packing.
+        concurrently. ``infos[m][t]``: the tiles' checked state variables (else
+        each tile is opened for its offsets). Returns the number of values
+        clipped by packing.
         """
         hi = lo + data.shape[1]
         clips = 0
         for m, tiles in enumerate(self.paths):
-            for path, runs in zip(tiles, self._runs, strict=True):
+            for t, (path, runs) in enumerate(zip(tiles, self._runs, strict=True)):
                 clips += write_tile(path, self.names, runs, (lo, hi),
-                                    lambda rows, m=m: data[m, rows - lo], undo, fsync)  # fmt: skip
+                                    lambda rows, m=m: data[m, rows - lo], undo, fsync,
+                                    None if infos is None else infos[m][t])  # fmt: skip
         return clips

@@ -33,6 +33,7 @@ from .commit import journaled_write
 from .pipeline import guard
 from .stats import IOStats
 from .tiled import TiledEnsemble
+from .tilescan import TileScan
 
 __all__ = ["TiledEnsembleIO"]
 
@@ -65,8 +66,11 @@ class TiledEnsembleIO:
         first = ens.tile_path(ens.numbers[0], 0, base)
         self.root = journal_mod.journal_root(first)
         root_call(comm, lambda: journal_mod.recover(self.root))
-        self.tiled: TiledEnsemble = root_call(comm, lambda: TiledEnsemble(ens, base))
+        self.tiled: TiledEnsemble = root_call(
+            comm, lambda: TiledEnsemble(ens, base, check_tiles=False))
         self.layout = self.tiled.layout
+        # every tile checked once, spread over the ranks; reads then pread at its offsets
+        self.scan = TileScan(self.tiled.paths, self.layout, self.tiled.geometry, comm)
         self.rows = RowDistribution.of(self.layout.n_rows, comm)
         self.n_io = comm.size
         self.stats: IOStats | None = None
@@ -90,19 +94,30 @@ class TiledEnsembleIO:
     ) -> EnsembleBlock:  # fmt: skip
         """Collective: this rank's rows of every member, shape (N_e, count).
 
-        ``out`` and ``overlap`` are accepted for the interface and ignored.
+        Tiles that changed since they were checked are checked again first
+        (:meth:`TileScan.refresh <ensio.io.tilescan.TileScan.refresh>`: one
+        ``stat`` per tile otherwise). ``out``: a block of this rank's rows to
+        read into (a cycling filter's previous matrix), else a new one;
+        ``overlap`` is accepted for the interface and ignored.
         """
-        del out, overlap
+        del overlap
         t0 = time.perf_counter()
-        data = np.empty((self.n_members, self.rows.count))
-        note = guard(
-            lambda: data.__setitem__(..., self.tiled.read(self.rows.start, self.rows.stop))
-        )
-        raise_if_any(self.comm, note)
+        infos = self.scan.refresh()
+        shape = (self.n_members, self.rows.count)
+        reuse = out is not None and out.start == self.rows.start and out.data.shape == shape \
+            and out.data.dtype == np.float64 and out.data.flags.c_contiguous  # fmt: skip
+        data = out.data if reuse else np.empty(shape)  # type: ignore[union-attr]
+        maybe_nan = [True]
+
+        def read() -> None:
+            maybe_nan[0] = self.tiled.read_into(data, self.rows.start, infos)
+
+        raise_if_any(self.comm, guard(read))
         for _ in range(self.n_members):
             progress()
         block = EnsembleBlock(self.layout, self.rows.start, self.rows.count, data)
-        block.inactive = block.inactive_rows()
+        # every value decoded finite: no row is inactive (a scan costs as much as the read)
+        block.inactive = block.inactive_rows() if maybe_nan[0] else np.zeros(data.shape[1], bool)
         self.stats = _stats(time.perf_counter() - t0, self.comm)
         return block
 
@@ -123,7 +138,8 @@ class TiledEnsembleIO:
                 f"ensemble block rows [{block.start}, {block.start + block.count}) do not "
                 f"match this rank's [{self.rows.start}, {self.rows.stop})"
             )
-        root_call(self.comm, self.tiled.check_writable)
+        infos = self.scan.refresh()
+        raise_if_any(self.comm, guard(lambda: self.tiled.check_writable(infos)))
         journaled = self.io.journal if journal is None else journal
         fsync = self.io.fsync
         data = np.array(block.data, dtype=np.float64)
@@ -132,7 +148,9 @@ class TiledEnsembleIO:
             data[:, keep] = np.nan  # inactive rows keep their bytes
         journaled_write(
             self.comm, self.root, journaled, fsync,
-            lambda undo: guard(lambda: self.tiled.write_rows(data, self.rows.start, undo, fsync)))
+            lambda undo: guard(lambda: self.tiled.write_rows(data, self.rows.start, undo, fsync,
+                                                             infos)))
+        self.scan.written()
         for _ in range(self.n_members):
             progress()
         self.stats = _stats(time.perf_counter() - t0, self.comm)

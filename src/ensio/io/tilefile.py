@@ -13,13 +13,13 @@ journaled first; halo points are never touched.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from ..layout.state import StateLayout
 from ..layout.tiles import TileGeometry
@@ -28,7 +28,7 @@ from .open import open_member
 from .raw import raw_read, raw_write
 from .store import VarInfo
 
-__all__ = ["TileRuns", "plan_runs", "read_tile", "tile_rows", "write_tile"]
+__all__ = ["TileRuns", "plan_runs", "read_runs_into", "read_tile", "tile_rows", "write_tile"]
 
 
 @dataclass(frozen=True)
@@ -95,6 +95,66 @@ def tile_rows(runs: list[TileRuns], lo: int = 0, hi: int | None = None) -> np.nd
     return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
 
+def _segments(elems: np.ndarray, rows: np.ndarray, lengths: np.ndarray) -> list[tuple[int, int]]:
+    """Maximal stretches ``[k, j)`` of pieces with one length and constant strides (file, rows).
+
+    A tile's lat lines of one level are such a stretch: it moves as one
+    strided 2-D copy instead of one copy per line.
+    """
+    out, k, n = [], 0, len(elems)
+    while k < n:
+        if k + 1 == n or lengths[k + 1] != lengths[k]:
+            out.append((k, k + 1))
+            k += 1
+            continue
+        dr, de = rows[k + 1] - rows[k], elems[k + 1] - elems[k]
+        ok = (np.diff(rows[k:]) == dr) & (np.diff(elems[k:]) == de)
+        ok &= lengths[k + 1 :] == lengths[k]
+        j = k + 1 + (len(ok) if ok.all() else int(np.argmin(ok)))
+        out.append((k, j))
+        k = j
+    return out
+
+
+def read_runs_into(
+    fd: int, path: Path, info: VarInfo, pieces: tuple[np.ndarray, np.ndarray, np.ndarray],
+    lo: int, out: np.ndarray, scratch: np.ndarray,
+) -> tuple[np.ndarray, bool]:  # fmt: skip
+    """One tile variable's runs in the window: one ``preadv`` of their element range, decoded
+    there (contiguous: fast reductions and byte swap), then one strided copy per stretch of
+    lat lines (:func:`_segments`) into ``out``.
+
+    The halo points inside the range are decoded too but never copied (a
+    missing value there only makes the return value conservative). Returns
+    (a scratch buffer to reuse, whether a value may be non-finite).
+    """
+    elems, rows, lengths = pieces
+    e0, e1 = int(elems[0]), int(elems[-1] + lengths[-1])
+    need = (e1 - e0) * 8  # float64 after decoding; the stored items are at most 8 bytes
+    if scratch.nbytes < need:
+        scratch = np.empty(need, dtype=np.uint8)
+    f8 = scratch[:need].view(np.float64)
+    size = info.dtype.itemsize
+    if size == 8:  # read in place, decode in place
+        stored = scratch[:need].view(info.dtype)
+        raw_read(fd, info, e0, e1, out=stored, path=path)
+        if info.dtype.kind == "f":  # to native float64 where it lies
+            if info.dtype != f8.dtype:
+                stored.byteswap(inplace=True)
+            stored = f8
+    else:
+        stored = raw_read(fd, info, e0, e1, path=path)
+    maybe = info.encoding.decode(stored, f8)
+    for k, j in _segments(elems, rows, lengths):
+        n, width = j - k, int(lengths[k])
+        de = int(elems[k + 1] - elems[k]) if n > 1 else 0
+        dr = int(rows[k + 1] - rows[k]) if n > 1 else 0
+        src = as_strided(f8[int(elems[k]) - e0 :], (n, width), (de * 8, 8), writeable=False)
+        dst = as_strided(out[int(rows[k]) - lo :], (n, width), (dr * 8, 8))
+        dst[...] = src
+    return scratch, maybe
+
+
 def read_tile(
     path: Path, names: list[str], runs: list[TileRuns], lo: int, hi: int,
     infos: Mapping[str, VarInfo] | None = None,
@@ -115,24 +175,19 @@ def read_tile(
     if rows.size == 0:
         return rows, values
     raw = infos is not None and all(infos[n].raw_offset is not None for n in names)
-    at = 0
-    with contextlib.ExitStack() as stack:
-        if raw:
-            fd = os.open(path, os.O_RDONLY)
-            stack.callback(os.close, fd)
-        else:
-            store = stack.enter_context(open_member(path))
-            infos = store.variables()
+    if raw:
         assert infos is not None
+        _read_raw(path, [infos[n] for n in names], wins, values)
+        return rows, values
+    at = 0
+    with open_member(path) as store:  # chunked or compressed variables: the library
+        infos = store.variables()
         for name, (elems, _, lengths) in zip(names, wins, strict=True):
             if elems.size == 0:
                 continue
             info = infos[name]
             e0, e1 = int(elems[0]), int(elems[-1] + lengths[-1])
-            if raw:
-                part = raw_read(fd, info, e0, e1, path=path)
-            else:
-                part = np.asarray(store.read_elements(name, e0, e1)).ravel()
+            part = np.asarray(store.read_elements(name, e0, e1)).ravel()
             n = int(lengths.sum())
             if n == e1 - e0:  # no halo between the runs: one contiguous range
                 picked = np.ascontiguousarray(part)
@@ -145,6 +200,26 @@ def read_tile(
             info.encoding.decode(picked, values[at : at + n])
             at += n
     return rows, values
+
+
+def _read_raw(
+    path: Path, infos: list[VarInfo], wins: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
+    values: np.ndarray,
+) -> None:  # fmt: skip
+    """:func:`read_tile`'s byte-range case: each variable's pieces, one after the other."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        at, scratch = 0, np.empty(0, dtype=np.uint8)
+        for info, (elems, _, lengths) in zip(infos, wins, strict=True):
+            if elems.size == 0:
+                continue
+            packed = np.cumsum(lengths) - lengths  # the pieces' places in ``values``
+            n = int(lengths.sum())
+            scratch, _ = read_runs_into(fd, path, info, (elems, packed, lengths), 0,
+                                        values[at : at + n], scratch)  # fmt: skip
+            at += n
+    finally:
+        os.close(fd)
 
 
 def write_tile(
