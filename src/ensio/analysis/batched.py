@@ -19,6 +19,14 @@ and ``Y`` is first expressed in an orthonormal basis of its span when that
 is smaller than the ensemble space (:mod:`~ensio.analysis.basis`; exact): the
 GEMM and the eigenproblems shrink to its size. Other variants get k × k
 matrices from their finishing step.
+
+Large ensembles (k ≳ 100): the packed products grow as ``k²/2`` columns per
+candidate, so when a tile's packed Zᵀ would exceed :data:`TILE_WORK_BYTES`
+the tile forms each point's ``C`` from its own observations instead
+(:meth:`Columns.direct`, the pointwise reference's sums in one BLAS call of
+order k per point), tiles hold at most :func:`tile_point_cap` points so
+their k × k stacks stay within the same budget, and eigenproblems above
+:data:`LOCKSTEP_MAX_ORDER` go to LAPACK.
 """
 
 from __future__ import annotations
@@ -62,9 +70,11 @@ Z_CACHE_MAX_ORDER = 64
 TILE_WORK_BYTES = 32 * 2**20
 
 #: Largest eigenproblem order solved by the lockstep solver; larger ones go to
-#: LAPACK (measured, one core: equal at q ≈ 100, LAPACK ahead from q ≈ 128 and
-#: several times faster at 256, where a block of 32 matrices leaves the cache).
-LOCKSTEP_MAX_ORDER = 112
+#: LAPACK, as in the pointwise reference (measured, one core: lockstep ahead by
+#: ~10 % at q = 64, even at 80–100 alone and up to 2× behind there when the cores
+#: are shared, LAPACK well ahead from 128 on and several times faster at 256,
+#: where a block of 32 matrices no longer fits in the cache).
+LOCKSTEP_MAX_ORDER = 64
 
 #: Relative residual up to which a tile's observed anomalies count as lying
 #: in a smaller basis (:func:`~ensio.analysis.basis.anomaly_basis`);
