@@ -89,11 +89,11 @@ def test_tile_point_cap_bounds_the_matrices():
     """A tile's k × k stacks stay within the work budget; small ensembles are not capped."""
     from ensio.analysis.batched import TILE_WORK_BYTES, tile_point_cap
 
-    assert tile_point_cap(40) >= 128
+    assert tile_point_cap(40) >= 128 and tile_point_cap(256) < 128
     for k in (256, 512):
         cap = tile_point_cap(k)
         assert cap >= 16
-        assert cap == 16 or 8 * cap * k * k <= TILE_WORK_BYTES
+        assert cap == 16 or 4 * 8 * cap * k * k <= TILE_WORK_BYTES
 
 
 def test_large_ensemble_independent_of_tile_size(rng):

@@ -57,8 +57,13 @@ __all__ = [
 ]
 
 #: Z of all observations is computed once when it is at most this large;
-#: otherwise it is built per tile from the candidates.
-Z_CACHE_BYTES = 256 * 2**20
+#: otherwise it is built per tile from the candidates. Why as small as one
+#: tile's work arrays: the cache lives through the whole analysis, beside the
+#: block and its posterior copy, and a larger one breaks the memory budget
+#: (issue 14: peak per rank < 2 × (block + observations + one tile's work));
+#: measured at 360×180, k = 40, 6480 observations: the 44 MiB cache made the
+#: peak 4.0× that budget, and building Z per tile costs ~8 % of the GEMM phase.
+Z_CACHE_BYTES = 32 * 2**20
 
 #: Largest q for which Z of all observations is cached at all.
 Z_CACHE_MAX_ORDER = 64
@@ -304,14 +309,15 @@ def _tile(cols: Columns, cand, loc, pts_pre, obs_pre, tile, rho, diag, sw: Stopw
 
 
 def tile_point_cap(k: int) -> int:
-    """Most points per tile for k members: their k × k matrices fit :data:`TILE_WORK_BYTES`.
+    """Most points per tile for k members: their k × k stacks fit :data:`TILE_WORK_BYTES`.
 
-    A tile's matrices, eigenvectors and factors are each ``p k²`` numbers, so
-    at k = 256 a 128-point tile would hold several 64 MiB arrays; capping p
-    keeps one tile's work arrays within the budget at any ensemble size (at
-    least 16 points, the tiles' own lower bound; no cap below k ≈ 180).
+    A tile's matrices, shifted copies, eigenvectors and factors are each
+    ``p k²`` numbers (about four live at once), so at k = 256 a 128-point tile
+    would hold several 64 MiB arrays; capping p keeps one tile's work arrays
+    within the budget at any ensemble size (at least 16 points, the tiles'
+    own lower bound; no cap below k ≈ 90 at 128 points per tile).
     """
-    return max(16, TILE_WORK_BYTES // (8 * k * k))
+    return max(16, TILE_WORK_BYTES // (4 * 8 * k * k))
 
 
 def batched_kernel(
