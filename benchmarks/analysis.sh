@@ -19,7 +19,8 @@
 # Environment (defaults in brackets):
 #   NX NY          grid [360 180]
 #   MEMBERS        ensemble size N_e, or a list ("20 40 100": how each phase
-#                  grows with N_e; results analysis-k<N_e>-n<N_mpi>.json) [40]
+#                  grows with N_e, and the peak memory per rank, in one more
+#                  table; results analysis-k<N_e>-n<N_mpi>.json) [40]
 #   RADIUS_KM      Gaspari-Cohn support radius [5000]
 #   FILTER         letkf | lestkf | lenkf [letkf]
 #   NPS            MPI rank counts N_mpi [1 2]
@@ -102,6 +103,28 @@ for case, r in zip(cases, runs):
     gf = " / ".join("–" if g is None else f"{g:.2f}" for g in (r["gflops"], r["pointwise_gflops"]))
     print(f"| {case} | {r['members']} | {r['n_mpi']} | {r['seconds']:.2f} | {r['pointwise_seconds']:.2f} "
           f"| **{r['speedup']:.2f}×** | {basis} | {gf} | {r['max_rel_diff']:.1e} |")
+# how each phase grows with N_e (MEMBERS="20 40 100"): growth against the smallest
+# N_e of the same N_mpi and case, beside the expected N_e³ (transform) and N_e² (GEMM)
+full = [(c, r) for c, r in zip(cases, runs) if not c.startswith("rank 2")]
+if len({r["members"] for _, r in full}) > 1:
+    print("\nGrowth with N_e (batched kernel, full rank; peak memory per rank: tracemalloc "
+          "of one untimed run, budget = block + observations + largest tile's work arrays):\n")
+    print("| N_e | N_mpi | transform s | × (N_e³ ×) | gemm s | × (N_e² ×) | total s "
+          "| pointwise s | peak MiB | budget MiB | peak / budget | pointwise peak MiB |")
+    print("|---" * 12 + "|")
+    base = {}
+    for _, r in sorted(full, key=lambda cr: (cr[1]["n_mpi"], cr[1]["members"])):
+        b = base.setdefault(r["n_mpi"], r)
+        f = r["members"] / b["members"]
+        tr, gm = r["phases"]["transform"], r["phases"]["gemm"]
+        g_tr = tr / b["phases"]["transform"] if b["phases"]["transform"] else float("nan")
+        g_gm = gm / b["phases"]["gemm"] if b["phases"]["gemm"] else float("nan")
+        mib = 2.0**20
+        pw = r.get("pointwise_memory", {}).get("peak_bytes_per_rank", float("nan")) / mib
+        print(f"| {r['members']} | {r['n_mpi']} | {tr:.2f} | {g_tr:.1f} ({f**3:.1f}) | {gm:.2f} "
+              f"| {g_gm:.1f} ({f**2:.1f}) | {r['seconds']:.2f} | {r['pointwise_seconds']:.2f} "
+              f"| {r['peak_bytes_per_rank'] / mib:.1f} | {r['budget_bytes'] / mib:.1f} "
+              f"| {r['peak_to_budget']:.2f} | {pw:.1f} |")
 for case, r in zip(cases, runs):
     print(f"\nSeconds per phase, {case}, N_e = {r['members']}, N_mpi = {r['n_mpi']} "
           "(slowest rank):\n")

@@ -53,3 +53,58 @@ def test_large_ensemble_batched_equals_pointwise(k, n, m, radius_km, method, rng
     assert np.abs(a.ensemble - b.ensemble).max() <= 1e-10 * np.abs(b.ensemble).max()
     assert np.array_equal(a.n_obs, b.n_obs)
     assert a.n_obs.max() > k  # full-rank local problems are among them
+
+
+@pytest.mark.parametrize("method", ["etkf", "estkf", "enkf"])
+def test_direct_products_equal_packed_and_pointwise(method, rng, monkeypatch):
+    """Per-point products (the large-k path) against the packed GEMM and the reference.
+
+    k = 40 would take the packed path; a zero work budget and no Z cache force
+    every tile onto :meth:`Columns.direct`, which must give the same analysis.
+    """
+    from ensio.analysis import batched
+
+    X, pts, obs = _case(rng, 40, 60, 400, stochastic=method == "enkf")
+    loc = Localization(Geometry("lonlat"), "gaspari-cohn", 6000.0)
+    forget = rng.uniform(0.8, 1.0, 60)
+    run = {"method": method, "forget": forget, "tile_points": 16}
+    with threadpool_limits(limits=1, user_api="blas"):
+        packed_t: dict[str, float] = {}
+        packed = local_analysis(X, pts, obs, loc, kernel="batched", timings=packed_t, **run)
+        monkeypatch.setattr(batched, "TILE_WORK_BYTES", 0)
+        monkeypatch.setattr(batched, "Z_CACHE_BYTES", 0)
+        direct_t: dict[str, float] = {}
+        direct = local_analysis(X, pts, obs, loc, kernel="batched", timings=direct_t, **run)
+        ref = local_analysis(X, pts, obs, loc, kernel="pointwise", **run)
+    assert packed_t.get("direct_tiles_count", 0) == 0
+    assert direct_t["direct_tiles_count"] == direct_t["tiles_count"] > 0
+    scale = np.abs(ref.ensemble).max()
+    assert np.abs(direct.ensemble - ref.ensemble).max() <= 1e-10 * scale
+    assert np.abs(direct.ensemble - packed.ensemble).max() <= 1e-10 * scale
+    for name in ("dRd", "trace", "weight_sum"):
+        np.testing.assert_allclose(getattr(direct, name), getattr(ref, name), rtol=1e-10)
+
+
+def test_tile_point_cap_bounds_the_matrices():
+    """A tile's k × k stacks stay within the work budget; small ensembles are not capped."""
+    from ensio.analysis.batched import TILE_WORK_BYTES, tile_point_cap
+
+    assert tile_point_cap(40) >= 128 and tile_point_cap(256) < 128
+    for k in (256, 512):
+        cap = tile_point_cap(k)
+        assert cap >= 16
+        assert cap == 16 or 4 * 8 * cap * k * k <= TILE_WORK_BYTES
+
+
+def test_large_ensemble_independent_of_tile_size(rng):
+    """k = 256 (LAPACK eigensolver, per-point products): tile size changes nothing."""
+    X, pts, obs = _case(rng, 256, 24, 300, stochastic=False)
+    loc = Localization(Geometry("lonlat"), "gaspari-cohn", 19000.0)
+    with threadpool_limits(limits=1, user_api="blas"):
+        ta: dict[str, float] = {}
+        tb: dict[str, float] = {}
+        a = local_analysis(X, pts, obs, loc, kernel="batched", tile_points=4, timings=ta)
+        b = local_analysis(X, pts, obs, loc, kernel="batched", tile_points=128, timings=tb)
+    assert ta["tiles_count"] > tb["tiles_count"]  # really different tilings
+    assert ta["direct_tiles_count"] == ta["tiles_count"]
+    assert np.array_equal(a.ensemble, b.ensemble)

@@ -19,6 +19,14 @@ and ``Y`` is first expressed in an orthonormal basis of its span when that
 is smaller than the ensemble space (:mod:`~ensio.analysis.basis`; exact): the
 GEMM and the eigenproblems shrink to its size. Other variants get k × k
 matrices from their finishing step.
+
+Large ensembles (k ≳ 100): the packed products grow as ``k²/2`` columns per
+candidate, so when a tile's packed Zᵀ would exceed :data:`TILE_WORK_BYTES`
+the tile forms each point's ``C`` from its own observations instead
+(:meth:`Columns.direct`, the pointwise reference's sums in one BLAS call of
+order k per point), tiles hold at most :func:`tile_point_cap` points so
+their k × k stacks stay within the same budget, and eigenproblems above
+:data:`LOCKSTEP_MAX_ORDER` go to LAPACK.
 """
 
 from __future__ import annotations
@@ -37,11 +45,41 @@ from .obsspace import ObsSpace
 from .tiles import CandidateFinder, make_tiles, tile_weights
 from .variants import Variant
 
-__all__ = ["BASIS_TOLERANCE", "Z_CACHE_BYTES", "Columns", "batched_kernel"]
+__all__ = [
+    "BASIS_TOLERANCE",
+    "LOCKSTEP_MAX_ORDER",
+    "TILE_WORK_BYTES",
+    "Z_CACHE_BYTES",
+    "Z_CACHE_MAX_ORDER",
+    "Columns",
+    "batched_kernel",
+    "tile_point_cap",
+]
 
 #: Z of all observations is computed once when it is at most this large;
-#: otherwise it is built per tile from the candidates.
-Z_CACHE_BYTES = 256 * 2**20
+#: otherwise it is built per tile from the candidates. Why as small as one
+#: tile's work arrays: the cache lives through the whole analysis, beside the
+#: block and its posterior copy, and a larger one breaks the memory budget
+#: (issue 14: peak per rank < 2 × (block + observations + one tile's work));
+#: measured at 360×180, k = 40, 6480 observations: the 44 MiB cache made the
+#: peak 4.0× that budget, and building Z per tile costs ~8 % of the GEMM phase.
+Z_CACHE_BYTES = 32 * 2**20
+
+#: Largest q for which Z of all observations is cached at all.
+Z_CACHE_MAX_ORDER = 64
+
+#: Largest per-tile work array of the products (the packed Zᵀ of the tile's
+#: candidates, or the tile's q × q matrices): above it a tile forms its
+#: matrices point by point (:meth:`Columns.direct`) and holds fewer points
+#: (:func:`tile_point_cap`), so memory does not grow as k² × candidates.
+TILE_WORK_BYTES = 32 * 2**20
+
+#: Largest eigenproblem order solved by the lockstep solver; larger ones go to
+#: LAPACK, as in the pointwise reference (measured, one core: lockstep ahead by
+#: ~10 % at q = 64, even at 80–100 alone and up to 2× behind there when the cores
+#: are shared, LAPACK well ahead from 128 on and several times faster at 256,
+#: where a block of 32 matrices no longer fits in the cache).
+LOCKSTEP_MAX_ORDER = 64
 
 #: Relative residual up to which a tile's observed anomalies count as lying
 #: in a smaller basis (:func:`~ensio.analysis.basis.anomaly_basis`);
@@ -92,7 +130,47 @@ class Columns:
         self._cache: np.ndarray | None = None
         self._lock = threading.Lock()
         ncols = q * (q + 1) // 2 + q * self.s + 3
-        self._cache_ok = len(obs) * ncols * 8 <= Z_CACHE_BYTES
+        # beyond q ≈ 64 building Z per tile costs little next to its GEMM
+        # (measured at k = 100: no gain from the cache), which is m·q²/2 numbers
+        self.work_max = 0  # largest tile's work arrays, bytes (tile_work_bytes)
+        self._cache_ok = q <= Z_CACHE_MAX_ORDER and len(obs) * ncols * 8 <= Z_CACHE_BYTES
+
+    def packed_bytes(self, n_cand: int, r: int | None = None) -> int:
+        """Bytes of the packed Zᵀ a tile of ``n_cand`` candidates builds (0 when cached)."""
+        q = self.q if r is None else r
+        if r is None and self._cache_ok:
+            return 0
+        return 8 * n_cand * (q * (q + 1) // 2 + q * self.s + 3)
+
+    def direct(
+        self, Wt: np.ndarray, cand: np.ndarray, basis: tuple[np.ndarray, np.ndarray] | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(C, rhs, extra)`` point by point, from each point's non-zero weights only.
+
+        Why: the packed product costs ``p · c · q(q+1)/2`` with a ``c × q(q+1)/2``
+        work array; point by point it is ``Σ_i n_i q²`` (``n_i`` ≤ c the
+        observations of point i) in BLAS calls of order q, which is as
+        efficient once q is large, and needs no work array beyond the
+        results. Same sums as the pointwise reference.
+        """
+        Yc = self.Yq[:, cand] if basis is None else basis[1]
+        Dc, diag = self.D[:, cand], self.diag[:, cand]
+        p, r = Wt.shape[0], Yc.shape[0]
+        C, rhs, extra = np.empty((p, r, r)), np.empty((p, r, self.s)), np.empty((p, 3))
+        for i in range(p):
+            nz = np.flatnonzero(Wt[i])
+            w = Wt[i, nz]
+            Yl = Yc[:, nz]
+            Yw = Yl * w
+            np.matmul(Yw, Yl.T, out=C[i])
+            np.matmul(Yw, Dc[:, nz].T, out=rhs[i])
+            np.matmul(diag[:, nz], w, out=extra[i])
+        return C, rhs, extra
+
+    def note_work(self, nbytes: int) -> None:
+        """Record one tile's work arrays; the largest is the kernel's ``tile_work_bytes``."""
+        with self._lock:
+            self.work_max = max(self.work_max, int(nbytes))
 
     def basis(self, cand: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         """Basis ``Q`` (q × r) of the candidates' anomalies and their coordinates, if r < k−1.
@@ -164,14 +242,15 @@ class Columns:
         """
         from .eigensolver import eigh_stack
 
+        eigh = eigh_stack if C.shape[-1] <= LOCKSTEP_MAX_ORDER else None
         if not self.variant.reducible:
-            return self.variant.transforms(C, rhs, rho, self.k, self.T, eigh=eigh_stack)
+            return self.variant.transforms(C, rhs, rho, self.k, self.T, eigh=eigh)
         if Q is None:
             Qk = self.T
         else:
             Qk = Q if self.T is None else self.T @ Q
         return sqrt_factors_in_basis(
-            C, rhs[..., 0], rho, self.k, Qk, centred=self.T is not None, eigh=eigh_stack
+            C, rhs[..., 0], rho, self.k, Qk, centred=self.T is not None, eigh=eigh
         )
 
 
@@ -198,9 +277,22 @@ def _tile(cols: Columns, cand, loc, pts_pre, obs_pre, tile, rho, diag, sw: Stopw
     basis = cols.basis(cand)
     Q = None if basis is None else basis[0]
     sw.lap("basis")
-    S = cols.products(Wt, cand, basis)
-    C, rhs, extra = cols.unpack(S, cols.q if Q is None else Q.shape[1])
-    sw.add("gemm_flops", 2.0 * S.shape[0] * cand.size * S.shape[1])
+    r = cols.q if Q is None else Q.shape[1]
+    packed = cols.packed_bytes(cand.size, None if Q is None else r)
+    if packed <= TILE_WORK_BYTES:
+        S = cols.products(Wt, cand, basis)
+        C, rhs, extra = cols.unpack(S, r)
+        sw.add("gemm_flops", 2.0 * S.shape[0] * cand.size * S.shape[1])
+        packed += S.nbytes
+    else:
+        packed = 0
+        C, rhs, extra = cols.direct(Wt, cand, basis)
+        sw.add("gemm_flops", 2.0 * np.count_nonzero(Wt) * r * (r + cols.s))
+        sw.add("direct_tiles_count", 1)
+    # live at once: weights, products, matrices, right-hand sides, and in the
+    # transforms about three (p, r, max(r, k)) stacks (shifted copy, vectors, factors)
+    p = C.shape[0]
+    cols.note_work(Wt.nbytes + packed + C.nbytes + rhs.nbytes + 3 * 8 * p * r * max(r, k))
     sw.add("tiles_count", 1)
     sw.add("reduced_tiles_count", Q is not None)
     sw.add("basis_rank_count", 0 if Q is None else Q.shape[1])
@@ -214,6 +306,18 @@ def _tile(cols: Columns, cand, loc, pts_pre, obs_pre, tile, rho, diag, sw: Stopw
         G[has] = Gh
     sw.lap("transform")
     return G
+
+
+def tile_point_cap(k: int) -> int:
+    """Most points per tile for k members: their k × k stacks fit :data:`TILE_WORK_BYTES`.
+
+    A tile's matrices, shifted copies, eigenvectors and factors are each
+    ``p k²`` numbers (about four live at once), so at k = 256 a 128-point tile
+    would hold several 64 MiB arrays; capping p keeps one tile's work arrays
+    within the budget at any ensemble size (at least 16 points, the tiles'
+    own lower bound; no cap below k ≈ 90 at 128 points per tile).
+    """
+    return max(16, TILE_WORK_BYTES // (4 * 8 * k * k))
 
 
 def batched_kernel(
@@ -236,6 +340,7 @@ def batched_kernel(
     ndarray, shape (p, 4)
         Per point: observations used, ``Σρd²/σ²``, ``Σρ var/σ²``, ``Σρ``.
     """
+    tile_points = min(tile_points, tile_point_cap(obs.k))
     tiles = make_tiles(loc.geometry, pts, max_points=tile_points, max_extent=0.5 * loc.radius)
     pts_pre, obs_pre = prepare(loc.geometry, pts), prepare(loc.geometry, obs.coords)
     finder = CandidateFinder(loc.geometry, obs.coords, loc.radius)
@@ -268,4 +373,5 @@ def batched_kernel(
             clocks = list(pool.map(work, [[tile] for tile in tiles]))
     for clock in clocks:
         sw.merge(clock)
+    sw.add("tile_work_bytes", cols.work_max)
     return diag

@@ -172,9 +172,10 @@ def _applier(X: np.ndarray, inv: np.ndarray, n_points: int, out: np.ndarray):
     """``apply(points, G)``: write ``x̄ + X'G`` of the rows at ``points`` into ``out``.
 
     Rows sharing a location (``inv``: the point of each row) share the transform.
+    The anomalies are formed per call, for the rows at hand only: a whole
+    anomaly copy of the block would be one more block of peak memory.
     """
     mean = X.mean(axis=0)
-    Xp = X - mean
     order = np.argsort(inv, kind="stable")
     starts = np.searchsorted(inv[order], np.arange(n_points + 1))
 
@@ -184,7 +185,7 @@ def _applier(X: np.ndarray, inv: np.ndarray, n_points: int, out: np.ndarray):
             rows = order[starts[points]]
         else:
             rows = np.concatenate([order[starts[p] : starts[p + 1]] for p in points])
-        Xr = Xp[:, rows].T  # (rows, k)
+        Xr = X[:, rows].T - mean[rows][:, None]  # (rows, k): the same values as X − x̄
         if isinstance(G, FactoredTransform):
             upd = (G if rows.size == points.size else G.repeat(counts)).apply(Xr)
         else:

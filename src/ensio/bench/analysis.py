@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import tracemalloc
 from collections.abc import Callable
 from typing import Any
 
@@ -68,7 +69,7 @@ PHASES = (
     "perturb",
     "posterior",
 )
-_NOT_SECONDS = ("_flops", "_count")
+_NOT_SECONDS = ("_flops", "_count", "_bytes")
 #: Largest accepted ``max|batched − pointwise| / max|pointwise|``.
 TOLERANCE = 1e-10
 #: Order of the square DGEMM that measures the machine's rate.
@@ -112,7 +113,7 @@ def _timed_analysis(
 
 
 def _reduce_timings(comm: MPI.Comm, timings: dict[str, float]) -> dict[str, float]:
-    """Per phase, the maximum over ranks; ``gemm_flops`` summed over ranks."""
+    """Per phase (and ``*_bytes``), the maximum over ranks; flops and counts summed."""
     names = sorted(set().union(*comm.allgather(sorted(timings))))
     out: dict[str, float] = {}
     for name in names:
@@ -159,6 +160,43 @@ def _measure(
             samples[name].append(seconds)
             first.setdefault(name, res)
     return samples, best, first
+
+
+def _obs_bytes(obs: ObsBatch, members: int, n_local: int) -> int:
+    """Bytes of a rank's observations: the batch's arrays and the observed ensemble."""
+    arrays = (getattr(obs, f.name) for f in dataclasses.fields(obs))
+    return sum(a.nbytes for a in arrays if isinstance(a, np.ndarray)) + 8 * members * n_local
+
+
+def _peak_memory(
+    kernels: dict[str, AnalysisSection], block: EnsembleBlock, obs: ObsBatch, comm: MPI.Comm
+) -> dict[str, Any]:
+    """Collective: peak memory per rank of one untimed ``analyse_rows`` per kernel.
+
+    Why a separate run: tracemalloc slows allocation-heavy code, so it stays
+    out of the timed repeats. The peak counts what the call allocates (numpy
+    reports its buffers to tracemalloc), not the block and observations that
+    exist before it; the budget is the issue's "ensemble block + observations
+    + one tile's work arrays" (the kernel's largest tile, ``tile_work_bytes``).
+    Per kernel, the maximum over ranks of the peak, the budget and their ratio.
+    """
+    out: dict[str, Any] = {}
+    for name, analysis in kernels.items():
+        comm.Barrier()
+        tracemalloc.start()
+        _, timings, res = _timed_analysis(block, obs, analysis, comm)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        work = int(timings.get("tile_work_bytes", 0))
+        budget = block.data.nbytes + _obs_bytes(obs, block.data.shape[0], res.n_local_obs) + work
+        out[name] = {
+            "peak_bytes_per_rank": int(comm.allreduce(peak, op=MPI.MAX)),
+            "budget_bytes": int(comm.allreduce(budget, op=MPI.MAX)),
+            "tile_work_bytes": int(comm.allreduce(work, op=MPI.MAX)),
+            "block_bytes": int(comm.allreduce(block.data.nbytes, op=MPI.MAX)),
+            "peak_to_budget": float(comm.allreduce(peak / budget, op=MPI.MAX)),
+        }
+    return out
 
 
 def _kernel_figures(ours: dict[str, float], ref: dict[str, float]) -> dict[str, Any]:
@@ -218,6 +256,9 @@ def bench_analysis(
         ``pointwise_phases`` (seconds per phase of the best repeat),
         ``gflops`` / ``pointwise_gflops`` (GEMM part), ``dgemm_gflops``,
         ``gemm_fraction_of_peak``, ``transform_us_per_point``, ``max_rel_diff``,
+        ``peak_bytes_per_rank``, ``budget_bytes``, ``tile_work_bytes``,
+        ``block_bytes`` and ``peak_to_budget`` (configured kernel; the same
+        for the reference in ``pointwise_memory``),
         ``agree``, the case (``n_mpi``, ``points``, ``observations``,
         ``members``, …) and ``machine``.
     """
@@ -246,6 +287,8 @@ def bench_analysis(
         "pointwise": dataclasses.replace(config.analysis, kernel="pointwise"),
     }
     samples, best, first = _measure(kernels, block, obs, comm, repeat, step)
+    step("peak memory, one untimed run per kernel (tracemalloc)")
+    memory = _peak_memory(kernels, block, obs, comm)
     step("DGEMM rate of the machine")
     dgemm = dgemm_rate(comm)
     a, b = first["configured"].ensemble, first["pointwise"].ensemble
@@ -273,6 +316,8 @@ def bench_analysis(
         "kernel": cfg.kernel,
         **_kernel_figures(best["configured"], best["pointwise"]),
         **_rate_figures(best["configured"], dgemm, comm.size, int(layout.n_rows)),
+        **memory["configured"],
+        "pointwise_memory": memory["pointwise"],
         "max_rel_diff": max_rel,
         "tolerance": TOLERANCE,
         "agree": bool(max_rel <= TOLERANCE),
@@ -324,6 +369,26 @@ def result_table(res: dict[str, Any]) -> Table:
     table.add_row("DGEMM GFLOP/s (machine)", _fmt(res.get("dgemm_gflops"), ".2f"), "", "")
     table.add_row("GEMM / DGEMM", "–" if frac is None else f"{100 * frac:.0f} %", "", "")
     table.add_row("transform µs/point", _fmt(res.get("transform_us_per_point"), ".1f"), "", "")
+    if "peak_bytes_per_rank" in res:
+        mib, ref = 2.0**20, res.get("pointwise_memory", {})
+        table.add_row(
+            "peak MiB/rank",
+            _fmt(res["peak_bytes_per_rank"] / mib, ".1f"),
+            _fmt(ref["peak_bytes_per_rank"] / mib if ref else None, ".1f"),
+            "",
+        )
+        table.add_row(
+            "budget MiB (block+obs+tile)",
+            _fmt(res["budget_bytes"] / mib, ".1f"),
+            _fmt(ref["budget_bytes"] / mib if ref else None, ".1f"),
+            "",
+        )
+        table.add_row(
+            "peak / budget",
+            _fmt(res["peak_to_budget"], ".2f"),
+            _fmt(ref.get("peak_to_budget"), ".2f"),
+            "",
+        )
     table.add_row(
         "[bold]total[/]",
         f"[bold]{res['seconds']:.3f}[/]",
