@@ -498,7 +498,8 @@ def _all_finite(a: np.ndarray) -> bool:
     wrong towards "not all finite" (overflow), which sends the writer down
     its careful path, never the other way.
     """
-    return bool(np.isfinite(np.add.reduce(a, axis=None)))
+    with np.errstate(over="ignore", invalid="ignore"):
+        return bool(np.isfinite(np.add.reduce(a, axis=None)))
 
 
 def _keep_rows(block: EnsembleBlock, data: np.ndarray) -> np.ndarray:

@@ -309,12 +309,12 @@ class MemberScan:
         # one collective for errors and results: a metadata pass costs one round trip
         mine = {m: self._seen[m][:2] for m in self._mine() if m in self._seen}
         parts = self.comm.allgather((bad, changed, mine, again))
+        if any(p[3] for p in parts):  # files were restored: what anyone found is stale
+            self.invalidate()
+            return self.refresh()
         failed = [b for b, _, _, _ in parts if b is not None]
         if failed:
             raise rebuild(min(failed, key=lambda b: b[0])[1])  # type: ignore[arg-type]
-        if any(p[3] for p in parts):
-            self.invalidate()
-            return self.refresh()
         merged = dict(enumerate(self.metas))
         inodes: dict[int, tuple[int, int]] = {}
         for _, part, ids, _ in parts:
