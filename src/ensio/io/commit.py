@@ -174,6 +174,7 @@ def journaled_write(comm: MPI.Comm, root: Path, journaled: bool, fsync: bool,
         if journaled:
             root_call(comm, lambda: journal.abort(root, fsync=fsync))
         raise rebuild(note)
-    comm.Barrier()  # every rank's bytes are written before the journal is committed
+    # agree() is an allgather: no rank gets past it before every rank's bytes are
+    # written, so it already orders the commit after all writes (no extra barrier)
     if journaled:
         root_call(comm, lambda: journal.commit(root, fsync=fsync))

@@ -38,7 +38,7 @@ from ..config.schema import EnsembleSection, IOSection
 from ..errors import InputError
 from ..layout.block import EnsembleBlock
 from ..layout.state import StateLayout
-from ..parallel.agree import ErrorNote, raise_if_any, root_call
+from ..parallel.agree import ErrorNote, rebuild, root_call
 from ..parallel.comms import io_groups
 from ..parallel.distribution import RowDistribution
 from ..progress import Advance, no_progress
@@ -55,6 +55,9 @@ from .stats import IOStats
 __all__ = ["FileEnsembleIO"]
 
 _NATIVE_F8 = np.dtype(np.float64)
+_SWAPPED_F8 = _NATIVE_F8.newbyteorder("S")
+#: :func:`~ensio.io.journal.recover` states after which member files may have changed.
+_RESTORED = ("rolled_back", "committed")
 
 
 class FileEnsembleIO:
@@ -157,9 +160,30 @@ class FileEnsembleIO:
         if self._closed:
             raise ValueError("ensemble I/O object used after close()")
         if not self._fresh:
-            self._recover()
-            self.scan.refresh()
+            # recovery on rank 0 and the members' check share one collective
+            root = self._journal_root()
+            self.scan.refresh(before=lambda: journal_mod.recover(root).state in _RESTORED)
         self._fresh = False
+
+    def _finish(self, note: ErrorNote, counts: np.ndarray, stats: IOStats
+                ) -> tuple[dict[str, int], IOStats]:
+        """Collective: agree on errors, sum per-variable ``counts``, take the slowest seconds.
+
+        One ``allgather`` instead of three collectives: on a loaded machine each
+        synchronisation of the ranks costs about a scheduler time slice, which
+        for small members is more than the data movement.
+        """
+        names = [f.name for f in dataclasses.fields(stats) if f.name.endswith("_seconds")]
+        seconds = [getattr(stats, n) for n in names]
+        parts = self.comm.allgather((note, np.asarray(counts, dtype=np.int64), seconds))
+        agreed = next((n for n, _, _ in parts if n is not None), None)
+        if agreed is not None:
+            raise rebuild(agreed)
+        total = np.sum([c for _, c, _ in parts], axis=0, dtype=np.int64)
+        slowest = np.max([s for _, _, s in parts], axis=0)
+        by_name = {v.name: int(n) for v, n in zip(self.layout.variables, total, strict=True)}
+        return by_name, dataclasses.replace(stats, **dict(zip(names, slowest.tolist(),
+                                                               strict=True)))
 
     def _scatter_spec(self) -> list:
         """Counts, displacements and type of the group's Scatterv/Gatherv buffer."""
@@ -226,7 +250,6 @@ class FileEnsembleIO:
                 lambda m, buf: gcomm.Scatterv([buf, *spec], data[m], root=0),
                 sw, depth=2 if overlap else 0,
             )  # fmt: skip
-        raise_if_any(self.comm, note)
         block = EnsembleBlock(self.layout, self.rows.start, self.rows.count, data)
         if self.groups.is_io and gcomm.size == 1 and not self._maybe_nonfinite:
             # this rank decoded all its rows itself and found every value finite:
@@ -235,17 +258,11 @@ class FileEnsembleIO:
             block.inactive = np.zeros(self.rows.count, dtype=bool)
         else:
             block.inactive = block.inactive_rows()
-        inactive = self._per_variable(block.count_by_variable(block.inactive))
-        total = time.perf_counter() - t_start
-        stats = IOStats.from_stopwatch(sw, total, self.state_bytes).reduce(self.comm)
+        mine = IOStats.from_stopwatch(sw, time.perf_counter() - t_start, self.state_bytes)
+        # error agreement, inactive counts and seconds in one collective
+        inactive, stats = self._finish(note, block.count_by_variable(block.inactive), mine)
         self.stats = dataclasses.replace(stats, inactive=inactive)
         return block
-
-    def _per_variable(self, counts: np.ndarray) -> dict[str, int]:
-        """Collective: per-variable counts of this rank summed over ``comm``, by name."""
-        total = np.array(counts, dtype=np.int64)
-        self.comm.Allreduce(MPI.IN_PLACE, total, op=MPI.SUM)
-        return {v.name: int(n) for v, n in zip(self.layout.variables, total, strict=True)}
 
     def _read_member(self, m: int, out: np.ndarray, scratch: Scratch) -> None:
         """Read this I/O task's rows of member ``m`` into ``out`` (float64, group rows).
@@ -266,6 +283,15 @@ class FileEnsembleIO:
                 if meta.raw(name):
                     if seg.select is None and info.dtype == _NATIVE_F8:
                         raw_read(fd, info, seg.elem_lo, seg.elem_hi, out=dst, path=path)
+                        self._maybe_nonfinite |= info.encoding.decode(dst, dst)
+                        continue
+                    if seg.select is None and info.dtype == _SWAPPED_F8:
+                        # classic files are big-endian: one swapping copy (SIMD, faster
+                        # than swapping in place), then the missing-value scan on
+                        # native values (on swapped ones it is several times slower)
+                        buf = scratch.get(info.dtype, seg.n_elems)
+                        np.copyto(dst, raw_read(fd, info, seg.elem_lo, seg.elem_hi, out=buf,
+                                                path=path))
                         self._maybe_nonfinite |= info.encoding.decode(dst, dst)
                         continue
                     buf = scratch.get(info.dtype, seg.n_elems)
@@ -329,20 +355,23 @@ class FileEnsembleIO:
             )
         self._check_writable()
         data = np.ascontiguousarray(block.data, dtype=np.float64)
-        keep = block.inactive_rows()
+        keep = _keep_rows(block, data)
+        library = any(not meta.raw(v.name) for meta in self.scan.metas
+                      for v in self.layout.variables)  # the same on every rank
         journaled = self.io.journal if journal is None else journal
         sw = Stopwatch()
         self._clips = np.zeros(len(self.layout.variables), dtype=np.int64)
 
         def write(undo: journal_mod.UndoLog | None) -> ErrorNote:
             note = self._write_rows(data, keep, undo, sw, 2 if overlap else 0, progress)
+            if not library:  # nothing to gather: also spares write_library's barrier
+                return note
             return note or write_library(self, data, keep, undo, sw, self._clips)
 
         journaled_write(self.comm, self._journal_root(), journaled, self.io.fsync, write)
         self.scan.written()
-        clipped = self._per_variable(self._clips)
-        total = time.perf_counter() - t_start
-        stats = IOStats.from_stopwatch(sw, total, self.state_bytes).reduce(self.comm)
+        mine = IOStats.from_stopwatch(sw, time.perf_counter() - t_start, self.state_bytes)
+        clipped, stats = self._finish(None, self._clips, mine)
         self.stats = dataclasses.replace(stats, clipped=clipped)
         return self.stats
 
@@ -433,7 +462,7 @@ class FileEnsembleIO:
                     continue
                 info = meta.infos[name]
                 rows = src[seg.row_lo - lo : seg.row_hi - lo]
-                merge = info.encoding.packed or not np.isfinite(rows).all()
+                merge = info.encoding.packed or not _all_finite(rows)
                 prior = None
                 if undo is not None or seg.select is not None or merge:
                     t = time.perf_counter()
@@ -460,3 +489,23 @@ class FileEnsembleIO:
         finally:
             os.close(fd)
         return t_journal
+
+
+def _all_finite(a: np.ndarray) -> bool:
+    """True only if every value of ``a`` is finite: one pass, no temporary array.
+
+    A NaN or an infinity makes the sum non-finite; a finite sum can only be
+    wrong towards "not all finite" (overflow), which sends the writer down
+    its careful path, never the other way.
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        return bool(np.isfinite(np.add.reduce(a, axis=None)))
+
+
+def _keep_rows(block: EnsembleBlock, data: np.ndarray) -> np.ndarray:
+    """:meth:`EnsembleBlock.inactive_rows`, without its block-sized temporary when all is finite."""
+    if _all_finite(data):
+        if block.inactive is not None:
+            return np.asarray(block.inactive, dtype=bool).copy()
+        return np.zeros(block.count, dtype=bool)
+    return block.inactive_rows()

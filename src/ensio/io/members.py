@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -265,7 +265,10 @@ class MemberScan:
         return meta
 
     def refresh(
-        self, first: tuple[tuple[int, ...], MemberMeta, Template | None] | None = None
+        self,
+        first: tuple[tuple[int, ...], MemberMeta, Template | None] | None = None,
+        *,
+        before: Callable[[], bool] | None = None,
     ) -> list[MemberMeta]:
         """Collective: re-check the members that changed; the metadata of all, on all ranks.
 
@@ -273,15 +276,27 @@ class MemberScan:
         every rank), and an error naming both paths if two members are one
         file (:func:`~ensio.io.consistency.check_distinct`). ``first``: member
         1 as checked by :meth:`_first` (construction only).
+
+        ``before`` runs on rank 0 ahead of its checks (journal recovery); its
+        error is raised on every rank, and if it returns True (files were
+        restored, possibly while other ranks looked at them) every rank checks
+        again. It shares this pass's one collective: on a loaded machine each
+        synchronisation of the ranks costs about a scheduler time slice.
         """
         changed: dict[int, MemberMeta] = {}
         bad: tuple[int, ErrorNote] | None = None
+        again = False
         self.checked, self.quick, self.seconds = 0, 0, 0.0
         if first is not None:
             ident, meta, self.template = first
             if 0 in self._mine():
                 self._seen[0], changed[0] = ident, meta
-        for m in self._mine():
+        if before is not None and self.comm.rank == 0:
+            try:
+                again = bool(before())
+            except Exception as exc:
+                bad = (-1, note_error(exc))  # before any member's problem
+        for m in self._mine() if bad is None else ():
             try:
                 ident = file_identity(self.paths[m])
                 if self._seen.get(m) != ident:
@@ -293,13 +308,16 @@ class MemberScan:
                 break
         # one collective for errors and results: a metadata pass costs one round trip
         mine = {m: self._seen[m][:2] for m in self._mine() if m in self._seen}
-        parts = self.comm.allgather((bad, changed, mine))
-        failed = [b for b, _, _ in parts if b is not None]
+        parts = self.comm.allgather((bad, changed, mine, again))
+        if any(p[3] for p in parts):  # files were restored: what anyone found is stale
+            self.invalidate()
+            return self.refresh()
+        failed = [b for b, _, _, _ in parts if b is not None]
         if failed:
             raise rebuild(min(failed, key=lambda b: b[0])[1])  # type: ignore[arg-type]
         merged = dict(enumerate(self.metas))
         inodes: dict[int, tuple[int, int]] = {}
-        for _, part, ids in parts:
+        for _, part, ids, _ in parts:
             merged.update(part)
             inodes.update(ids)
         check_distinct(self.paths, inodes)
