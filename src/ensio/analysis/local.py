@@ -159,13 +159,7 @@ def run_local(
         threads=threads,
     )
     d = diag[inv]
-    return AnalysisResult(
-        ensemble=out,
-        n_obs=d[:, 0].astype(np.int64),
-        dRd=d[:, 1],
-        trace=d[:, 2],
-        weight_sum=d[:, 3],
-    )
+    return AnalysisResult.from_diagnostics(out, d)
 
 
 def _applier(X: np.ndarray, inv: np.ndarray, n_points: int, out: np.ndarray):

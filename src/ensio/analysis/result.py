@@ -84,3 +84,19 @@ class AnalysisResult:
     dRd: np.ndarray | None = None
     trace: np.ndarray | None = None
     weight_sum: np.ndarray | None = None
+
+    @classmethod
+    def from_diagnostics(cls, ensemble: np.ndarray, diag: np.ndarray) -> AnalysisResult:
+        """The result of a local kernel from its per-row diagnostics.
+
+        ``diag`` has shape (n, 4): observation count, ``Σρd²/σ²``,
+        ``Σρ var(HX)/σ²`` and ``Σρ`` per row, the layout the exact kernel
+        and the weight interpolation both produce.
+        """
+        return cls(
+            ensemble=ensemble,
+            n_obs=diag[:, 0].astype(np.int64),
+            dRd=diag[:, 1],
+            trace=diag[:, 2],
+            weight_sum=diag[:, 3],
+        )

@@ -287,13 +287,7 @@ def interpolated_local(
     with sw("update"):  # the kernel timed its own phases
         _interpolate_and_apply(X, out, inv, Gc, corner, beta, cell, empty, rho)
     d = diag[inv]
-    return AnalysisResult(
-        ensemble=out,
-        n_obs=d[:, 0].astype(np.int64),
-        dRd=d[:, 1],
-        trace=d[:, 2],
-        weight_sum=d[:, 3],
-    )
+    return AnalysisResult.from_diagnostics(out, d)
 
 
 def _interpolate_and_apply(X, out, inv, Gc, corner, beta, cell, empty, rho) -> None:
