@@ -333,3 +333,12 @@ def check_analysis(paths: list[Path], prior_stored: list[dict], X: np.ndarray,
     m = re.search(r"packing: (\d+) analysis values clipped \(([^)]*)\)", log)
     assert sum(clips.values()) > 0 and m is not None, log
     assert int(m.group(1)) == sum(clips.values()), (log, clips)
+
+
+def poke_missing(case: Path) -> None:
+    """NaN at a few points of member 2 of a synthetic case: those rows are inactive."""
+    with netCDF4.Dataset(case / "mem002.nc", "a") as ds:
+        v = ds["state"]
+        flat = np.array(v[...]).reshape(-1, v.shape[-2], v.shape[-1])
+        flat[:, 3, 2:6] = np.nan
+        v[...] = flat.reshape(v.shape)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import netCDF4
 import numpy as np
 import pytest
+from missing_cases import poke_missing
 
 from ensio.analysis.inputs import assimilate_block, observation_sources
 from ensio.cli.synth import main as synth_main
@@ -44,15 +45,6 @@ def _bilinear_obs(case) -> None:
             dst.createVariable(name, "f8", ("obs",))[:] = v
 
 
-def _poke_missing(case) -> None:
-    """NaN at a few points of member 2: those rows are inactive (passed through)."""
-    with netCDF4.Dataset(case / "mem002.nc", "a") as ds:
-        v = ds["state"]
-        flat = np.array(v[...]).reshape(-1, v.shape[-2], v.shape[-1])
-        flat[:, 3, 2:6] = np.nan
-        v[...] = flat.reshape(v.shape)
-
-
 @pytest.mark.parametrize(
     "sets",
     [[], ["analysis.filter=lenkf"], ["analysis.filter=etkf", "analysis.localization=null"],
@@ -67,7 +59,7 @@ def test_row_sets_match_blocks(shared_dir, comm, sets, levels) -> None:
         assert synth_main(argv + (["--levels", str(levels)] if levels else [])) == 0
         _bilinear_obs(case)
         if sets == ["missing"]:
-            _poke_missing(case)
+            poke_missing(case)
     comm.Barrier()
     missing = sets == ["missing"]
     sets = [] if missing else sets

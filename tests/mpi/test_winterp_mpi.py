@@ -10,9 +10,9 @@ interpolation itself is checked against an independent one in
 
 from __future__ import annotations
 
-import netCDF4
 import numpy as np
 import pytest
+from missing_cases import poke_missing
 from mpi4py import MPI
 
 from ensio.analysis.inputs import assimilate_block, observation_sources
@@ -35,15 +35,6 @@ def _random_sets(n_rows: int, comm, seed: int) -> RowSets:
     return RowSets.from_pieces(n_rows, comm.size, comm.rank, starts, np.array(lengths), owners)
 
 
-def _poke_missing(case) -> None:
-    """NaN at a few points of member 2: those rows are inactive (passed through)."""
-    with netCDF4.Dataset(case / "mem002.nc", "a") as ds:
-        v = ds["state"]
-        flat = np.array(v[...]).reshape(-1, v.shape[-2], v.shape[-1])
-        flat[:, 3, 2:6] = np.nan
-        v[...] = flat.reshape(v.shape)
-
-
 @pytest.mark.parametrize(
     "sets",
     [["analysis.filter=letkf"], ["analysis.filter=lestkf"], ["analysis.filter=lenkf"],
@@ -57,7 +48,7 @@ def test_winterp_does_not_depend_on_ranks(shared_dir, comm, sets, stride, levels
         argv = [str(case), "--nx", "24", "--ny", "13", "--members", "6", "--seed", "4"]
         assert synth_main(argv + (["--levels", str(levels)] if levels else [])) == 0
         if sets == ["missing"]:
-            _poke_missing(case)
+            poke_missing(case)
     comm.Barrier()
     missing = sets == ["missing"]
     over = ([] if missing else sets) + [f"analysis.weight_interpolation={{stride: {stride}}}",
