@@ -5,17 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .options import positive_int_list
+
 __all__ = ["add_arguments", "run"]
-
-
-def _servers(text: str) -> tuple[int, ...]:
-    try:
-        out = tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected S[,S…], got {text!r}") from None
-    if not out or min(out) < 1:
-        raise argparse.ArgumentTypeError(f"server counts must be >= 1, got {text!r}")
-    return out
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -31,7 +23,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="bar chart of the output cost per mode")
     p.add_argument("--ranks", type=int, default=d.ranks, metavar="P",
                    help=f"model ranks (default {d.ranks})")
-    p.add_argument("--servers", type=_servers, default=d.servers, metavar="S[,S…]",
+    p.add_argument("--servers", type=positive_int_list("server counts"), default=d.servers,
+                   metavar="S[,S…]",
                    help="server counts of the server mode (default 1,2)")
     for name, help_ in (("nx", "longitudes"), ("ny", "latitudes"), ("nz", "levels"),
                         ("fields", "3-D output fields"),

@@ -12,6 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .options import positive_int_list
+
 __all__ = ["add_arguments", "add_command", "run"]
 
 
@@ -28,16 +30,6 @@ def add_command(sub: Any) -> None:
     p.set_defaults(bench_run=run)
 
 
-def _ranks(text: str) -> tuple[int, ...]:
-    try:
-        out = tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected N[,N…], got {text!r}") from None
-    if not out or min(out) < 1:
-        raise argparse.ArgumentTypeError(f"rank counts must be >= 1, got {text!r}")
-    return out
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Arguments of ``ensio bench shuffle``."""
     from ..bench.shuffle import ShuffleBenchSettings
@@ -49,7 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", type=Path, default=None, metavar="FILE", help="write all numbers")
     p.add_argument("--plot", type=Path, default=None, metavar="PNG",
                    help="measured phases and the projection, one PNG")
-    p.add_argument("--ranks", type=_ranks, default=d.ranks, metavar="N[,N…]",
+    p.add_argument("--ranks", type=positive_int_list("rank counts"), default=d.ranks,
+                   metavar="N[,N…]",
                    help="N_mpi of the runs, multiples of --members (default 2,4,8)")
     for name, help_ in (("nx", "longitudes"), ("ny", "latitudes"), ("levels", "levels"),
                         ("members", "N_e"), ("repeat", "read+write cycles per mode; best"),
