@@ -16,7 +16,15 @@ import netCDF4
 import numpy as np
 import pytest
 from mpi4py import MPI
-from tiles_support import PATTERN, box_with_halo, cut, nemo_attrs, tile_case, tile_values
+from tiles_support import (
+    PATTERN,
+    assert_tiles_hold,
+    box_with_halo,
+    cut,
+    nemo_attrs,
+    tile_case,
+    tile_values,
+)
 
 from ensio.analysis.inputs import assimilate_block, observation_sources
 from ensio.cli.main import main as ensio_main
@@ -241,14 +249,7 @@ def test_analysis_on_tiles_equals_single_file(case, tmp_path, nemo) -> None:
     )
     for m in range(1, NE + 1):
         want = ref.ensemble[m - 1].reshape(*lead, NY, NX)
-        for b in geo.boxes:
-            now = tile_values(case / PATTERN.format(member=m, tile=b.index))
-            iy, ix = b.interior()
-            np.testing.assert_allclose(now[..., iy, ix], want[..., b.y0 : b.y1, b.x0 : b.x1],
-                                       rtol=0, atol=1e-12)  # fmt: skip
-            halo = np.ones(b.file_shape, dtype=bool)
-            halo[iy, ix] = False
-            assert now[..., halo].tobytes() == halos[m, b.index][..., halo].tobytes()
+        assert_tiles_hold(case, geo, m, want, halos)
 
 
 def test_ensio_analyse_on_tiles(case, tmp_path, capsys) -> None:

@@ -72,3 +72,19 @@ def tile_values(path: Path) -> np.ndarray:
     with netCDF4.Dataset(path) as ds:
         ds.set_auto_maskandscale(False)
         return np.array(ds["state"][...])
+
+
+def assert_tiles_hold(case: Path, geo: TileGeometry, member: int, want: np.ndarray,
+                      before: dict) -> None:
+    """Every tile of ``member`` holds ``want`` (global grid) inside, its prior bytes in the halo.
+
+    ``before[member, tile]`` is the tile's content before the write.
+    """
+    for b in geo.boxes:
+        now = tile_values(case / PATTERN.format(member=member, tile=b.index))
+        iy, ix = b.interior()
+        np.testing.assert_allclose(now[..., iy, ix], want[..., b.y0 : b.y1, b.x0 : b.x1],
+                                   rtol=0, atol=1e-12)  # fmt: skip
+        halo = np.ones(b.file_shape, dtype=bool)
+        halo[iy, ix] = False
+        assert now[..., halo].tobytes() == before[member, b.index][..., halo].tobytes()

@@ -11,25 +11,13 @@ import netCDF4
 import numpy as np
 import pytest
 from missing_cases import poke_missing
+from rowsets_support import random_row_sets
 
 from ensio.analysis.inputs import assimilate_block, observation_sources
 from ensio.cli.synth import main as synth_main
 from ensio.config.load import load_config
 from ensio.io.ensemble import read_ensemble
 from ensio.layout.rowsetblock import RowSetBlock
-from ensio.parallel.rowsets import RowSets
-
-
-def _random_sets(n_rows: int, comm, seed: int) -> RowSets:
-    """Pieces of random lengths (1..7 rows) dealt to random ranks; the same on every rank."""
-    rng = np.random.default_rng(seed)
-    lengths = []
-    while sum(lengths) < n_rows:
-        lengths.append(int(min(rng.integers(1, 8), n_rows - sum(lengths))))
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-    owners = rng.integers(0, comm.size, len(lengths))
-    owners[: comm.size] = np.arange(comm.size)  # no rank is left empty
-    return RowSets.from_pieces(n_rows, comm.size, comm.rank, starts, np.array(lengths), owners)
 
 
 def _bilinear_obs(case) -> None:
@@ -71,7 +59,7 @@ def test_row_sets_match_blocks(shared_dir, comm, sets, levels) -> None:
     ref = assimilate_block(prior, obs, cfg.analysis, comm, cycle=2, seconds={})
     full_prior = np.concatenate(comm.allgather(prior.data), axis=1)
     full_ref = np.concatenate(comm.allgather(ref.ensemble), axis=1)
-    plan = _random_sets(prior.layout.n_rows, comm, seed=11)
+    plan = random_row_sets(prior.layout.n_rows, comm, seed=11)
     block = RowSetBlock.of(prior.layout, plan, np.ascontiguousarray(full_prior[:, plan.rows]))
     got = assimilate_block(block, obs, cfg.analysis, comm, cycle=2, seconds={})
     np.testing.assert_allclose(got.ensemble, full_ref[:, plan.rows], rtol=0, atol=1e-12)

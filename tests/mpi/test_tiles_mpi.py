@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tiles_support import PATTERN, tile_case, tile_values
+from tiles_support import PATTERN, assert_tiles_hold, tile_case, tile_values
 
 from ensio.analysis.inputs import assimilate_block, observation_sources
 from ensio.cli.synth import main as synth_main
@@ -57,14 +57,7 @@ def test_tiled_analysis_matches_single_file(shared_dir, comm, levels) -> None:
     shape = prior.layout.variables[0].shape
     for m in range(1, NE + 1):
         want = full[m - 1].reshape(shape)
-        for b in geo.boxes:
-            now = tile_values(case / PATTERN.format(member=m, tile=b.index))
-            iy, ix = b.interior()
-            np.testing.assert_allclose(now[..., iy, ix], want[..., b.y0 : b.y1, b.x0 : b.x1],
-                                       rtol=0, atol=1e-12)  # fmt: skip
-            halo = np.ones(b.file_shape, dtype=bool)
-            halo[iy, ix] = False
-            assert now[..., halo].tobytes() == before[m, b.index][..., halo].tobytes()
+        assert_tiles_hold(case, geo, m, want, before)
 
 
 def test_missing_tile_fails_on_every_rank(shared_dir, comm) -> None:
