@@ -36,7 +36,7 @@ from mpi4py import MPI
 from .. import faults
 from ..config.schema import EnsembleSection, IOSection
 from ..errors import InputError
-from ..layout.block import EnsembleBlock
+from ..layout.block import EnsembleBlock, all_finite
 from ..layout.state import StateLayout
 from ..parallel.agree import ErrorNote, rebuild, root_call
 from ..parallel.comms import io_groups
@@ -355,7 +355,7 @@ class FileEnsembleIO:
             )
         self._check_writable()
         data = np.ascontiguousarray(block.data, dtype=np.float64)
-        keep = _keep_rows(block, data)
+        keep = block.inactive_rows()
         library = any(not meta.raw(v.name) for meta in self.scan.metas
                       for v in self.layout.variables)  # the same on every rank
         journaled = self.io.journal if journal is None else journal
@@ -462,7 +462,7 @@ class FileEnsembleIO:
                     continue
                 info = meta.infos[name]
                 rows = src[seg.row_lo - lo : seg.row_hi - lo]
-                merge = info.encoding.packed or not _all_finite(rows)
+                merge = info.encoding.packed or not all_finite(rows)
                 prior = None
                 if undo is not None or seg.select is not None or merge:
                     t = time.perf_counter()
@@ -490,22 +490,3 @@ class FileEnsembleIO:
             os.close(fd)
         return t_journal
 
-
-def _all_finite(a: np.ndarray) -> bool:
-    """True only if every value of ``a`` is finite: one pass, no temporary array.
-
-    A NaN or an infinity makes the sum non-finite; a finite sum can only be
-    wrong towards "not all finite" (overflow), which sends the writer down
-    its careful path, never the other way.
-    """
-    with np.errstate(over="ignore", invalid="ignore"):
-        return bool(np.isfinite(np.add.reduce(a, axis=None)))
-
-
-def _keep_rows(block: EnsembleBlock, data: np.ndarray) -> np.ndarray:
-    """:meth:`EnsembleBlock.inactive_rows`, without its block-sized temporary when all is finite."""
-    if _all_finite(data):
-        if block.inactive is not None:
-            return np.asarray(block.inactive, dtype=bool).copy()
-        return np.zeros(block.count, dtype=bool)
-    return block.inactive_rows()

@@ -12,7 +12,7 @@ import numpy as np
 
 from .state import StateLayout
 
-__all__ = ["EnsembleBlock"]
+__all__ = ["EnsembleBlock", "all_finite"]
 
 
 @dataclass
@@ -56,7 +56,10 @@ class EnsembleBlock:
         A local OR over the members of each row (all members of a row are on
         this rank): no communication.
         """
-        flags = ~np.isfinite(self.data).all(axis=0)
+        if all_finite(self.data):  # the usual case: no block-sized temporary
+            flags = np.zeros(self.data.shape[1], dtype=bool)
+        else:
+            flags = ~np.isfinite(self.data).all(axis=0)
         if self.inactive is not None:
             flags |= np.asarray(self.inactive, dtype=bool)
         return flags
@@ -68,3 +71,14 @@ class EnsembleBlock:
         for i, v in enumerate(self.layout.variables):
             out[i] = np.count_nonzero((where >= v.offset) & (where < v.offset + v.size))
         return out
+
+
+def all_finite(a: np.ndarray) -> bool:
+    """True only if every value of ``a`` is finite: one pass, no temporary array.
+
+    A NaN or an infinity makes the sum non-finite; a finite sum can only be
+    wrong towards "not all finite" (overflow), which sends the caller down
+    its careful path, never the other way.
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        return bool(np.isfinite(np.add.reduce(a, axis=None)))
