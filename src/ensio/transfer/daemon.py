@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 from .network import Network, parse_ranges
+from .persist import persist_loop, wait_persisted
 from .pool import MemfdPool
 from .protocol import PROTOCOL_VERSION, Message, encode, recv_message, send_message
 from .table import Peer, Reply, Table
@@ -85,7 +86,8 @@ class Daemon:
         """Accept clients until stopped; then write out or report what is held."""
         self.log.info("listening on %s (pid %d), memfd pool %d MiB", self.socket_path,
                       os.getpid(), self.pool.limit >> 20)
-        persister = threading.Thread(target=self.table.persist_loop, name="persist", daemon=True)
+        persister = threading.Thread(target=persist_loop, args=(self.table,), name="persist",
+                                     daemon=True)
         persister.start()
         threading.Thread(target=self.pool.run, name="pool", daemon=True).start()
         acceptor = threading.Thread(target=self._accept_loop, name="accept", daemon=True)
@@ -116,7 +118,7 @@ class Daemon:
                           "ready", self.pool.taken, self.pool.missed)
         self.pool.close()
         self.network.close()
-        if not self.table.wait_persisted(timeout=120.0):
+        if not wait_persisted(self.table, timeout=120.0):
             self.log.error("write-behind still pending after 120 s at exit")
         self.table.shut()
         persister.join(timeout=10.0)

@@ -414,46 +414,6 @@ class Table:
         if self.pool is not None:
             self.pool.set_writing(sum(e.state == "writing" for e in self.entries.values()))
 
-    # -- write-behind (persist) ----------------------------------------------------------
-
-    def persist_loop(self) -> None:
-        """Write completed ``persist`` files to their real paths, in order; None stops."""
-        while (e := self.persist_queue.get()) is not None:
-            with self.cond:
-                if self.entries.get(e.path) is not e or e.fd is None:
-                    continue
-                source, target = os.dup(e.fd), e.path
-            try:
-                tmp = materialize.write_temporary(source, target, e.mode, fsync=True)
-            except OSError as exc:
-                self.log.error("%s: persist failed: %s (the file stays in memory)", target,
-                               exc.strerror)
-                with self.cond:
-                    e.persist_state = "failed"
-                continue
-            finally:
-                os.close(source)
-            with self.cond:
-                if self.entries.get(e.path) is e and e.path == target:
-                    materialize.publish(tmp, target, fsync=True)
-                    e.persist_state = "done"
-                else:
-                    tmp.unlink(missing_ok=True)
-                    if self.entries.get(e.path) is e:  # renamed meanwhile: its new name
-                        self.persist_queue.put(e)
-                self.cond.notify_all()
-
-    def wait_persisted(self, timeout: float) -> bool:
-        """Wait until no write-behind is pending (stop, tests); False at the deadline."""
-        deadline = time.monotonic() + timeout
-        with self.cond:
-            while any(e.persist_state == "pending" for e in self.entries.values()):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self.cond.wait(left)
-        return True
-
     # -- cross-host streams (network.py) ----------------------------------------------------
 
     def dup_fd(self, entry_id: int) -> int | None:
