@@ -33,14 +33,7 @@
 #   KEEP=1         keep the cases afterwards [removed]
 set -euo pipefail
 
-here=$(cd "$(dirname "$0")" && pwd)
-repo=$(dirname "$here")
-bin="$repo/.venv/bin"
-if [[ -x "$bin/ensio" ]]; then
-  ensio="$bin/ensio"; mpiexec="$bin/mpiexec"; python="$bin/python"
-else
-  ensio=ensio; mpiexec=mpiexec; python=python3
-fi
+source "$(dirname "$0")/common.sh"
 
 NX=${NX:-360} NY=${NY:-180} MEMBERS=${MEMBERS:-40}
 RADIUS_KM=${RADIUS_KM:-5000} FILTER=${FILTER:-letkf}

@@ -20,14 +20,7 @@
 #   KEEP=1         keep the member files afterwards [removed]
 set -euo pipefail
 
-here=$(cd "$(dirname "$0")" && pwd)
-repo=$(dirname "$here")
-bin="$repo/.venv/bin"
-if [[ -x "$bin/ensio" ]]; then
-  ensio="$bin/ensio"; mpiexec="$bin/mpiexec"; python="$bin/python"
-else
-  ensio=ensio; mpiexec=mpiexec; python=python3
-fi
+source "$(dirname "$0")/common.sh"
 
 NX=${NX:-3600} NY=${NY:-1800} MEMBERS=${MEMBERS:-40}
 FORMAT=${FORMAT:-netcdf4} DTYPE=${DTYPE:-float64}

@@ -19,14 +19,7 @@
 #   PLOT       bar chart [docs/img/ioserver.png]
 set -euo pipefail
 
-here=$(cd "$(dirname "$0")" && pwd)
-repo=$(dirname "$here")
-bin="$repo/.venv/bin"
-if [[ -x "$bin/ensio" ]]; then
-  ensio="$bin/ensio"; python="$bin/python"
-else
-  ensio=ensio; python=python3
-fi
+source "$(dirname "$0")/common.sh"
 
 RANKS=${RANKS:-1} SERVERS=${SERVERS:-1,2} REPEAT=${REPEAT:-3}
 WORKDIR=${WORKDIR:-${TMPDIR:-/tmp}/ensio-bench-ioserver}

@@ -16,9 +16,7 @@
 #   DAPPER_PYTHON  Python with DAPPER for the reference run [unset: ensio only]
 set -euo pipefail
 
-here=$(cd "$(dirname "$0")" && pwd)
-repo=$(dirname "$here")
-if [[ -x "$repo/.venv/bin/python" ]]; then python="$repo/.venv/bin/python"; else python=python3; fi
+source "$(dirname "$0")/common.sh"
 SEEDS=${SEEDS:-20} CASES=${CASES:-"enkf etkf letkf"}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT

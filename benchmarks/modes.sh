@@ -21,14 +21,7 @@
 #   EXTRA      more arguments for ensio bench modes (e.g. "--set workflow.jobs=2")
 set -euo pipefail
 
-here=$(cd "$(dirname "$0")" && pwd)
-repo=$(dirname "$here")
-bin="$repo/.venv/bin"
-if [[ -x "$bin/ensio" ]]; then
-  ensio="$bin/ensio"; python="$bin/python"
-else
-  ensio=ensio; python=python3
-fi
+source "$(dirname "$0")/common.sh"
 
 CONFIG=${CONFIG:-$repo/examples/lorenz96/cycle.yaml}
 CYCLES=${CYCLES:-4} DRAWS=${DRAWS:-200} SEED=${SEED:-1} SLURM=${SLURM:-auto}

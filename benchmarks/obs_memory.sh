@@ -17,8 +17,7 @@
 #   OUT         directory for the JSON results [benchmarks/results]
 set -euo pipefail
 
-here=$(cd "$(dirname "$0")" && pwd)
-repo=$(dirname "$here")
+source "$(dirname "$0")/common.sh"
 NOBS=${NOBS:-1000000}
 NX=${NX:-720}
 NY=${NY:-360}
@@ -26,8 +25,8 @@ RADIUS_KM=${RADIUS_KM:-1000}
 NPS=${NPS:-2 4}
 DATA=${DATA:-${TMPDIR:-/tmp}/ensio-bench-obsmem}
 OUT=${OUT:-$repo/benchmarks/results}
-PY=${PYTHON:-python}
-MPIEXEC=${MPIEXEC:-mpiexec}
+PY=${PYTHON:-$python}
+MPIEXEC=${MPIEXEC:-$mpiexec}
 mkdir -p "$OUT"
 for n in $NPS; do
   json="$OUT/obsmem-n$n.json"

@@ -17,14 +17,7 @@
 #   OUT           directory for the JSON result [benchmarks/results]
 set -euo pipefail
 
-here=$(cd "$(dirname "$0")" && pwd)
-repo=$(dirname "$here")
-bin="$repo/.venv/bin"
-if [[ -x "$bin/ensio" ]]; then
-  ensio="$bin/ensio"; python="$bin/python"
-else
-  ensio=ensio; python=python3
-fi
+source "$(dirname "$0")/common.sh"
 
 JOBS=${JOBS:-4} NOOP=${NOOP:-1000} SLEEP=${SLEEP:-100} SECONDS_EACH=${SECONDS_EACH:-0.2}
 LOCK=${LOCK:-auto} REPEAT=${REPEAT:-3}

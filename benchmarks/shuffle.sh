@@ -20,14 +20,7 @@
 #   EXTRA         more options, e.g. "--proj-members 128 --proj-fs-gbs 50"
 set -euo pipefail
 
-here=$(cd "$(dirname "$0")" && pwd)
-repo=$(dirname "$here")
-bin="$repo/.venv/bin"
-if [[ -x "$bin/ensio" ]]; then
-  ensio="$bin/ensio"; python="$bin/python"
-else
-  ensio=ensio; python=python3
-fi
+source "$(dirname "$0")/common.sh"
 
 NX=${NX:-720} NY=${NY:-360} LEVELS=${LEVELS:-4} MEMBERS=${MEMBERS:-2} RANKS=${RANKS:-2,4,8}
 REPEAT=${REPEAT:-3}

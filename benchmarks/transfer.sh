@@ -22,14 +22,7 @@
 #   PLOT       bar chart [docs/img/transfer.png]
 set -euo pipefail
 
-here=$(cd "$(dirname "$0")" && pwd)
-repo=$(dirname "$here")
-bin="$repo/.venv/bin"
-if [[ -x "$bin/ensio" ]]; then
-  ensio="$bin/ensio"; python="$bin/python"
-else
-  ensio=ensio; python=python3
-fi
+source "$(dirname "$0")/common.sh"
 
 FILES=${FILES:-8} SIZE_MB=${SIZE_MB:-64} REPEAT=${REPEAT:-5}
 WORKDIR=${WORKDIR:-${TMPDIR:-/tmp}/ensio-bench-transfer}
