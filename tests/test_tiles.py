@@ -8,6 +8,7 @@ by a small cutter here (netCDF4) or by ``ncks -d`` from NCO, halo included.
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -305,15 +306,76 @@ def test_failed_write_rolls_back_every_tile(case, tmp_path, monkeypatch) -> None
     assert _snapshot(case) == snap
 
 
-def test_analyse_tiles_refuses_products(case, tmp_path) -> None:
+@pytest.mark.parametrize("nemo", [False, True], ids=["declared", "nemo"])
+def test_tiled_products(case, tmp_path, nemo) -> None:
+    """Mean and spread of tiled members: one file per tile, the single-file product cut by NCO.
+
+    The reference is the product of the equivalent single-file run, cut to
+    each tile's box (halo included) by ``ncks -d`` where NCO is installed
+    (numpy slicing otherwise); each product tile keeps its tile's own
+    coordinates, and the run record lists every product tile.
+    """
+    single, tiled_case = fresh(case, tmp_path / "s"), fresh(case, tmp_path / "t")
+    geo = declared_geometry((NY, NX), 6, (3, 2), 1)
+    tile_case(tiled_case, geo, NE, nemo=nemo)
+    assert ensio_main(["analyse", str(single / "ensio.yaml")]) == 0  # an/mean.nc, an/spread.nc
+    sets = ["--set", f"ensemble.members={PATTERN}",
+            "--set", "output.mean=tiled/mean_{tile:04d}.nc",
+            "--set", "output.spread=tiled/spread_{tile:04d}.nc"]  # fmt: skip
+    if not nemo:
+        sets += ["--set", "ensemble.tiles={count: 6, layout: [3, 2], halo: 1}"]
+    assert ensio_main(["analyse", str(tiled_case / "ensio.yaml"), *sets]) == 0
+    for stat in ("mean", "spread"):
+        with netCDF4.Dataset(single / "an" / f"{stat}.nc") as ds:
+            whole = np.array(ds["state"][...])
+            lon = np.array(ds["lon"][...])
+        for b in geo.boxes:
+            path = tiled_case / "tiled" / f"{stat}_{b.index:04d}.nc"
+            ys, xs = box_with_halo(b)
+            want = whole[..., ys, xs]
+            ref = tmp_path / f"ref_{stat}_{b.index}.nc"
+            if shutil.which("ncks") is not None:
+                subprocess.run(
+                    ["ncks", "-O", "-d", f"lat,{ys.start},{ys.stop - 1}",
+                     "-d", f"lon,{xs.start},{xs.stop - 1}", str(single / "an" / f"{stat}.nc"),
+                     str(ref)], check=True)  # fmt: skip
+                with netCDF4.Dataset(ref) as ds:
+                    want = np.array(ds["state"][...])
+            with netCDF4.Dataset(path) as ds:
+                got = np.array(ds["state"][...])
+                np.testing.assert_array_equal(np.array(ds["lon"][...]), lon[xs])
+                assert stat in ds["state"].getncattr("cell_methods") or stat == "spread"
+            assert got.shape == want.shape
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+    record = (tiled_case / "tiles" / ".ensio-runs.jsonl").read_text().splitlines()
+    listed = json.loads(record[-1])["products"]
+    assert sorted(Path(p).name for p in listed) == sorted(
+        f"{s}_{b.index:04d}.nc" for s in ("mean", "spread") for b in geo.boxes)
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        ([f"ensemble.members={PATTERN}", "ensemble.tiles={count: 4, layout: [2, 2], halo: 1}"],
+         "^output.mean: tiled members"),
+        (["output.mean=an/mean_{tile}.nc"], "^output.mean: has {tile} but ensemble.members"),
+        ([f"ensemble.members={PATTERN}", "ensemble.tiles={count: 4, layout: [2, 2], halo: 1}",
+          "output.mean=m_{tile}.nc", "output.spread=null", "io.mode=shuffle",
+          "io.local_dir=tiles"],
+         "^output.mean: not written in io.mode shuffle"),
+    ],
+    ids=["tiled-without-tile", "single-with-tile", "shuffle"],
+)
+def test_tiled_products_bad_names(case, tmp_path, sets, message) -> None:
     case = fresh(case, tmp_path)
     tile_case(case, declared_geometry((NY, NX), 4, (2, 2), 1), NE)
     snap = _snapshot(case)
-    tiles = "ensemble.tiles={count: 4, layout: [2, 2], halo: 1}"
-    cfg = load_config(case / "ensio.yaml", [f"ensemble.members={PATTERN}", tiles])
-    with pytest.raises(ConfigError, match="^output.mean: not written for tiled members"):
+    singles = {p.name: digest(p) for p in case.glob("mem*.nc")}
+    cfg = load_config(case / "ensio.yaml", sets)
+    with pytest.raises(ConfigError, match=message):
         run_analysis(cfg, MPI.COMM_SELF)
     assert _snapshot(case) == snap
+    assert {p.name: digest(p) for p in case.glob("mem*.nc")} == singles
 
 
 # ---------------------------------------------------------------------- bad input

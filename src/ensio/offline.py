@@ -36,6 +36,7 @@ from .io.runrecord import file_digests, find_run, record_line, run_key, runs_pat
 from .io.slotstates import SlotStates
 from .io.tiled import check_tiled_run, member_files
 from .io.tiledio import TiledEnsembleIO
+from .io.tileproducts import TileProducts, tile_paths
 from .layout.block import EnsembleBlock
 from .parallel.agree import root_call
 from .progress import Advance, PhaseProgress, no_progress
@@ -229,9 +230,12 @@ def _commit_run(
     members = [Path(os.path.abspath(p)) for p in member_files(config.ensemble, config.base_dir)]
     root = journal_root(members[0])
     products = product_paths(config.output, config.base_dir)
+    tiles = _tile_products(ens)
+    product_files = [p for pattern in products.values()
+                     for p in (tile_paths(pattern, tiles.geometry.count) if tiles else [pattern])]
     copies = [] if config.io.in_place else config.output_member_paths()
     runs = runs_path(root)
-    targets = [*copies, *products.values(), runs]
+    targets = [*copies, *product_files, runs]
     with RunTransaction(root, comm, targets, fsync=config.io.fsync) as txn:
         t = time.perf_counter()
         n_e = config.ensemble.size
@@ -245,24 +249,31 @@ def _commit_run(
             write_products(
                 comm, analysis.layout, analysis.data, template, "ensio analyse",
                 products, config.ensemble.coordinates, stage=txn.path,
-                inactive=analysis.inactive_rows(),
+                inactive=analysis.inactive_rows(), tiles=tiles,
             )  # fmt: skip
         txn.checkpoint()
         seconds["products"] = time.perf_counter() - t
         t = time.perf_counter()
         files = [*members, *copies]  # as committed: copies and products at their staged names
-        stored = [*members, *map(txn.path, copies), *map(txn.path, products.values())]
+        stored = [*members, *map(txn.path, copies), *map(txn.path, product_files)]
         digests = file_digests(stored, comm)
         entry = record_line(
             key, cycle, command,
             {os.path.abspath(p): d for p, d in zip(files, digests[: len(files)], strict=True)},
-            {os.path.abspath(p): d for p, d in zip(products.values(), digests[len(files):],
+            {os.path.abspath(p): d for p, d in zip(product_files, digests[len(files):],
                                                    strict=True)},
         )  # fmt: skip
         root_call(comm, lambda: staged_runs(root, entry, txn.path(runs)))
         txn.commit()
         seconds["record"] = time.perf_counter() - t
     return written
+
+
+def _tile_products(ens: EnsembleIO) -> TileProducts | None:
+    """Tile structure for the products of a tiled ensemble (None: one file per product)."""
+    if not isinstance(ens, TiledEnsembleIO):
+        return None
+    return TileProducts(ens.tiled.geometry, ens.tiled.paths[0])
 
 
 def _write_members(

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import netCDF4
 import numpy as np
 import pytest
-from tiles_support import PATTERN, assert_tiles_hold, tile_case, tile_values
+from tiles_support import PATTERN, assert_tiles_hold, box_with_halo, tile_case, tile_values
 
 from ensio.analysis.inputs import assimilate_block, observation_sources
 from ensio.cli.synth import main as synth_main
@@ -14,6 +15,7 @@ from ensio.io.ensemble import read_ensemble
 from ensio.io.tiledio import TiledEnsembleIO
 from ensio.layout.block import EnsembleBlock
 from ensio.layout.tiles import declared_geometry
+from ensio.offline import run_analysis
 
 NX, NY, NE = 11, 9, 4
 SETS = [f"ensemble.members={PATTERN}", "ensemble.tiles={count: 6, layout: [3, 2], halo: 1}"]
@@ -69,3 +71,28 @@ def test_missing_tile_fails_on_every_rank(shared_dir, comm) -> None:
     tcfg = load_config(case / "ensio.yaml", SETS)
     with pytest.raises(InputError, match=f"^{gone}: tile file not found$"):
         TiledEnsembleIO(tcfg.ensemble, tcfg.base_dir, tcfg.io, comm)
+
+
+def test_tiled_products_any_rank_count(shared_dir, comm) -> None:
+    """``ensio analyse`` on tiles with products: each product tile is the ensemble mean /
+    spread of the single-file analysis on the tile's box, halo included, on any rank count."""
+    case = _case(shared_dir, comm, 2)
+    cfg = load_config(case / "ensio.yaml")
+    obs = observation_sources(cfg.observations, cfg.resolve)
+    prior = read_ensemble(cfg, comm)
+    ref = assimilate_block(prior, obs, cfg.analysis, comm, cycle=0, seconds={})
+    full = np.concatenate(comm.allgather(ref.ensemble), axis=1)
+    shape = prior.layout.variables[0].shape
+    comm.Barrier()
+    tcfg = load_config(case / "ensio.yaml", [*SETS, "output.mean=tm/mean_{tile:02d}.nc",
+                                             "output.spread=tm/spread_{tile:02d}.nc"])
+    run_analysis(tcfg, comm)
+    comm.Barrier()
+    stats = {"mean": full.mean(axis=0).reshape(shape),
+             "spread": full.std(axis=0, ddof=1).reshape(shape)}
+    for b in declared_geometry((NY, NX), 6, (3, 2), 1).boxes:
+        ys, xs = box_with_halo(b)
+        for name, field in stats.items():
+            with netCDF4.Dataset(case / "tm" / f"{name}_{b.index:02d}.nc") as ds:
+                got = np.array(ds["state"][...])
+            np.testing.assert_allclose(got, field[..., ys, xs], rtol=0, atol=1e-12)

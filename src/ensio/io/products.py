@@ -43,6 +43,7 @@ from ..parallel.agree import all_call, root_call
 from ..parallel.distribution import RowDistribution
 from . import cf
 from .ensemble import IOStats, open_ensemble
+from .tileproducts import TileProducts, tile_paths
 
 __all__ = ["copy_members", "partial_path", "product_paths", "write_field_file",
            "write_member_copies", "write_products"]
@@ -260,11 +261,13 @@ def write_products(
     stage: Stage | None = None,
     *,
     inactive: np.ndarray | None = None,
+    tiles: TileProducts | None = None,
 ) -> None:
     """Collective: the analysis mean and spread files named in ``targets``, if any.
 
     The fields are gathered whole to rank 0, which writes them with
-    :func:`write_field_file` (temporary name, then rename).
+    :func:`write_field_file` (temporary name, then rename); with ``tiles``
+    (a tiled ensemble) as one file per tile (:mod:`ensio.io.tileproducts`).
 
     Parameters
     ----------
@@ -287,6 +290,9 @@ def write_products(
     inactive : ndarray of bool, shape (count,), optional
         This rank's rows that were not analysed (missing in some member):
         they hold the fill value in the products.
+    tiles : TileProducts, optional
+        The members are tiled: each target is a pattern with ``{tile}`` and
+        tile t takes its structure from ``tiles.templates[t]``.
     """
     ddof = 1 if rows.shape[0] > 1 else 0
     stats = {
@@ -306,16 +312,27 @@ def write_products(
             field = np.where(inactive, np.nan, field)
         full = _gather_rows(comm, dist, field)
         what = f"{program} (ensio {__version__}): analysis ensemble {statistic.name}"
-        root_call(
-            comm,
-            lambda path=path, full=full, what=what, statistic=statistic: _write_product(
-                path, path if stage is None else stage(path),
-                lambda out: write_field_file(
-                    out, template, layout, full, coordinates, what, statistic=statistic,
-                    ddof=ddof,
-                ),
-            ),
-        )
+        if tiles is None:
+            pieces = [(path, template, layout, lambda full=full: full)]
+        else:
+            pieces = [
+                (p, tmpl, tiles.layout(layout, box),
+                 lambda full=full, box=box: tiles.cut(layout, full, box))
+                for p, tmpl, box in zip(tile_paths(path, tiles.geometry.count), tiles.templates,
+                                        tiles.geometry.boxes, strict=True)
+            ]  # fmt: skip
+
+        def write_all(pieces=pieces, what=what, statistic=statistic) -> None:
+            for target, tmpl, lay, values in pieces:
+                _write_product(
+                    target, target if stage is None else stage(target),
+                    lambda out, tmpl=tmpl, lay=lay, values=values: write_field_file(
+                        out, tmpl, lay, values(), coordinates, what, statistic=statistic,
+                        ddof=ddof,
+                    ),
+                )
+
+        root_call(comm, write_all)
 
 
 def _write_product(target: Path, out: Path, write: Callable[[Path], None]) -> None:

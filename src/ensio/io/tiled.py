@@ -39,6 +39,7 @@ from . import journal as journal_mod
 from .open import open_member
 from .store import VarInfo
 from .tilefile import TileRuns, plan_runs, read_tile, write_tile
+from .tileproducts import check_product_patterns
 from .tileread import read_member_rows
 
 __all__ = [
@@ -160,19 +161,22 @@ def member_files(ens: EnsembleSection, base: Path) -> list[Path]:
 def check_tiled_run(config: Config) -> None:
     """What an analysis of tiled members cannot do yet: refuse it before reading.
 
-    The analysis is written in place only, and products (``output.mean`` /
-    ``spread``) need a global template file that tiles do not give.
+    The analysis is written in place only; products (``output.mean`` /
+    ``spread``) are one file per tile, so their names need ``{tile}``
+    exactly when the members' do (:func:`~ensio.io.tileproducts.check_product_patterns`),
+    and ``io.mode: shuffle`` does not write them yet.
     """
+    check_product_patterns({"mean": config.output.mean, "spread": config.output.spread},
+                           config.ensemble.tiled)  # fmt: skip
     if not config.ensemble.tiled:
         return
     if not config.io.in_place:
         raise ConfigError("io.in_place: tiled members ({tile}) are written in place only")
-    for key in ("mean", "spread"):
-        if getattr(config.output, key) is not None:
-            raise ConfigError(
-                f"output.{key}: not written for tiled members ({{tile}}) yet; "
-                f"set output.{key} to null"
-            )
+    if config.io.mode == "shuffle":
+        for key in ("mean", "spread"):
+            if getattr(config.output, key) is not None:
+                raise ConfigError(f"output.{key}: not written in io.mode shuffle yet; "
+                                  f"set output.{key} to null or use io.mode files")
 
 
 def tile_geometry(
