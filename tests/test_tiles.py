@@ -353,6 +353,37 @@ def test_tiled_products(case, tmp_path, nemo) -> None:
         f"{s}_{b.index:04d}.nc" for s in ("mean", "spread") for b in geo.boxes)
 
 
+def test_tiled_copies(case, tmp_path, capsys) -> None:
+    """``io.in_place: false`` on tiles: copies hold the single-file analysis, the prior tiles
+    are untouched, halos are the prior's, and a rerun is recognised by the run record."""
+    single, tiled_case = fresh(case, tmp_path / "s"), fresh(case, tmp_path / "t")
+    geo = declared_geometry((NY, NX), 6, (3, 2), 1)
+    tile_case(tiled_case, geo, NE, nemo=True)
+    assert ensio_main(["analyse", str(single / "ensio.yaml")]) == 0
+    prior = _snapshot(tiled_case)
+    sets = ["--set", f"ensemble.members={PATTERN}", "--set", "output.mean=null",
+            "--set", "output.spread=null", "--set", "io.in_place=false",
+            "--set", "output.members=an/a{member:03d}_{tile:04d}.nc"]  # fmt: skip
+    yaml = str(tiled_case / "ensio.yaml")
+    assert ensio_main(["analyse", yaml, *sets]) == 0
+    assert _snapshot(tiled_case) == prior
+    for m in range(1, NE + 1):
+        with netCDF4.Dataset(single / f"mem{m:03d}.nc") as ds:
+            whole = np.array(ds["state"][...])
+        for b in geo.boxes:
+            src = tile_values(tiled_case / PATTERN.format(member=m, tile=b.index))
+            got = tile_values(tiled_case / "an" / f"a{m:03d}_{b.index:04d}.nc")
+            iy, ix = b.interior()
+            np.testing.assert_allclose(got[..., iy, ix], whole[..., b.y0 : b.y1, b.x0 : b.x1],
+                                       rtol=0, atol=1e-12)  # fmt: skip
+            halo = np.ones(b.file_shape, dtype=bool)
+            halo[iy, ix] = False
+            assert got[..., halo].tobytes() == src[..., halo].tobytes()
+    capsys.readouterr()
+    assert ensio_main(["analyse", yaml, *sets]) == 0
+    assert "already analysed" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     ("sets", "message"),
     [
@@ -363,8 +394,17 @@ def test_tiled_products(case, tmp_path, nemo) -> None:
           "output.mean=m_{tile}.nc", "output.spread=null", "io.mode=shuffle",
           "io.local_dir=tiles"],
          "^output.mean: not written in io.mode shuffle"),
+        ([f"ensemble.members={PATTERN}", "ensemble.tiles={count: 4, layout: [2, 2], halo: 1}",
+          "output.mean=null", "output.spread=null", "io.in_place=false",
+          "output.members=an/a{member}.nc"],
+         "^output.members: tiled members"),
+        ([f"ensemble.members={PATTERN}", "ensemble.tiles={count: 4, layout: [2, 2], halo: 1}",
+          "output.mean=null", "output.spread=null", "io.in_place=false",
+          "output.members=an/a{member}_{tile}.nc", "io.mode=shuffle", "io.local_dir=tiles"],
+         "^io.in_place: io.mode shuffle"),
     ],
-    ids=["tiled-without-tile", "single-with-tile", "shuffle"],
+    ids=["tiled-without-tile", "single-with-tile", "shuffle", "copies-without-tile",
+         "shuffle-copies"],
 )
 def test_tiled_products_bad_names(case, tmp_path, sets, message) -> None:
     case = fresh(case, tmp_path)

@@ -35,7 +35,7 @@ from .io.products import Stage, product_paths, write_member_copies, write_produc
 from .io.runrecord import file_digests, find_run, record_line, run_key, runs_path, staged_runs
 from .io.slotstates import SlotStates
 from .io.tiled import check_tiled_run, member_files
-from .io.tiledio import TiledEnsembleIO
+from .io.tiledio import TiledEnsembleIO, copy_targets
 from .io.tileproducts import TileProducts, tile_paths
 from .layout.block import EnsembleBlock
 from .parallel.agree import root_call
@@ -233,7 +233,7 @@ def _commit_run(
     tiles = _tile_products(ens)
     product_files = [p for pattern in products.values()
                      for p in (tile_paths(pattern, tiles.geometry.count) if tiles else [pattern])]
-    copies = [] if config.io.in_place else config.output_member_paths()
+    copies = [] if config.io.in_place else _copy_paths(config, ens)
     runs = runs_path(root)
     targets = [*copies, *product_files, runs]
     with RunTransaction(root, comm, targets, fsync=config.io.fsync) as txn:
@@ -269,6 +269,16 @@ def _commit_run(
     return written
 
 
+def _copy_paths(config: Config, ens: EnsembleIO) -> list[Path]:
+    """``output.members`` resolved: one file per member, or per member and tile."""
+    if not isinstance(ens, TiledEnsembleIO):
+        return config.output_member_paths()
+    assert config.output.members is not None
+    targets = copy_targets(config.output.members, config.ensemble, ens.tiled.geometry.count,
+                           config.resolve)  # fmt: skip
+    return [p for tiles in targets for p in tiles]
+
+
 def _tile_products(ens: EnsembleIO) -> TileProducts | None:
     """Tile structure for the products of a tiled ensemble (None: one file per product)."""
     if not isinstance(ens, TiledEnsembleIO):
@@ -283,6 +293,10 @@ def _write_members(
     """Collective: the analysis in place (journaled, through ``ens``) or as staged copies."""
     if config.io.in_place:
         return ens.write(analysis, progress=advance)
+    if isinstance(ens, TiledEnsembleIO):
+        flat, count = _copy_paths(config, ens), ens.tiled.geometry.count
+        staged = [[stage(p) for p in flat[i : i + count]] for i in range(0, len(flat), count)]
+        return ens.write_copies(analysis, staged, advance)
     paths = config.output_member_paths()
     stats = write_member_copies(config.io, comm, analysis, config.member_paths(), paths, stage)
     advance(len(paths))

@@ -73,9 +73,10 @@ def test_missing_tile_fails_on_every_rank(shared_dir, comm) -> None:
         TiledEnsembleIO(tcfg.ensemble, tcfg.base_dir, tcfg.io, comm)
 
 
-def test_tiled_products_any_rank_count(shared_dir, comm) -> None:
-    """``ensio analyse`` on tiles with products: each product tile is the ensemble mean /
-    spread of the single-file analysis on the tile's box, halo included, on any rank count."""
+def test_tiled_products_and_copies_any_rank_count(shared_dir, comm) -> None:
+    """``ensio analyse`` on tiles with products and copies (``io.in_place: false``): each
+    product tile is the ensemble mean / spread of the single-file analysis on the tile's
+    box, halo included, each copy's interior that analysis, on any rank count."""
     case = _case(shared_dir, comm, 2)
     cfg = load_config(case / "ensio.yaml")
     obs = observation_sources(cfg.observations, cfg.resolve)
@@ -85,12 +86,22 @@ def test_tiled_products_any_rank_count(shared_dir, comm) -> None:
     shape = prior.layout.variables[0].shape
     comm.Barrier()
     tcfg = load_config(case / "ensio.yaml", [*SETS, "output.mean=tm/mean_{tile:02d}.nc",
-                                             "output.spread=tm/spread_{tile:02d}.nc"])
+                                             "output.spread=tm/spread_{tile:02d}.nc",
+                                             "io.in_place=false",
+                                             "output.members=tm/a{member}_{tile}.nc"])
     run_analysis(tcfg, comm)
     comm.Barrier()
+    geo = declared_geometry((NY, NX), 6, (3, 2), 1)
+    for m in range(1, NE + 1):
+        want = full[m - 1].reshape(shape)
+        for b in geo.boxes:
+            got = tile_values(case / "tm" / f"a{m}_{b.index}.nc")
+            iy, ix = b.interior()
+            np.testing.assert_allclose(got[..., iy, ix], want[..., b.y0 : b.y1, b.x0 : b.x1],
+                                       rtol=0, atol=1e-12)  # fmt: skip
     stats = {"mean": full.mean(axis=0).reshape(shape),
              "spread": full.std(axis=0, ddof=1).reshape(shape)}
-    for b in declared_geometry((NY, NX), 6, (3, 2), 1).boxes:
+    for b in geo.boxes:
         ys, xs = box_with_halo(b)
         for name, field in stats.items():
             with netCDF4.Dataset(case / "tm" / f"{name}_{b.index:02d}.nc") as ds:

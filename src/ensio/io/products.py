@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -42,10 +41,11 @@ from ..layout.state import StateLayout, VariableLayout
 from ..parallel.agree import all_call, root_call
 from ..parallel.distribution import RowDistribution
 from . import cf
+from .copies import copy_members
 from .ensemble import IOStats, open_ensemble
 from .tileproducts import TileProducts, tile_paths
 
-__all__ = ["copy_members", "partial_path", "product_paths", "write_field_file",
+__all__ = ["partial_path", "product_paths", "write_field_file",
            "write_member_copies", "write_products"]
 
 Statistic = cf.Statistic
@@ -161,14 +161,6 @@ def _write_state_variable(
     values = field.astype(enc.dtype)
     values[missing] = enc.fill
     out[...] = values.reshape(v.shape)
-
-
-def copy_members(sources: Sequence[Path], targets: Sequence[Path], rank: int, size: int) -> None:
-    """Copy member files (this rank's share: every ``size``-th from ``rank``)."""
-    for m in range(rank, len(sources), size):
-        with file_op("write", targets[m]):
-            targets[m].parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(sources[m], targets[m])
 
 
 def partial_path(target: Path) -> Path:

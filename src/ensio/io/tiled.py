@@ -24,6 +24,7 @@ pattern. The group shuffle (issue 13, item 2) is to reuse the geometry of
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -161,22 +162,24 @@ def member_files(ens: EnsembleSection, base: Path) -> list[Path]:
 def check_tiled_run(config: Config) -> None:
     """What an analysis of tiled members cannot do yet: refuse it before reading.
 
-    The analysis is written in place only; products (``output.mean`` /
-    ``spread``) are one file per tile, so their names need ``{tile}``
-    exactly when the members' do (:func:`~ensio.io.tileproducts.check_product_patterns`),
-    and ``io.mode: shuffle`` does not write them yet.
+    Tiled members are written one file per tile, and so are their copies
+    (``output.members`` when ``io.in_place`` is false) and products
+    (``output.mean`` / ``spread``): those names need ``{tile}`` exactly when
+    the members' do (:func:`~ensio.io.tileproducts.check_product_patterns`).
+    ``io.mode: shuffle`` writes neither copies nor products yet.
     """
-    check_product_patterns({"mean": config.output.mean, "spread": config.output.spread},
-                           config.ensemble.tiled)  # fmt: skip
-    if not config.ensemble.tiled:
+    out = config.output
+    named = {"members": None if config.io.in_place else out.members, "mean": out.mean,
+             "spread": out.spread}  # fmt: skip
+    check_product_patterns(named, config.ensemble.tiled)
+    if not config.ensemble.tiled or config.io.mode != "shuffle":
         return
     if not config.io.in_place:
-        raise ConfigError("io.in_place: tiled members ({tile}) are written in place only")
-    if config.io.mode == "shuffle":
-        for key in ("mean", "spread"):
-            if getattr(config.output, key) is not None:
-                raise ConfigError(f"output.{key}: not written in io.mode shuffle yet; "
-                                  f"set output.{key} to null or use io.mode files")
+        raise ConfigError("io.in_place: io.mode shuffle writes the tiles in place only")
+    for key in ("mean", "spread"):
+        if getattr(out, key) is not None:
+            raise ConfigError(f"output.{key}: not written in io.mode shuffle yet; "
+                              f"set output.{key} to null or use io.mode files")
 
 
 def tile_geometry(
@@ -304,6 +307,12 @@ class TiledEnsemble:
         for tiles in self.paths:
             for path, box in zip(tiles, self.geometry.boxes, strict=True):
                 self._check_tile(path, box)
+
+    def with_paths(self, paths: list[list[Path]]) -> TiledEnsemble:
+        """The same ensemble (geometry, layout, runs) in other files, e.g. byte copies."""
+        other = copy.copy(self)
+        other.paths = paths
+        return other
 
     def _infos(self, path: Path) -> dict[str, VarInfo]:
         with open_member(path) as store:

@@ -17,6 +17,7 @@ a tiled configuration and uses it unchanged.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import ClassVar
 
@@ -25,17 +26,18 @@ from mpi4py import MPI
 
 from ..config.schema import EnsembleSection, IOSection
 from ..layout.block import EnsembleBlock
-from ..parallel.agree import raise_if_any, root_call
+from ..parallel.agree import all_call, raise_if_any, root_call
 from ..parallel.distribution import RowDistribution
 from ..progress import Advance, no_progress
 from . import journal as journal_mod
 from .commit import journaled_write
+from .copies import copy_members
 from .pipeline import guard
 from .stats import IOStats
 from .tiled import TiledEnsemble
 from .tilescan import TileScan
 
-__all__ = ["TiledEnsembleIO"]
+__all__ = ["TiledEnsembleIO", "copy_targets"]
 
 
 class TiledEnsembleIO:
@@ -155,6 +157,46 @@ class TiledEnsembleIO:
             progress()
         self.stats = _stats(time.perf_counter() - t0, self.comm)
         return self.stats
+
+
+    def write_copies(
+        self, block: EnsembleBlock, targets: Sequence[Sequence[Path]],
+        progress: Advance = no_progress,
+    ) -> IOStats:  # fmt: skip
+        """Collective: tile t of member m copied to ``targets[m][t]``, then the analysis into it.
+
+        ``io.in_place: false`` for tiles: the copies are made byte for byte
+        (round robin over the ranks), so the checked offsets of the sources
+        hold for them and each rank pwrites its rows into every copy; halos
+        stay the prior's. The sources are not touched, so nothing is
+        journaled: ``targets`` are the run's staged names, renamed at its commit.
+        """
+        t0 = time.perf_counter()
+        sources = [p for tiles in self.tiled.paths for p in tiles]
+        flat = [Path(p) for tiles in targets for p in tiles]
+        if len(flat) != len(sources):
+            raise ValueError(f"{len(flat)} copy targets for {len(sources)} tile files")
+        infos = self.scan.refresh()
+        raise_if_any(self.comm, guard(lambda: self.tiled.check_writable(infos)))
+        all_call(self.comm, lambda: copy_members(sources, flat, self.comm.rank, self.comm.size))
+        copies = self.tiled.with_paths([list(map(Path, tiles)) for tiles in targets])
+        data = np.array(block.data, dtype=np.float64)
+        keep = block.inactive_rows()
+        if keep.any():
+            data[:, keep] = np.nan  # inactive rows keep the copied prior bytes
+        raise_if_any(self.comm, guard(
+            lambda: copies.write_rows(data, self.rows.start, None, self.io.fsync, infos)))
+        for _ in range(self.n_members):
+            progress()
+        self.stats = _stats(time.perf_counter() - t0, self.comm)
+        return self.stats
+
+
+def copy_targets(pattern: str, ens: EnsembleSection, count: int,
+                 resolve: Callable[[str], Path]) -> list[list[Path]]:
+    """``output.members`` of tiled members: ``targets[m][t]`` (``{member}``, ``{tile}`` filled)."""
+    return [[resolve(pattern.format(member=m, tile=t)) for t in range(count)]
+            for m in ens.numbers]  # fmt: skip
 
 
 def _stats(seconds: float, comm: MPI.Comm) -> IOStats:

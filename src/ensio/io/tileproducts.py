@@ -32,10 +32,11 @@ def tile_paths(pattern: Path, count: int) -> list[Path]:
 
 
 def check_product_patterns(products: dict[str, str | None], tiled: bool) -> None:
-    """Raise ConfigError unless each product has ``{tile}`` exactly when the members do.
+    """Raise ConfigError unless each output pattern has ``{tile}`` exactly when the members do.
 
-    A tiled product written to one name would overwrite itself P times; an
-    untiled one with ``{tile}`` in its name is a typo waiting to happen.
+    ``products``: ``output.<key>`` → pattern (None: not written). A tiled
+    output written to one name would overwrite itself P times; an untiled
+    one with ``{tile}`` in its name is a typo waiting to happen.
     """
     for key, pattern in products.items():
         if pattern is None:
@@ -43,13 +44,13 @@ def check_product_patterns(products: dict[str, str | None], tiled: bool) -> None
         has = "{tile" in pattern
         if tiled and not has:
             raise ConfigError(
-                f"output.{key}: tiled members ({{tile}}) give one {key} file per tile; "
+                f"output.{key}: tiled members ({{tile}}) are written one file per tile; "
                 f"put {{tile}} in output.{key} (e.g. {key}_{{tile:04d}}.nc)"
             )
         if not tiled and has:
             raise ConfigError(f"output.{key}: has {{tile}} but ensemble.members has no {{tile}}")
         try:
-            pattern.format(tile=0)
+            pattern.format(tile=0, member=1)
         except (KeyError, IndexError, ValueError) as exc:
             raise ConfigError(f"output.{key}: pattern {pattern!r}: {exc}") from None
 
