@@ -19,6 +19,7 @@ import pytest
 from mpi4py import MPI
 from tiles_support import (
     PATTERN,
+    add_mask,
     assert_tiles_hold,
     box_with_halo,
     cut,
@@ -37,7 +38,9 @@ from ensio.io import tilefile as tilefile_mod
 from ensio.io.ensemble import read_ensemble, write_ensemble
 from ensio.io.tiled import TiledEnsemble
 from ensio.io.tiledio import TiledEnsembleIO
+from ensio.io.tilefile import plan_runs
 from ensio.layout.block import EnsembleBlock
+from ensio.layout.state import StateLayout, VariableLayout
 from ensio.layout.tiles import TileBox, TileGeometry, declared_geometry, nemo_box
 from ensio.offline import run_analysis
 
@@ -351,6 +354,86 @@ def test_tiled_products(case, tmp_path, nemo) -> None:
     listed = json.loads(record[-1])["products"]
     assert sorted(Path(p).name for p in listed) == sorted(
         f"{s}_{b.index:04d}.nc" for s in ("mean", "spread") for b in geo.boxes)
+
+
+@pytest.mark.parametrize("layout", [(1, 1), (3, 2), (1, 3)])
+@pytest.mark.parametrize("halo", [0, 1])
+def test_masked_runs_map_each_point(rng, layout, halo) -> None:
+    """The runs of a masked variable map every active interior point to its own state row
+    and tile element, checked point by point against the mask (random masks)."""
+    ny, nx, levels = 7, 9, 2
+    geo = declared_geometry((ny, nx), layout[0] * layout[1], layout, halo)
+    sea = rng.random((ny, nx)) < 0.6
+    active = np.flatnonzero(np.broadcast_to(sea, (levels, ny, nx)))
+    v = VariableLayout("s", ("z", "lat", "lon"), (levels, ny, nx), np.dtype("f8"), 5,
+                       active.size, active)  # fmt: skip
+    plan = plan_runs(geo, StateLayout((v,), 5 + active.size))
+    seen = []
+    for b, (runs,) in zip(geo.boxes, plan, strict=True):
+        elems, rows = runs.window(0, 10**9)
+        fy, fx = b.file_shape
+        for e, r in zip(elems.tolist(), rows.tolist(), strict=True):
+            k, rest = divmod(e, fy * fx)
+            j, i = divmod(rest, fx)
+            gy, gx = b.y0 - b.hy0 + j, b.x0 - b.hx0 + i
+            assert b.y0 <= gy < b.y1 and b.x0 <= gx < b.x1  # interior only
+            assert active[r - 5] == (k * ny + gy) * nx + gx
+            seen.append(r)
+    assert sorted(seen) == list(range(5, 5 + active.size))
+
+
+@pytest.mark.parametrize("nemo", [False, True], ids=["declared", "nemo"])
+def test_masked_tiles_equal_single_file(case, tmp_path, nemo) -> None:
+    """A masked state variable on tiles: the same matrix as the masked single files, the
+    same analysis in the interiors' sea points; land and halo bytes untouched; the
+    products hold the fill value on land."""
+    single, tiled_case = fresh(case, tmp_path / "s"), fresh(case, tmp_path / "t")
+    for c in (single, tiled_case):
+        for m in range(1, NE + 1):
+            add_mask(c / f"mem{m:03d}.nc")
+    geo = declared_geometry((NY, NX), 6, (3, 2), 1)
+    tile_case(tiled_case, geo, NE, nemo=nemo)
+    with netCDF4.Dataset(single / "mem001.nc") as ds:
+        sea = np.array(ds["landmask"][...]) != 0
+    assert 0 < sea.sum() < sea.size and not sea[3].any()
+    masked = "ensemble.variables=[{name: state, mask: landmask}]"
+    prior = read_ensemble(load_config(single / "ensio.yaml", [masked]), MPI.COMM_SELF).data
+    sets = [f"ensemble.members={PATTERN}", masked]
+    if not nemo:
+        sets.append("ensemble.tiles={count: 6, layout: [3, 2], halo: 1}")
+    tcfg = load_config(tiled_case / "ensio.yaml", sets)
+    with TiledEnsembleIO(tcfg.ensemble, tcfg.base_dir, tcfg.io, MPI.COMM_SELF) as io:
+        assert io.read().data.tobytes() == prior.tobytes()
+    before = {(m, b.index): tile_values(tiled_case / PATTERN.format(member=m, tile=b.index))
+              for m in range(1, NE + 1) for b in geo.boxes}  # fmt: skip
+    assert ensio_main(["analyse", str(single / "ensio.yaml"), "--set", masked]) == 0
+    argv = [a for kv in sets for a in ("--set", kv)]
+    argv += ["--set", "output.mean=tm/mean_{tile}.nc", "--set", "output.spread=null"]
+    assert ensio_main(["analyse", str(tiled_case / "ensio.yaml"), *argv]) == 0
+    for m in range(1, NE + 1):
+        with netCDF4.Dataset(single / f"mem{m:03d}.nc") as ds:
+            ds.set_auto_maskandscale(False)
+            whole = np.array(ds["state"][...])
+        for b in geo.boxes:
+            got = tile_values(tiled_case / PATTERN.format(member=m, tile=b.index))
+            iy, ix = b.interior()
+            inside = np.zeros(b.file_shape, dtype=bool)
+            inside[iy, ix] = True
+            ys, xs = box_with_halo(b)
+            wet = inside & sea[ys, xs]
+            np.testing.assert_allclose(got[..., wet], whole[..., ys, xs][..., wet],
+                                       rtol=0, atol=1e-12)  # fmt: skip
+            assert got[..., ~wet].tobytes() == before[m, b.index][..., ~wet].tobytes()
+    with netCDF4.Dataset(single / "an" / "mean.nc") as ds:
+        ds.set_auto_maskandscale(False)
+        mean, fill = np.array(ds["state"][...]), ds["state"].getncattr("_FillValue")
+    for b in geo.boxes:
+        ys, xs = box_with_halo(b)
+        with netCDF4.Dataset(tiled_case / "tm" / f"mean_{b.index}.nc") as ds:
+            ds.set_auto_maskandscale(False)
+            got = np.array(ds["state"][...])
+        np.testing.assert_allclose(got, mean[..., ys, xs], rtol=0, atol=1e-12)
+        assert (got[..., ~sea[ys, xs]] == fill).all()
 
 
 def test_tiled_copies(case, tmp_path, capsys) -> None:

@@ -7,6 +7,8 @@ or without NEMO's ``DOMAIN_*`` global attributes.
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 
 import netCDF4
@@ -88,3 +90,20 @@ def assert_tiles_hold(case: Path, geo: TileGeometry, member: int, want: np.ndarr
         halo = np.ones(b.file_shape, dtype=bool)
         halo[iy, ix] = False
         assert now[..., halo].tobytes() == before[member, b.index][..., halo].tobytes()
+
+
+def add_mask(member: Path) -> None:
+    """A land/sea mask ``landmask`` (lat, lon) added by NCO's ncap2, as a model's tools would.
+
+    Irregular on purpose: stretches of sea of every length along a line, and
+    whole lines of land, so masked runs split and vanish.
+    """
+    expr = "landmask[$lat,$lon]=int(sin(lat*0.11)+cos(lon*0.23)>-0.2); landmask(3,:)=0"
+    if shutil.which("ncap2") is not None:
+        subprocess.run(["ncap2", "-O", "-s", expr, str(member), str(member)], check=True)
+        return
+    with netCDF4.Dataset(member, "a") as ds:  # the same expression without NCO
+        lat, lon = np.array(ds["lat"][...]), np.array(ds["lon"][...])
+        mask = (np.sin(lat * 0.11)[:, None] + np.cos(lon * 0.23)[None, :] > -0.2).astype("i4")
+        mask[3, :] = 0
+        ds.createVariable("landmask", "i4", ("lat", "lon"))[...] = mask

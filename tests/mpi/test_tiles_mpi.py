@@ -5,7 +5,14 @@ from __future__ import annotations
 import netCDF4
 import numpy as np
 import pytest
-from tiles_support import PATTERN, assert_tiles_hold, box_with_halo, tile_case, tile_values
+from tiles_support import (
+    PATTERN,
+    add_mask,
+    assert_tiles_hold,
+    box_with_halo,
+    tile_case,
+    tile_values,
+)
 
 from ensio.analysis.inputs import assimilate_block, observation_sources
 from ensio.cli.synth import main as synth_main
@@ -107,3 +114,49 @@ def test_tiled_products_and_copies_any_rank_count(shared_dir, comm) -> None:
             with netCDF4.Dataset(case / "tm" / f"{name}_{b.index:02d}.nc") as ds:
                 got = np.array(ds["state"][...])
             np.testing.assert_allclose(got, field[..., ys, xs], rtol=0, atol=1e-12)
+
+
+def test_masked_tiles_any_rank_count(shared_dir, comm) -> None:
+    """A masked state variable on tiles: each rank's rows equal the masked single files'
+    rows, and the analysis lands in the sea points of the interiors only."""
+    case = shared_dir / "masked"
+    masked = "ensemble.variables=[{name: state, mask: landmask}]"
+    geo = declared_geometry((NY, NX), 6, (3, 2), 1)
+    if comm.rank == 0:
+        assert synth_main([str(case), "--nx", str(NX), "--ny", str(NY), "--members", str(NE),
+                           "--seed", "4", "--format", "cdf5", "--levels", "2"]) == 0
+        for m in range(1, NE + 1):
+            add_mask(case / f"mem{m:03d}.nc")
+        tile_case(case, geo, NE)
+    comm.Barrier()
+    cfg = load_config(case / "ensio.yaml", [masked])
+    obs = observation_sources(cfg.observations, cfg.resolve)
+    prior = read_ensemble(cfg, comm)
+    ref = assimilate_block(prior, obs, cfg.analysis, comm, cycle=0, seconds={})
+    full = np.concatenate(comm.allgather(ref.ensemble), axis=1)
+    v = prior.layout.variables[0]
+    before = {(m, b.index): tile_values(case / PATTERN.format(member=m, tile=b.index))
+              for m in range(1, NE + 1) for b in geo.boxes}  # fmt: skip
+    comm.Barrier()
+    tcfg = load_config(case / "ensio.yaml", [*SETS, masked, "output.mean=null",
+                                             "output.spread=null"])
+    with TiledEnsembleIO(tcfg.ensemble, tcfg.base_dir, tcfg.io, comm) as io:
+        block = io.read()
+        assert block.data.tobytes() == prior.data.tobytes()
+    comm.Barrier()
+    run_analysis(tcfg, comm)
+    comm.Barrier()
+    for m in range(1, NE + 1):
+        want = np.full(v.n_elements, np.nan)
+        want[v.active] = full[m - 1]
+        want = want.reshape(v.shape)
+        for b in geo.boxes:
+            got = tile_values(case / PATTERN.format(member=m, tile=b.index))
+            ys, xs = box_with_halo(b)
+            iy, ix = b.interior()
+            inside = np.zeros(b.file_shape, dtype=bool)
+            inside[iy, ix] = True
+            wet = inside & np.isfinite(want[0][ys, xs])
+            np.testing.assert_allclose(got[..., wet], want[..., ys, xs][..., wet],
+                                       rtol=0, atol=1e-12)  # fmt: skip
+            assert got[..., ~wet].tobytes() == before[m, b.index][..., ~wet].tobytes()

@@ -140,7 +140,7 @@ class ShufflePlan:
         window, part_rows, counts = (0, 0), 0, np.zeros(0, np.int64)
         for p, per_var in enumerate(runs):
             starts = np.concatenate([r.rows for r in per_var])
-            lengths = np.concatenate([np.full(r.rows.size, r.length, np.int64) for r in per_var])
+            lengths = np.concatenate([r.lengths for r in per_var])
             n_p = int(lengths.sum())
             parts = _split(n_p, s)
             bounds, owners = [], []

@@ -261,7 +261,7 @@ class TiledEnsemble:
     Parameters
     ----------
     ens : EnsembleSection
-        With ``{tile}`` in ``members``; masks are not supported on tiles.
+        With ``{tile}`` in ``members``; a mask variable is tiled like the state.
     base : Path
         Directory relative patterns are resolved against.
 
@@ -283,11 +283,6 @@ class TiledEnsemble:
     def __init__(self, ens: EnsembleSection, base: Path, *, check_tiles: bool = True) -> None:
         if not ens.tiled:
             raise InputError(f"ensemble.members: pattern {ens.members!r} has no {{tile}}")
-        masked = [v.name for v in ens.variables if v.mask is not None]
-        if masked:
-            raise InputError(
-                f"ensemble.variables: '{masked[0]}' has a mask, not supported on tiles"
-            )
         p = tile_count(ens, base)
         self.paths = [[ens.tile_path(m, t, base) for t in range(p)] for m in ens.numbers]
         for tiles in self.paths:

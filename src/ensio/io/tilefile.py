@@ -35,13 +35,14 @@ __all__ = ["TileRuns", "plan_runs", "read_runs_into", "read_tile", "tile_rows", 
 class TileRuns:
     """Where one (tile, variable) interior sits: runs of state rows ⇄ runs of tile elements.
 
-    Only the run starts are kept (two ints per latitude line and level), not
+    Only the runs are kept (three ints per latitude line and level; a masked
+    variable's line splits into one run per stretch of active points), not
     one index per element: the object is broadcast to every rank.
     """
 
     rows: np.ndarray  # (n_runs,) first global state row of each run, increasing
     elems: np.ndarray  # (n_runs,) first flat element of each run in the tile's variable
-    length: int  # elements per run
+    lengths: np.ndarray  # (n_runs,) elements (= rows) of each run
 
     def pieces(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The runs clipped to rows ``[lo, hi)``: (element starts, row starts, lengths).
@@ -49,14 +50,14 @@ class TileRuns:
         Three int64 arrays of shape (n_pieces,), one entry per run that
         meets the window (the first and last possibly shortened).
         """
-        k0 = int(np.searchsorted(self.rows + self.length, lo, side="right"))
+        k0 = int(np.searchsorted(self.rows + self.lengths, lo, side="right"))
         k1 = int(np.searchsorted(self.rows, hi, side="left"))
         if k0 >= k1:
             empty = np.empty(0, np.int64)
             return empty, empty, empty
         rows = self.rows[k0:k1]
         first = np.maximum(rows, lo)
-        last = np.minimum(rows + self.length, hi)
+        last = np.minimum(rows + self.lengths[k0:k1], hi)
         return self.elems[k0:k1] + (first - rows), first, last - first
 
     def window(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
@@ -83,9 +84,37 @@ def plan_runs(geometry: TileGeometry, layout: StateLayout) -> list[list[TileRuns
         per_var = []
         for v in layout.variables:
             g, t, n = box.runs(v.shape, geometry.grid)
-            per_var.append(TileRuns(v.offset + g, t, n))
+            if v.active is None:
+                per_var.append(TileRuns(v.offset + g, t, np.full(g.size, n, np.int64)))
+            else:
+                per_var.append(_masked_runs(g, t, n, v.active, v.offset))
         plan.append(per_var)
     return plan
+
+
+def _masked_runs(g: np.ndarray, t: np.ndarray, n: int, active: np.ndarray,
+                 offset: int) -> TileRuns:  # fmt: skip
+    """The runs ``(g, t, n)`` of a tile's interior cut to a masked variable's active points.
+
+    State row ``offset + i`` is element ``active[i]``; each interior line
+    becomes one run per stretch of consecutive active elements (a stretch
+    never crosses a line: the next line starts elsewhere in the tile file).
+    """
+    lo = np.searchsorted(active, g)
+    hi = np.searchsorted(active, g + n)
+    counts = hi - lo
+    line = np.repeat(np.arange(g.size, dtype=np.int64), counts)
+    pos = _expand(lo, counts)  # indices into active, line after line
+    e = active[pos]
+    if e.size == 0:
+        empty = np.empty(0, np.int64)
+        return TileRuns(empty, empty, empty)
+    start = np.ones(e.size, dtype=bool)
+    start[1:] = (np.diff(e) != 1) | (np.diff(line) != 0)
+    first = np.flatnonzero(start)
+    lengths = np.diff(np.append(first, e.size)).astype(np.int64)
+    k = line[first]
+    return TileRuns(offset + pos[first], t[k] + (e[first] - g[k]), lengths)
 
 
 def tile_rows(runs: list[TileRuns], lo: int = 0, hi: int | None = None) -> np.ndarray:

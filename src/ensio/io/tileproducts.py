@@ -94,9 +94,13 @@ class TileProducts:
         da, db = max(xa, 0), min(xb, gx)
         parts = []
         for v in layout.variables:
-            if v.active is not None:  # refused earlier: tiles have no masks
-                raise ValueError(f"{v.name}: masked variables are not tiled")
-            g = full[v.offset : v.offset + v.size].reshape(v.shape)
+            seg = full[v.offset : v.offset + v.size]
+            if v.active is not None:  # points outside the mask: NaN, written as the fill value
+                g = np.full(v.n_elements, np.nan)
+                g[v.active] = seg
+                g = g.reshape(v.shape)
+            else:
+                g = seg.reshape(v.shape)
             t = np.full((*v.shape[:-2], *box.file_shape), np.nan)
             t[..., ca - ya : cb - ya, da - xa : db - xa] = g[..., ca:cb, da:db]
             parts.append(t.ravel())
