@@ -25,23 +25,27 @@ pattern. The group shuffle (issue 13, item 2) is to reuse the geometry of
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 
 import netCDF4
 import numpy as np
+from mpi4py import MPI
 
 from ..config.errors import ConfigError
 from ..config.schema import Config, EnsembleSection
 from ..errors import InputError
 from ..layout.state import StateLayout, VarMeta, build_layout
 from ..layout.tiles import TileBox, TileGeometry, declared_geometry, nemo_box
+from ..parallel.agree import ErrorNote, rebuild
 from . import journal as journal_mod
 from .open import open_member
+from .pipeline import guard
 from .store import VarInfo
 from .tilefile import TileRuns, plan_runs, read_tile, write_tile
 from .tileproducts import check_product_patterns
 from .tileread import read_member_rows
+from .tilerewrite import library_tiles, write_library_tiles
 
 __all__ = [
     "TiledEnsemble",
@@ -381,22 +385,31 @@ class TiledEnsemble:
             maybe_nan |= read_member_rows(tiles, infos[m], self._runs, self.layout, lo, out[m])
         return maybe_nan
 
-    def check_writable(
-        self, infos: Sequence[Sequence[Mapping[str, VarInfo]]] | None = None
-    ) -> None:
-        """Every state variable of every tile is one raw byte range (else InputError).
+    def tile_infos(self) -> list[list[dict[str, VarInfo]]]:
+        """``[m][t]``: each tile's state variables, every tile opened (one-process use)."""
+        return [[self._infos(path) for path in tiles] for tiles in self.paths]
 
-        ``infos[m][t]``: the tiles' state variables when already checked.
+    def write_all(
+        self, comm: MPI.Comm, data: np.ndarray, lo: int, undo: journal_mod.UndoLog | None,
+        fsync: bool, infos: Sequence[Sequence[Mapping[str, VarInfo]]],
+    ) -> tuple[ErrorNote, int]:  # fmt: skip
+        """Collective: rows ``[lo, lo + data.shape[1])`` into every tile, whatever its storage.
+
+        Tiles whose state variables are all raw byte ranges are patched in
+        place by every rank (:meth:`write_rows`); the others are rewritten
+        whole by one owner each (:mod:`ensio.io.tilerewrite`). Returns this
+        rank's first error (for the caller's agreement) and its clipped values.
         """
-        for m, tiles in enumerate(self.paths):
-            for t, path in enumerate(tiles):
-                tile = self._infos(path) if infos is None else infos[m][t]
-                for name in self.names:
-                    if tile[name].raw_offset is None:
-                        raise InputError(
-                            f"{path}: variable '{name}' has no raw byte range (chunked or "
-                            "compressed); tiles are written in place only"
-                        )
+        lib = library_tiles(infos, self.names)
+        clips = [0]
+
+        def raw() -> None:
+            clips[0] = self.write_rows(data, lo, undo, fsync, infos, skip=set(lib))
+
+        note = guard(raw)
+        lib_note, lib_clips = write_library_tiles(comm, self.paths, self.names, self._runs, lib,
+                                                  data, lo, undo, fsync)  # fmt: skip
+        return note or lib_note, clips[0] + lib_clips
 
     def write(self, data: np.ndarray, *, journal: bool = True, fsync: bool = False) -> int:
         """Write the analysis ``data`` (N_e, N_x) into every tile's interior, in place.
@@ -409,12 +422,14 @@ class TiledEnsemble:
             raise ValueError(
                 f"data shape {data.shape} is not ({self.n_members}, {self.layout.n_rows})"
             )
-        self.check_writable()
+        infos = self.tile_infos()
         root = journal_mod.journal_root(self.paths[0][0])
         journal_mod.recover(root)
         undo = journal_mod.UndoLog.create(root, 0, fsync=fsync) if journal else None
         try:
-            clips = self.write_rows(data, 0, undo, fsync)
+            note, clips = self.write_all(MPI.COMM_SELF, data, 0, undo, fsync, infos)
+            if note is not None:
+                raise rebuild(note)
         except BaseException:
             if undo is not None:
                 undo.close()
@@ -428,8 +443,11 @@ class TiledEnsemble:
     def write_rows(
         self, data: np.ndarray, lo: int, undo: journal_mod.UndoLog | None, fsync: bool,
         infos: Sequence[Sequence[Mapping[str, VarInfo]]] | None = None,
+        skip: Collection[tuple[int, int]] = (),
     ) -> int:  # fmt: skip
         """Write rows ``[lo, lo + data.shape[1])`` of every member into the tiles' interiors.
+
+        Tiles ``(m, t)`` in ``skip`` are left alone (written by the library path).
 
         Non-finite values keep the prior bytes (inactive points), as in
         ``files`` mode; the prior bytes of every run written are saved to
@@ -443,6 +461,8 @@ class TiledEnsemble:
         clips = 0
         for m, tiles in enumerate(self.paths):
             for t, (path, runs) in enumerate(zip(tiles, self._runs, strict=True)):
+                if (m, t) in skip:
+                    continue
                 clips += write_tile(path, self.names, runs, (lo, hi),
                                     lambda rows, m=m: data[m, rows - lo], undo, fsync,
                                     None if infos is None else infos[m][t])  # fmt: skip

@@ -141,7 +141,6 @@ class TiledEnsembleIO:
                 f"match this rank's [{self.rows.start}, {self.rows.stop})"
             )
         infos = self.scan.refresh()
-        raise_if_any(self.comm, guard(lambda: self.tiled.check_writable(infos)))
         journaled = self.io.journal if journal is None else journal
         fsync = self.io.fsync
         data = np.array(block.data, dtype=np.float64)
@@ -150,8 +149,8 @@ class TiledEnsembleIO:
             data[:, keep] = np.nan  # inactive rows keep their bytes
         journaled_write(
             self.comm, self.root, journaled, fsync,
-            lambda undo: guard(lambda: self.tiled.write_rows(data, self.rows.start, undo, fsync,
-                                                             infos)))
+            lambda undo: self.tiled.write_all(self.comm, data, self.rows.start, undo, fsync,
+                                              infos)[0])  # fmt: skip
         self.scan.written()
         for _ in range(self.n_members):
             progress()
@@ -177,15 +176,14 @@ class TiledEnsembleIO:
         if len(flat) != len(sources):
             raise ValueError(f"{len(flat)} copy targets for {len(sources)} tile files")
         infos = self.scan.refresh()
-        raise_if_any(self.comm, guard(lambda: self.tiled.check_writable(infos)))
         all_call(self.comm, lambda: copy_members(sources, flat, self.comm.rank, self.comm.size))
         copies = self.tiled.with_paths([list(map(Path, tiles)) for tiles in targets])
         data = np.array(block.data, dtype=np.float64)
         keep = block.inactive_rows()
         if keep.any():
             data[:, keep] = np.nan  # inactive rows keep the copied prior bytes
-        raise_if_any(self.comm, guard(
-            lambda: copies.write_rows(data, self.rows.start, None, self.io.fsync, infos)))
+        raise_if_any(self.comm, copies.write_all(self.comm, data, self.rows.start, None,
+                                                 self.io.fsync, infos)[0])  # fmt: skip
         for _ in range(self.n_members):
             progress()
         self.stats = _stats(time.perf_counter() - t0, self.comm)
