@@ -35,6 +35,7 @@ from .copies import copy_members
 from .pipeline import guard
 from .stats import IOStats
 from .tiled import TiledEnsemble
+from .tilerewrite import library_tiles
 from .tilescan import TileScan
 
 __all__ = ["TiledEnsembleIO", "copy_targets"]
@@ -151,7 +152,7 @@ class TiledEnsembleIO:
             self.comm, self.root, journaled, fsync,
             lambda undo: self.tiled.write_all(self.comm, data, self.rows.start, undo, fsync,
                                               infos)[0])  # fmt: skip
-        self.scan.written()
+        self.scan.written(library_tiles(infos, self.tiled.names))
         for _ in range(self.n_members):
             progress()
         self.stats = _stats(time.perf_counter() - t0, self.comm)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 from mpi4py import MPI
@@ -203,12 +203,16 @@ class TileScan:
         self.infos = [[self._infos[m * self.p + t] for t in range(self.p)] for m in range(n)]
         return self.infos
 
-    def written(self) -> None:
-        """After our own in-place write: the tiles changed, their metadata did not.
+    def written(self, rewritten: Collection[tuple[int, int]] = ()) -> None:
+        """After our own write: the tiles changed, the metadata of those written in place did not.
 
-        Tiles are written as raw byte ranges only, so offsets stay valid under
-        the files' new identity.
+        Tiles patched as raw byte ranges keep their offsets under the files'
+        new identity; tiles ``(m, t)`` in ``rewritten`` were replaced through
+        the library (:mod:`ensio.io.tilerewrite`) and are checked again.
         """
+        again = {m * self.p + t for m, t in rewritten}
         for k in self._mine():
-            if k in self._seen:
+            if k in again:
+                self._seen.pop(k, None)
+            elif k in self._seen:
                 self._seen[k] = file_identity(self.flat[k])
