@@ -15,9 +15,11 @@ from ensio.analysis.localization import (
     exponential_taper,
     gaspari_cohn,
     gaussian_taper,
+    prepare,
     regulate,
     step_taper,
 )
+from ensio.analysis.taperfused import lonlat_gc_weights
 from ensio.analysis.tiles import CandidateFinder, make_tiles
 
 
@@ -160,3 +162,26 @@ def test_tiles_partition_points_and_candidates_cover_the_radius(kind, rng):
         need = np.nonzero((D[t] < radius).any(axis=0))[0]
         cand = finder(pts[t])
         assert np.all(np.isin(need, cand))
+
+
+@pytest.mark.parametrize("radius", [300.0, 5000.0, 20000.0, np.inf])
+def test_fused_lonlat_gc_weights_equal_the_numpy_path(rng, radius):
+    """The compiled weights of the batched kernel are bit for bit the numpy expression's
+    (distances, Gaspari–Cohn, × R⁻¹), counts and used candidates included; pairs at the
+    same point and antipodal pairs included."""
+    pts = np.c_[rng.uniform(0, 360, 37), rng.uniform(-90, 90, 37)]
+    obs = np.c_[rng.uniform(0, 360, 211), rng.uniform(-90, 90, 211)]
+    obs[:3] = pts[:3]  # distance 0
+    obs[3] = [(pts[0, 0] + 180.0) % 360.0, -pts[0, 1]]  # antipode
+    geo = Geometry()
+    pa, pb = prepare(geo, pts), prepare(geo, obs)
+    rinv = rng.uniform(0.1, 10.0, obs.shape[0])
+    loc = Localization(radius=radius)
+    taper = loc.weights(distances(geo, pts, obs))
+    out = np.empty((pts.shape[0], obs.shape[0]))
+    n_obs = np.empty(pts.shape[0], np.int64)
+    used = np.zeros(obs.shape[0], bool)
+    lonlat_gc_weights(pa, pb, rinv, radius, out, n_obs, used)
+    assert out.tobytes() == (taper * rinv).tobytes()
+    np.testing.assert_array_equal(n_obs, np.count_nonzero(taper, axis=1))
+    np.testing.assert_array_equal(used, taper.any(axis=0))

@@ -31,6 +31,7 @@ from .localization import (
     regulate,
     unit_vectors,
 )
+from .taperfused import lonlat_gc_weights
 
 __all__ = [
     "embed",
@@ -226,10 +227,13 @@ def tile_weights(
         Candidates with a non-zero weight at some point.
     """
     p, c = pts.shape[0], obs_pre.shape[0]
-    step = max(1, TAPER_BLOCK // max(c, 1))
     out = np.empty((p, c))
     n_obs = np.empty(p, dtype=np.int64)
     used = np.zeros(c, dtype=bool)
+    if regulated is None and loc.taper == "gaspari-cohn" and loc.geometry.kind == "lonlat":
+        lonlat_gc_weights(pts, obs_pre, rinv, loc.radius, out, n_obs, used)  # bit for bit
+        return out, n_obs, used
+    step = max(1, TAPER_BLOCK // max(c, 1))
     for i in range(0, p, step):
         w = taper_weights(loc, pts[i : i + step], obs_pre, rho[i : i + step], regulated)
         n_obs[i : i + step] = np.count_nonzero(w, axis=1)
