@@ -436,6 +436,19 @@ def test_masked_tiles_equal_single_file(case, tmp_path, nemo) -> None:
         assert (got[..., ~sea[ys, xs]] == fill).all()
 
 
+def test_index_on_tiles_equals_single_file(case, tmp_path, rng, capsys) -> None:
+    """``ensio index`` on tiled members names the row and point the single files give."""
+    case = fresh(case, tmp_path)
+    tile_case(case, declared_geometry((NY, NX), 6, (3, 2), 1), NE, nemo=True)
+    yaml = str(case / "ensio.yaml")
+    for lon, lat in zip(rng.uniform(0, 360, 5), rng.uniform(-80, 80, 5), strict=True):
+        where = ["--lon", f"{lon:.3f}", "--lat", f"{lat:.3f}"]
+        assert ensio_main(["index", yaml, *where]) == 0
+        single = capsys.readouterr().out
+        assert ensio_main(["index", yaml, *where, "--set", f"ensemble.members={PATTERN}"]) == 0
+        assert capsys.readouterr().out == single
+
+
 def test_tiled_copies(case, tmp_path, capsys) -> None:
     """``io.in_place: false`` on tiles: copies hold the single-file analysis, the prior tiles
     are untouched, halos are the prior's, and a rerun is recognised by the run record."""

@@ -15,6 +15,7 @@ import numpy as np
 from ..config import load_config
 from ..errors import InputError
 from ..io.members import layout_from_member
+from ..io.tiled import TiledEnsemble
 from ..layout.index import state_index
 from .options import add_set_option
 
@@ -47,8 +48,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Print ``row N  variable V  lon .. lat .. [level ..]``; exit 2 if masked."""
     config = load_config(args.config, args.overrides)
-    first = config.member_paths()[0]
-    layout = layout_from_member(config.ensemble, first)
+    if config.ensemble.tiled:  # the global layout, coordinates put together from the tiles
+        tiled = TiledEnsemble(config.ensemble, config.base_dir, check_tiles=False)
+        first, layout = tiled.paths[0][0], tiled.layout
+    else:
+        first = config.member_paths()[0]
+        layout = layout_from_member(config.ensemble, first)
     row = int(state_index(layout, args.lon, args.lat, args.variable, args.level, args.level_index))
     name = args.variable or layout.variables[0].name
     if row < 0:
