@@ -441,8 +441,10 @@ def test_index_on_tiles_equals_single_file(case, tmp_path, rng, capsys) -> None:
     case = fresh(case, tmp_path)
     tile_case(case, declared_geometry((NY, NX), 6, (3, 2), 1), NE, nemo=True)
     yaml = str(case / "ensio.yaml")
+    levels = tile_values(case / PATTERN.format(member=1, tile=0)).ndim == 3
     for lon, lat in zip(rng.uniform(0, 360, 5), rng.uniform(-80, 80, 5), strict=True):
         where = ["--lon", f"{lon:.3f}", "--lat", f"{lat:.3f}"]
+        where += ["--level-index", "1"] if levels else []
         assert ensio_main(["index", yaml, *where]) == 0
         single = capsys.readouterr().out
         assert ensio_main(["index", yaml, *where, "--set", f"ensemble.members={PATTERN}"]) == 0
