@@ -130,3 +130,13 @@ def test_held_local_lock_fails_every_rank_and_modifies_nothing(case, comm) -> No
             lock.release()
     assert stamps(case) == before
     assert case.leftovers() == []
+
+
+def test_unjournaled_run_is_recorded_too(case, comm) -> None:
+    """``io.journal: false`` (no undo logs, no atomicity) still records the run."""
+    cfg = load_config(case.config, ["io.journal=false"])
+    assert run_analysis(cfg, comm).result is not None
+    comm.Barrier()
+    assert not any((d / ".ensio-journal").exists() for d in case.locals)
+    assert run_analysis(cfg, comm).already is not None
+    assert case.leftovers() == []
