@@ -140,3 +140,22 @@ def test_unjournaled_run_is_recorded_too(case, comm) -> None:
     assert not any((d / ".ensio-journal").exists() for d in case.locals)
     assert run_analysis(cfg, comm).already is not None
     assert case.leftovers() == []
+
+
+def test_failed_decision_rolls_every_directory_back(case, comm, monkeypatch) -> None:
+    """The record cannot be written (rank 0): every rank raises, every tile is prior."""
+    from ensio.errors import FileOpError
+    from ensio.io import shufflecommit
+
+    before = stamps(case)
+    if comm.rank == 0:
+        def full(*args, **kwargs):
+            raise OSError("disk full (test)")
+
+        monkeypatch.setattr(shufflecommit, "staged_runs", full)
+    with pytest.raises((OSError, FileOpError), match="disk full"):
+        run_analysis(load_config(case.config), comm)
+    comm.Barrier()
+    assert [d for _, d in stamps(case)] == [d for _, d in before]
+    assert not (case.global_dir / ".ensio-runs.jsonl").exists()
+    assert case.leftovers() == []

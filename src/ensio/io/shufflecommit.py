@@ -44,8 +44,7 @@ from ..parallel.agree import ErrorNote, agree, note_error, raise_if_any, rebuild
 from . import journal
 from .pipeline import guard
 from .runrecord import runs_path, staged_runs
-from .runsfile import read_entries
-from .shufflejournal import ShuffleMarker, write_marker
+from .shufflejournal import ShuffleMarker, recorded, write_marker
 from .undolog import UndoLog
 
 __all__ = ["ShuffleTransaction", "commit", "prepare", "roll_back"]
@@ -138,10 +137,6 @@ def _record(txn: ShuffleTransaction, entry: Mapping[str, Any]) -> None:
     faults.point("shuffle-decided")
 
 
-def _decided(txn: ShuffleTransaction) -> bool:
-    return any(e.get("txid") == txn.txid for e in read_entries(txn.global_root))
-
-
 def commit(comm: MPI.Comm, disk: MPI.Comm, root: Path, txn: ShuffleTransaction,
            journaled: bool, entry: Mapping[str, Any] | None) -> None:
     """Collective, phases 2 and 3: rank 0 records ``entry`` (its ``txid`` is ``txn``'s),
@@ -162,7 +157,7 @@ def commit(comm: MPI.Comm, disk: MPI.Comm, root: Path, txn: ShuffleTransaction,
         except Exception as exc:  # every rank must follow the record, then raise
             note = note_error(exc)
             try:
-                done = _decided(txn)
+                done = recorded(txn.global_root, txn.txid)
             except Exception:
                 done = None  # unknown: the journals stay for the next recovery to decide
     note, done = comm.bcast((note, done))

@@ -35,7 +35,8 @@ from .lock import EnsembleLock, command_line, held_by_me
 from .runsfile import read_entries
 from .undolog import JournalError
 
-__all__ = ["MARKER_NAME", "ShuffleMarker", "committed", "read_marker", "write_marker"]
+__all__ = ["MARKER_NAME", "ShuffleMarker", "committed", "read_marker", "recorded",
+           "write_marker"]
 
 MARKER_NAME = "SHUFFLE"
 
@@ -85,7 +86,8 @@ def read_marker(jdir: Path) -> ShuffleMarker | None:
                            "changed (inspect it before removing the journal)") from None
 
 
-def _recorded(root: Path, txid: str) -> bool:
+def recorded(root: Path, txid: str) -> bool:
+    """True if the run record of the global directory ``root`` holds transaction ``txid``."""
     return any(e.get("txid") == txid for e in read_entries(root))
 
 
@@ -109,6 +111,6 @@ def committed(jdir: Path, marker: ShuffleMarker, *, locked: Path | None = None) 
             f"{jdir}: journal of a run on another ensemble (global directory {root}); "
             f"nothing changed: run `ensio recover {local}`")
     if locked is not None or held_by_me(root):
-        return _recorded(root, marker.txid)
+        return recorded(root, marker.txid)
     with EnsembleLock(root, f"journal recovery in {command_line()}"):
-        return _recorded(root, marker.txid)
+        return recorded(root, marker.txid)
