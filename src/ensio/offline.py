@@ -132,10 +132,11 @@ def run_analysis(
     """
     if config.analysis is None:
         raise ConfigError("analysis: section required (at least analysis.filter)")
-    if config.io.mode == "shuffle":  # local tiles: no global lock, record or products
+    if config.io.mode == "shuffle":  # local tiles, committed through the global record
         from .offline_shuffle import run_shuffle_analysis
 
-        return run_shuffle_analysis(config, comm, cycle=cycle, progress=progress)
+        return run_shuffle_analysis(config, comm, cycle=cycle, force=force, command=command,
+                                    progress=progress)
     t0 = time.perf_counter()
     seconds: dict[str, float] = {}
     bars = progress or PhaseProgress(enabled=False)

@@ -1,40 +1,83 @@
 """The offline analysis in ``io.mode: shuffle``: local tiles in, the analysis in place.
 
 :func:`ensio.offline.run_analysis` hands a shuffle configuration here. The
-member files are on node-local disks, so what ``files`` mode keeps next to
-the global member files does not apply: there is no ensemble lock and no run
-record on the global file system (a rerun analyses again), and products
-(``output.mean``/``spread``) are refused as for every tiled run. The write
-is all or nothing over every rank, with one undo journal per local directory
-(:class:`~ensio.io.shuffle.ShuffleEnsembleIO`); ``ensio recover LOCAL_DIR``
-undoes an interrupted one. With ``io.backup_dir`` the local files are then
-copied there in the background (:func:`ensio.io.backup.start_cycle_backup`),
-as after a ``files`` analysis. A 4-D analysis (``analysis.time_slots``) is not
+tiles are read and written on node-local disks, but the run keeps the same
+guarantees as ``files`` mode, anchored in the *global directory* (where the
+member files live on the global file system, what ``ensio stage in`` copies
+from; :func:`global_root`): rank 0 holds its ensemble lock for the whole
+run; a rerun whose tiles all still hold this very analysis (the run record,
+:mod:`ensio.io.runrecord`, with each tile's sha256 keyed ``host:path``) is
+"already analysed" and changes nothing (``force`` assimilates again); and the
+write is one atomic step across every local directory, a two-phase commit
+whose decision is the run-record entry (:mod:`ensio.io.shufflecommit`). A
+kill at any instant leaves every local directory on the same side once the
+next run or ``ensio recover LOCAL_DIR`` has looked at its journal.
+
+Products (``output.mean``/``spread``) are refused as for every tiled run.
+With ``io.backup_dir`` the local files are then copied there in the
+background (:func:`ensio.io.backup.start_cycle_backup`), as after a
+``files`` analysis. A 4-D analysis (``analysis.time_slots``) is not
 supported on row sets yet and is refused before anything is read.
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
+from typing import Any
 
 from mpi4py import MPI
 
 from .analysis.inputs import assimilate_block, observation_sources
 from .config.schema import Config, ConfigError
-from .errors import file_op
-from .io.backup import start_cycle_backup
+from .errors import InputError, file_op
+from .io import journal, staging
+from .io.backup import ensure_cycle_backup, start_cycle_backup
+from .io.commit import ensemble_lock
+from .io.runrecord import find_run, record_line, run_key, runs_path
 from .io.shuffle import ShuffleEnsembleIO
+from .io.shufflecommit import ShuffleTransaction, commit, roll_back
 from .io.tiled import check_tiled_run
+from .layout.rowsetblock import RowSetBlock
 from .offline import AnalysisReport
+from .parallel.agree import root_call
 from .progress import PhaseProgress
 
-__all__ = ["run_shuffle_analysis"]
+__all__ = ["global_root", "run_shuffle_analysis"]
+
+
+def global_root(config: Config) -> Path:
+    """The global directory of the ensemble: tile 0 of member 1's directory.
+
+    The same rule as ``files`` mode's journal root
+    (:func:`ensio.io.journal.journal_root`), so both modes share one lock and
+    one run record.
+    """
+    ens = config.ensemble
+    return journal.journal_root(ens.tile_path(ens.numbers[0], 0, config.base_dir))
+
+
+def _check_global(root: Path) -> None:
+    if not root.is_dir():
+        raise InputError(f"{root}: global directory of ensemble.members not found (io.mode "
+                         "shuffle keeps its lock and run record there)")
+
+
+def _tidy_global(root: Path, fsync: bool) -> None:
+    """Rank 0, under the lock: an interrupted ``files`` run's journal, a torn record's temporary."""
+    journal.recover(root, fsync=fsync)
+    staging.remove_temporaries(runs_path(root))
 
 
 def run_shuffle_analysis(
-    config: Config, comm: MPI.Comm, *, cycle: int = 0, progress: PhaseProgress | None = None
+    config: Config, comm: MPI.Comm, *, cycle: int = 0, force: bool = False,
+    command: str = "ensio analyse", progress: PhaseProgress | None = None,
 ) -> AnalysisReport:
-    """Collective: read the local tiles, shuffle, analyse the row sets, shuffle back, write."""
+    """Collective: lock, recover, read the local tiles, shuffle, analyse, shuffle back, commit.
+
+    Returns ``already`` (nothing read or written) when the run record shows
+    every tile holds this analysis, unless ``force``.
+    """
     assert config.analysis is not None
     check_tiled_run(config)
     if config.analysis.time_slots is not None:
@@ -44,27 +87,78 @@ def run_shuffle_analysis(
     t0 = time.perf_counter()
     seconds: dict[str, float] = {}
     obs = observation_sources(config.observations, config.resolve)
+    obs_files = [s.path for s in obs]
     n_e = config.ensemble.size
-    with file_op("open"):
-        ens = ShuffleEnsembleIO(config.ensemble, config.base_dir, config.io, comm)
-    with ens:
-        with file_op("read"), bars.phase("read", n_e, "members") as advance:
-            block = ens.read(progress=advance)
-        seconds["read"] = time.perf_counter() - t0
-        flags = block.count_by_variable(block.inactive_rows())
-        comm.Allreduce(MPI.IN_PLACE, flags, op=MPI.SUM)
-        inactive = {v.name: int(n) for v, n in zip(block.layout.variables, flags, strict=True)}
-        with bars.phase("analysis"):
-            result = assimilate_block(block, obs, config.analysis, comm, cycle=cycle,
-                                      seconds=seconds)  # fmt: skip
-        t = time.perf_counter()
-        with file_op("write"), bars.phase("write", n_e, "members") as advance:
-            ens.write(block.like(result.ensemble), progress=advance)
-        seconds["write"] = time.perf_counter() - t
+    root = global_root(config)
+    root_call(comm, lambda: _check_global(root))
+    with ensemble_lock(root, comm, command) as lock:
+        took_over = root_call(comm, lambda: lock.taken_over and lock.taken_over.describe())
+        root_call(comm, lambda: _tidy_global(root, config.io.fsync))
+        with file_op("open"):  # recovers every local journal under this lock
+            ens = ShuffleEnsembleIO(config.ensemble, config.base_dir, config.io, comm,
+                                    locked=root)
+        with ens:
+            key = root_call(comm, lambda: run_key(config, obs_files, cycle,
+                                                  members=_member_files(config, ens)))
+            done = None if force else _already(root, key, ens, comm)
+            if done is not None:  # a backup that failed or was killed is made now
+                backup = ensure_cycle_backup(config, comm, cycle) if config.io.backup_dir else None
+                return AnalysisReport(result=None, already=done, took_over=took_over,
+                                      backup=backup)
+            with file_op("read"), bars.phase("read", n_e, "members") as advance:
+                block = ens.read(progress=advance)
+            seconds["read"] = time.perf_counter() - t0
+            flags = block.count_by_variable(block.inactive_rows())
+            comm.Allreduce(MPI.IN_PLACE, flags, op=MPI.SUM)
+            inactive = {v.name: int(n) for v, n in zip(block.layout.variables, flags, strict=True)}
+            with bars.phase("analysis"):
+                result = assimilate_block(block, obs, config.analysis, comm, cycle=cycle,
+                                          seconds=seconds)  # fmt: skip
+            _write_and_commit(config, comm, ens, block.like(result.ensemble),
+                              (root, key, cycle, command), seconds, bars)
     seconds["total"] = time.perf_counter() - t0
     seconds = {k: float(comm.allreduce(v, op=MPI.MAX)) for k, v in seconds.items()}
-    # written and journal committed: copy the local files to io.backup_dir in the background
+    # committed and unlocked: copy the local files to io.backup_dir in the background
     backup = start_cycle_backup(config, comm, cycle) if config.io.backup_dir else None
     assert result.qc is not None
     return AnalysisReport(result=result, seconds=seconds, n_obs_read=result.qc.total,
-                          inactive=inactive, backup=backup)
+                          took_over=took_over, inactive=inactive, backup=backup)
+
+
+def _member_files(config: Config, ens: ShuffleEnsembleIO) -> list[Path]:
+    """Every global tile path (P from the local tiles: the global ones need not be readable)."""
+    e, p = config.ensemble, len(ens.geometry.boxes)
+    return [e.tile_path(m, t, config.base_dir) for m in e.numbers for t in range(p)]
+
+
+def _already(root: Path, key: str, ens: ShuffleEnsembleIO, comm: MPI.Comm) -> dict[str, Any] | None:
+    """Collective: the record of this run if every local tile still holds its analysis."""
+    entry = root_call(comm, lambda: find_run(root, key))
+    if entry is None:
+        return None
+    return entry if ens.tile_digests() == dict(entry.get("members", {})) else None
+
+
+def _write_and_commit(
+    config: Config, comm: MPI.Comm, ens: ShuffleEnsembleIO, analysis: RowSetBlock,
+    run: tuple[Path, str, int, str], seconds: dict[str, float], bars: PhaseProgress,
+) -> None:
+    """Collective: prepare (write every tile, journaled under one transaction), then the
+    run-record entry decides for every local directory, then the journals go."""
+    root, key, cycle, command = run
+    txn = ShuffleTransaction.begin(comm, root, fsync=config.io.fsync)
+    t = time.perf_counter()
+    with file_op("write"), bars.phase("write", config.ensemble.size, "members") as advance:
+        ens.write(analysis, progress=advance, txn=txn)
+    seconds["write"] = time.perf_counter() - t
+    t = time.perf_counter()
+    try:
+        digests = ens.tile_digests()  # as committed
+    except BaseException:  # prepared but undecided: every directory back to the prior
+        roll_back(comm, ens.disk, ens.root, txn, config.io.journal)
+        raise
+    entry = record_line(key, cycle, command, digests, {}, txid=txn.txid) \
+        if comm.rank == 0 else None
+    commit(comm, ens.disk, ens.root, txn, config.io.journal, entry)
+    seconds["record"] = time.perf_counter() - t
+

@@ -2,6 +2,11 @@
 
 After a crash the member files in DIR may hold a mix of forecast and analysis
 bytes; the undo journal next to them (see :mod:`ensio.io.journal`) knows which.
+DIR may be a node-local directory of ``io.mode: shuffle``: its journal names
+the run's transaction and the global directory, whose run record decides
+(forward if the transaction is recorded, else back; the global lock is taken
+for the look-up, and an unreachable global directory is an error that
+changes nothing), so every local directory of one run ends on the same side.
 This command makes DIR consistent again and says in one line what it did, so
 an operator (or a job script) can run it unconditionally before a restart.
 It holds the ensemble lock while it works: while a run holds it, it refuses
@@ -35,8 +40,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="roll back (or finish) an interrupted in-place analysis write",
         description=(
             f"Look for an undo journal ({JOURNAL_DIRNAME}) in DIR, the directory of the "
-            "member files. If the run had committed, move its staged products into place "
-            "and remove the journal; otherwise restore every member file to its prior "
+            "member files (or a node-local directory of io.mode shuffle). If the run had "
+            "committed (for shuffle: its transaction is in the global run record), move "
+            "its staged products into place and remove the journal; otherwise restore "
+            "every member file to its prior "
             "content and delete the staged files. Safe to run at any time: it takes the "
             "members' lock, and refuses while another run holds it. With --from-backup "
             "CONFIG: restore the files the analysis works on (node-local copies in io.mode "
@@ -104,12 +111,16 @@ def run(args: argparse.Namespace) -> int:
     elif report.state == "committed":
         staged = f"; {_plural(report.staged, 'staged file')} moved into place" * bool(
             report.staged)
-        print(f"committed: analysis was complete{staged}; journal removed")
+        why = (f" (shuffle transaction {report.transaction} is in the global run record)"
+               * bool(report.transaction))
+        print(f"committed: analysis was complete{why}{staged}; journal removed")
     else:
         staged = f"; {_plural(report.staged, 'staged file')} deleted" * bool(report.staged)
+        why = (f" (shuffle transaction {report.transaction} is not in the global run record)"
+               * bool(report.transaction))
         print(
             f"recovered: rolled back {_plural(report.ranges, 'range')} "
-            f"({_size(report.bytes)}) in {_plural(report.files, 'file')}{staged}"
+            f"({_size(report.bytes)}) in {_plural(report.files, 'file')}{staged}{why}"
         )
     for path in report.missing:
         print(f"ensio recover: warning: {path} no longer exists; not restored", file=sys.stderr)

@@ -28,11 +28,18 @@ journal back (members restored, staged files deleted) or forward (staged
 files renamed into place). Recovery runs under the ensemble lock
 (:mod:`ensio.io.lock`): taken for its duration unless this process holds it.
 
+A *shuffle* journal (``io.mode: shuffle``, one per node-local directory)
+carries a ``SHUFFLE`` marker instead (:mod:`ensio.io.shufflejournal`): it
+is never marked ``COMMITTED``; its run commits by recording the marker's
+transaction id in the global run record, and recovery rolls it forward
+(:func:`drop`) or back by asking that record.
+
 Kill tests: every survivable step calls :func:`ensio.faults.point`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import shutil
@@ -44,7 +51,7 @@ from typing import Literal
 
 from .. import faults
 from ..durable import fsync_path
-from . import staging
+from . import shufflejournal, staging
 from .lock import EnsembleLock, command_line, held_by_me
 from .undolog import (
     COMMITTED_NAME,
@@ -57,7 +64,7 @@ from .undolog import (
 )
 
 __all__ = ["COMMITTED_NAME", "JOURNAL_DIRNAME", "JournalError", "RecoveryReport", "UndoLog",
-           "abort", "begin", "commit", "journal_root", "recover"]
+           "abort", "begin", "commit", "drop", "journal_root", "recover"]
 
 _TRASH_PREFIX = JOURNAL_DIRNAME + ".trash-"
 
@@ -128,6 +135,9 @@ class RecoveryReport:
         Journaled files that no longer exist, so could not be restored.
     staged : int
         Staged files renamed into place ("committed") or deleted ("rolled_back").
+    transaction : str
+        The shuffle transaction of the journal (decided by the global run
+        record), or "".
     """
 
     state: Literal["clean", "rolled_back", "committed", "open"]
@@ -136,6 +146,7 @@ class RecoveryReport:
     bytes: int = 0
     missing: tuple[str, ...] = ()
     staged: int = 0
+    transaction: str = ""
 
 
 def _restore_backup(backup: Path, target: str, fsync: bool) -> bool:
@@ -172,7 +183,8 @@ def _remove_journal(root: Path, jdir: Path, fsync: bool) -> None:
     faults.point("journal-remove")
 
 
-def recover(root: Path, *, fsync: bool = True, force: bool = False) -> RecoveryReport:
+def recover(root: Path, *, fsync: bool = True, force: bool = False,
+            locked: Path | None = None) -> RecoveryReport:
     """Bring the files under ``root`` to a consistent state after any crash.
 
     No journal: ``"clean"``. ``COMMITTED``: the analysis is complete; rename
@@ -184,7 +196,10 @@ def recover(root: Path, *, fsync: bool = True, force: bool = False) -> RecoveryR
     Runs under the ensemble lock (taken for the recovery unless this process
     holds it; :class:`~ensio.io.lock.LockError` if a live run holds it). The
     journal of this process's own open transaction is left alone
-    (``"open"``) unless ``force`` (:func:`abort`).
+    (``"open"``) unless ``force`` (:func:`abort`). A shuffle journal is
+    decided by the global run record its marker names
+    (:func:`ensio.io.shufflejournal.committed`; ``locked``: the global
+    directory whose lock the caller's run holds).
     """
     root = Path(os.path.abspath(root))
     jdir = root / JOURNAL_DIRNAME
@@ -193,18 +208,24 @@ def recover(root: Path, *, fsync: bool = True, force: bool = False) -> RecoveryR
     elif staging.is_own(jdir) and not force:
         return RecoveryReport("open")
     elif held_by_me(root):
-        report = _recover_locked(root, jdir, fsync)
+        report = _recover_locked(root, jdir, fsync, locked)
     else:
         with EnsembleLock(root, f"journal recovery in {command_line()}"):
-            report = _recover_locked(root, jdir, fsync)
+            report = _recover_locked(root, jdir, fsync, locked)
     for trash in root.glob(_TRASH_PREFIX + "*"):  # deletions a crash interrupted
         shutil.rmtree(trash, ignore_errors=True)
     return report
 
 
-def _recover_locked(root: Path, jdir: Path, fsync: bool) -> RecoveryReport:
+def _recover_locked(root: Path, jdir: Path, fsync: bool, locked: Path | None) -> RecoveryReport:
     if not jdir.is_dir():  # recovered by the run whose lock we waited for
         return RecoveryReport("clean")
+    marker = shufflejournal.read_marker(jdir)
+    if marker is not None:  # decided by the global run record, not by COMMITTED
+        if shufflejournal.committed(jdir, marker, locked=locked):
+            _remove_journal(root, jdir, fsync)
+            return RecoveryReport("committed", transaction=marker.txid)
+        return dataclasses.replace(_rollback(root, jdir, fsync), transaction=marker.txid)
     if (jdir / COMMITTED_NAME).exists():
         moved = staging.roll_forward(jdir, fsync=fsync)
         _remove_journal(root, jdir, fsync)
@@ -245,11 +266,25 @@ def _rollback(root: Path, jdir: Path, fsync: bool) -> RecoveryReport:
                           tuple(sorted(missing - files)), staged)
 
 
-def abort(root: Path, *, fsync: bool = True) -> RecoveryReport:
+def drop(root: Path, *, fsync: bool) -> bool:
+    """Delete the journal of ``root`` as it is: the new bytes stay (a shuffle's roll forward).
+
+    Only for a journal whose transaction is known to have committed. Returns
+    False if there was none.
+    """
+    root = Path(os.path.abspath(root))
+    jdir = root / JOURNAL_DIRNAME
+    if not jdir.is_dir():
+        return False
+    _remove_journal(root, jdir, fsync)
+    return True
+
+
+def abort(root: Path, *, fsync: bool = True, locked: Path | None = None) -> RecoveryReport:
     """Roll back now, after a task failed mid-write (same rules as :func:`recover`).
 
     Call it from one rank once *all* tasks have stopped writing (a committed
     journal means the analysis is complete: it is kept). Unlike
     :func:`recover` it also rolls back this process's own open transaction.
     """
-    return recover(root, fsync=fsync, force=True)
+    return recover(root, fsync=fsync, force=True, locked=locked)

@@ -18,6 +18,11 @@ assimilate the same observations a second time: ``ensio analyse`` says so
 and does nothing (``--force`` assimilates again). A member modified since
 (another analysis, a new forecast) has another hash: not "already analysed".
 
+An ``io.mode: shuffle`` run writes node-local copies of the tiles: its
+``members`` are keyed ``host:path`` (local paths repeat on different hosts)
+and its entry carries ``txid``, because appending it is that run's commit
+point (:mod:`ensio.io.shufflecommit`); there are no products.
+
 Hashing reads every member file once more after the write (from the page
 cache, spread over the ranks); the check before a run hashes them only when
 the record has an entry with the run's key.
@@ -40,34 +45,40 @@ from .. import faults
 from ..config.schema import Config
 from ..errors import file_op
 from ..parallel.agree import ErrorNote, note_error, rebuild
+from .runsfile import RUNS_NAME, runs_path
+from .runsfile import read_entries as _entries
 from .tiled import member_files
 
 __all__ = ["RUNS_NAME", "file_digests", "find_run", "record_line", "run_key", "runs_path",
-           "staged_runs"]
+           "sha256_file", "staged_runs"]
 
-RUNS_NAME = ".ensio-runs.jsonl"
 _KEEP = 1000  # lines kept in the record (the newest)
 
 
-def runs_path(root: str | Path) -> Path:
-    return Path(os.path.abspath(root)) / RUNS_NAME
-
-
-def _sha256(path: str | Path) -> str:
+def sha256_file(path: str | Path) -> str:
+    """sha256 of a file's bytes (one home for the record's member digests)."""
     with file_op("read", path), open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def run_key(config: Config, obs_files: Sequence[Path], cycle: int) -> str:
-    """sha256 of what determines the analysis: config (without ``io``), observations, cycle."""
+def run_key(config: Config, obs_files: Sequence[Path], cycle: int, *,
+            members: Sequence[Path] | None = None) -> str:
+    """sha256 of what determines the analysis: config (without ``io``), observations, cycle.
+
+    ``members`` are the member files (every tile of a tiled ensemble) when
+    the caller knows them already: in ``io.mode: shuffle`` the tile count may
+    come from the local copies, and the global tiles need not be readable.
+    """
     raw = dataclasses.asdict(config)
     raw.pop("io", None)
     raw.pop("workflow", None)
     raw.pop("base_dir", None)  # paths are resolved below
     raw["in_place"] = config.io.in_place
-    raw["members"] = [os.path.abspath(p) for p in member_files(config.ensemble, config.base_dir)]
+    if members is None:
+        members = member_files(config.ensemble, config.base_dir)
+    raw["members"] = [os.path.abspath(p) for p in members]
     # an unreadable file is reported by the observation reader, in its words
-    raw["observation_files"] = [_sha256(p) if os.path.isfile(p) else "" for p in obs_files]
+    raw["observation_files"] = [sha256_file(p) if os.path.isfile(p) else "" for p in obs_files]
     raw["cycle"] = cycle
     text = json.dumps(raw, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
@@ -87,7 +98,7 @@ def file_digests(paths: Sequence[str | Path], comm: MPI.Comm, *,
             if missing_ok and not os.path.exists(paths[i]):
                 mine[i] = ""
             else:
-                mine[i] = _sha256(paths[i])
+                mine[i] = sha256_file(paths[i])
     except Exception as exc:  # shared below, so no rank waits in the allgather
         note = note_error(exc)
     merged: dict[int, str] = {}
@@ -100,31 +111,24 @@ def file_digests(paths: Sequence[str | Path], comm: MPI.Comm, *,
     return [merged[i] for i in range(len(paths))]
 
 
-def _entries(root: str | Path) -> list[dict[str, Any]]:
-    try:
-        text = runs_path(root).read_text()
-    except FileNotFoundError:
-        return []
-    out = []
-    for line in text.splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue  # a line written by hand or by another version: ignored
-    return out
-
-
 def find_run(root: str | Path, key: str) -> dict[str, Any] | None:
     """The newest committed run with ``key``, or None."""
     return next((e for e in reversed(_entries(root)) if e.get("key") == key), None)
 
 
 def record_line(key: str, cycle: int, command: str, members: Mapping[str, str],
-                products: Mapping[str, str]) -> dict[str, Any]:
-    """One run's entry (see the module docstring)."""
-    return {"key": key, "cycle": cycle,
-            "committed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "command": command, "members": dict(members), "products": dict(products)}
+                products: Mapping[str, str], *, txid: str | None = None) -> dict[str, Any]:
+    """One run's entry (see the module docstring).
+
+    ``txid`` names a shuffle transaction (:mod:`ensio.io.shufflecommit`): the
+    entry is its commit point, and recovery of a local journal looks for it.
+    """
+    entry = {"key": key, "cycle": cycle,
+             "committed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+             "command": command, "members": dict(members), "products": dict(products)}
+    if txid is not None:
+        entry["txid"] = txid
+    return entry
 
 
 def staged_runs(root: str | Path, entry: Mapping[str, Any], staged: Path) -> None:

@@ -19,14 +19,16 @@ Validation happens before any byte is written and the same error is raised
 on every rank: a local directory or a tile file missing on one rank, a tile
 of the wrong shape, a decomposition that does not fit.
 
-The write is journaled as in ``files`` mode (:func:`ensio.io.commit.journaled_write`),
-with one journal per local directory (ranks sharing a directory, e.g. one
-host with a ``{host}`` pattern, share it): every rank saves the prior bytes
-of its tile first; the ranks agree over the whole communicator before any
-journal is committed, and a failure anywhere rolls every local directory
-back. The commits of different local directories are not one atomic step: a
-kill between them leaves some directories committed (recorded in the report
-of issue 13 as open).
+The write is journaled as in ``files`` mode, with one journal per local
+directory (ranks sharing a directory, e.g. one host with a ``{host}``
+pattern, share it, and the first of them holds that directory's lock while
+the object lives): every rank saves the prior bytes of its tile first, and a
+failure anywhere rolls every local directory back. The offline driver makes
+the write one atomic step across every directory: the journals carry its
+transaction, and the run record on the global file system decides them all
+at once (:mod:`ensio.io.shufflecommit`). Without a transaction (the
+benchmark) each directory's journal commits on its own once every rank has
+written.
 """
 
 from __future__ import annotations
@@ -47,13 +49,16 @@ from ..errors import InputError
 from ..layout.rowsetblock import RowSetBlock
 from ..layout.state import StateLayout
 from ..layout.tiles import TileGeometry
-from ..parallel.agree import ErrorNote, agree, note_error, raise_if_any, root_call
+from ..parallel.agree import ErrorNote, agree, note_error, raise_if_any, rebuild, root_call
 from ..parallel.nodes import this_host
 from ..progress import Advance, no_progress
 from . import journal as journal_mod
 from .commit import journaled_write
+from .lock import EnsembleLock, command_line
 from .open import open_member
 from .pipeline import guard
+from .runrecord import sha256_file
+from .shufflecommit import ShuffleTransaction, prepare
 from .shuffleplan import ShufflePlan, shuffle_shape
 from .stagemap import format_local_dir, holder_rank
 from .stats import IOStats
@@ -161,6 +166,10 @@ class ShuffleEnsembleIO:
     comm : MPI.Comm
         N_e × P × S ranks; not freed (the group and disk communicators split
         from it are, by :meth:`close`).
+    locked : Path, optional
+        The global directory whose ensemble lock the caller's run holds (the
+        offline driver's rank 0): recovery of a shuffle journal then reads
+        the run record without taking that lock.
 
     Raises
     ------
@@ -173,7 +182,8 @@ class ShuffleEnsembleIO:
 
     mode: ClassVar[str] = "shuffle"
 
-    def __init__(self, ens: EnsembleSection, base: Path, io: IOSection, comm: MPI.Comm) -> None:
+    def __init__(self, ens: EnsembleSection, base: Path, io: IOSection, comm: MPI.Comm, *,
+                 locked: Path | None = None) -> None:
         if not ens.tiled:
             raise ConfigError("io.mode: shuffle reads tiled members ({tile} in ensemble.members)")
         masked = [v.name for v in ens.variables if v.mask is not None]
@@ -215,11 +225,30 @@ class ShuffleEnsembleIO:
                                       comm.rank)  # fmt: skip
         self.disk, self.root = self._disk_comm(host)
         self.group = comm.Split(self.plan.group, self.plan.member)
-        root_call(self.disk, lambda: journal_mod.recover(self.root) and None)
+        self.host, self.holds_file = host, comm.rank < per  # one rank per file hashes it
+        self._lock: EnsembleLock | None = None
+        try:
+            self._lock_and_recover(locked)
+        except BaseException:
+            self.close()
+            raise
         self.n_io = comm.size
         self.stats: IOStats | None = None
         self.traffic: ShuffleTraffic | None = None
         self.seconds: dict[str, float] = {}
+
+    def _lock_and_recover(self, locked: Path | None) -> None:
+        """Collective: the first rank of each local directory takes its lock, then
+        recovers its journal (a shuffle journal is decided by the global record,
+        :mod:`ensio.io.shufflejournal`); an error anywhere is raised on every rank."""
+        def take() -> None:
+            self._lock = EnsembleLock(self.root, command_line()).acquire()
+
+        def recover() -> None:
+            journal_mod.recover(self.root, fsync=self.io.fsync, locked=locked)
+
+        raise_if_any(self.comm, guard(take) if self.disk.rank == 0 else None)
+        raise_if_any(self.comm, guard(recover) if self.disk.rank == 0 else None)
 
     def _tile_count(self, ens: EnsembleSection, base: Path, host: str) -> int:
         """P: declared, or ``DOMAIN_number_total`` of rank 0's tile (tile 0 of member 1)."""
@@ -268,7 +297,10 @@ class ShuffleEnsembleIO:
         self.close()
 
     def close(self) -> None:
-        """Collective: free the group and disk communicators."""
+        """Collective: free the group and disk communicators, release the local lock."""
+        lock, self._lock = getattr(self, "_lock", None), None
+        if lock is not None:
+            lock.release()
         for c in ("group", "disk"):
             sub = getattr(self, c, None)
             if sub is not None and sub != MPI.COMM_NULL:
@@ -331,13 +363,18 @@ class ShuffleEnsembleIO:
 
     def write(
         self, block: RowSetBlock, *, overlap: bool = True, journal: bool | None = None,
-        progress: Advance = no_progress,
+        progress: Advance = no_progress, txn: ShuffleTransaction | None = None,
     ) -> IOStats:  # fmt: skip
         """Collective: the reverse shuffle, then every rank writes its own part in place.
 
         All or nothing over every rank: each journals its prior bytes in its
         local directory's journal; if any rank fails, every local directory
-        is rolled back before the error is raised on every rank.
+        is rolled back before the error is raised on every rank. With ``txn``
+        this is only the *prepare* phase of the run's commit
+        (:func:`ensio.io.shufflecommit.prepare`): the journals stay, marked
+        with the transaction, until :func:`ensio.io.shufflecommit.commit`.
+        Without it each directory's journal is committed on its own (the
+        benchmark; not atomic across directories).
         """
         del overlap
         plan = self.plan
@@ -362,21 +399,23 @@ class ShuffleEnsembleIO:
         rows = None
         took = {"write": 0.0}
 
-        def write(undo: journal_mod.UndoLog | None) -> ErrorNote:
-            def one() -> None:
-                nonlocal rows
-                t = time.perf_counter()
-                lo, hi = plan.window
-                rows = np.concatenate([r.window(lo, hi)[1] for r in self.runs[plan.tile]])
-                write_tile(self.path, self.names, self.runs[plan.tile], plan.window,
-                           lambda r: _slice_of(rows, values, r), undo, self.io.fsync,
-                           self.infos)
-                took["write"] = time.perf_counter() - t
-
-            return agree(self.comm, guard(one))  # every rank wrote before any journal commits
+        def one(undo: journal_mod.UndoLog | None) -> None:
+            nonlocal rows
+            t = time.perf_counter()
+            lo, hi = plan.window
+            rows = np.concatenate([r.window(lo, hi)[1] for r in self.runs[plan.tile]])
+            write_tile(self.path, self.names, self.runs[plan.tile], plan.window,
+                       lambda r: _slice_of(rows, values, r), undo, self.io.fsync,
+                       self.infos)
+            took["write"] = time.perf_counter() - t
 
         journaled = self.io.journal if journal is None else journal
-        journaled_write(self.disk, self.root, journaled, self.io.fsync, write)
+        if txn is not None:  # prepare agrees over every rank after the undo logs are closed
+            prepare(self.comm, self.disk, self.root, txn, journaled,
+                    lambda undo: guard(lambda: one(undo)))
+        else:  # every rank wrote before any journal commits
+            journaled_write(self.disk, self.root, journaled, self.io.fsync,
+                            lambda undo: agree(self.comm, guard(lambda: one(undo))))
         t2 = time.perf_counter()
         for _ in range(plan.n_members):
             progress()
@@ -387,3 +426,23 @@ class ShuffleEnsembleIO:
                              journal_seconds=t2 - t1 - took["write"],
                              comm_seconds=t1 - t0).reduce(self.comm)  # fmt: skip
         return self.stats
+
+    def tile_digests(self) -> dict[str, str]:
+        """Collective: sha256 of every tile file as it is now, keyed ``host:path``.
+
+        One rank per file hashes it (local paths repeat on different hosts,
+        hence the host); the same mapping on every rank. A file that cannot be
+        read raises on every rank.
+        """
+        mine: dict[str, str] = {}
+
+        def digest() -> None:
+            if self.holds_file:
+                mine[f"{self.host}:{os.path.abspath(self.path)}"] = sha256_file(self.path)
+
+        note = guard(digest)
+        parts = self.comm.allgather((mine, note))
+        first = next((n for _, n in parts if n is not None), None)
+        if first is not None:
+            raise rebuild(first)
+        return {k: v for part, _ in parts for k, v in part.items()}
