@@ -13,7 +13,7 @@ import shutil
 
 import numpy as np
 import pytest
-from tiles_support import PATTERN, tile_case, tile_values
+from tiles_support import PATTERN, add_mask, tile_case, tile_values
 
 from ensio.analysis.inputs import assimilate_block, observation_sources
 from ensio.cli.synth import main as synth_main
@@ -36,16 +36,22 @@ def shapes_for(size: int) -> list[tuple[int, int, int]]:
     return [s for s in SHAPES if s[0] * s[1] * s[2] == size]
 
 
-def make_case(root, comm, n_e, p, s, *, levels=None, nemo=False):
+MASKED = "ensemble.variables=[{name: state, mask: landmask}]"
+
+
+def make_case(root, comm, n_e, p, s, *, levels=None, nemo=False, mask=False):
     """Synthetic case, its tiles, and file f = m·P + t in the local directory of rank f
-    (what ``ensio stage in`` does); ranks f + q·N_e·P read it there too."""
-    case = root / f"case{n_e}_{p}_{s}"
+    (what ``ensio stage in`` does); ranks f + q·N_e·P read it there too. With ``mask``
+    the members get a land/sea mask (``landmask``, by ncap2) and the state uses it."""
+    case = root / f"case{n_e}_{p}_{s}{'_masked' if mask else ''}"
     px, py = LAYOUTS[p]
     geo = declared_geometry((NY, NX), p, (px, py), 1)
     if comm.rank == 0:
         argv = [str(case), "--nx", str(NX), "--ny", str(NY), "--members", str(n_e),
                 "--seed", "5", "--format", "cdf5"]  # fmt: skip
         assert synth_main(argv + (["--levels", str(levels)] if levels else [])) == 0
+        for m in range(1, n_e + 1) if mask else ():
+            add_mask(case / f"mem{m:03d}.nc")
         tile_case(case, geo, n_e, nemo=nemo)
         for r in range(comm.size):
             local = case / "local" / f"r{r}"
@@ -61,13 +67,14 @@ def make_case(root, comm, n_e, p, s, *, levels=None, nemo=False):
         "io.local_dir=local/r{rank}",
         "output.mean=null",
         "output.spread=null",
+        *([MASKED] if mask else []),
     ]
     return case, geo, sets
 
 
-def reference(case, comm):
+def reference(case, comm, extra=()):
     """The ``files``-mode analysis of the single-file members, whole (N_e, N_x)."""
-    cfg = load_config(case / "ensio.yaml", ["output.mean=null", "output.spread=null"])
+    cfg = load_config(case / "ensio.yaml", ["output.mean=null", "output.spread=null", *extra])
     prior = read_ensemble(cfg, comm)
     obs = observation_sources(cfg.observations, cfg.resolve)
     ref = assimilate_block(prior, obs, cfg.analysis, comm, cycle=0, seconds={})
@@ -110,6 +117,38 @@ def test_shuffle_analysis_equals_files_mode(shared_dir, comm, levels, nemo) -> N
         halo = np.ones(b.file_shape, dtype=bool)
         halo[iy, ix] = False
         assert now[..., halo].tobytes() == before[..., halo].tobytes()
+
+
+def test_masked_shuffle_equals_files_mode(shared_dir, comm) -> None:
+    """A masked state variable (2 levels): the shuffle's row sets hold the masked files-mode
+    prior and its analysis lands in the sea points of each tile's interior only."""
+    for n_e, p, s in shapes_for(comm.size):
+        case, geo, sets = make_case(shared_dir, comm, n_e, p, s, levels=2, mask=True)
+        full_prior, full_ref, layout = reference(case, comm, [MASKED])
+        v = layout.variables[0]
+        assert v.active is not None and v.active.size < v.n_elements
+        path, m, t = local_file(case, comm, n_e, p, s)
+        before = tile_values(path)
+        comm.Barrier()
+        cfg = load_config(case / "ensio.yaml", sets)
+        with ShuffleEnsembleIO(cfg.ensemble, cfg.base_dir, cfg.io, comm) as io:
+            block = io.read()
+            assert block.data.tobytes() == full_prior[:, block.rows].tobytes()
+        comm.Barrier()
+        assert run_analysis(cfg, comm).result is not None
+        comm.Barrier()
+        want = np.full(v.n_elements, np.nan)
+        want[v.active] = full_ref[m]
+        want = want.reshape(v.shape)
+        b = geo.boxes[t]
+        ys, xs = slice(b.y0 - b.hy0, b.y1 + b.hy1), slice(b.x0 - b.hx0, b.x1 + b.hx1)
+        iy, ix = b.interior()
+        inside = np.zeros(b.file_shape, dtype=bool)
+        inside[iy, ix] = True
+        wet = inside & np.isfinite(want[0][ys, xs])
+        now = tile_values(path)
+        np.testing.assert_allclose(now[..., wet], want[..., ys, xs][..., wet], rtol=0, atol=1e-12)
+        assert now[..., ~wet].tobytes() == before[..., ~wet].tobytes()
 
 
 def test_local_dir_missing_on_one_rank(shared_dir, comm) -> None:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -92,7 +93,9 @@ class _Digest:
     small: dict[str, np.ndarray]  # whole non-state variables no larger than one level
 
 
-def _digest(path: Path, names: list[str], keep_small: bool) -> _Digest:
+def _digest(path: Path, names: list[str], keep_small: bool,
+            masks: Sequence[str] = ()) -> _Digest:  # fmt: skip
+    """What ``path`` holds; with ``keep_small`` also its small variables and ``masks`` whole."""
     if not path.is_file():
         raise InputError(f"{path}: tile file not found")
     with open_member(path) as store:
@@ -107,7 +110,7 @@ def _digest(path: Path, names: list[str], keep_small: bool) -> _Digest:
         small = {}
         if keep_small:
             for n, info in infos.items():
-                if n not in names and info.size <= level:
+                if n not in names and (info.size <= level or n in masks):
                     small[n] = np.asarray(store.read_elements(n, 0, info.size)).reshape(info.shape)
     with netCDF4.Dataset(path) as ds:
         attrs = {k: ds.getncattr(k) for k in ds.ncattrs()}
@@ -186,10 +189,6 @@ class ShuffleEnsembleIO:
                  locked: Path | None = None) -> None:
         if not ens.tiled:
             raise ConfigError("io.mode: shuffle reads tiled members ({tile} in ensemble.members)")
-        masked = [v.name for v in ens.variables if v.mask is not None]
-        if masked:
-            raise ConfigError(f"ensemble.variables: '{masked[0]}' has a mask, not supported "
-                              "on tiles")  # fmt: skip
         self.io, self.comm, self.names = io, comm, [v.name for v in ens.variables]
         hosts = comm.allgather(this_host())
         host = hosts[comm.rank]
@@ -209,7 +208,8 @@ class ShuffleEnsembleIO:
             if not self.local.is_dir():
                 raise InputError(f"{self.local}: io.local_dir of rank {f} on host {host} "
                                  "not found")  # fmt: skip
-            digest = _digest(self.path, self.names, keep_small=first)
+            masks = [v.mask for v in ens.variables if v.mask is not None]
+            digest = _digest(self.path, self.names, keep_small=first, masks=masks)
         except Exception as exc:  # raised on every rank below
             note = note_error(exc)
         raise_if_any(comm, note)
