@@ -118,7 +118,7 @@ def test_failed_library_rewrite_rolls_back_every_tile(tmp_path, monkeypatch) -> 
     """The third library rewrite fails: every tile, raw or rewritten, is byte-identical after."""
     case = _case(tmp_path, "nccopy-deflate", {0, 3})
     snap = _digests(case)
-    real, calls = tilerewrite._rewrite_tile, []
+    real, calls = tilerewrite.rewrite_tile, []
 
     def failing(*args, **kwargs):
         calls.append(args[0])
@@ -126,7 +126,7 @@ def test_failed_library_rewrite_rolls_back_every_tile(tmp_path, monkeypatch) -> 
             raise OSError("disk full")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(tilerewrite, "_rewrite_tile", failing)
+    monkeypatch.setattr(tilerewrite, "rewrite_tile", failing)
     cfg = load_config(case / "ensio.yaml", SETS)
     with TiledEnsembleIO(cfg.ensemble, cfg.base_dir, cfg.io, MPI.COMM_SELF) as io:
         block = io.read()

@@ -67,6 +67,7 @@ def test_record_rerun_force_and_modified_tile(case, comm) -> None:
     assert len(entry["txid"]) == 32 and entry["products"] == {}
     assert entry["members"] == {f"{this_host()}:{t}": d
                                 for t, d in zip(case.tiles(), case.digests(), strict=True)}
+    comm.Barrier()  # rank 0 releases the global lock after the run returns
     assert case.leftovers() == []
     comm.Barrier()
 
@@ -93,6 +94,7 @@ def test_record_rerun_force_and_modified_tile(case, comm) -> None:
     comm.Barrier()
     changed = run_analysis(cfg, comm)
     assert changed.result is not None and changed.already is None
+    comm.Barrier()  # rank 0 releases the global lock after the run returns
     assert case.leftovers() == []
 
 
@@ -129,6 +131,7 @@ def test_held_local_lock_fails_every_rank_and_modifies_nothing(case, comm) -> No
         if lock is not None:
             lock.release()
     assert stamps(case) == before
+    comm.Barrier()  # rank 0 releases the global lock after the run returns
     assert case.leftovers() == []
 
 
@@ -139,6 +142,7 @@ def test_unjournaled_run_is_recorded_too(case, comm) -> None:
     comm.Barrier()
     assert not any((d / ".ensio-journal").exists() for d in case.locals)
     assert run_analysis(cfg, comm).already is not None
+    comm.Barrier()  # rank 0 releases the global lock after the run returns
     assert case.leftovers() == []
 
 
@@ -158,4 +162,5 @@ def test_failed_decision_rolls_every_directory_back(case, comm, monkeypatch) -> 
     comm.Barrier()
     assert [d for _, d in stamps(case)] == [d for _, d in before]
     assert not (case.global_dir / ".ensio-runs.jsonl").exists()
+    comm.Barrier()  # rank 0 releases the global lock after the run returns
     assert case.leftovers() == []

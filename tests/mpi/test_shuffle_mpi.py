@@ -10,6 +10,7 @@ reads part r div N_e·P of file r mod N_e·P there).
 from __future__ import annotations
 
 import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -39,11 +40,11 @@ def shapes_for(size: int) -> list[tuple[int, int, int]]:
 MASKED = "ensemble.variables=[{name: state, mask: landmask}]"
 
 
-def make_case(root, comm, n_e, p, s, *, levels=None, nemo=False, mask=False):
+def make_case(root, comm, n_e, p, s, *, levels=None, nemo=False, mask=False, chunked=False):
     """Synthetic case, its tiles, and file f = m·P + t in the local directory of rank f
     (what ``ensio stage in`` does); ranks f + q·N_e·P read it there too. With ``mask``
     the members get a land/sea mask (``landmask``, by ncap2) and the state uses it."""
-    case = root / f"case{n_e}_{p}_{s}{'_masked' if mask else ''}"
+    case = root / f"case{n_e}_{p}_{s}{'_masked' if mask else ''}{'_chunked' if chunked else ''}"
     px, py = LAYOUTS[p]
     geo = declared_geometry((NY, NX), p, (px, py), 1)
     if comm.rank == 0:
@@ -59,6 +60,11 @@ def make_case(root, comm, n_e, p, s, *, levels=None, nemo=False, mask=False):
             if r < n_e * p:
                 src = case / PATTERN.format(member=r // p + 1, tile=r % p)
                 shutil.copy(src, local / src.name)
+                if chunked and r % 2 == 0:  # every other file deflated, as XIOS would write it
+                    tmp = local / "tmp.nc"
+                    subprocess.run(["nccopy", "-k", "nc4", "-d", "1", "-c", "lat/2,lon/3",
+                                    str(local / src.name), str(tmp)], check=True)  # fmt: skip
+                    tmp.replace(local / src.name)
     comm.Barrier()
     sets = [
         f"ensemble.members={PATTERN}",
@@ -149,6 +155,33 @@ def test_masked_shuffle_equals_files_mode(shared_dir, comm) -> None:
         now = tile_values(path)
         np.testing.assert_allclose(now[..., wet], want[..., ys, xs][..., wet], rtol=0, atol=1e-12)
         assert now[..., ~wet].tobytes() == before[..., ~wet].tobytes()
+
+
+def test_chunked_tiles_in_shuffle_mode(shared_dir, comm) -> None:
+    """Deflated tiles (nccopy) beside contiguous ones: the holder of each such file
+    rewrites it through the library with the parts of all its S ranks; the interiors hold
+    the files-mode analysis, halos their values, on every (N_e, P, S) that fits."""
+    if shutil.which("nccopy") is None:
+        pytest.skip("nccopy not installed")
+    for n_e, p, s in shapes_for(comm.size):
+        case, geo, sets = make_case(shared_dir, comm, n_e, p, s, levels=2, chunked=True)
+        _, full_ref, layout = reference(case, comm)
+        path, m, t = local_file(case, comm, n_e, p, s)
+        before = tile_values(path)
+        comm.Barrier()
+        cfg = load_config(case / "ensio.yaml", sets)
+        with ShuffleEnsembleIO(cfg.ensemble, cfg.base_dir, cfg.io, comm) as io:
+            assert io.library == ((comm.rank % (n_e * p)) % 2 == 0)  # the deflated files
+        assert run_analysis(cfg, comm).result is not None
+        comm.Barrier()
+        b = geo.boxes[t]
+        iy, ix = b.interior()
+        want = full_ref[m].reshape(layout.variables[0].shape)[..., b.y0 : b.y1, b.x0 : b.x1]
+        now = tile_values(path)
+        np.testing.assert_allclose(now[..., iy, ix], want, rtol=0, atol=1e-12)
+        halo = np.ones(b.file_shape, dtype=bool)
+        halo[iy, ix] = False
+        np.testing.assert_array_equal(now[..., halo], before[..., halo])
 
 
 def test_local_dir_missing_on_one_rank(shared_dir, comm) -> None:

@@ -66,6 +66,7 @@ from .stats import IOStats
 from .store import VarInfo
 from .tiled import global_layout, tile_geometry
 from .tilefile import plan_runs, read_tile, write_tile
+from .tilerewrite import rewrite_tile
 
 __all__ = ["ShuffleEnsembleIO", "ShuffleTraffic"]
 
@@ -225,6 +226,10 @@ class ShuffleEnsembleIO:
                                       comm.rank)  # fmt: skip
         self.disk, self.root = self._disk_comm(host)
         self.group = comm.Split(self.plan.group, self.plan.member)
+        # the S ranks of one file, its holder first: a chunked or compressed tile
+        # is rewritten through the library by the holder alone (io.tilerewrite)
+        self.file_comm = comm.Split(f, comm.rank)
+        self.library = any(self.infos[n].raw_offset is None for n in self.names)
         self.host, self.holds_file = host, comm.rank < per  # one rank per file hashes it
         self._lock: EnsembleLock | None = None
         try:
@@ -278,12 +283,6 @@ class ShuffleEnsembleIO:
                 raise InputError(f"{self.path}: state variable '{v.name}' has shape {have}, "
                                  f"tile {p} needs {want}")  # fmt: skip
 
-    def _check_writable(self) -> None:
-        for name in self.names:
-            if self.infos[name].raw_offset is None:
-                raise InputError(f"{self.path}: variable '{name}' has no raw byte range (chunked "
-                                 "or compressed); tiles are written in place only")
-
     def _disk_comm(self, host: str) -> tuple[MPI.Comm, Path]:
         """The ranks sharing this rank's local directory (one journal each), and its root."""
         root = Path(os.path.abspath(self.local))
@@ -301,7 +300,7 @@ class ShuffleEnsembleIO:
         lock, self._lock = getattr(self, "_lock", None), None
         if lock is not None:
             lock.release()
-        for c in ("group", "disk"):
+        for c in ("group", "disk", "file_comm"):
             sub = getattr(self, c, None)
             if sub is not None and sub != MPI.COMM_NULL:
                 sub.Free()
@@ -382,7 +381,6 @@ class ShuffleEnsembleIO:
             block.rows, plan.rows.rows
         ):
             raise ValueError(f"rank {self.comm.rank}: the block is not this rank's row set")
-        raise_if_any(self.comm, guard(self._check_writable))
         t0 = time.perf_counter()
         data = np.array(block.data, dtype=np.float64)
         keep = block.inactive_rows()
@@ -404,9 +402,19 @@ class ShuffleEnsembleIO:
             t = time.perf_counter()
             lo, hi = plan.window
             rows = np.concatenate([r.window(lo, hi)[1] for r in self.runs[plan.tile]])
-            write_tile(self.path, self.names, self.runs[plan.tile], plan.window,
-                       lambda r: _slice_of(rows, values, r), undo, self.io.fsync,
-                       self.infos)
+            if self.library:  # one writer per file: the S parts go to the holder
+                parts = [(e, _slice_of(rows, values, r))
+                         for e, r in (run.window(lo, hi) for run in self.runs[plan.tile])]
+                gathered = self.file_comm.gather(parts, root=0)
+                if gathered is not None:
+                    merged = [(np.concatenate([g[j][0] for g in gathered]),
+                               np.concatenate([g[j][1] for g in gathered]))
+                              for j in range(len(self.names))]  # fmt: skip
+                    rewrite_tile(self.path, self.names, merged, undo, self.io.fsync)
+            else:
+                write_tile(self.path, self.names, self.runs[plan.tile], plan.window,
+                           lambda r: _slice_of(rows, values, r), undo, self.io.fsync,
+                           self.infos)
             took["write"] = time.perf_counter() - t
 
         journaled = self.io.journal if journal is None else journal

@@ -31,7 +31,7 @@ from .pipeline import guard
 from .store import VarInfo
 from .tilefile import TileRuns
 
-__all__ = ["library_tiles", "write_library_tiles"]
+__all__ = ["library_tiles", "rewrite_tile", "write_library_tiles"]
 
 
 def library_tiles(
@@ -82,14 +82,14 @@ def write_library_tiles(
         found = [0]
 
         def rewrite(path: Path = paths[m][t], merged: list = merged, found: list = found) -> None:
-            found[0] = _rewrite_tile(path, names, merged, undo, fsync)
+            found[0] = rewrite_tile(path, names, merged, undo, fsync)
 
         note = guard(rewrite)
         clips += found[0]
     return note, clips
 
 
-def _rewrite_tile(
+def rewrite_tile(
     path: Path, names: Sequence[str], values: Sequence[tuple[np.ndarray, np.ndarray]],
     undo: journal_mod.UndoLog | None, fsync: bool,
 ) -> int:  # fmt: skip
