@@ -11,7 +11,9 @@ per consumer host (this host excluded: its consumers share the memory); the
 producer's close sends what remains and waits until each host has sealed its copy.
 Consumer host: each incoming stream becomes a held file of the local
 :class:`~.table.Table`, written by a remote "peer": consumers there open it exactly
-as a local file, wait while it streams, and get EIO if the stream breaks off.
+as a local file, wait while it streams, and get EIO if the stream breaks off. Once the
+producer has closed it (``SIZE``), consumers of ``serve_partial`` connections may open
+it before it is complete and read what has arrived (:mod:`.progress`).
 
 Refusals (a wrong secret, an unknown experiment) and broken streams are logged, one
 line each, naming the host and the file.
@@ -33,6 +35,7 @@ from dataclasses import dataclass
 
 from .errors import TransferError
 from .outgoing import Stream
+from .progress import STREAMING, Progress
 from .secret import read_secret
 from .table import Peer, Reply, Table
 from .wire import (
@@ -165,11 +168,16 @@ class Network:
             self.on_activity()
 
     def _receive(self, conn: socket.socket, peer: Peer, host: str, m) -> bool:
-        """One file after its ``FILE`` frame ``m``: ``DATA``…, ``DONE`` (see :mod:`.wire`);
-        True if it is held here, complete, at the end."""
+        """One file after its ``FILE`` frame ``m``: ``DATA``…, ``SIZE``, ``DATA``…, ``DONE``
+        (see :mod:`.wire`); True if it is held here, complete, at the end.
+
+        From ``SIZE`` on the file has its final size and a progress map
+        (:mod:`.progress`): consumers of ``serve_partial`` connections may read the
+        bytes already final. The map ends complete or failed whatever happens here.
+        """
         path = m.get("path")
         peer = Peer(id=peer.id, component=f"{m.get('component', '?')}@{host}", pid=0)
-        wfd, sink = -1, None
+        wfd, sink, progress, ok = -1, None, None, False
         try:  # the table supplies the memory (pre-faulted from the pool when it can)
             reply = self.table.create(peer, path, None, conn=m.get("conn"), budget=-1,
                                       fallback="files", persist=False,
@@ -186,13 +194,22 @@ class Network:
                 if m.verb == "DATA":
                     if not sink.receive(m.int("off"), m.int("len")):
                         break
+                elif m.verb == "SIZE" and progress is None:
+                    os.ftruncate(wfd, m.int("size"))
+                    progress = Progress(os.path.basename(path), m.int("size"),
+                                        parse_ranges(m.get("r")))
+                    sink.progress = progress
+                    self.table.set_progress(entry_id, progress)
                 elif m.verb == "DONE":
                     os.ftruncate(wfd, m.int("size"))
                     os.close(wfd)
                     wfd = -1
                     done = self.table.complete(peer, entry_id)
+                    ok = done.verb == "OK"
+                    if progress is not None:
+                        progress.finish(ok)
                     send_frame(conn, done.verb, **done.fields)
-                    return done.verb == "OK"
+                    return ok
                 else:
                     break
             self.log.error("%s: the stream from host %s broke off before the file was "
@@ -205,7 +222,19 @@ class Network:
                 os.close(wfd)
             if sink is not None:
                 sink.close()
+            if progress is not None:
+                self._end_progress(entry_id, progress, ok, path, peer)
         return False
+
+    def _end_progress(self, entry_id: int, progress: Progress, ok: bool, path: str,
+                      peer: Peer) -> None:
+        """The stream is over: partial readers see complete or failed, never a hang."""
+        if not ok and progress.state == STREAMING:
+            self.log.error("%s: partial readers get EIO for the bytes that did not arrive "
+                           "(component %s)", path, peer.component)
+        progress.finish(ok)
+        self.table.set_progress(entry_id, None)
+        progress.close()
 
     # -- pull on demand (all-to-all, a consumer on a host no file was pushed to) ---------------
 
@@ -388,6 +417,7 @@ class _Sink:
 
     def __init__(self, conn: socket.socket, fd: int) -> None:
         self.conn, self.fd = conn, fd
+        self.progress: Progress | None = None  # after SIZE: told of each piece written
         self.pipe: tuple[int, int] | None = None
         self.buf = bytearray(0)  # grown to the largest DATA seen, at most _CHUNK
         with contextlib.suppress(OSError, AttributeError):
@@ -410,10 +440,13 @@ class _Sink:
             if k == 0:
                 return False
             n -= k
+            start = off
             while k > 0:
                 moved = os.splice(r, self.fd, k, offset_dst=off)
                 off += moved
                 k -= moved
+            if self.progress is not None:
+                self.progress.received(start, off)
         return n == 0 or self._copy(off, n)
 
     def _copy(self, off: int, n: int) -> bool:
@@ -427,6 +460,8 @@ class _Sink:
             done = 0
             while done < k:
                 done += os.pwrite(self.fd, view[done:k], off + done)
+            if self.progress is not None:
+                self.progress.received(off, off + k)
             off += k
             n -= k
         return True
