@@ -4,6 +4,7 @@
  *   ensio_interpose_names.c   stat, access, unlink, rename: the names of transferred files
  *   ensio_interpose_stdio.c   fopen, fclose
  *   ensio_interpose_writes.c  write, pwrite, writev, ftruncate, mmap: async dirty ranges
+ *   ensio_interpose_partial.c read, pread, readv, mmap, exec: partial descriptors
  *   ensio_interpose_paths.c   the rules file, path canonicalization, glob matching
  *   ensio_interpose_daemon.c  the staging daemon's socket (protocol: ensio/transfer/protocol.py)
  *
@@ -43,6 +44,7 @@ struct ei_rule {
     char conn[160];       /* "<config id>:<connection name>" */
     int async;            /* route line: the connection's mode is async */
     char targets[256];    /* route line: hosts receiving this process's files, "" none */
+    int partial;          /* partial line: serve_partial (consumers) */
     char *pattern;        /* absolute, encoded */
     size_t prefix_len;    /* literal bytes before the first wildcard */
     const char *last;     /* the pattern's last path component */
@@ -104,6 +106,15 @@ EI_HIDDEN int ei_local_file(const char *path, mode_t *mode);
 EI_HIDDEN void ei_local_chmod(const char *path, mode_t mode);  /* chmod of a held file */
 EI_HIDDEN void ei_local_forget(const char *path);  /* unlinked: a new open creates anew */
 
+/* partial descriptors (ensio_interpose_partial.c) */
+EI_HIDDEN int ei_fd_partial(int fd);  /* lock-free: nonzero if fd is partial */
+/* lock held: fd is a partial file, mapfd its progress map (closed here); -1 with errno */
+EI_HIDDEN int ei_partial_open(int fd, int mapfd);
+EI_HIDDEN void ei_partial_untrack(int fd);            /* lock held: fd is gone */
+EI_HIDDEN void ei_partial_copy(int oldfd, int newfd); /* lock held: newfd is a dup */
+/* without the lock: wait for [off, off+n) (off < 0: at the offset; n < 0: the whole file) */
+EI_HIDDEN int ei_partial_wait(int fd, long long off, long long n);
+
 /* paths */
 EI_HIDDEN int ei_load_rules(const char *file);
 /* The rule of (dirfd, path) (out: its canonical form), NULL if none matches. Of several
@@ -123,6 +134,11 @@ EI_HIDDEN int ei_send_oneway(const char *msg, size_t len);
 /* without the lock: one request on a connection of its own (a consumer's long wait) */
 EI_HIDDEN int ei_request_private(const char *msg, size_t len, char reply[EI_REPLY_MAX],
                                  int *recv_fd);
+/* the same two, receiving up to two descriptors (recv_fds[1]: a partial file's map) */
+EI_HIDDEN int ei_request2(const char *msg, size_t len, char reply[EI_REPLY_MAX],
+                          int recv_fds[2]);
+EI_HIDDEN int ei_request2_private(const char *msg, size_t len, char reply[EI_REPLY_MAX],
+                                  int recv_fds[2]);
 EI_HIDDEN long ei_reply_long(const char *reply, const char *key, long dflt);
 EI_HIDDEN int ei_reply_is(const char *reply, const char *verb);
 EI_HIDDEN int ei_daemon_usable(void);
