@@ -335,14 +335,15 @@ def test_netcdf_programs_read_a_partial_file_as_the_producer_wrote_it(two_hosts,
 
 
 @needs_netcdf
-def test_a_header_read_of_a_classic_file_does_not_wait_for_its_data(two_hosts, tmp_path):
+@pytest.mark.parametrize("fmt", ["NETCDF4", "NETCDF3_CLASSIC"])
+def test_a_header_read_does_not_wait_for_the_data(two_hosts, tmp_path, fmt):
     """The point of serve_partial: ``ncdump -h`` needs the header, not the 3 MB after it."""
     a, b, config, fifo = _setup(two_hosts, tmp_path, hold=64 << 10)
     work = a.work
     (work / "ref").mkdir()
-    _ok(subprocess.run([PY, "-c", WRITER, "ref/mem000.nc", "NETCDF3_CLASSIC"], cwd=work,
+    _ok(subprocess.run([PY, "-c", WRITER, "ref/mem000.nc", fmt], cwd=work,
                        capture_output=True, text=True))
-    prod = a.start(config, "model", PY, "-c", WRITER, "fc/mem000.nc", "NETCDF3_CLASSIC")
+    prod = a.start(config, "model", PY, "-c", WRITER, "fc/mem000.nc", fmt)
     wait_for(lambda: "mem000.nc" in _held(b) and _sent(a) >= 64 << 10,
              what="the first 64 KiB on b")
     header = _ok(b.run(config, "post", "ncdump", "-h", "fc/mem000.nc", timeout=60)).stdout
