@@ -163,7 +163,10 @@ class ConnectionDef:
         file's final size is known (the producer closed it) but its bytes are still
         arriving, a consumer's open returns at once, and each read waits only for
         the bytes it asks for (:mod:`.progress`). Off: the open waits for the whole
-        file.
+        file. Before the producer's close the open waits either way (netCDF-4/HDF5
+        files are not readable before ``nc_close``). ``consumer_timeout_s`` bounds
+        only the open; a read waits while the stream progresses, and gets EIO if it
+        breaks off.
     """
 
     name: str

@@ -312,7 +312,11 @@ class Table:
         a connection of its own, so the process's other threads are not held up).
         ``partial`` (``serve_partial``): a file still arriving from another host whose
         final size is known is answered at once, ``partial=1`` with a second descriptor,
-        of its progress map; before its size is known the open waits as any other.
+        of its progress map; before its size is known the open waits as any other. The
+        size is known only after the producer's close: before it, a file's bytes may
+        still change, and a netCDF-4/HDF5 file is not readable anyway (its superblock
+        and metadata are final only at ``nc_close``). A file held here because a local
+        producer writes it is never partial: it is complete at its close.
         """
         deadline = None if wait_s is None else time.monotonic() + wait_s
         with self.cond:
