@@ -380,3 +380,70 @@ def test_without_serve_partial_the_open_waits_for_the_whole_file(two_hosts, tmp_
     assert out.split() == [str(SIZE), _sha(data[:HEAD]), "rest", "whole", str(SIZE),
                            _sha(data)], err
     assert prod.communicate(timeout=60)[0] == "closed\n"
+
+
+def _family_in_futex_wait(pid: int) -> bool:
+    """``pid`` or one of its children waits in futex."""
+    kids = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            kids += [int(k) for k in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return any(_in_futex_wait(p) for p in [pid, *kids] if Path(f"/proc/{p}").exists())
+
+
+#: hands its partial descriptor to another program (cat, as stdin): exec waits for it all
+EXEC_CONSUMER = r"""
+import hashlib, os, subprocess, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+print("opened", flush=True)
+out = subprocess.run(["cat"], stdin=fd, stdout=subprocess.PIPE, check=True).stdout
+print(len(out), hashlib.sha256(out).hexdigest(), flush=True)
+"""
+
+
+def test_a_program_started_with_a_partial_descriptor_reads_the_whole_file(two_hosts, tmp_path):
+    """exec: the new program's reads cannot wait, so the exec waits for the whole file."""
+    a, b, config, fifo = _setup(two_hosts, tmp_path)
+    data = _produced(SIZE, 0, 0)
+    prod = a.start(config, "model", PY, "-c", PRODUCER, "fc/mem000.nc", str(SIZE), "0", "0")
+    assert prod.stdout.readline() == "written\n", prod.stderr.read()
+    wait_for(lambda: "mem000.nc" in _held(b), what="b holding the file")
+    cons = b.start(config, "post", PY, "-c", EXEC_CONSUMER, "fc/mem000.nc")
+    prod.stdin.write("close\n")
+    prod.stdin.flush()
+    assert cons.stdout.readline() == "opened\n", cons.stderr.read()
+    if _FUTEX is not None:
+        wait_for(lambda: _family_in_futex_wait(cons.pid), what="the exec waiting")
+    assert _held(b)["mem000.nc"].state == "writing"
+    _release(fifo, "go")
+    out, err = cons.communicate(timeout=60)
+    assert out.split() == [str(SIZE), _sha(data)], err
+    assert prod.communicate(timeout=60)[0] == "closed\n"
+
+
+def test_a_reader_whose_daemon_dies_gets_eio_not_a_hang(two_hosts, tmp_path):
+    import signal
+
+    from transfer_support import daemon_pid, process_gone
+
+    a, b, config, fifo = _setup(two_hosts, tmp_path)
+    data = _produced(SIZE, 0, 0)
+    prod = a.start(config, "model", PY, "-c", PRODUCER, "fc/mem000.nc", str(SIZE), "0", "0")
+    assert prod.stdout.readline() == "written\n", prod.stderr.read()
+    wait_for(lambda: "mem000.nc" in _held(b), what="b holding the file")
+    cons = b.start(config, "post", PY, "-c", CONSUMER, "fc/mem000.nc", str(HEAD))
+    prod.stdin.write("close\n")
+    prod.stdin.flush()
+    assert cons.stdout.readline().split() == [str(SIZE), _sha(data[:HEAD])]
+    assert cons.stdout.readline() == "rest\n"
+    _wait_blocked(cons)
+    pid = daemon_pid(b.dir)
+    os.kill(pid, signal.SIGKILL)  # the daemon that writes the progress map
+    wait_for(lambda: process_gone(pid), what="b's daemon's death")
+    out, err = cons.communicate(timeout=60)
+    assert out.split() == ["error", "5", _sha(data[:HEAD])], err
+    assert f"the staging daemon (pid {pid}) died while this file arrived: EIO" in err
+    _release(fifo, "break")  # a's stream: b is gone anyway
+    prod.communicate(timeout=60)

@@ -44,7 +44,7 @@ from .secret import proof, verify
 __all__ = ["AuthError", "client_handshake", "recv_exact_into", "recv_frame", "send_frame",
            "server_handshake", "tune"]
 
-WIRE_VERSION = 2  # 2: SIZE before the data sent after the close
+WIRE_VERSION = 1
 _LEN = struct.Struct("!I")
 
 
