@@ -138,9 +138,10 @@ class Progress:
         self._mark.value = self.watermark()
         self._state.value = state
         self._seq.value = seq + 2
-        if _syscall is not None:
-            _syscall(_SYS_FUTEX, ctypes.c_void_p(self._addr), _FUTEX_WAKE, 0x7FFFFFFF, None,
-                     None, 0)
+        if _syscall is not None:  # syscall() is variadic: every argument a full long
+            _syscall(ctypes.c_long(_SYS_FUTEX), ctypes.c_void_p(self._addr),
+                     ctypes.c_long(_FUTEX_WAKE), ctypes.c_long(0x7FFFFFFF), ctypes.c_void_p(),
+                     ctypes.c_void_p(), ctypes.c_long(0))
 
     def close(self) -> None:
         """Release the daemon's mapping and descriptor (readers keep theirs)."""

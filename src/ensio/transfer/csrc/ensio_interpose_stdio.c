@@ -100,10 +100,11 @@ EXPORT int fileno(FILE *fp)
 {
     static int (*real_fileno)(FILE *);
     if (!real_fileno) real_fileno = dlsym(RTLD_NEXT, "fileno");
+    int saved = errno;
     int fd = real_fileno(fp);
     if (fd < 0 && __atomic_load_n(&any_cookie, __ATOMIC_ACQUIRE)) {
         int found = cookie_fd(fp);
-        if (found >= 0) { errno = 0; return found; }
+        if (found >= 0) { errno = saved; return found; }
     }
     return fd;
 }
