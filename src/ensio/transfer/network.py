@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import itertools
 import logging
 import os
@@ -37,23 +36,16 @@ from .errors import TransferError
 from .outgoing import Stream
 from .progress import STREAMING, Progress
 from .secret import read_secret
+from .sink import Sink
 from .table import Peer, Reply, Table
-from .wire import (
-    AuthError,
-    client_handshake,
-    recv_exact_into,
-    recv_frame,
-    send_frame,
-    server_handshake,
-    tune,
-)
+from .wire import AuthError, client_handshake, recv_frame, send_frame, server_handshake, tune
 
 __all__ = ["Network", "parse_endpoint", "parse_ranges"]
 
+_Sink = Sink  # its former name here (tests/test_transfer_network.py imports it so)
+
 _CONNECT_S = 5.0      # how long a producer's daemon retries a host that is not up yet
 _HANDSHAKE_S = 15.0
-_CHUNK = 8 << 20      # bytes received per recv_into/pwrite
-_PIPE = 1 << 20       # the splice pipe's size (the unprivileged maximum by default)
 _DOWN_S = 30.0        # a host that did not answer is not retried for this long
 
 
@@ -189,7 +181,7 @@ class Network:
             wfd = reply.fd
             send_frame(conn, "OK")
             entry_id = int(str(reply.fields["id"]))
-            sink = _Sink(conn, wfd)
+            sink = Sink(conn, wfd)
             while (m := recv_frame(conn)) is not None:
                 if m.verb == "DATA":
                     if not sink.receive(m.int("off"), m.int("len")):
@@ -405,72 +397,6 @@ class Network:
                 sock.close()
         for s in streams:
             s.abort()
-
-
-class _Sink:
-    """Where the raw bytes of ``DATA`` frames go: the memory file, at their offset.
-
-    Through a pipe with ``splice`` (socket → pipe → memfd: one copy, in the kernel),
-    or, where the kernel refuses that for this socket, through ``recv_into`` a buffer
-    and ``pwrite`` (two copies, the second through Python).
-    """
-
-    def __init__(self, conn: socket.socket, fd: int) -> None:
-        self.conn, self.fd = conn, fd
-        self.progress: Progress | None = None  # after SIZE: told of each piece written
-        self.pipe: tuple[int, int] | None = None
-        self.buf = bytearray(0)  # grown to the largest DATA seen, at most _CHUNK
-        with contextlib.suppress(OSError, AttributeError):
-            self.pipe = os.pipe2(os.O_CLOEXEC)
-            with contextlib.suppress(OSError):
-                fcntl.fcntl(self.pipe[1], fcntl.F_SETPIPE_SZ, _PIPE)
-        self.room = fcntl.fcntl(self.pipe[1], fcntl.F_GETPIPE_SZ) if self.pipe else 0
-
-    def receive(self, off: int, n: int) -> bool:
-        """``n`` raw bytes into the memory file at ``off``; False: the connection closed."""
-        while self.pipe is not None and n > 0:
-            r, w = self.pipe
-            try:
-                k = os.splice(self.conn.fileno(), w, min(n, self.room))
-            except OSError as exc:
-                if exc.errno not in (errno.EINVAL, errno.ENOSYS):
-                    raise
-                self.close()  # refused, the pipe empty: the rest the portable way
-                break
-            if k == 0:
-                return False
-            n -= k
-            start = off
-            while k > 0:
-                moved = os.splice(r, self.fd, k, offset_dst=off)
-                off += moved
-                k -= moved
-            if self.progress is not None:
-                self.progress.received(start, off)
-        return n == 0 or self._copy(off, n)
-
-    def _copy(self, off: int, n: int) -> bool:
-        if len(self.buf) < min(_CHUNK, n):
-            self.buf = bytearray(min(_CHUNK, n))
-        view = memoryview(self.buf)
-        while n > 0:
-            k = min(n, len(view))
-            if not recv_exact_into(self.conn, view[:k]):
-                return False
-            done = 0
-            while done < k:
-                done += os.pwrite(self.fd, view[done:k], off + done)
-            if self.progress is not None:
-                self.progress.received(off, off + k)
-            off += k
-            n -= k
-        return True
-
-    def close(self) -> None:
-        if self.pipe is not None:
-            for end in self.pipe:
-                os.close(end)
-            self.pipe = None
 
 
 def _listen(endpoint: str) -> socket.socket:

@@ -150,7 +150,7 @@ class Table:
             memfd, pooled = supply_memfd(self.pool, path)
         try:
             if keep:
-                self._copy_current(path, source, memfd)
+                materialize.copy_current(path, source, memfd)
                 os.lseek(memfd, 0, os.SEEK_SET)  # the offset is the producer's (one description)
         except OSError as exc:
             self.log.warning("%s: cannot copy the current content for %s: %s", path, peer,
@@ -181,20 +181,6 @@ class Table:
             return os.stat(path).st_mode & 0o7777
         except OSError:
             return mode
-
-    def _copy_current(self, path: str, source: int | None, memfd: int) -> None:
-        """``keep``: the new version starts as the held one, else as the real file (if any)."""
-        if source is not None:
-            materialize.copy_into(source, memfd)
-            return
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return
-        try:
-            materialize.copy_into(fd, memfd)
-        finally:
-            os.close(fd)
 
     def _over_budget(self, peer: Peer, path: str, conn: str, fallback: str) -> Reply:
         name = conn.split(":", 1)[-1]

@@ -242,7 +242,7 @@ __attribute__((destructor)) static void ei_destructor(void)
 
 /* ---- open ------------------------------------------------------------------------- */
 
-static int set_cloexec(int fd, int want)
+int ei_set_cloexec(int fd, int want)
 {
     int fl = ei_real.fcntl(fd, F_GETFD);
     if (fl >= 0 && !!(fl & FD_CLOEXEC) != !!want)
@@ -311,67 +311,7 @@ static int produce(const struct ei_rule *r, const char *path, int flags, mode_t 
     snprintf(w->path, sizeof w->path, "%s", path);
     if (flags & O_APPEND) ei_real.fcntl(mfd, F_SETFL, O_APPEND);
     track(mfd, idx);
-    return set_cloexec(mfd, flags & O_CLOEXEC);
-}
-
-/* The consumer's reply: the descriptor, -1 with errno, -2: the real path, -3: BUSY.
- * fds[1] is a partial file's progress map (serve_partial): fds[0] becomes partial. Lock
- * held. */
-static int consumer_reply(int rc, const char *reply, const int fds[2], int flags)
-{
-    int fd = fds[0];
-    int partial = rc == 0 && ei_reply_is(reply, "OK") && fd >= 0
-                  && ei_reply_long(reply, "partial", 0);
-    if (!partial && fds[1] >= 0) ei_real.close(fds[1]);  /* nothing to attach it to */
-    if (rc != 0 || ei_reply_is(reply, "ABSENT") || ei_reply_is(reply, "BUSY")) {
-        if (fd >= 0) ei_real.close(fd);
-        return rc == 0 && ei_reply_is(reply, "BUSY") ? -3 : -2;
-    }
-    if (!ei_reply_is(reply, "OK") || fd < 0) {
-        if (fd >= 0) ei_real.close(fd);
-        errno = (int)ei_reply_long(reply, "errno", EIO);
-        return -1;
-    }
-    if (partial && (fds[1] < 0 || ei_partial_open(fd, fds[1]) != 0)) {
-        ei_real.close(fd);  /* its holes would read as zeros: never without the map */
-        errno = EIO;
-        return -1;
-    }
-    return set_cloexec(fd, flags & O_CLOEXEC);
-}
-
-/* The OPEN request of a consumer's open (defer: answer BUSY instead of waiting). */
-static int open_text(char *msg, size_t room, const struct ei_rule *r, const char *path,
-                     int defer)
-{
-    return snprintf(msg, room, "OPEN\npath=%s\nwait_ms=%ld\nconn=%s%s%s", path,
-                    r->timeout_ms, r->conn, defer ? "\ndefer=1" : "",
-                    r->partial ? "\npartial=1" : "");
-}
-
-/* A consumer's open (lock held): the daemon's read-only descriptor, -2: use the real
- * path, -3: the file is being written, wait with consume_wait() after unlocking. */
-static int consume(const struct ei_rule *r, const char *path, int flags)
-{
-    char msg[PATH_MAX + 256], reply[EI_REPLY_MAX];
-    int n = open_text(msg, sizeof msg, r, path, 1);
-    int fds[2];
-    int rc = ei_request2(msg, (size_t)n, reply, fds);
-    return consumer_reply(rc, reply, fds, flags);
-}
-
-/* The sync wait for a file still being written, on a connection of its own and without
- * the lock: the process's other threads (and its exit) are not held up. */
-static int consume_wait(const struct ei_rule *r, const char *path, int flags)
-{
-    char msg[PATH_MAX + 256], reply[EI_REPLY_MAX];
-    int n = open_text(msg, sizeof msg, r, path, 0);
-    int fds[2];
-    int rc = ei_request2_private(msg, (size_t)n, reply, fds);
-    pthread_mutex_lock(&ei_lock);
-    int got = consumer_reply(rc, reply, fds, flags);
-    pthread_mutex_unlock(&ei_lock);
-    return got == -3 ? -2 : got;
+    return ei_set_cloexec(mfd, flags & O_CLOEXEC);
 }
 
 /* Every open variant ends here. Returns -2 when the real function should run. */
@@ -395,10 +335,10 @@ int ei_open_path(int dirfd, const char *path, int flags, mode_t mode)
         errno = EROFS;  /* a consumer reads transferred files; it does not write them */
         fd = -1;
     } else if (ei_daemon_usable()) {
-        fd = writing ? produce(r, canon, flags, mode) : consume(r, canon, flags);
+        fd = writing ? produce(r, canon, flags, mode) : ei_consume(r, canon, flags);
     }
     pthread_mutex_unlock(&ei_lock);
-    return fd == -3 ? consume_wait(r, canon, flags) : fd;
+    return fd == -3 ? ei_consume_wait(r, canon, flags) : fd;
 }
 
 static mode_t va_mode(int flags, va_list ap)

@@ -1,6 +1,7 @@
 /* ensio transfer interposer: declarations shared by its three source files.
  *
  *   ensio_interpose.c         open, fopen, close, dup: the descriptors of transferred files
+ *   ensio_interpose_consume.c a consumer's open (OPEN, and the wait for a file being written)
  *   ensio_interpose_names.c   stat, access, unlink, rename: the names of transferred files
  *   ensio_interpose_stdio.c   fopen, fclose
  *   ensio_interpose_writes.c  write, pwrite, writev, ftruncate, mmap: async dirty ranges
@@ -91,6 +92,11 @@ extern EI_HIDDEN struct wfile *ei_wfiles;  /* guarded by ei_lock; index = fdmap 
 
 /* descriptors (ensio_interpose.c) */
 EI_HIDDEN int ei_open_path(int dirfd, const char *path, int flags, mode_t mode); /* -2: real */
+EI_HIDDEN int ei_set_cloexec(int fd, int want);  /* fd, with FD_CLOEXEC as wanted */
+/* a consumer's open (ensio_interpose_consume.c): lock held; the descriptor, -1 with errno,
+ * -2: the real path, -3: being written, call ei_consume_wait after unlocking */
+EI_HIDDEN int ei_consume(const struct ei_rule *r, const char *path, int flags);
+EI_HIDDEN int ei_consume_wait(const struct ei_rule *r, const char *path, int flags);
 EI_HIDDEN int ei_fd_tracked(int fd);  /* lock-free: nonzero if fd is a file this process writes */
 EI_HIDDEN int ei_fd_async(int fd);    /* lock-free: ... and its connection is async */
 /* async: fd's file was written at [off, off+n) (takes the lock; reports in batches) */
