@@ -107,6 +107,44 @@ def test_a_complete_map_says_every_byte_is_final():
     os.close(reader)
 
 
+@pytest.mark.parametrize("way", ["splice", "copy"])
+def test_the_sink_tells_the_progress_map_what_arrived(way, rng):
+    """Bytes received into the memory file move the watermark, and only as far as they go."""
+    import socket
+    import threading
+
+    from ensio.transfer.sink import Sink
+
+    size = (3 << 20) + 5
+    body = rng.bytes(size)
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    fd = os.memfd_create("t", os.MFD_CLOEXEC)
+    os.ftruncate(fd, size)
+    p = Progress("t", size, [(0, size)])
+    reader = p.reader_fd()
+    sink = Sink(b, fd)
+    sink.progress = p
+    try:
+        if way == "copy":
+            sink.close()
+        sender = threading.Thread(target=a.sendall, args=(body[:size - 5],))
+        sender.start()
+        assert sink.receive(0, size - 5)
+        sender.join()
+        assert read_progress(reader)[3] == size - 5  # the last 5 bytes are still to come
+        a.sendall(body[size - 5:])
+        assert sink.receive(size - 5, 5)
+        assert read_progress(reader)[3] == size
+        assert os.pread(fd, size, 0) == body
+    finally:
+        sink.close()
+        p.close()
+        for x in (a, b):
+            x.close()
+        os.close(fd)
+        os.close(reader)
+
+
 # -- two hosts ------------------------------------------------------------------------------
 
 SIZE = (4 << 20) + 77
