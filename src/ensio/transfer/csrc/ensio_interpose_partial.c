@@ -159,14 +159,16 @@ static int wait_range(int fd, struct pfile *p, long long off, long long end)
         uint32_t st = __atomic_load_n(state, __ATOMIC_ACQUIRE);
         uint64_t wm = __atomic_load_n(mark, __ATOMIC_ACQUIRE);
         uint32_t s2 = __atomic_load_n(seq, __ATOMIC_ACQUIRE);
-        if ((s1 & 1) || s1 != s2) continue;  /* the daemon is writing: a few stores */
-        if (st == P_COMPLETE) { settled(fd, p); return 0; }
-        if ((long long)wm >= end) return 0;  /* arrived (also of a file that failed later) */
-        if (!checked) {
-            if (!same_file(fd, p)) { settled(fd, p); return 0; }  /* a stale number */
-            checked = 1;
+        if (s1 != s2) continue;  /* changed while we looked: look again */
+        if (!(s1 & 1)) {  /* stable (even); odd: the daemon is writing, wait below */
+            if (st == P_COMPLETE) { settled(fd, p); return 0; }
+            if ((long long)wm >= end) return 0;  /* arrived (also of a file failed later) */
+            if (!checked) {
+                if (!same_file(fd, p)) { settled(fd, p); return 0; }  /* a stale number */
+                checked = 1;
+            }
+            if (st == P_FAILED) { errno = EIO; return -1; }
         }
-        if (st == P_FAILED) { errno = EIO; return -1; }
         struct timespec ts = {0, 200 * 1000 * 1000};
         long r = syscall(SYS_futex, seq, FUTEX_WAIT, s2, &ts, NULL, 0);
         if (r != 0 && errno == ETIMEDOUT && kill((pid_t)*pid, 0) != 0 && errno == ESRCH) {
