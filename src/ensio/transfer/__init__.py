@@ -23,8 +23,11 @@ Where the rest extends it:
 * ``workflow.transfer`` in ``ensio cycle``: :func:`.run.prepare` returns the
   environment a member command needs; a driver adds it to each job's environment.
 * ``ensio bench transfer``: drives :func:`.run.prepare` and :class:`.protocol.Client`.
-* ``serve_partial`` (serve the complete ranges of a file still streaming): not
-  done; :meth:`.table.Table.open` and :meth:`.network.Network._receive` are where.
+* ``serve_partial``: on a consumer host, a file still arriving from another host is
+  opened as soon as its final size is known (the ``SIZE`` frame, :mod:`.wire`); the
+  receiving daemon publishes which bytes are final in a shared progress map
+  (:mod:`.progress`) and the interposer's reads wait for theirs
+  (``csrc/ensio_interpose_partial.c``).
 
 An ``all-to-all`` connection's file absent on a consumer's host is pulled on demand
 from the other hosts (a consumer on a host ``hosts`` does not place it on).

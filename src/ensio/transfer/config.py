@@ -158,6 +158,15 @@ class ConnectionDef:
     consumer_timeout_s : float
         How long a consumer's open waits for a file still being written before it
         fails (ETIMEDOUT) instead of hanging.
+    serve_partial : bool
+        On a consumer's host that receives the file from another host: once the
+        file's final size is known (the producer closed it) but its bytes are still
+        arriving, a consumer's open returns at once, and each read waits only for
+        the bytes it asks for (:mod:`.progress`). Off: the open waits for the whole
+        file. Before the producer's close the open waits either way (netCDF-4/HDF5
+        files are not readable before ``nc_close``). ``consumer_timeout_s`` bounds
+        only the open; a read waits while the stream progresses, and gets EIO if it
+        breaks off.
     """
 
     name: str
@@ -170,6 +179,7 @@ class ConnectionDef:
     fallback: Fallback = "files"
     persist: bool = False
     consumer_timeout_s: float = 600.0
+    serve_partial: bool = False
     patterns: tuple[FilePattern, ...] = field(default=(), compare=False)
 
     @property

@@ -217,7 +217,8 @@ class Daemon:
                                               pull)
             elif msg.verb in ("OPEN", "STAT"):
                 wait = msg.int("wait_ms", 600_000) / 1000.0 if msg.verb == "OPEN" else None
-                reply = self.table.open(peer, msg.get("path"), wait, msg.get("defer") == "1")
+                reply = self.table.open(peer, msg.get("path"), wait, msg.get("defer") == "1",
+                                        partial=msg.get("partial") == "1")
                 if reply.verb == "ABSENT" and self.network.can_pull(msg.get("conn")):
                     reply = self._pull(peer, msg, wait)
             elif msg.verb == "CHMOD":
@@ -235,8 +236,9 @@ class Daemon:
         except (OSError, ValueError) as exc:
             self.log.error("%s from %s failed: %s", msg.verb, peer, exc)
             reply = Reply.err(getattr(exc, "errno", None) or errno.EIO)
-        if msg.fd is not None:
-            os.close(msg.fd)
+        for fd in (msg.fd, msg.fd2):
+            if fd is not None:
+                os.close(fd)
         return reply
 
     def _pull(self, peer: Peer, msg: Message, wait: float | None) -> Reply:
@@ -254,12 +256,13 @@ class Daemon:
 
     def _reply(self, conn: socket.socket, reply: Reply) -> None:
         try:
-            send_message(conn, encode(reply.verb, **reply.fields), reply.fd)
+            send_message(conn, encode(reply.verb, **reply.fields), reply.fd, reply.fd2)
         except OSError:
             pass  # the client is gone; its thread ends at the next receive
         finally:
-            if reply.fd is not None:
-                os.close(reply.fd)
+            for fd in (reply.fd, reply.fd2):
+                if fd is not None:
+                    os.close(fd)
 
     def _send_status(self, conn: socket.socket) -> None:
         with contextlib.suppress(OSError):

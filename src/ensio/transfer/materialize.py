@@ -12,7 +12,23 @@ from pathlib import Path
 
 from ..durable import fsync_path, temporary_name
 
-__all__ = ["copy_into", "publish", "write_temporary"]
+__all__ = ["copy_current", "copy_into", "publish", "write_temporary"]
+
+
+def copy_current(path: str, source: int | None, memfd: int) -> None:
+    """A rewrite that keeps the content (no ``O_TRUNC``): the new version starts as the
+    held one (``source``), else as the real file at ``path`` (if there is one)."""
+    if source is not None:
+        copy_into(source, memfd)
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    try:
+        copy_into(fd, memfd)
+    finally:
+        os.close(fd)
 
 
 def copy_into(src_fd: int, dst_fd: int) -> int:

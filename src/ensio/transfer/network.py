@@ -11,7 +11,9 @@ per consumer host (this host excluded: its consumers share the memory); the
 producer's close sends what remains and waits until each host has sealed its copy.
 Consumer host: each incoming stream becomes a held file of the local
 :class:`~.table.Table`, written by a remote "peer": consumers there open it exactly
-as a local file, wait while it streams, and get EIO if the stream breaks off.
+as a local file, wait while it streams, and get EIO if the stream breaks off. Once the
+producer has closed it (``SIZE``), consumers of ``serve_partial`` connections may open
+it before it is complete and read what has arrived (:mod:`.progress`).
 
 Refusals (a wrong secret, an unknown experiment) and broken streams are logged, one
 line each, naming the host and the file.
@@ -21,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import itertools
 import logging
 import os
@@ -33,24 +34,18 @@ from dataclasses import dataclass
 
 from .errors import TransferError
 from .outgoing import Stream
+from .progress import STREAMING, Progress
 from .secret import read_secret
+from .sink import Sink
 from .table import Peer, Reply, Table
-from .wire import (
-    AuthError,
-    client_handshake,
-    recv_exact_into,
-    recv_frame,
-    send_frame,
-    server_handshake,
-    tune,
-)
+from .wire import AuthError, client_handshake, recv_frame, send_frame, server_handshake, tune
 
 __all__ = ["Network", "parse_endpoint", "parse_ranges"]
 
+_Sink = Sink  # its former name here (tests/test_transfer_network.py imports it so)
+
 _CONNECT_S = 5.0      # how long a producer's daemon retries a host that is not up yet
 _HANDSHAKE_S = 15.0
-_CHUNK = 8 << 20      # bytes received per recv_into/pwrite
-_PIPE = 1 << 20       # the splice pipe's size (the unprivileged maximum by default)
 _DOWN_S = 30.0        # a host that did not answer is not retried for this long
 
 
@@ -165,11 +160,16 @@ class Network:
             self.on_activity()
 
     def _receive(self, conn: socket.socket, peer: Peer, host: str, m) -> bool:
-        """One file after its ``FILE`` frame ``m``: ``DATA``…, ``DONE`` (see :mod:`.wire`);
-        True if it is held here, complete, at the end."""
+        """One file after its ``FILE`` frame ``m``: ``DATA``…, ``SIZE``, ``DATA``…, ``DONE``
+        (see :mod:`.wire`); True if it is held here, complete, at the end.
+
+        From ``SIZE`` on the file has its final size and a progress map
+        (:mod:`.progress`): consumers of ``serve_partial`` connections may read the
+        bytes already final. The map ends complete or failed whatever happens here.
+        """
         path = m.get("path")
         peer = Peer(id=peer.id, component=f"{m.get('component', '?')}@{host}", pid=0)
-        wfd, sink = -1, None
+        wfd, sink, progress, ok = -1, None, None, False
         try:  # the table supplies the memory (pre-faulted from the pool when it can)
             reply = self.table.create(peer, path, None, conn=m.get("conn"), budget=-1,
                                       fallback="files", persist=False,
@@ -181,18 +181,27 @@ class Network:
             wfd = reply.fd
             send_frame(conn, "OK")
             entry_id = int(str(reply.fields["id"]))
-            sink = _Sink(conn, wfd)
+            sink = Sink(conn, wfd)
             while (m := recv_frame(conn)) is not None:
                 if m.verb == "DATA":
                     if not sink.receive(m.int("off"), m.int("len")):
                         break
+                elif m.verb == "SIZE" and progress is None:
+                    os.ftruncate(wfd, m.int("size"))
+                    progress = Progress(os.path.basename(path), m.int("size"),
+                                        parse_ranges(m.get("r")))
+                    sink.progress = progress
+                    self.table.set_progress(entry_id, progress)
                 elif m.verb == "DONE":
                     os.ftruncate(wfd, m.int("size"))
                     os.close(wfd)
                     wfd = -1
                     done = self.table.complete(peer, entry_id)
+                    ok = done.verb == "OK"
+                    if progress is not None:
+                        progress.finish(ok)
                     send_frame(conn, done.verb, **done.fields)
-                    return done.verb == "OK"
+                    return ok
                 else:
                     break
             self.log.error("%s: the stream from host %s broke off before the file was "
@@ -205,7 +214,19 @@ class Network:
                 os.close(wfd)
             if sink is not None:
                 sink.close()
+            if progress is not None:
+                self._end_progress(entry_id, progress, ok, path, peer)
         return False
+
+    def _end_progress(self, entry_id: int, progress: Progress, ok: bool, path: str,
+                      peer: Peer) -> None:
+        """The stream is over: partial readers see complete or failed, never a hang."""
+        if not ok and progress.state == STREAMING:
+            self.log.error("%s: partial readers get EIO for the bytes that did not arrive "
+                           "(component %s)", path, peer.component)
+        progress.finish(ok)
+        self.table.set_progress(entry_id, None)
+        progress.close()
 
     # -- pull on demand (all-to-all, a consumer on a host no file was pushed to) ---------------
 
@@ -376,66 +397,6 @@ class Network:
                 sock.close()
         for s in streams:
             s.abort()
-
-
-class _Sink:
-    """Where the raw bytes of ``DATA`` frames go: the memory file, at their offset.
-
-    Through a pipe with ``splice`` (socket → pipe → memfd: one copy, in the kernel),
-    or, where the kernel refuses that for this socket, through ``recv_into`` a buffer
-    and ``pwrite`` (two copies, the second through Python).
-    """
-
-    def __init__(self, conn: socket.socket, fd: int) -> None:
-        self.conn, self.fd = conn, fd
-        self.pipe: tuple[int, int] | None = None
-        self.buf = bytearray(0)  # grown to the largest DATA seen, at most _CHUNK
-        with contextlib.suppress(OSError, AttributeError):
-            self.pipe = os.pipe2(os.O_CLOEXEC)
-            with contextlib.suppress(OSError):
-                fcntl.fcntl(self.pipe[1], fcntl.F_SETPIPE_SZ, _PIPE)
-        self.room = fcntl.fcntl(self.pipe[1], fcntl.F_GETPIPE_SZ) if self.pipe else 0
-
-    def receive(self, off: int, n: int) -> bool:
-        """``n`` raw bytes into the memory file at ``off``; False: the connection closed."""
-        while self.pipe is not None and n > 0:
-            r, w = self.pipe
-            try:
-                k = os.splice(self.conn.fileno(), w, min(n, self.room))
-            except OSError as exc:
-                if exc.errno not in (errno.EINVAL, errno.ENOSYS):
-                    raise
-                self.close()  # refused, the pipe empty: the rest the portable way
-                break
-            if k == 0:
-                return False
-            n -= k
-            while k > 0:
-                moved = os.splice(r, self.fd, k, offset_dst=off)
-                off += moved
-                k -= moved
-        return n == 0 or self._copy(off, n)
-
-    def _copy(self, off: int, n: int) -> bool:
-        if len(self.buf) < min(_CHUNK, n):
-            self.buf = bytearray(min(_CHUNK, n))
-        view = memoryview(self.buf)
-        while n > 0:
-            k = min(n, len(view))
-            if not recv_exact_into(self.conn, view[:k]):
-                return False
-            done = 0
-            while done < k:
-                done += os.pwrite(self.fd, view[done:k], off + done)
-            off += k
-            n -= k
-        return True
-
-    def close(self) -> None:
-        if self.pipe is not None:
-            for end in self.pipe:
-                os.close(end)
-            self.pipe = None
 
 
 def _listen(endpoint: str) -> socket.socket:

@@ -13,7 +13,15 @@ the producer's close (what the producer's consumers wait for).
 
 Ranges a report names are sent after the report arrived, and every write is
 reported after it happened: so every byte's last write is sent at least once after
-it, and the consumer host's copy ends equal to the producer's.
+it, and the consumer host's copy ends equal to the producer's. For the same reason,
+at the close every byte outside the ranges still to send is final on the consumer
+host already: the ``SIZE`` frame names those ranges (:mod:`.progress`).
+
+Test hook (never set outside tests): ``ENSIO_TRANSFER_TEST_HOLD=BYTES:FIFO`` in the
+sending daemon's environment stops each stream after ``BYTES`` bytes sent after the
+close, until a line is read from the named pipe ``FIFO``: ``go`` sends the rest, any
+other line breaks the stream off (as a vanished host would). Tests use it to observe
+a consumer reading a file that has only partly arrived, without sleeps.
 """
 
 from __future__ import annotations
@@ -24,11 +32,19 @@ import socket
 import threading
 from collections.abc import Callable
 
+from .progress import coarsen
 from .wire import recv_frame, send_frame
 
 __all__ = ["Stream", "merge"]
 
 _ZEROS = bytes(1 << 16)
+
+
+def _test_hold() -> tuple[int, str] | None:
+    """``ENSIO_TRANSFER_TEST_HOLD`` (see the module docstring), None when unset."""
+    text = os.environ.get("ENSIO_TRANSFER_TEST_HOLD", "")
+    count, sep, fifo = text.partition(":")
+    return (int(count), fifo) if sep and count.isdigit() else None
 
 
 def merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -62,6 +78,7 @@ class Stream:
         self._stop = False
         self._closing = False
         self._thread: threading.Thread | None = None
+        self._hold = _test_hold()
         if mode == "async":
             self._thread = threading.Thread(target=self._background, daemon=True,
                                             name=f"send-{host}")
@@ -91,6 +108,13 @@ class Stream:
 
     def _send_range(self, off: int, n: int) -> bool:
         """``DATA`` of [off, off+n) clipped to the file's size; False after an error."""
+        hold = self._hold
+        if hold is not None and self._closing and self.after_close < hold[0] < \
+                self.after_close + n:
+            cut = hold[0] - self.after_close  # the test hook: stop exactly there
+            if not self._send_range(off, cut):
+                return False
+            return self._held() and self._send_range(off + cut, n - cut)
         with self._lock:
             if self.error is not None:
                 return False
@@ -117,6 +141,19 @@ class Stream:
         self.on_sent(n, after)
         return True
 
+    def _held(self) -> bool:
+        """The test hook: wait for a line on the pipe; False (stream broken) unless ``go``."""
+        assert self._hold is not None
+        fifo, self._hold = self._hold[1], None
+        with open(fifo, encoding="utf-8") as f:
+            word = f.readline().strip()
+        if word == "go":
+            return True
+        self.error = f"test hook: stream to host {self.host} broken off"
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        return False
+
     def finish(self, final: list[tuple[int, int]]) -> str | None:
         """The producer closed the file: send what remains, then ``DONE``; None or the error.
 
@@ -131,9 +168,16 @@ class Stream:
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join()
+        size = os.fstat(self.fd).st_size  # sealed: final
         if self.mode != "async":
-            todo = [(0, os.fstat(self.fd).st_size)]
-        for off, n in todo:
+            todo = [(0, size)]
+        todo = coarsen(merge([(off, min(n, size - off)) for off, n in todo if off < size]))
+        try:
+            send_frame(self.sock, "SIZE", size=size,
+                       r=",".join(f"{off}+{n}" for off, n in todo))
+        except OSError as exc:
+            self.error = f"lost the connection to host {self.host}: {exc.strerror or exc}"
+        for off, n in todo if self.error is None else []:
             if not self._send_range(off, n):
                 break
         if self.error is None:

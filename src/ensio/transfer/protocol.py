@@ -45,10 +45,14 @@ Requests (interposer → daemon), and their replies
     reply. With other hosts, the reply waits until each has sealed its copy (sync: the
     whole file is sent now; async: only ``r``, the ranges written since the last
     report, and what was not sent yet). → ``OK`` | ``ERR errno=``
-``OPEN path= wait_ms= defer= conn=``
+``OPEN path= wait_ms= defer= conn= [partial=1]``
     A consumer opens ``path`` read-only; blocks while the file is being written, at
-    most ``wait_ms``. A file of an ``all-to-all`` connection (``conn``) that is not
-    held here is pulled from the other hosts first (not with ``defer=1``: ``BUSY``).
+    most ``wait_ms``. ``partial=1`` (``serve_partial``): a file arriving from another
+    host whose final size is known is answered at once with ``OK partial=1`` and two
+    descriptors, the memory (at its final size) and its progress map
+    (:mod:`.progress`): the interposer then waits in each read for the bytes it reads.
+    A file of an ``all-to-all`` connection (``conn``) that is not held here is pulled
+    from the other hosts first (not with ``defer=1``: ``BUSY``).
     → ``OK mode=`` (octal, leading 0) + a new read-only descriptor (its own file offset)
     | ``ABSENT`` (not held: use the real path) | ``BUSY`` |
     ``ERR errno=`` (EIO: the producer died; ETIMEDOUT). With ``defer=1`` the daemon
@@ -94,7 +98,7 @@ import errno
 import os
 import socket
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 __all__ = [
     "MAX_PACKET",
@@ -126,6 +130,7 @@ class Message:
     verb: str
     fields: Mapping[str, str]
     fd: int | None = None
+    fd2: int | None = None   #: a second descriptor (``OPEN``'s reply with ``partial=1``)
 
     def get(self, key: str, default: str = "") -> str:
         return self.fields.get(key, default)
@@ -160,16 +165,18 @@ def decode(data: bytes, fd: int | None = None) -> Message:
     return Message(verb=lines[0].decode("ascii", "replace"), fields=fields, fd=fd)
 
 
-def send_message(sock: socket.socket, data: bytes, fd: int | None = None) -> None:
-    """Send one packet, with ``fd`` passed by ``SCM_RIGHTS`` when given."""
-    if fd is None:
+def send_message(sock: socket.socket, data: bytes, fd: int | None = None,
+                 fd2: int | None = None) -> None:
+    """Send one packet, with ``fd`` (and ``fd2``) passed by ``SCM_RIGHTS`` when given."""
+    fds = [f for f in (fd, fd2) if f is not None]
+    if not fds:
         sock.sendall(data)
     else:
-        socket.send_fds(sock, [data], [fd])
+        socket.send_fds(sock, [data], fds)
 
 
 def recv_message(sock: socket.socket) -> Message | None:
-    """Receive one packet (None when the peer closed); extra descriptors are closed."""
+    """Receive one packet (None when the peer closed); descriptors past two are closed."""
     fds = array.array("i")
     data, ancdata, _flags, _addr = sock.recvmsg(
         MAX_PACKET, socket.CMSG_SPACE(4 * fds.itemsize), socket.MSG_CMSG_CLOEXEC)
@@ -179,9 +186,10 @@ def recv_message(sock: socket.socket) -> Message | None:
             fds.frombytes(cdata[:usable])
     if not data and not fds:
         return None
-    for extra in fds[1:]:
+    for extra in fds[2:]:
         os.close(extra)
-    return decode(data, fds[0] if fds else None)
+    msg = decode(data, fds[0] if fds else None)
+    return replace(msg, fd2=fds[1]) if len(fds) > 1 else msg
 
 
 @dataclass(frozen=True)

@@ -47,10 +47,12 @@ def rules_text(cfg: TransferConfig, component: str, rank: int = 0) -> str:
     A connection the component neither produces nor consumes gives no rule: its files
     are plain files for this component. A connection it produces in ``async`` mode or
     to other hosts adds a ``route`` line: the mode, and the hosts that receive the
-    files of producer process ``rank`` (by the connection's ``pattern``).
+    files of producer process ``rank`` (by the connection's ``pattern``). A connection
+    it consumes with ``serve_partial`` adds a ``partial`` line.
     """
     lines = ["ensio-transfer-rules 1", f"component {component}"]
     routes = []
+    partial = []
     for conn in cfg.connections:
         role = _role(conn, component)
         if role is None:
@@ -64,13 +66,15 @@ def rules_text(cfg: TransferConfig, component: str, rank: int = 0) -> str:
                 if variant.encoded() not in seen:
                     seen.add(variant.encoded())
                     lines.append(f"{head} {variant.encoded()}")
+        if conn.serve_partial and role in ("C", "B"):
+            partial.append(f"partial {cfg.identity or 'local'}:{conn.name}")
         producer = role in ("P", "B")
         targets = consumer_hosts(cfg.hosts, conn.pattern, conn.to, rank) if producer else ()
         if targets or (conn.mode == "async" and producer):
             mode = "A" if conn.mode == "async" else "S"
             routes.append(f"route {cfg.identity or 'local'}:{conn.name} {mode} "
                           f"{','.join(targets) or '-'}")
-    return "\n".join(lines + routes) + "\n"
+    return "\n".join(lines + routes + partial) + "\n"
 
 
 def prepare(config: str | os.PathLike | TransferConfig, component: str,

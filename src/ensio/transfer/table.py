@@ -17,6 +17,10 @@ consumers then wait for the new one. ``spilling`` is a complete file on its way 
 the real path (budget exceeded with ``fallback: files``); consumers wait for it too
 and then read the real file.
 
+A file arriving from another host gets a progress map (:mod:`.progress`) once its
+final size is known: an open with ``partial`` (``serve_partial``) then returns at once
+with the memory and a descriptor of the map, even while the file is ``writing``.
+
 Every blocking wait has a deadline; nothing here sleeps.
 """
 
@@ -34,6 +38,7 @@ from dataclasses import dataclass, field
 
 from . import materialize
 from .pool import MemfdPool, supply_memfd, trim
+from .progress import Progress
 
 __all__ = ["Entry", "Peer", "Reply", "Table"]
 
@@ -59,6 +64,7 @@ class Reply:
     verb: str
     fields: dict[str, object] = field(default_factory=dict)
     fd: int | None = None
+    fd2: int | None = None   # a second descriptor: a partial file's progress map
 
     @classmethod
     def err(cls, code: int) -> Reply:
@@ -85,6 +91,7 @@ class Entry:
     sent: int = 0          # bytes streamed to other hosts (all of them together)
     after_close: int = 0   # of which after the producer's close
     pooled: bool = False   # the memory came pre-faulted from the pool: trim its tail
+    progress: Progress | None = None  # arriving from another host, its final size known
 
     def size(self) -> int:
         return os.fstat(self.fd).st_size if self.fd is not None else 0
@@ -143,7 +150,7 @@ class Table:
             memfd, pooled = supply_memfd(self.pool, path)
         try:
             if keep:
-                self._copy_current(path, source, memfd)
+                materialize.copy_current(path, source, memfd)
                 os.lseek(memfd, 0, os.SEEK_SET)  # the offset is the producer's (one description)
         except OSError as exc:
             self.log.warning("%s: cannot copy the current content for %s: %s", path, peer,
@@ -174,20 +181,6 @@ class Table:
             return os.stat(path).st_mode & 0o7777
         except OSError:
             return mode
-
-    def _copy_current(self, path: str, source: int | None, memfd: int) -> None:
-        """``keep``: the new version starts as the held one, else as the real file (if any)."""
-        if source is not None:
-            materialize.copy_into(source, memfd)
-            return
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return
-        try:
-            materialize.copy_into(fd, memfd)
-        finally:
-            os.close(fd)
 
     def _over_budget(self, peer: Peer, path: str, conn: str, fallback: str) -> Reply:
         name = conn.split(":", 1)[-1]
@@ -297,11 +290,19 @@ class Table:
 
     # -- consumers ---------------------------------------------------------------------
 
-    def open(self, peer: Peer, path: str, wait_s: float | None, defer: bool = False) -> Reply:
+    def open(self, peer: Peer, path: str, wait_s: float | None, defer: bool = False,
+             partial: bool = False) -> Reply:
         """A read-only descriptor of ``path`` (``wait_s`` None: STAT, never wait).
 
         ``defer``: answer ``BUSY`` at once instead of waiting (the interposer then waits on
         a connection of its own, so the process's other threads are not held up).
+        ``partial`` (``serve_partial``): a file still arriving from another host whose
+        final size is known is answered at once, ``partial=1`` with a second descriptor,
+        of its progress map; before its size is known the open waits as any other. The
+        size is known only after the producer's close: before it, a file's bytes may
+        still change, and a netCDF-4/HDF5 file is not readable anyway (its superblock
+        and metadata are final only at ``nc_close``). A file held here because a local
+        producer writes it is never partial: it is complete at its close.
         """
         deadline = None if wait_s is None else time.monotonic() + wait_s
         with self.cond:
@@ -319,6 +320,8 @@ class Table:
                     assert e.fd is not None
                     fd = os.open(f"/proc/self/fd/{e.fd}", os.O_RDONLY | os.O_CLOEXEC)
                     return Reply("OK", {"mode": f"0{e.mode:o}"}, fd)
+                if partial and e.state == "writing" and e.progress is not None:
+                    return self._partial(e)
                 if defer:
                     return Reply("BUSY")
                 left = deadline - time.monotonic() if deadline is not None else 0.0
@@ -331,6 +334,26 @@ class Table:
                     self.cond.wait(left)
                 finally:
                     e.waiters -= 1
+
+    @staticmethod
+    def _partial(e: Entry) -> Reply:
+        """(lock held) The memory at its final size and the progress map, both read-only."""
+        assert e.fd is not None and e.progress is not None
+        fd = os.open(f"/proc/self/fd/{e.fd}", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            progress = e.progress.reader_fd()
+        except OSError:
+            os.close(fd)
+            raise
+        return Reply("OK", {"mode": f"0{e.mode:o}", "partial": 1}, fd, progress)
+
+    def set_progress(self, entry_id: int, progress: Progress | None) -> None:
+        """Entry ``entry_id`` now has its final size and a progress map (None: no longer)."""
+        with self.cond:
+            e = self._by_id.get(entry_id)
+            if e is not None:
+                e.progress = progress
+                self.cond.notify_all()  # partial opens waiting for the size
 
     # -- names -------------------------------------------------------------------------
 

@@ -12,12 +12,19 @@ Frames are a 4-byte big-endian length and a packet of :mod:`.protocol`'s text fo
     client: FILE path= conn= component= mode= size=
     server: OK | ERR errno=
     client: DATA off= len= <len bytes> ...       (no replies: TCP is the flow control)
+    client: SIZE size= r=OFF+LEN,...             (the producer closed: the final size and
+                                                 the ranges still to come, in order)
+    client: DATA off= len= <len bytes> ...       (exactly those ranges)
     client: DONE size=
     server: OK | ERR errno=                      (the file is sealed on the consumer host)
 
 Pull on demand (all-to-all): the consumer host's daemon connects and, after the
 handshake, sends ``PULL path= conn= wait_ms=``; the other answers ``ABSENT`` (or
 ``ERR``) or streams the file back as above, ``FILE`` first, once it is complete.
+
+``SIZE`` lets the consumer host serve the bytes already final before ``DONE``
+(``serve_partial``, :mod:`.progress`). Async sends ``DATA`` before ``SIZE`` too (ranges
+written while the producer runs); sync only after it.
 
 The connection closing before ``DONE`` fails the file on the consumer host (EIO for
 its consumers). Keepalive and ``TCP_USER_TIMEOUT`` turn a vanished host into a

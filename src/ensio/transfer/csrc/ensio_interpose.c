@@ -4,7 +4,9 @@
  * variants, fopen, the stat family, access, unlink, rename) plus the calls that end a
  * descriptor's life (close, fclose, dup2 onto it) and the ones that copy it (dup,
  * fcntl F_DUPFD). read, write, pread, fstat, mmap, lseek, ftruncate work on the memory
- * file directly and are not touched.
+ * file directly and are not touched, except for a partial file (serve_partial, a file
+ * still arriving from another host: ensio_interpose_partial.c) whose reads wait for
+ * their bytes.
  *
  * A matching path of a connection this component produces: the open returns a memfd
  * registered with the daemon (CREATE); when the last descriptor of it in this process
@@ -240,7 +242,7 @@ __attribute__((destructor)) static void ei_destructor(void)
 
 /* ---- open ------------------------------------------------------------------------- */
 
-static int set_cloexec(int fd, int want)
+int ei_set_cloexec(int fd, int want)
 {
     int fl = ei_real.fcntl(fd, F_GETFD);
     if (fl >= 0 && !!(fl & FD_CLOEXEC) != !!want)
@@ -309,47 +311,7 @@ static int produce(const struct ei_rule *r, const char *path, int flags, mode_t 
     snprintf(w->path, sizeof w->path, "%s", path);
     if (flags & O_APPEND) ei_real.fcntl(mfd, F_SETFL, O_APPEND);
     track(mfd, idx);
-    return set_cloexec(mfd, flags & O_CLOEXEC);
-}
-
-/* The consumer's reply: the descriptor, -1 with errno, -2: the real path, -3: BUSY. */
-static int consumer_reply(int rc, const char *reply, int fd, int flags)
-{
-    if (rc != 0 || ei_reply_is(reply, "ABSENT") || ei_reply_is(reply, "BUSY")) {
-        if (fd >= 0) ei_real.close(fd);
-        return rc == 0 && ei_reply_is(reply, "BUSY") ? -3 : -2;
-    }
-    if (!ei_reply_is(reply, "OK") || fd < 0) {
-        if (fd >= 0) ei_real.close(fd);
-        errno = (int)ei_reply_long(reply, "errno", EIO);
-        return -1;
-    }
-    return set_cloexec(fd, flags & O_CLOEXEC);
-}
-
-/* A consumer's open (lock held): the daemon's read-only descriptor, -2: use the real
- * path, -3: the file is being written, wait with consume_wait() after unlocking. */
-static int consume(const struct ei_rule *r, const char *path, int flags)
-{
-    char msg[PATH_MAX + 256], reply[EI_REPLY_MAX];
-    int n = snprintf(msg, sizeof msg, "OPEN\npath=%s\nwait_ms=%ld\ndefer=1\nconn=%s", path,
-                     r->timeout_ms, r->conn);
-    int fd;
-    int rc = ei_request(msg, (size_t)n, -1, reply, &fd);
-    return consumer_reply(rc, reply, fd, flags);
-}
-
-/* The sync wait for a file still being written, on a connection of its own and without
- * the lock: the process's other threads (and its exit) are not held up. */
-static int consume_wait(const struct ei_rule *r, const char *path, int flags)
-{
-    char msg[PATH_MAX + 256], reply[EI_REPLY_MAX];
-    int n = snprintf(msg, sizeof msg, "OPEN\npath=%s\nwait_ms=%ld\nconn=%s", path,
-                     r->timeout_ms, r->conn);
-    int fd;
-    int rc = ei_request_private(msg, (size_t)n, reply, &fd);
-    int got = consumer_reply(rc, reply, fd, flags);
-    return got == -3 ? -2 : got;
+    return ei_set_cloexec(mfd, flags & O_CLOEXEC);
 }
 
 /* Every open variant ends here. Returns -2 when the real function should run. */
@@ -373,10 +335,10 @@ int ei_open_path(int dirfd, const char *path, int flags, mode_t mode)
         errno = EROFS;  /* a consumer reads transferred files; it does not write them */
         fd = -1;
     } else if (ei_daemon_usable()) {
-        fd = writing ? produce(r, canon, flags, mode) : consume(r, canon, flags);
+        fd = writing ? produce(r, canon, flags, mode) : ei_consume(r, canon, flags);
     }
     pthread_mutex_unlock(&ei_lock);
-    return fd == -3 ? consume_wait(r, canon, flags) : fd;
+    return fd == -3 ? ei_consume_wait(r, canon, flags) : fd;
 }
 
 static mode_t va_mode(int flags, va_list ap)
@@ -448,10 +410,11 @@ EXPORT int __openat64_2(int dirfd, const char *path, int flags)
 EXPORT int close(int fd)
 {
     ei_init();
-    if (ei_fd_tracked(fd) == 0) return ei_real.close(fd);
+    if (ei_fd_tracked(fd) == 0 && !ei_fd_partial(fd)) return ei_real.close(fd);
     pthread_mutex_lock(&ei_lock);
     int rc = ei_real.close(fd);
     int saved = errno;
+    ei_partial_untrack(fd);
     if (ei_untrack(fd) != 0) { rc = -1; saved = errno; }
     pthread_mutex_unlock(&ei_lock);
     errno = saved;
@@ -465,8 +428,10 @@ static int copied(int oldfd, int newfd, int result)
     pthread_mutex_lock(&ei_lock);
     int saved = errno;
     ei_untrack(newfd);
+    ei_partial_untrack(newfd);
     int idx = ei_fd_tracked(oldfd);
     if (idx) track(newfd, idx - 1);
+    ei_partial_copy(oldfd, newfd);
     pthread_mutex_unlock(&ei_lock);
     errno = saved;
     return result;
@@ -476,28 +441,31 @@ EXPORT int dup(int fd)
 {
     ei_init();
     int r = ei_real.dup(fd);
-    return ei_fd_tracked(fd) ? copied(fd, r, r) : r;
+    return ei_fd_tracked(fd) || ei_fd_partial(fd) ? copied(fd, r, r) : r;
 }
 
 EXPORT int dup2(int oldfd, int newfd)
 {
     ei_init();
     int r = ei_real.dup2(oldfd, newfd);
-    return ei_fd_tracked(oldfd) || ei_fd_tracked(newfd) ? copied(oldfd, newfd, r) : r;
+    return ei_fd_tracked(oldfd) || ei_fd_tracked(newfd) || ei_fd_partial(oldfd)
+           || ei_fd_partial(newfd) ? copied(oldfd, newfd, r) : r;
 }
 
 EXPORT int dup3(int oldfd, int newfd, int flags)
 {
     ei_init();
     int r = ei_real.dup3(oldfd, newfd, flags);
-    return ei_fd_tracked(oldfd) || ei_fd_tracked(newfd) ? copied(oldfd, newfd, r) : r;
+    return ei_fd_tracked(oldfd) || ei_fd_tracked(newfd) || ei_fd_partial(oldfd)
+           || ei_fd_partial(newfd) ? copied(oldfd, newfd, r) : r;
 }
 
 static int fcntl_common(int fd, int cmd, void *arg)
 {
     ei_init();
     int r = ei_real.fcntl(fd, cmd, arg);
-    if ((cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) && r >= 0 && ei_fd_tracked(fd))
+    if ((cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) && r >= 0
+        && (ei_fd_tracked(fd) || ei_fd_partial(fd)))
         return copied(fd, r, r);
     return r;
 }

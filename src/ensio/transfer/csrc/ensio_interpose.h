@@ -1,9 +1,11 @@
 /* ensio transfer interposer: declarations shared by its three source files.
  *
  *   ensio_interpose.c         open, fopen, close, dup: the descriptors of transferred files
+ *   ensio_interpose_consume.c a consumer's open (OPEN, and the wait for a file being written)
  *   ensio_interpose_names.c   stat, access, unlink, rename: the names of transferred files
  *   ensio_interpose_stdio.c   fopen, fclose
  *   ensio_interpose_writes.c  write, pwrite, writev, ftruncate, mmap: async dirty ranges
+ *   ensio_interpose_partial.c read, pread, readv, mmap, exec: partial descriptors
  *   ensio_interpose_paths.c   the rules file, path canonicalization, glob matching
  *   ensio_interpose_daemon.c  the staging daemon's socket (protocol: ensio/transfer/protocol.py)
  *
@@ -43,6 +45,7 @@ struct ei_rule {
     char conn[160];       /* "<config id>:<connection name>" */
     int async;            /* route line: the connection's mode is async */
     char targets[256];    /* route line: hosts receiving this process's files, "" none */
+    int partial;          /* partial line: serve_partial (consumers) */
     char *pattern;        /* absolute, encoded */
     size_t prefix_len;    /* literal bytes before the first wildcard */
     const char *last;     /* the pattern's last path component */
@@ -89,6 +92,11 @@ extern EI_HIDDEN struct wfile *ei_wfiles;  /* guarded by ei_lock; index = fdmap 
 
 /* descriptors (ensio_interpose.c) */
 EI_HIDDEN int ei_open_path(int dirfd, const char *path, int flags, mode_t mode); /* -2: real */
+EI_HIDDEN int ei_set_cloexec(int fd, int want);  /* fd, with FD_CLOEXEC as wanted */
+/* a consumer's open (ensio_interpose_consume.c): lock held; the descriptor, -1 with errno,
+ * -2: the real path, -3: being written, call ei_consume_wait after unlocking */
+EI_HIDDEN int ei_consume(const struct ei_rule *r, const char *path, int flags);
+EI_HIDDEN int ei_consume_wait(const struct ei_rule *r, const char *path, int flags);
 EI_HIDDEN int ei_fd_tracked(int fd);  /* lock-free: nonzero if fd is a file this process writes */
 EI_HIDDEN int ei_fd_async(int fd);    /* lock-free: ... and its connection is async */
 /* async: fd's file was written at [off, off+n) (takes the lock; reports in batches) */
@@ -103,6 +111,15 @@ EI_HIDDEN int ei_untrack(int fd);     /* lock held: fd is gone; the file complet
 EI_HIDDEN int ei_local_file(const char *path, mode_t *mode);
 EI_HIDDEN void ei_local_chmod(const char *path, mode_t mode);  /* chmod of a held file */
 EI_HIDDEN void ei_local_forget(const char *path);  /* unlinked: a new open creates anew */
+
+/* partial descriptors (ensio_interpose_partial.c) */
+EI_HIDDEN int ei_fd_partial(int fd);  /* lock-free: nonzero if fd is partial */
+/* lock held: fd is a partial file, mapfd its progress map (closed here); -1 with errno */
+EI_HIDDEN int ei_partial_open(int fd, int mapfd);
+EI_HIDDEN void ei_partial_untrack(int fd);            /* lock held: fd is gone */
+EI_HIDDEN void ei_partial_copy(int oldfd, int newfd); /* lock held: newfd is a dup */
+/* without the lock: wait for [off, off+n) (off < 0: at the offset; n < 0: the whole file) */
+EI_HIDDEN int ei_partial_wait(int fd, long long off, long long n);
 
 /* paths */
 EI_HIDDEN int ei_load_rules(const char *file);
@@ -123,6 +140,11 @@ EI_HIDDEN int ei_send_oneway(const char *msg, size_t len);
 /* without the lock: one request on a connection of its own (a consumer's long wait) */
 EI_HIDDEN int ei_request_private(const char *msg, size_t len, char reply[EI_REPLY_MAX],
                                  int *recv_fd);
+/* the same two, receiving up to two descriptors (recv_fds[1]: a partial file's map) */
+EI_HIDDEN int ei_request2(const char *msg, size_t len, char reply[EI_REPLY_MAX],
+                          int recv_fds[2]);
+EI_HIDDEN int ei_request2_private(const char *msg, size_t len, char reply[EI_REPLY_MAX],
+                                  int recv_fds[2]);
 EI_HIDDEN long ei_reply_long(const char *reply, const char *key, long dflt);
 EI_HIDDEN int ei_reply_is(const char *reply, const char *verb);
 EI_HIDDEN int ei_daemon_usable(void);

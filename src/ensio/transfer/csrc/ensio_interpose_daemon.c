@@ -78,11 +78,12 @@ static int send_packet(int s, const char *msg, size_t len, int fd)
     return n == (ssize_t)len ? 0 : -1;
 }
 
-/* One reply packet (NUL-terminated) and its descriptor, if any; -1: connection lost. */
-static int recv_packet(int s, char reply[EI_REPLY_MAX], int *fd)
+/* One reply packet (NUL-terminated) and its descriptors (up to nfds, -1 for none; more
+ * are closed); -1: connection lost. */
+static int recv_packet_fds(int s, char reply[EI_REPLY_MAX], int *fds, int nfds)
 {
     struct iovec iov = {reply, EI_REPLY_MAX - 1};
-    union { struct cmsghdr h; char buf[CMSG_SPACE(sizeof(int))]; } ctl;
+    union { struct cmsghdr h; char buf[CMSG_SPACE(4 * sizeof(int))]; } ctl;
     struct msghdr mh = {0};
     mh.msg_iov = &iov;
     mh.msg_iovlen = 1;
@@ -92,16 +93,26 @@ static int recv_packet(int s, char reply[EI_REPLY_MAX], int *fd)
     do n = recvmsg(s, &mh, MSG_CMSG_CLOEXEC); while (n < 0 && errno == EINTR);
     if (n <= 0) return -1;
     reply[n] = '\0';
-    if (fd) *fd = -1;
+    for (int i = 0; i < nfds; i++) fds[i] = -1;
+    int got_n = 0;
     for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
-        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+        size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t j = 0; j < k; j++) {
             int got;
-            memcpy(&got, CMSG_DATA(c), sizeof got);
-            if (fd) *fd = got;
+            memcpy(&got, CMSG_DATA(c) + j * sizeof(int), sizeof got);
+            if (got_n < nfds) fds[got_n++] = got;
             else ei_real.close(got);
         }
     }
     return 0;
+}
+
+static int recv_packet(int s, char reply[EI_REPLY_MAX], int *fd)
+{
+    int one;
+    int rc = recv_packet_fds(s, reply, fd ? fd : &one, fd ? 1 : 0);
+    return rc;
 }
 
 /* A new connection to the daemon, greeted (HELLO); -1 with the reason in why. */
@@ -149,14 +160,24 @@ static int connect_daemon(void)
     return 0;
 }
 
-int ei_request_private(const char *msg, size_t len, char reply[EI_REPLY_MAX], int *recv_fd)
+int ei_request2_private(const char *msg, size_t len, char reply[EI_REPLY_MAX], int recv_fds[2])
 {
     char why[PATH_MAX + 64];
-    *recv_fd = -1;
+    recv_fds[0] = recv_fds[1] = -1;
     int s = open_connection(why, sizeof why);
     if (s < 0) return -1;
-    int rc = send_packet(s, msg, len, -1) == 0 && recv_packet(s, reply, recv_fd) == 0 ? 0 : -1;
+    int rc = send_packet(s, msg, len, -1) == 0 && recv_packet_fds(s, reply, recv_fds, 2) == 0
+             ? 0 : -1;
     ei_real.close(s);
+    return rc;
+}
+
+int ei_request_private(const char *msg, size_t len, char reply[EI_REPLY_MAX], int *recv_fd)
+{
+    int fds[2];
+    int rc = ei_request2_private(msg, len, reply, fds);
+    if (fds[1] >= 0) ei_real.close(fds[1]);
+    *recv_fd = fds[0];
     return rc;
 }
 
@@ -177,6 +198,17 @@ int ei_request(const char *msg, size_t len, int send_fd, char reply[EI_REPLY_MAX
     if (recv_fd) *recv_fd = -1;
     if (!ei_daemon_usable()) return -1;
     if (send_packet(sock, msg, len, send_fd) != 0 || recv_packet(sock, reply, recv_fd) != 0) {
+        gone("connection lost");
+        return -1;
+    }
+    return 0;
+}
+
+int ei_request2(const char *msg, size_t len, char reply[EI_REPLY_MAX], int recv_fds[2])
+{
+    recv_fds[0] = recv_fds[1] = -1;
+    if (!ei_daemon_usable()) return -1;
+    if (send_packet(sock, msg, len, -1) != 0 || recv_packet_fds(sock, reply, recv_fds, 2) != 0) {
         gone("connection lost");
         return -1;
     }

@@ -5,9 +5,11 @@
  *   component <name>
  *   rule <P|C|B> <budget bytes|-1> <files|error> <persist 0|1> <timeout ms> <conn> <pattern>
  *   route <conn> <S|A> <host,host,...|->
+ *   partial <conn>
  * The pattern runs to the end of its line (it may contain spaces). A route line (after
  * the rules) gives the rules of <conn> their mode (sync/async) and the hosts that
- * receive this process's files (streamed by the daemon; "-": none).
+ * receive this process's files (streamed by the daemon; "-": none). A partial line
+ * (serve_partial) lets a consumer read a file of <conn> still arriving from another host.
  *
  * The cost for a path no rule can match is one pass over its last component
  * (no system call): the full canonicalization (getcwd or the directory descriptor's
@@ -89,6 +91,15 @@ static int parse_route(const char *line)
     return 0;
 }
 
+static int parse_partial(const char *line)
+{
+    char conn[160];
+    if (sscanf(line, "partial %159s", conn) != 1) return -1;
+    for (int i = 0; i < nrules; i++)
+        if (strcmp(rules[i].conn, conn) == 0) rules[i].partial = 1;
+    return 0;
+}
+
 /* Read the rules once at start-up (real open/read: the wrappers are not ready yet). */
 int ei_load_rules(const char *file)
 {
@@ -111,6 +122,8 @@ int ei_load_rules(const char *file)
             if (parse_rule(line, &rules[nrules]) == 0) nrules++;
             else return -1;
         } else if (strncmp(line, "route ", 6) == 0 && parse_route(line) != 0) {
+            return -1;
+        } else if (strncmp(line, "partial ", 8) == 0 && parse_partial(line) != 0) {
             return -1;
         }
     }
