@@ -218,10 +218,10 @@ def test_async_programs_give_the_consumer_host_the_plain_bytes(two_hosts, work):
 ROGUE = r"""
 import socket, sys
 from ensio.transfer.secret import proof
-from ensio.transfer.wire import recv_frame, send_frame
+from ensio.transfer.wire import WIRE_VERSION, recv_frame, send_frame
 sock = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)
 nc = "1" * 32
-send_frame(sock, "HELLO", proto=1, identity=sys.argv[3], host="a", nonce=nc)
+send_frame(sock, "HELLO", proto=WIRE_VERSION, identity=sys.argv[3], host="a", nonce=nc)
 ch = recv_frame(sock)
 send_frame(sock, "AUTH", mac=proof(b"not-the-secret", "client", ch.get("nonce"), nc,
                                     sys.argv[3], "a"))

@@ -16,7 +16,7 @@ from ensio.transfer.hosts import consumer_hosts
 from ensio.transfer.outgoing import merge
 from ensio.transfer.run import rules_text
 from ensio.transfer.secret import ensure_secret, read_secret
-from ensio.transfer.wire import AuthError, client_handshake, server_handshake
+from ensio.transfer.wire import WIRE_VERSION, AuthError, client_handshake, server_handshake
 
 
 def raw(hosts=None, **conn):
@@ -147,7 +147,7 @@ def test_handshake_refuses_a_client_proof_made_with_another_secret():
 
     t = threading.Thread(target=server)
     t.start()
-    send_frame(cs, "HELLO", proto=1, identity="exp1", host="rogue", nonce="0" * 32)
+    send_frame(cs, "HELLO", proto=WIRE_VERSION, identity="exp1", host="rogue", nonce="0" * 32)
     challenge = recv_frame(cs)
     assert challenge is not None and challenge.verb == "CHALLENGE"
     send_frame(cs, "AUTH", mac=proof(b"t" * 32, "client", challenge.get("nonce"), "0" * 32,
@@ -173,7 +173,7 @@ def test_received_bytes_land_at_their_offset_and_no_further(way, rng):
     """The receiving side of a stream moves exactly ``n`` bytes from the socket into the
     memory file at ``off`` (by splice, or recv_into + pwrite): the bytes behind them on the
     socket (the next frame) stay there."""
-    from ensio.transfer.network import _Sink
+    from ensio.transfer.sink import Sink
 
     head, body, tail = rng.bytes(1000), rng.bytes(3 * (1 << 20) + 77), b"NEXT FRAME"
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -181,7 +181,7 @@ def test_received_bytes_land_at_their_offset_and_no_further(way, rng):
     os.write(fd, head)
     sender = threading.Thread(target=a.sendall, args=(body + tail,))
     sender.start()
-    sink = _Sink(b, fd)
+    sink = Sink(b, fd)
     try:
         if way == "copy":
             sink.close()

@@ -42,7 +42,6 @@ from .wire import AuthError, client_handshake, recv_frame, send_frame, server_ha
 
 __all__ = ["Network", "parse_endpoint", "parse_ranges"]
 
-_Sink = Sink  # its former name here (tests/test_transfer_network.py imports it so)
 
 _CONNECT_S = 5.0      # how long a producer's daemon retries a host that is not up yet
 _HANDSHAKE_S = 15.0

@@ -44,7 +44,7 @@ from .secret import proof, verify
 __all__ = ["AuthError", "client_handshake", "recv_exact_into", "recv_frame", "send_frame",
            "server_handshake", "tune"]
 
-WIRE_VERSION = 1
+WIRE_VERSION = 2  # 2: the SIZE frame (serve_partial)
 _LEN = struct.Struct("!I")
 
 
