@@ -489,10 +489,6 @@ def test_tiled_copies(case, tmp_path, capsys) -> None:
          "^output.mean: tiled members"),
         (["output.mean=an/mean_{tile}.nc"], "^output.mean: has {tile} but ensemble.members"),
         ([f"ensemble.members={PATTERN}", "ensemble.tiles={count: 4, layout: [2, 2], halo: 1}",
-          "output.mean=m_{tile}.nc", "output.spread=null", "io.mode=shuffle",
-          "io.local_dir=tiles"],
-         "^output.mean: not written in io.mode shuffle"),
-        ([f"ensemble.members={PATTERN}", "ensemble.tiles={count: 4, layout: [2, 2], halo: 1}",
           "output.mean=null", "output.spread=null", "io.in_place=false",
           "output.members=an/a{member}.nc"],
          "^output.members: tiled members"),
@@ -501,8 +497,7 @@ def test_tiled_copies(case, tmp_path, capsys) -> None:
           "output.members=an/a{member}_{tile}.nc", "io.mode=shuffle", "io.local_dir=tiles"],
          "^io.in_place: io.mode shuffle"),
     ],
-    ids=["tiled-without-tile", "single-with-tile", "shuffle", "copies-without-tile",
-         "shuffle-copies"],
+    ids=["tiled-without-tile", "single-with-tile", "copies-without-tile", "shuffle-copies"],
 )
 def test_tiled_products_bad_names(case, tmp_path, sets, message) -> None:
     case = fresh(case, tmp_path)

@@ -13,11 +13,13 @@ whose decision is the run-record entry (:mod:`ensio.io.shufflecommit`). A
 kill at any instant leaves every local directory on the same side once the
 next run or ``ensio recover LOCAL_DIR`` has looked at its journal.
 
-Products (``output.mean``/``spread``) are refused as for every tiled run.
-With ``io.backup_dir`` the local files are then copied there in the
-background (:func:`ensio.io.backup.start_cycle_backup`), as after a
-``files`` analysis. A 4-D analysis (``analysis.time_slots``) is not
-supported on row sets yet and is refused before anything is read.
+Products (``output.mean``/``spread``, one file per tile) are written by one
+rank per tile under staged names, recorded in the decision's entry and
+renamed after it (:mod:`ensio.io.shuffleproducts`). With ``io.backup_dir``
+the local files are then copied there in the background
+(:func:`ensio.io.backup.start_cycle_backup`), as after a ``files`` analysis.
+A 4-D analysis (``analysis.time_slots``) is not supported on row sets yet
+and is refused before anything is read.
 """
 
 from __future__ import annotations
@@ -34,10 +36,13 @@ from .errors import InputError, file_op
 from .io import journal, staging
 from .io.backup import ensure_cycle_backup, start_cycle_backup
 from .io.commit import ensemble_lock
+from .io.products import product_paths
 from .io.runrecord import find_run, record_line, run_key, runs_path
 from .io.shuffle import ShuffleEnsembleIO
 from .io.shufflecommit import ShuffleTransaction, commit, roll_back
+from .io.shuffleproducts import publish, roll_forward, write_shuffle_products
 from .io.tiled import check_tiled_run
+from .io.tileproducts import TileProducts
 from .layout.rowsetblock import RowSetBlock
 from .offline import AnalysisReport
 from .parallel.agree import root_call
@@ -115,7 +120,7 @@ def run_shuffle_analysis(
                 result = assimilate_block(block, obs, config.analysis, comm, cycle=cycle,
                                           seconds=seconds)  # fmt: skip
             _write_and_commit(config, comm, ens, block.like(result.ensemble),
-                              (root, key, cycle, command), seconds, bars)
+                              (root, key, cycle, command), seconds, bars)  # fmt: skip
     seconds["total"] = time.perf_counter() - t0
     seconds = {k: float(comm.allreduce(v, op=MPI.MAX)) for k, v in seconds.items()}
     # committed and unlocked: copy the local files to io.backup_dir in the background
@@ -136,7 +141,12 @@ def _already(root: Path, key: str, ens: ShuffleEnsembleIO, comm: MPI.Comm) -> di
     entry = root_call(comm, lambda: find_run(root, key))
     if entry is None:
         return None
-    return entry if ens.tile_digests() == dict(entry.get("members", {})) else None
+    if ens.tile_digests() != dict(entry.get("members", {})):
+        return None
+    lost = root_call(comm, lambda: roll_forward(dict(entry.get("products", {}))))
+    if lost:
+        entry["note"] = f"; note: {', '.join(lost)} changed or removed since"
+    return entry
 
 
 def _write_and_commit(
@@ -146,6 +156,15 @@ def _write_and_commit(
     """Collective: prepare (write every tile, journaled under one transaction), then the
     run-record entry decides for every local directory, then the journals go."""
     root, key, cycle, command = run
+    t = time.perf_counter()
+    with bars.phase("products"):  # staged names, published after the decision
+        products = write_shuffle_products(
+            comm, analysis.plan, analysis.layout, _tile_products(ens),
+            analysis.data, analysis.inactive_rows(),
+            product_paths(config.output, config.base_dir), config.ensemble.coordinates,
+            "ensio analyse",
+        )  # fmt: skip
+    seconds["products"] = time.perf_counter() - t
     txn = ShuffleTransaction.begin(comm, root, fsync=config.io.fsync)
     t = time.perf_counter()
     with file_op("write"), bars.phase("write", config.ensemble.size, "members") as advance:
@@ -157,8 +176,15 @@ def _write_and_commit(
     except BaseException:  # prepared but undecided: every directory back to the prior
         roll_back(comm, ens.disk, ens.root, txn, config.io.journal)
         raise
-    entry = record_line(key, cycle, command, digests, {}, txid=txn.txid) \
+    entry = record_line(key, cycle, command, digests, products, txid=txn.txid) \
         if comm.rank == 0 else None
     commit(comm, ens.disk, ens.root, txn, config.io.journal, entry)
+    publish(comm, products)
     seconds["record"] = time.perf_counter() - t
+
+
+def _tile_products(ens: ShuffleEnsembleIO) -> TileProducts:
+    """Tile p's product takes its structure from rank p's own tile (tile p of member 1)."""
+    count = len(ens.geometry.boxes)
+    return TileProducts(ens.geometry, [ens.path] * count)  # only rank p reads entry p
 

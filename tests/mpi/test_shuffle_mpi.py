@@ -12,6 +12,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 
+import netCDF4
 import numpy as np
 import pytest
 from tiles_support import PATTERN, add_mask, tile_case, tile_values
@@ -24,6 +25,7 @@ from ensio.errors import FileOpError, InputError
 from ensio.io import tilefile
 from ensio.io.ensemble import read_ensemble
 from ensio.io.shuffle import ShuffleEnsembleIO
+from ensio.io.shuffleproducts import staged
 from ensio.layout.tiles import declared_geometry
 from ensio.offline import run_analysis
 
@@ -182,6 +184,41 @@ def test_chunked_tiles_in_shuffle_mode(shared_dir, comm) -> None:
         halo = np.ones(b.file_shape, dtype=bool)
         halo[iy, ix] = False
         np.testing.assert_array_equal(now[..., halo], before[..., halo])
+
+
+def test_shuffle_products_equal_files_mode(shared_dir, comm) -> None:
+    """Mean and spread tiles of a shuffle run (masked, 2 levels): each holds the statistic
+    of the files-mode analysis on its box, halo included, fill value on land; a rerun is
+    "already analysed" and rolls forward a product tile a kill left at its staged name."""
+    for n_e, p, s in shapes_for(comm.size):
+        case, geo, sets = make_case(shared_dir, comm, n_e, p, s, levels=2, mask=True)
+        _, full_ref, layout = reference(case, comm, [MASKED])
+        v = layout.variables[0]
+        comm.Barrier()
+        products = ["output.mean=pr/mean_{tile}.nc", "output.spread=pr/spread_{tile}.nc"]
+        cfg = load_config(case / "ensio.yaml", [*sets[:-3], MASKED, *products])
+        assert run_analysis(cfg, comm).result is not None
+        comm.Barrier()
+        stats = {"mean": full_ref.mean(axis=0), "spread": full_ref.std(axis=0, ddof=1)}
+        for name, values in stats.items():
+            field = np.full(v.n_elements, np.nan)
+            field[v.active] = values
+            field = field.reshape(v.shape)
+            for b in geo.boxes:
+                ys, xs = slice(b.y0 - b.hy0, b.y1 + b.hy1), slice(b.x0 - b.hx0, b.x1 + b.hx1)
+                with netCDF4.Dataset(case / "pr" / f"{name}_{b.index}.nc") as ds:
+                    got = np.ma.filled(ds["state"][...], np.nan)
+                want = field[..., ys, xs]
+                assert np.array_equal(np.isnan(got), np.isnan(want))
+                np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+        comm.Barrier()
+        moved = case / "pr" / "mean_0.nc"
+        if comm.rank == 0:  # as if killed between the decision and the renames
+            moved.rename(staged(moved))
+        comm.Barrier()
+        assert run_analysis(cfg, comm).already is not None
+        comm.Barrier()
+        assert moved.is_file() and not staged(moved).exists()
 
 
 def test_local_dir_missing_on_one_rank(shared_dir, comm) -> None:

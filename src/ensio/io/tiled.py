@@ -170,7 +170,7 @@ def check_tiled_run(config: Config) -> None:
     (``output.members`` when ``io.in_place`` is false) and products
     (``output.mean`` / ``spread``): those names need ``{tile}`` exactly when
     the members' do (:func:`~ensio.io.tileproducts.check_product_patterns`).
-    ``io.mode: shuffle`` writes neither copies nor products yet.
+    ``io.mode: shuffle`` does not write copies yet.
     """
     out = config.output
     named = {"members": None if config.io.in_place else out.members, "mean": out.mean,
@@ -180,10 +180,6 @@ def check_tiled_run(config: Config) -> None:
         return
     if not config.io.in_place:
         raise ConfigError("io.in_place: io.mode shuffle writes the tiles in place only")
-    for key in ("mean", "spread"):
-        if getattr(out, key) is not None:
-            raise ConfigError(f"output.{key}: not written in io.mode shuffle yet; "
-                              f"set output.{key} to null or use io.mode files")
 
 
 def tile_geometry(

@@ -79,29 +79,38 @@ class TileProducts:
             offset += size
         return StateLayout(tuple(out), offset)
 
-    def cut(self, layout: StateLayout, full: np.ndarray, box: TileBox) -> np.ndarray:
-        """Tile ``box``'s values of the global field ``full`` (N_x,), in :meth:`layout` order.
+    def rows(self, layout: StateLayout, box: TileBox) -> np.ndarray:
+        """The global state row of every point of tile ``box``'s file (:meth:`layout` order).
 
         The file's points are the global rows ``[y0 - hy0, y1 + hy1)`` and
         columns ``[x0 - hx0, x1 + hx1)`` (halos lie inside the grid: NEMO's
         attributes and declared halos clipped at the edge both say so); a
-        point outside the grid would be NaN, written as the fill value.
+        point outside the grid or outside a variable's mask has no row: -1.
         """
         gy, gx = self.geometry.grid
-        ya, yb = box.y0 - box.hy0, box.y1 + box.hy1
-        xa, xb = box.x0 - box.hx0, box.x1 + box.hx1
-        ca, cb = max(ya, 0), min(yb, gy)
-        da, db = max(xa, 0), min(xb, gx)
+        ys = np.arange(box.y0 - box.hy0, box.y1 + box.hy1)
+        xs = np.arange(box.x0 - box.hx0, box.x1 + box.hx1)
+        inside = ((ys >= 0) & (ys < gy))[:, None] & ((xs >= 0) & (xs < gx))[None, :]
+        plane = np.clip(ys, 0, gy - 1)[:, None] * gx + np.clip(xs, 0, gx - 1)[None, :]
         parts = []
         for v in layout.variables:
-            seg = full[v.offset : v.offset + v.size]
-            if v.active is not None:  # points outside the mask: NaN, written as the fill value
-                g = np.full(v.n_elements, np.nan)
-                g[v.active] = seg
-                g = g.reshape(v.shape)
+            n_lead = int(np.prod(v.shape[:-2], dtype=np.int64))
+            elems = (np.arange(n_lead, dtype=np.int64)[:, None, None] * (gy * gx)
+                     + plane[None]).ravel()  # fmt: skip
+            ok = np.broadcast_to(inside, (n_lead, *inside.shape)).ravel().copy()
+            if v.active is None:
+                idx = elems
             else:
-                g = seg.reshape(v.shape)
-            t = np.full((*v.shape[:-2], *box.file_shape), np.nan)
-            t[..., ca - ya : cb - ya, da - xa : db - xa] = g[..., ca:cb, da:db]
-            parts.append(t.ravel())
-        return np.concatenate(parts) if parts else np.zeros(0)
+                idx = np.searchsorted(v.active, elems)
+                ok &= idx < v.active.size
+                ok[ok] &= v.active[idx[ok]] == elems[ok]
+            parts.append(np.where(ok, v.offset + idx, -1))
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+    def cut(self, layout: StateLayout, full: np.ndarray, box: TileBox) -> np.ndarray:
+        """Tile ``box``'s values of the global field ``full`` (N_x,), in :meth:`layout` order.
+
+        Points without a state row (:meth:`rows`) are NaN, written as the fill value.
+        """
+        rows = self.rows(layout, box)
+        return np.where(rows >= 0, full[np.maximum(rows, 0)], np.nan)
