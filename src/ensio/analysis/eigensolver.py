@@ -57,7 +57,7 @@ _MAX_ITER = 60
 _PERFECT_TOL = 64.0
 
 
-@njit(cache=True, nogil=True, fastmath=False)
+@njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
 def _tred2(V, d, e, h_of):  # pragma: no cover - compiled
     """Householder tridiagonalization of the lanes of ``V`` (n, n, B), in place.
 
@@ -170,7 +170,7 @@ def _tred2(V, d, e, h_of):  # pragma: no cover - compiled
         e[0, b] = 0.0
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True, inline="always", error_model="numpy")
 def _rotate(x, y, cv, sv):  # pragma: no cover - compiled
     """``(x, y) ← (c x − s y, s x + c y)`` per lane, for columns ``x``, ``y`` of shape (n, B)."""
     n, B = x.shape
@@ -190,7 +190,7 @@ def _rotate(x, y, cv, sv):  # pragma: no cover - compiled
             x[k, b] = cv[b] * xv - sv[b] * h
 
 
-@njit(cache=True, nogil=True, fastmath=False)
+@njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
 def _tql2(d, e, ok):  # pragma: no cover - compiled
     """Eigenvalues of the tridiagonal lanes ``(d, e)`` by implicit QL, in place (into ``d``).
 
@@ -221,6 +221,7 @@ def _tql2(d, e, ok):  # pragma: no cover - compiled
     s2 = np.empty(B)
     el1 = np.empty(B)
     dl1 = np.empty(B)
+    hs = np.empty(B)
     for l in range(n):
         top = l
         for b in range(B):
@@ -235,6 +236,7 @@ def _tql2(d, e, ok):  # pragma: no cover - compiled
         while top > l:
             it += 1
             for b in range(B):  # implicit shift
+                hs[b] = 0.0
                 if run[b]:
                     g = d[l, b]
                     pb = (d[l + 1, b] - g) / (2.0 * e[l, b])
@@ -243,12 +245,15 @@ def _tql2(d, e, ok):  # pragma: no cover - compiled
                     d[l, b] = e[l, b] / (pb + r)
                     d[l + 1, b] = e[l, b] * (pb + r)
                     dl1[b] = d[l + 1, b]
-                    h = g - d[l, b]
-                    for i in range(l + 2, n):
-                        d[i, b] -= h
-                    f[b] += h
-                    p[b] = d[m[b], b]
+                    hs[b] = g - d[l, b]
+                    f[b] += hs[b]
                     el1[b] = e[l + 1, b]
+            for i in range(l + 2, n):  # the shift, row by row over the lanes (− 0 elsewhere)
+                for b in range(B):
+                    d[i, b] -= hs[b]
+            for b in range(B):
+                if run[b]:
+                    p[b] = d[m[b], b]
                 c[b] = 1.0
                 c2[b] = 1.0
                 c3[b] = 1.0
@@ -295,7 +300,28 @@ def _tql2(d, e, ok):  # pragma: no cover - compiled
             e[l, b] = 0.0
 
 
-@njit(cache=True, nogil=True, fastmath=False)
+@njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
+def _nearest_unused(mu, used, x, best, dist, jbest):  # pragma: no cover - compiled
+    """Per lane, the first unused ``mu[j]`` nearest to ``x`` (into ``best``, its j into ``jbest``).
+
+    Row by row over the lanes, so that it vectorizes; a lane without an
+    unused eigenvalue keeps ``best = x``, ``jbest = 0``.
+    """
+    n, B = mu.shape
+    for b in range(B):
+        best[b] = x[b]
+        dist[b] = np.inf
+        jbest[b] = 0
+    for j in range(n):
+        for b in range(B):
+            dj = abs(mu[j, b] - x[b])
+            closer = not used[j, b] and dj < dist[b]
+            best[b] = mu[j, b] if closer else best[b]
+            jbest[b] = j if closer else jbest[b]
+            dist[b] = dj if closer else dist[b]
+
+
+@njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
 def _ql_vectors(Vt, d, e, mu, ok):  # pragma: no cover - compiled
     """Implicit QL with eigenvectors, shifted by the known eigenvalues ``mu``; in place.
 
@@ -330,6 +356,10 @@ def _ql_vectors(Vt, d, e, mu, ok):  # pragma: no cover - compiled
     p = np.empty(B)
     cv = np.empty(B)
     sv = np.empty(B)
+    shift = np.empty(B)
+    best = np.empty(B)
+    dist = np.empty(B)
+    jbest = np.empty(B, dtype=np.int64)
     for l in range(n):
         it = 0
         while True:
@@ -346,18 +376,19 @@ def _ql_vectors(Vt, d, e, mu, ok):  # pragma: no cover - compiled
             if top == l:
                 break
             it += 1
-            for b in range(B):
+            for b in range(B):  # Wilkinson's shift
+                shift[b] = 0.0
                 if run[b]:
                     gb = (d[l + 1, b] - d[l, b]) / (2.0 * e[l, b])
                     r = np.sqrt(gb * gb + 1.0)
-                    shift = d[l, b] - e[l, b] / (gb + (r if gb >= 0.0 else -r))
-                    if it == 1:  # the unused eigenvalue nearest to it
-                        best, dist = shift, np.inf
-                        for j in range(n):
-                            if not used[j, b] and abs(mu[j, b] - shift) < dist:
-                                best, dist = mu[j, b], abs(mu[j, b] - shift)
-                        shift = best
-                    g[b] = d[m[b], b] - shift
+                    shift[b] = d[l, b] - e[l, b] / (gb + (r if gb >= 0.0 else -r))
+            if it == 1:  # the unused eigenvalue nearest to it (row by row over the lanes)
+                _nearest_unused(mu, used, shift, best, dist, jbest)
+                for b in range(B):
+                    shift[b] = best[b]
+            for b in range(B):
+                if run[b]:
+                    g[b] = d[m[b], b] - shift[b]
                 s[b] = 1.0
                 c[b] = 1.0
                 p[b] = 0.0
@@ -394,15 +425,12 @@ def _ql_vectors(Vt, d, e, mu, ok):  # pragma: no cover - compiled
                         e[l, b] = 0.0  # deflated by the perfect shift, to rounding
                     if it >= _MAX_ITER:
                         ok[b] = False
+        _nearest_unused(mu, used, d[l], best, dist, jbest)
         for b in range(B):  # the eigenvalue found at l is no longer a shift
-            best, dist = 0, np.inf
-            for j in range(n):
-                if not used[j, b] and abs(mu[j, b] - d[l, b]) < dist:
-                    best, dist = j, abs(mu[j, b] - d[l, b])
-            used[best, b] = True
+            used[jbest[b], b] = True
 
 
-@njit(cache=True, nogil=True, fastmath=False)
+@njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
 def _solve(A, shift, lam, U, ok, lanes):  # pragma: no cover - compiled
     """All blocks of ``lanes`` matrices: load (scaled), tred2, tql2, store."""
     P, n = A.shape[0], A.shape[1]
