@@ -17,7 +17,8 @@ The algorithm is the classic one of EISPACK (``tred2`` + ``tql2``, as in
 JAMA): Householder reduction to tridiagonal form with the transformation
 accumulated, then implicit QL. It runs in two passes: the eigenvalues alone
 (cheap), then QL again with the rotations applied to the eigenvectors,
-shifted by those eigenvalues (:func:`_ql_vectors`), which halves the
+shifted by those eigenvalues (:func:`~ensio.analysis.lockstep_ql.ql_vectors`; both QL
+passes live in :mod:`~ensio.analysis.lockstep_ql`), which halves the
 rotations, the bulk of the cost. Both steps are backward stable
 (eigenvalues to ``O(eps ‖A‖)``, eigenvectors orthonormal to ``O(n eps)``),
 like LAPACK; the shifts only change how fast QL converges, not to what.
@@ -30,8 +31,14 @@ bitwise the same whatever stack it comes in: the analysis does not depend
 on tiles or threads through it.
 
 Measured on 40 × 40 matrices of the local analysis (2026-11-25, CPU time,
-shared 2-core AMD EPYC VM): 66 µs per matrix against 131 µs for
-``numpy.linalg.eigh`` — tridiagonalization 25, eigenvalues 13, vectors 30.
+shared 2-core AMD EPYC VM, tiles of 128): 46 µs per matrix (59 before the
+perfect-shift tolerance and the vectorized eigenvalue sweep of issue 14)
+against about 120 µs for ``numpy.linalg.eigh`` — load and store 5,
+tridiagonalization 16, eigenvalues 10, vectors 16. All kernels compile with
+``error_model="numpy"``: a division that may not raise is what lets LLVM
+vectorize a sweep over the lanes (with Python's error model the eigenvalue
+sweep ran lane by lane); ``fastmath`` stays off, so no contraction changes
+bits between the vector loop and its remainder.
 
 Pure function on numpy arrays: no MPI, no I/O. Eigenvalues come back in no
 particular order (the transforms use them element-wise, with their vectors).
@@ -42,17 +49,12 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from .lockstep_ql import LANES, ql_vectors, tql2
+
 __all__ = ["LANES", "eigh_stack", "warm_up"]
 
-#: Matrices solved in lockstep (measured on 40 × 40: 16 is 10 % slower, 64
-#: no faster); a block of 40 × 40 matrices is 400 kB, two arrays fit in L2.
-LANES = 32
-_EPS = 2.0**-52
-#: QL iterations per eigenvalue before giving up (LAPACK allows 30).
-_MAX_ITER = 60
 
-
-@njit(cache=True, nogil=True, fastmath=False)
+@njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
 def _tred2(V, d, e, h_of):  # pragma: no cover - compiled
     """Householder tridiagonalization of the lanes of ``V`` (n, n, B), in place.
 
@@ -165,231 +167,7 @@ def _tred2(V, d, e, h_of):  # pragma: no cover - compiled
         e[0, b] = 0.0
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _rotate(x, y, cv, sv):  # pragma: no cover - compiled
-    """``(x, y) ← (c x − s y, s x + c y)`` per lane, for columns ``x``, ``y`` of shape (n, B)."""
-    n, B = x.shape
-    if B == LANES:  # a compile-time trip count: no remainder loop (measured 15 % faster)
-        for k in range(n):
-            for b in range(LANES):
-                h = y[k, b]
-                xv = x[k, b]
-                y[k, b] = sv[b] * xv + cv[b] * h
-                x[k, b] = cv[b] * xv - sv[b] * h
-        return
-    for k in range(n):
-        for b in range(B):
-            h = y[k, b]
-            xv = x[k, b]
-            y[k, b] = sv[b] * xv + cv[b] * h
-            x[k, b] = cv[b] * xv - sv[b] * h
-
-
-@njit(cache=True, nogil=True, fastmath=False)
-def _tql2(d, e, ok):  # pragma: no cover - compiled
-    """Eigenvalues of the tridiagonal lanes ``(d, e)`` by implicit QL, in place (into ``d``).
-
-    JAMA's ``tql2`` without the vectors, in lockstep: at eigenvalue ``l`` every lane that has not
-    converged iterates; the sweep runs from the largest split point ``m`` of
-    the lanes down to ``l``, with identity rotations where ``i ≥ m`` of a
-    lane or for lanes that are done. ``ok[b]`` is cleared for a lane that
-    did not converge in :data:`_MAX_ITER` iterations (the caller redoes it).
-    Entries must be of order one or less (the caller scales by a power of 2)
-    so that ``sqrt(p² + e²)`` neither overflows nor underflows. Over 80
-    lines for the reason given in :func:`_tred2`.
-    """
-    n, B = d.shape
-    for i in range(1, n):
-        for b in range(B):
-            e[i - 1, b] = e[i, b]
-    for b in range(B):
-        e[n - 1, b] = 0.0
-    f = np.zeros(B)
-    tst1 = np.zeros(B)
-    m = np.zeros(B, dtype=np.int64)
-    run = np.zeros(B, dtype=np.bool_)
-    p = np.empty(B)
-    c = np.empty(B)
-    c2 = np.empty(B)
-    c3 = np.empty(B)
-    s = np.empty(B)
-    s2 = np.empty(B)
-    el1 = np.empty(B)
-    dl1 = np.empty(B)
-    for l in range(n):
-        top = l
-        for b in range(B):
-            tst1[b] = max(tst1[b], abs(d[l, b]) + abs(e[l, b]))
-            mb = l
-            while mb < n - 1 and abs(e[mb, b]) > _EPS * tst1[b]:
-                mb += 1
-            m[b] = mb
-            run[b] = mb > l
-            top = max(top, mb)
-        it = 0
-        while top > l:
-            it += 1
-            for b in range(B):  # implicit shift
-                if run[b]:
-                    g = d[l, b]
-                    pb = (d[l + 1, b] - g) / (2.0 * e[l, b])
-                    r = np.sqrt(pb * pb + 1.0)
-                    r = -r if pb < 0.0 else r
-                    d[l, b] = e[l, b] / (pb + r)
-                    d[l + 1, b] = e[l, b] * (pb + r)
-                    dl1[b] = d[l + 1, b]
-                    h = g - d[l, b]
-                    for i in range(l + 2, n):
-                        d[i, b] -= h
-                    f[b] += h
-                    p[b] = d[m[b], b]
-                    el1[b] = e[l + 1, b]
-                c[b] = 1.0
-                c2[b] = 1.0
-                c3[b] = 1.0
-                s[b] = 0.0
-                s2[b] = 0.0
-            for i in range(top - 1, l - 1, -1):
-                for b in range(B):  # branch-free: a select per lane, so it vectorizes
-                    act = run[b] and i < m[b]
-                    ei, di, cb, pb = e[i, b], d[i, b], c[b], p[b]
-                    g = cb * ei
-                    h = cb * pb
-                    r = np.sqrt(pb * pb + ei * ei)
-                    rs = r if act else 1.0
-                    sn = ei / rs
-                    cn = pb / rs
-                    e[i + 1, b] = s[b] * r if act else e[i + 1, b]
-                    d[i + 1, b] = h + sn * (cn * g + sn * di) if act else d[i + 1, b]
-                    p[b] = cn * di - sn * g if act else pb
-                    c3[b] = c2[b] if act else c3[b]
-                    c2[b] = cb if act else c2[b]
-                    s2[b] = s[b] if act else s2[b]
-                    c[b] = cn if act else cb
-                    s[b] = sn if act else s[b]
-            top = l
-            for b in range(B):
-                if run[b]:
-                    pb = -s[b] * s2[b] * c3[b] * el1[b] * e[l, b] / dl1[b]
-                    e[l, b] = s[b] * pb
-                    d[l, b] = c[b] * pb
-                    run[b] = abs(e[l, b]) > _EPS * tst1[b]
-                    if run[b] and it >= _MAX_ITER:
-                        run[b] = False
-                        ok[b] = False
-                    if run[b]:
-                        top = max(top, m[b])
-        for b in range(B):
-            d[l, b] = d[l, b] + f[b]
-            e[l, b] = 0.0
-
-
-@njit(cache=True, nogil=True, fastmath=False)
-def _ql_vectors(Vt, d, e, mu, ok):  # pragma: no cover - compiled
-    """Implicit QL with eigenvectors, shifted by the known eigenvalues ``mu``; in place.
-
-    Why two passes: rotating the vectors is most of the cost (6n flops per
-    rotation), and in lockstep every lane pays for the slowest lane's
-    iterations (Wilkinson shifts: about 3.3 sweeps per eigenvalue for a
-    block of 32 matrices). With the eigenvalues known (:func:`_tql2`,
-    cheap without vectors) the first sweep at ``l`` is shifted by the
-    unused eigenvalue nearest to the Wilkinson shift ("perfect shift"): it
-    deflates in one sweep almost always, and a second, Wilkinson-shifted one
-    cleans up the rest. Numerical Recipes' ``tqli`` formulation, in which
-    the shift enters only as ``d[m] − σ`` (JAMA's is tied to the Wilkinson
-    shift). ``Vt[j, k, b]`` is row k of column j: the two columns a
-    rotation mixes are contiguous, so the update vectorizes over the lanes.
-    A lane that meets ``r = 0`` (an underflow the scaling makes all but
-    impossible) or does not converge has ``ok`` cleared and is redone by
-    the caller. Over 80 lines for the reason given in :func:`_tred2`.
-    """
-    n, B = d.shape
-    for i in range(1, n):
-        for b in range(B):
-            e[i - 1, b] = e[i, b]
-    for b in range(B):
-        e[n - 1, b] = 0.0
-    tst1 = np.zeros(B)
-    m = np.zeros(B, dtype=np.int64)
-    run = np.zeros(B, dtype=np.bool_)
-    used = np.zeros((n, B), dtype=np.bool_)
-    g = np.empty(B)
-    s = np.empty(B)
-    c = np.empty(B)
-    p = np.empty(B)
-    cv = np.empty(B)
-    sv = np.empty(B)
-    for l in range(n):
-        it = 0
-        while True:
-            top = l
-            for b in range(B):
-                tst1[b] = max(tst1[b], abs(d[l, b]) + abs(e[l, b]))
-                mb = l
-                while mb < n - 1 and abs(e[mb, b]) > _EPS * tst1[b]:
-                    mb += 1
-                m[b] = mb
-                run[b] = mb > l and ok[b]
-                if run[b]:
-                    top = max(top, mb)
-            if top == l:
-                break
-            it += 1
-            for b in range(B):
-                if run[b]:
-                    gb = (d[l + 1, b] - d[l, b]) / (2.0 * e[l, b])
-                    r = np.sqrt(gb * gb + 1.0)
-                    shift = d[l, b] - e[l, b] / (gb + (r if gb >= 0.0 else -r))
-                    if it == 1:  # the unused eigenvalue nearest to it
-                        best, dist = shift, np.inf
-                        for j in range(n):
-                            if not used[j, b] and abs(mu[j, b] - shift) < dist:
-                                best, dist = mu[j, b], abs(mu[j, b] - shift)
-                        shift = best
-                    g[b] = d[m[b], b] - shift
-                s[b] = 1.0
-                c[b] = 1.0
-                p[b] = 0.0
-            for i in range(top - 1, l - 1, -1):
-                for b in range(B):  # branch-free: a select per lane, so it vectorizes
-                    act = run[b] and i < m[b]
-                    ei, gb, pb = e[i, b], g[b], p[b]
-                    f = s[b] * ei
-                    bb = c[b] * ei
-                    r = np.sqrt(f * f + gb * gb)
-                    rs = r if (act and r != 0.0) else 1.0
-                    sn = f / rs
-                    cn = gb / rs
-                    gg = d[i + 1, b] - pb
-                    rr = (d[i, b] - gg) * sn + 2.0 * cn * bb
-                    pn = sn * rr
-                    e[i + 1, b] = r if act else e[i + 1, b]
-                    d[i + 1, b] = gg + pn if act else d[i + 1, b]
-                    p[b] = pn if act else pb
-                    g[b] = cn * rr - bb if act else gb
-                    s[b] = sn if act else s[b]
-                    c[b] = cn if act else c[b]
-                    cv[b] = cn if act else 1.0
-                    sv[b] = sn if act else 0.0
-                    if act and r == 0.0:
-                        ok[b] = False
-                _rotate(Vt[i], Vt[i + 1], cv, sv)
-            for b in range(B):
-                if run[b]:
-                    d[l, b] -= p[b]
-                    e[l, b] = g[b]
-                    e[m[b], b] = 0.0
-                    if it >= _MAX_ITER:
-                        ok[b] = False
-        for b in range(B):  # the eigenvalue found at l is no longer a shift
-            best, dist = 0, np.inf
-            for j in range(n):
-                if not used[j, b] and abs(mu[j, b] - d[l, b]) < dist:
-                    best, dist = j, abs(mu[j, b] - d[l, b])
-            used[best, b] = True
-
-
-@njit(cache=True, nogil=True, fastmath=False)
+@njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
 def _solve(A, shift, lam, U, ok, lanes):  # pragma: no cover - compiled
     """All blocks of ``lanes`` matrices: load (scaled), tred2, tql2, store."""
     P, n = A.shape[0], A.shape[1]
@@ -412,8 +190,8 @@ def _solve(A, shift, lam, U, ok, lanes):  # pragma: no cover - compiled
                     for j in range(n):
                         x = abs(A[b0 + b, i, j] + (shift[b0 + b] if i == j else 0.0))
                         big = max(big, x)
-                scale[b] = 1.0 if big == 0.0 or not np.isfinite(big) else 2.0 ** (
-                    -np.ceil(np.log2(big))
+                scale[b] = (
+                    1.0 if big == 0.0 or not np.isfinite(big) else 2.0 ** (-np.ceil(np.log2(big)))
                 )
         for i in range(n):
             for j in range(n):
@@ -430,8 +208,8 @@ def _solve(A, shift, lam, U, ok, lanes):  # pragma: no cover - compiled
                     Vt[j, i, b] = V[i, j, b]
         mu[:] = d
         e2[:] = e
-        _tql2(mu, e2, okb)
-        _ql_vectors(Vt, d, e, mu, okb)
+        tql2(mu, e2, okb)
+        ql_vectors(Vt, d, e, mu, okb)
         for b in range(nb):
             ok[b0 + b] = okb[b]
             for j in range(n):
