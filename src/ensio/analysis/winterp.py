@@ -29,10 +29,14 @@ coordinate is stored) and the coarse rows at the southernmost latitude. A
 regional grid whose longitudes wrap inside it (e.g. 170 … 180, −180 … −170)
 is not supported (its sorted longitudes are not in order along the grid).
 
-The coarse transforms of a rank are kept as k × k matrices
-(``8 N_e²`` bytes per node: 207 MB at N_e = 40 for the 16 290 nodes of a
-360 × 180 grid at stride 2 on one rank), then blended into the rows by a
-compiled loop (:func:`_blend_rows`, numba like the eigensolver).
+**Memory.** A coarse node's transform is a k × k matrix (``8 N_e²`` bytes:
+207 MB at N_e = 40 for the 16 290 nodes of a 360 × 180 grid at stride 2,
+ten times the ensemble block), so they are never all held at once: the
+nodes go through the kernel in **bands** of coarse rows whose transforms fit
+:data:`BAND_BYTES`, the rows whose cells lie in the band are blended into
+the analysis by a compiled loop (:func:`_blend_rows`, numba like the
+eigensolver), and only the band's last coarse row is kept for the next band.
+The result does not depend on the band size (to rounding, as for tiles).
 """
 
 from __future__ import annotations
@@ -66,8 +70,13 @@ __all__ = [
 
 KEY = "analysis.weight_interpolation.stride"
 
-#: Points interpolated and updated per batch (bounds the (p, k, k) temporaries).
-CHUNK_POINTS = 512
+#: Bytes of coarse transforms held at once (a band of coarse rows, see the
+#: module docstring; at least two coarse rows). Why a bound: all nodes at once
+#: were 207 MB at stride 2 on the 360 × 180 × 40 case, and first touching an
+#: array that size cost more than the blend itself (measured 0.5 s of the
+#: 0.98 s update phase on a loaded machine); 32 MiB is the kernels' own tile
+#: budget (``batched.TILE_WORK_BYTES``), reused across the bands.
+BAND_BYTES = 32 * 2**20
 
 
 def _coarse_indices(n: int, stride: int, closed: bool) -> np.ndarray:
@@ -163,6 +172,10 @@ class WeightGrid:
         nodes = np.stack([self.clon[uniq % nlon], self.clat[uniq // nlon]], axis=1)
         return nodes, corner.reshape(ids.shape), beta, ids[:, 0]
 
+    def node_rows(self, nodes: np.ndarray) -> np.ndarray:
+        """Coarse row (index into ``clat``) of each node of :meth:`cells` (exact: grid values)."""
+        return np.searchsorted(self.clat, nodes[:, 1])
+
     def margin_km(self) -> float:
         """Upper bound of the distance from a grid point to the corners of its coarse cell.
 
@@ -216,27 +229,72 @@ def selection_radius(support_radius: float, wgrid: WeightGrid | None) -> float:
     return support_radius if wgrid is None else support_radius + wgrid.margin_km()
 
 
-def _coarse_transforms(nodes, obs, loc, variant, rho, kernel, tile_points, threads, sw):
-    """Dense transforms ``(c, k, k)`` and diagnostics ``(c, 4)`` of the coarse nodes."""
-    k = obs.k
-    G = np.empty((nodes.shape[0], k, k))
+def _dense_into(Gbuf: np.ndarray, slots: np.ndarray, Gp: np.ndarray | FactoredTransform) -> None:
+    """Write the dense transforms of a tile into ``Gbuf[slots]``.
 
-    def capture(points: np.ndarray, Gp: np.ndarray | FactoredTransform) -> None:
-        G[points] = Gp.dense() if isinstance(Gp, FactoredTransform) else Gp
+    Factored transforms: the product ``M diag(D) Mᵀ`` is one batched matmul
+    (as :meth:`~ensio.analysis.basis.FactoredTransform.dense`), the rest is
+    added while writing into the buffer (:func:`_finish_dense`, the same
+    operations in the same order, so bitwise ``dense()``) instead of four
+    passes over a temporary and a gathered copy.
+    """
+    if not isinstance(Gp, FactoredTransform):
+        Gbuf[slots] = Gp
+        return
+    S = np.matmul(Gp.M * Gp.D[:, None, :], np.swapaxes(Gp.M, -1, -2))
+    _finish_dense(Gbuf, slots.astype(np.int64), S, Gp.s0, Gp.wbar, Gp.centred)
 
-    diag = KERNELS[kernel](
-        nodes,
-        obs,
-        loc,
-        variant,
-        np.full(nodes.shape[0], rho),
-        variant.projection(k),
-        capture,
-        sw,
-        tile_points=tile_points,
-        threads=threads,
-    )
-    return G, diag
+
+@njit(cache=True, nogil=True, fastmath=False)
+def _finish_dense(Gbuf, slots, S, s0, wbar, centred):  # pragma: no cover
+    """``Gbuf[slots[i]] = (I − c_i 11ᵀ/k) s0_i + S_i + w̄_i 1ᵀ`` (numba; as ``dense()``)."""
+    k = S.shape[1]
+    inv_k = 1.0 / k
+    for i in range(slots.size):
+        G = Gbuf[slots[i]]
+        s = s0[i]
+        for a in range(k):
+            wa = wbar[i, a]
+            for b in range(k):
+                v = 1.0 if a == b else 0.0
+                if centred[i]:
+                    v -= inv_k
+                G[a, b] = v * s + S[i, a, b] + wa
+
+
+class _Bands:
+    """Bands of consecutive coarse rows of the nodes, each band's transforms within a budget.
+
+    ``nodes`` are sorted by coarse row (:meth:`WeightGrid.cells`), so a band
+    is a contiguous range of nodes; consecutive bands share one coarse row
+    (the last of one is the first of the next), which is kept, not recomputed.
+    """
+
+    def __init__(self, node_row: np.ndarray, k: int, band_bytes: int) -> None:
+        self.rows, self.start = np.unique(node_row, return_index=True)
+        self.stop = np.append(self.start[1:], node_row.size)
+        sizes = self.stop - self.start
+        pairs = sizes[:-1] + sizes[1:] if sizes.size > 1 else sizes
+        self.capacity = int(min(node_row.size, max(band_bytes // (8 * k * k), pairs.max())))
+
+    def __iter__(self):
+        """``(lo, hi)``: indices into ``rows`` of the band's first and last coarse row."""
+        lo, n = 0, self.rows.size
+        while lo < n - 1:
+            base = self.start[lo]
+            hi = lo + 1
+            while hi + 1 < n and self.stop[hi + 1] - base <= self.capacity:
+                hi += 1
+            yield lo, hi
+            lo = hi
+
+
+def _merge(sw: Stopwatch, band: Stopwatch) -> None:
+    """Add a band's timings to ``sw``; ``*_bytes`` (the largest work array) keep the maximum."""
+    for name, v in band.as_dict().items():
+        if name.endswith("_bytes"):
+            v = max(v - sw[name], 0.0)
+        sw.add(name, v)
 
 
 def interpolated_local(
@@ -251,6 +309,7 @@ def interpolated_local(
     threads: int,
     sw: Stopwatch,
     wgrid: WeightGrid,
+    band_bytes: int = BAND_BYTES,
 ) -> AnalysisResult:
     """:func:`~ensio.analysis.local.run_local` with transforms interpolated from ``wgrid``.
 
@@ -258,7 +317,8 @@ def interpolated_local(
     coarse nodes of the rows' cells (:func:`selection_radius`). The
     diagnostics of a point (observations used, adaptive-inflation sums) are
     interpolated like the transforms (the count rounded). ``forget`` must be
-    one value (adaptive inflation is refused by the config).
+    one value (adaptive inflation is refused by the config). ``band_bytes``
+    bounds the coarse transforms held at once (:data:`BAND_BYTES`).
     """
     X = np.asarray(X, dtype=float)
     k, n = X.shape
@@ -276,38 +336,73 @@ def interpolated_local(
         z = np.zeros(0)
         return AnalysisResult(ensemble=out, n_obs=np.zeros(0, np.int64), dRd=z, trace=z,
                               weight_sum=z)  # fmt: skip
-    pts, inv = np.unique(coords, axis=0, return_inverse=True)
-    inv = inv.ravel()
-    nodes, corner, beta, cell = wgrid.cells(pts)
-    Gc, diag_c = _coarse_transforms(nodes, obs, loc, variant, rho, kernel, tile_points,
-                                    threads, sw)  # fmt: skip
+    with sw("select"):
+        pts, inv = np.unique(coords, axis=0, return_inverse=True)
+        inv = inv.ravel()
+        nodes, corner, beta, cell = wgrid.cells(pts)
+        node_row = wgrid.node_rows(nodes)
+    diag_c = _banded_update(X, out, inv, nodes, node_row, corner, beta, cell, obs, loc,
+                            variant, rho, kernel, tile_points, threads, sw, band_bytes)  # fmt: skip
     diag = np.einsum("pc,pcj->pj", beta, diag_c[corner])
     diag[:, 0] = np.rint(diag[:, 0])
-    empty = ~np.any(diag_c[corner, 0] > 0, axis=1)
-    with sw("update"):  # the kernel timed its own phases
-        _interpolate_and_apply(X, out, inv, Gc, corner, beta, cell, empty, rho)
-    d = diag[inv]
-    return AnalysisResult.from_diagnostics(out, d)
+    return AnalysisResult.from_diagnostics(out, diag[inv])
 
 
-def _interpolate_and_apply(X, out, inv, Gc, corner, beta, cell, empty, rho) -> None:
-    """``out[:, r] = x̄_r + Σ_c β_c x'_rᵀ G_c`` for every row r (compiled, :func:`_blend_rows`).
+def _banded_update(X, out, inv, nodes, node_row, corner, beta, cell, obs, loc, variant, rho,
+                   kernel, tile_points, threads, sw, band_bytes) -> np.ndarray:  # fmt: skip
+    """Band by band: the coarse transforms through the kernel, then the rows of the band's cells.
 
-    Rows are visited cell by cell, so the four corner transforms of a cell
-    stay in the cache while its rows use them; no interpolated k × k matrix
-    is formed and nothing is gathered. Rows whose four corners have no
-    observation get ``x̄ + x'·(1/√ρ)`` exactly, as in the exact analysis.
+    Writes ``out``; returns the nodes' diagnostics ``(c, 4)``. Rows are
+    visited cell by cell (sorted by cell, hence by coarse row: each band's
+    rows are one slice), so the four corner transforms of a cell stay in the
+    cache while its rows use them; no interpolated k × k matrix is formed.
+    Rows whose four corners have no observation get ``x̄ + x'·(1/√ρ)``
+    exactly, as in the exact analysis.
     """
-    mean = X.mean(axis=0)
-    Xp = X - mean
-    rows = np.argsort(cell[inv], kind="stable").astype(np.int64)
-    _blend_rows(Xp, mean, rows, inv.astype(np.int64), corner.astype(np.int64),
-                np.ascontiguousarray(beta), Gc, empty, 1.0 / np.sqrt(rho), out)  # fmt: skip
+    k = X.shape[0]
+    bands = _Bands(node_row, k, band_bytes)
+    Gbuf = np.empty((bands.capacity, k, k))
+    diag_c = np.zeros((nodes.shape[0], 4))
+    point_row = node_row[corner[:, 0]]  # a point's cell spans its row and the next
+    empty = np.zeros(corner.shape[0], dtype=np.bool_)
+    with sw("update"):
+        mean = X.mean(axis=0)
+        Xp = X - mean
+        order = np.argsort(cell[inv], kind="stable").astype(np.int64)
+        row_of = point_row[inv][order]
+        inv64, corner64 = inv.astype(np.int64), corner.astype(np.int64)
+        beta = np.ascontiguousarray(beta)
+    kept = 0  # nodes at the front of Gbuf carried over from the previous band
+    for lo, hi in bands:
+        base, first, stop = bands.start[lo], bands.start[lo] + kept, bands.stop[hi]
+        band_sw = Stopwatch(sw.enabled)  # the kernel laps from its own start
+
+        def capture(points: np.ndarray, Gp, off=first - base) -> None:
+            _dense_into(Gbuf, points + off, Gp)
+
+        diag_c[first:stop] = KERNELS[kernel](
+            nodes[first:stop], obs, loc, variant, np.full(stop - first, rho),
+            variant.projection(k), capture, band_sw, tile_points=tile_points, threads=threads,
+        )  # fmt: skip
+        _merge(sw, band_sw)
+        with sw("update"):
+            a = int(np.searchsorted(row_of, bands.rows[lo], side="left"))
+            b = int(np.searchsorted(row_of, bands.rows[hi - 1], side="right"))
+            pts_band = np.unique(inv64[order[a:b]])
+            empty[pts_band] = ~np.any(diag_c[corner[pts_band], 0] > 0, axis=1)
+            _blend_rows(Xp, mean, order[a:b], inv64, corner64, base, beta, Gbuf, empty,
+                        1.0 / np.sqrt(rho), out)  # fmt: skip
+            kept = bands.stop[hi] - bands.start[hi]
+            Gbuf[:kept] = Gbuf[bands.start[hi] - base : stop - base].copy()
+    return diag_c
 
 
 @njit(cache=True, nogil=True, fastmath=False)
-def _blend_rows(Xp, mean, rows, point, corner, beta, Gc, empty, s0, out):  # pragma: no cover
-    """The loops of :func:`_interpolate_and_apply` (numba; ``Xp``, ``out``: (k, n))."""
+def _blend_rows(Xp, mean, rows, point, corner, base, beta, Gc, empty, s0, out):  # pragma: no cover
+    """``out[:, r] = x̄_r + Σ_c β_c x'_rᵀ G_c`` for the ``rows`` (numba; ``Xp``, ``out``: (k, n)).
+
+    ``Gc[corner[p, q] - base]`` is corner q of point p.
+    """
     k = Xp.shape[0]
     x = np.empty(k)
     acc = np.empty(k)
@@ -325,7 +420,7 @@ def _blend_rows(Xp, mean, rows, point, corner, beta, Gc, empty, s0, out):  # pra
             w = beta[p, q]
             if w == 0.0:
                 continue
-            G = Gc[corner[p, q]]
+            G = Gc[corner[p, q] - base]
             for a in range(k):
                 xa = x[a] * w
                 for b in range(k):
@@ -337,5 +432,7 @@ def _blend_rows(Xp, mean, rows, point, corner, beta, Gc, empty, s0, out):  # pra
 def warm_up() -> None:
     """Compile (first use) or load from the cache :func:`_blend_rows` (benchmarks call it)."""
     _blend_rows(np.zeros((2, 1)), np.zeros(1), np.zeros(1, np.int64), np.zeros(1, np.int64),
-                np.zeros((1, 4), np.int64), np.array([[1.0, 0, 0, 0]]), np.eye(2)[None],
+                np.zeros((1, 4), np.int64), 0, np.array([[1.0, 0, 0, 0]]), np.eye(2)[None],
                 np.zeros(1, np.bool_), 1.0, np.zeros((2, 1)))  # fmt: skip
+    _finish_dense(np.zeros((1, 2, 2)), np.zeros(1, np.int64), np.zeros((1, 2, 2)), np.ones(1),
+                  np.zeros((1, 2)), np.zeros(1, np.bool_))  # fmt: skip
