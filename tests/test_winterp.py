@@ -302,3 +302,22 @@ def test_longitude_convention_and_latitude_order_do_not_matter(rng):
     got = interpolated_local(X, shifted, obs, loc, VARIANTS["etkf"], 1.0, "batched", 32, 1,
                              Stopwatch(enabled=False), wg).ensemble  # fmt: skip
     assert np.abs(got - want).max() <= 1e-12 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("r", [0, 2, 6])
+def test_dense_transforms_written_in_place_equal_factored_dense(r, rng):
+    """The band buffer's transforms equal ``FactoredTransform.dense()`` (reduced bases, ESTKF's
+    centring and an empty basis included), written at scattered slots, others untouched."""
+    from ensio.analysis.basis import FactoredTransform
+    from ensio.analysis.winterp import _dense_into
+
+    p, k = 9, 6
+    F = FactoredTransform(s0=rng.uniform(0.5, 2.0, p), M=rng.standard_normal((p, k, r)),
+                          D=rng.standard_normal((p, r)), wbar=rng.standard_normal((p, k)),
+                          centred=np.arange(p) % 2 == 0)  # fmt: skip
+    buf = np.full((20, k, k), np.nan)
+    slots = rng.permutation(20)[:p]
+    _dense_into(buf, slots, F)
+    want = F.dense()
+    assert np.abs(buf[slots] - want).max() <= 1e-14 * np.abs(want).max()
+    assert np.isnan(np.delete(buf, slots, axis=0)).all()
