@@ -19,7 +19,7 @@ from ensio.analysis.localization import Geometry, Localization
 from ensio.analysis.obsspace import ObsSpace
 from ensio.analysis.pointwise import pointwise_kernel
 from ensio.analysis.variants import VARIANTS
-from ensio.analysis.winterp import BAND_BYTES, WeightGrid, interpolated_local
+from ensio.analysis.winterp import WeightGrid, interpolated_local
 from ensio.config.analysis import (
     AnalysisSection,
     InflationSection,
@@ -102,7 +102,7 @@ def reference(X, obs, method, stride, rho):
     return out
 
 
-def run(X, obs, method, stride, rho, kernel="batched", coords=None, band_bytes=BAND_BYTES):
+def run(X, obs, method, stride, rho, kernel="batched", coords=None, band_bytes=None):
     loc = Localization(geometry=Geometry("lonlat"), radius=RADIUS)
     coords = grid_points() if coords is None else coords
     return interpolated_local(X, coords, obs, loc, VARIANTS[method], rho, kernel, 32, 1,

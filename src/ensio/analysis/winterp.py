@@ -72,11 +72,14 @@ KEY = "analysis.weight_interpolation.stride"
 
 #: Bytes of coarse transforms held at once (a band of coarse rows, see the
 #: module docstring; at least two coarse rows). Why a bound: all nodes at once
-#: were 207 MB at stride 2 on the 360 × 180 × 40 case, and first touching an
-#: array that size cost more than the blend itself (measured 0.5 s of the
-#: 0.98 s update phase on a loaded machine); 32 MiB is the kernels' own tile
-#: budget (``batched.TILE_WORK_BYTES``), reused across the bands.
-BAND_BYTES = 32 * 2**20
+#: were 207 MB at stride 2 on the 360 × 180 × 40 case (ten times the block),
+#: and first touching an array that size cost more than the blend itself
+#: (measured 0.5 s of a 0.98 s update phase on a loaded machine). Why 16 MiB:
+#: beside the posterior block and one tile's work arrays it keeps the peak
+#: within the issue's 2 × (block + observations + one tile) (measured 1.8×;
+#: 2.2× with 32 MiB), and the bands' smaller tiles did not cost GEMM work
+#: (40.1 against 42.9 GFLOP in one band at stride 2, 19.7 against 19.2 at 3).
+BAND_BYTES = 16 * 2**20
 
 
 def _coarse_indices(n: int, stride: int, closed: bool) -> np.ndarray:
@@ -338,7 +341,7 @@ def interpolated_local(
     threads: int,
     sw: Stopwatch,
     wgrid: WeightGrid,
-    band_bytes: int = BAND_BYTES,
+    band_bytes: int | None = None,
 ) -> AnalysisResult:
     """:func:`~ensio.analysis.local.run_local` with transforms interpolated from ``wgrid``.
 
@@ -347,7 +350,7 @@ def interpolated_local(
     diagnostics of a point (observations used, adaptive-inflation sums) are
     interpolated like the transforms (the count rounded). ``forget`` must be
     one value (adaptive inflation is refused by the config). ``band_bytes``
-    bounds the coarse transforms held at once (:data:`BAND_BYTES`).
+    bounds the coarse transforms held at once (default :data:`BAND_BYTES`).
     """
     X = np.asarray(X, dtype=float)
     k, n = X.shape
@@ -388,17 +391,16 @@ def _banded_update(X, out, inv, nodes, node_row, corner, beta, cell, obs, loc, v
     exactly, as in the exact analysis.
     """
     k = X.shape[0]
-    bands = _Bands(node_row, k, band_bytes)
+    bands = _Bands(node_row, k, BAND_BYTES if band_bytes is None else band_bytes)
     Gbuf = np.empty((bands.capacity, k, k))
     diag_c = np.zeros((nodes.shape[0], 4))
     point_row = node_row[corner[:, 0]]  # a point's cell spans its row and the next
     empty = np.zeros(corner.shape[0], dtype=np.bool_)
     with sw("update"):
-        mean = X.mean(axis=0)
-        Xp = X - mean
+        mean = X.mean(axis=0)  # the anomalies are formed row by row in the blend
         order = np.argsort(cell[inv], kind="stable").astype(np.int64)
         row_of = point_row[inv][order]
-        inv64, corner64 = inv.astype(np.int64), corner.astype(np.int64)
+        inv64, corner64 = np.asarray(inv, dtype=np.int64), np.asarray(corner, dtype=np.int64)
         beta = np.ascontiguousarray(beta)
     kept = 0  # nodes at the front of Gbuf carried over from the previous band
     for lo, hi in bands:
@@ -418,7 +420,7 @@ def _banded_update(X, out, inv, nodes, node_row, corner, beta, cell, obs, loc, v
             b = int(np.searchsorted(row_of, bands.rows[hi - 1], side="right"))
             pts_band = np.unique(inv64[order[a:b]])
             empty[pts_band] = ~np.any(diag_c[corner[pts_band], 0] > 0, axis=1)
-            _blend_rows(Xp, mean, order[a:b], inv64, corner64, base, beta, Gbuf, empty,
+            _blend_rows(X, mean, order[a:b], inv64, corner64, base, beta, Gbuf, empty,
                         1.0 / np.sqrt(rho), out)  # fmt: skip
             kept = bands.stop[hi] - bands.start[hi]
             Gbuf[:kept] = Gbuf[bands.start[hi] - base : stop - base].copy()
@@ -426,19 +428,20 @@ def _banded_update(X, out, inv, nodes, node_row, corner, beta, cell, obs, loc, v
 
 
 @njit(cache=True, nogil=True, fastmath=False)
-def _blend_rows(Xp, mean, rows, point, corner, base, beta, Gc, empty, s0, out):  # pragma: no cover
-    """``out[:, r] = x̄_r + Σ_c β_c x'_rᵀ G_c`` for the ``rows`` (numba; ``Xp``, ``out``: (k, n)).
+def _blend_rows(X, mean, rows, point, corner, base, beta, Gc, empty, s0, out):  # pragma: no cover
+    """``out[:, r] = x̄_r + Σ_c β_c x'_rᵀ G_c`` for the ``rows`` (numba; ``X``, ``out``: (k, n)).
 
-    ``Gc[corner[p, q] - base]`` is corner q of point p.
+    ``Gc[corner[p, q] - base]`` is corner q of point p; the anomalies
+    ``x'_r = X[:, r] − x̄_r`` are formed here (no block-sized copy).
     """
-    k = Xp.shape[0]
+    k = X.shape[0]
     x = np.empty(k)
     acc = np.empty(k)
     for t in range(rows.size):
         r = rows[t]
         p = point[r]
         for a in range(k):
-            x[a] = Xp[a, r]
+            x[a] = X[a, r] - mean[r]
         if empty[p]:
             for b in range(k):
                 out[b, r] = mean[r] + x[b] * s0
