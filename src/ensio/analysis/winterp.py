@@ -398,7 +398,7 @@ def _banded_update(X, out, inv, nodes, node_row, corner, beta, cell, obs, loc, v
     empty = np.zeros(corner.shape[0], dtype=np.bool_)
     with sw("update"):
         mean = X.mean(axis=0)  # the anomalies are formed row by row in the blend
-        order = np.argsort(cell[inv], kind="stable").astype(np.int64)
+        order = np.lexsort((inv, cell[inv])).astype(np.int64)  # by cell, then point
         row_of = point_row[inv][order]
         inv64, corner64 = np.asarray(inv, dtype=np.int64), np.asarray(corner, dtype=np.int64)
         beta = np.ascontiguousarray(beta)
@@ -432,32 +432,57 @@ def _blend_rows(X, mean, rows, point, corner, base, beta, Gc, empty, s0, out):  
     """``out[:, r] = x̄_r + Σ_c β_c x'_rᵀ G_c`` for the ``rows`` (numba; ``X``, ``out``: (k, n)).
 
     ``Gc[corner[p, q] - base]`` is corner q of point p; the anomalies
-    ``x'_r = X[:, r] − x̄_r`` are formed here (no block-sized copy).
+    ``x'_r = X[:, r] − x̄_r`` are formed here (no block-sized copy). ``rows``
+    come grouped by point: a point with several rows (the levels of a 3-D
+    state) gets its interpolated transform formed once (``4 k²``) and applied
+    to each (``k²`` per row, against ``4 k²`` per row through the corners).
     """
     k = X.shape[0]
     x = np.empty(k)
     acc = np.empty(k)
-    for t in range(rows.size):
-        r = rows[t]
-        p = point[r]
-        for a in range(k):
-            x[a] = X[a, r] - mean[r]
-        if empty[p]:
-            for b in range(k):
-                out[b, r] = mean[r] + x[b] * s0
-            continue
-        acc[:] = 0.0
-        for q in range(4):
-            w = beta[p, q]
-            if w == 0.0:
-                continue
-            G = Gc[corner[p, q] - base]
+    Gp = np.empty((k, k))
+    t = 0
+    while t < rows.size:
+        p = point[rows[t]]
+        u = t + 1
+        while u < rows.size and point[rows[u]] == p:
+            u += 1
+        if not empty[p] and u - t > 1:
+            Gp[:, :] = 0.0
+            for q in range(4):
+                w = beta[p, q]
+                if w != 0.0:
+                    G = Gc[corner[p, q] - base]
+                    for a in range(k):
+                        for b in range(k):
+                            Gp[a, b] += w * G[a, b]
+        for v in range(t, u):
+            r = rows[v]
             for a in range(k):
-                xa = x[a] * w
+                x[a] = X[a, r] - mean[r]
+            if empty[p]:
                 for b in range(k):
-                    acc[b] += xa * G[a, b]
-        for b in range(k):
-            out[b, r] = mean[r] + acc[b]
+                    out[b, r] = mean[r] + x[b] * s0
+                continue
+            acc[:] = 0.0
+            if u - t > 1:
+                for a in range(k):
+                    xa = x[a]
+                    for b in range(k):
+                        acc[b] += xa * Gp[a, b]
+            else:
+                for q in range(4):
+                    w = beta[p, q]
+                    if w == 0.0:
+                        continue
+                    G = Gc[corner[p, q] - base]
+                    for a in range(k):
+                        xa = x[a] * w
+                        for b in range(k):
+                            acc[b] += xa * G[a, b]
+            for b in range(k):
+                out[b, r] = mean[r] + acc[b]
+        t = u
 
 
 def warm_up() -> None:
