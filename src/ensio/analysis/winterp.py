@@ -384,11 +384,11 @@ def _banded_update(X, out, inv, nodes, node_row, corner, beta, cell, obs, loc, v
     """Band by band: the coarse transforms through the kernel, then the rows of the band's cells.
 
     Writes ``out``; returns the nodes' diagnostics ``(c, 4)``. Rows are
-    visited cell by cell (sorted by cell, hence by coarse row: each band's
-    rows are one slice), so the four corner transforms of a cell stay in the
-    cache while its rows use them; no interpolated k × k matrix is formed.
-    Rows whose four corners have no observation get ``x̄ + x'·(1/√ρ)``
-    exactly, as in the exact analysis.
+    visited cell by cell, then point by point (sorted by cell, hence by
+    coarse row: each band's rows are one slice), so the four corner
+    transforms of a cell stay in the cache while its rows use them. Rows
+    whose four corners have no observation get ``x̄ + x'·(1/√ρ)`` exactly,
+    as in the exact analysis.
     """
     k = X.shape[0]
     bands = _Bands(node_row, k, BAND_BYTES if band_bytes is None else band_bytes)
