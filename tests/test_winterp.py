@@ -309,7 +309,7 @@ def test_dense_transforms_written_in_place_equal_factored_dense(r, rng):
     """The band buffer's transforms equal ``FactoredTransform.dense()`` (reduced bases, ESTKF's
     centring and an empty basis included), written at scattered slots, others untouched."""
     from ensio.analysis.basis import FactoredTransform
-    from ensio.analysis.winterp import _dense_into
+    from ensio.analysis.winterp_bands import _dense_into
 
     p, k = 9, 6
     F = FactoredTransform(s0=rng.uniform(0.5, 2.0, p), M=rng.standard_normal((p, k, r)),
