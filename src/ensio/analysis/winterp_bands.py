@@ -171,7 +171,8 @@ def banded_update(X, out, inv, nodes, node_row, corner, beta, cell, obs, loc, va
     per_tile = min(tile_points, tile_point_cap(k))  # the kernel's tiles
 
     def fill(first: int, stop: int) -> float:
-        return _tile_fill(loc, nodes[first:stop], per_tile)
+        with sw("select"):
+            return _tile_fill(loc, nodes[first:stop], per_tile)
 
     Gbuf = np.empty((bands.capacity, k, k))
     diag_c = np.zeros((nodes.shape[0], 4))
