@@ -31,14 +31,12 @@ __all__ = ["BAND_BYTES", "banded_update", "warm_up"]
 #: module docstring; at least two coarse rows). Why a bound: all nodes at once
 #: were 207 MB at stride 2 on the 360 × 180 × 40 case (ten times the block),
 #: and first touching an array that size cost more than the blend itself
-#: (measured 0.5 s of a 0.98 s update phase on a loaded machine). Why 16 MiB:
-#: beside the posterior block and one tile's work arrays it keeps the peak
-#: within the issue's 2 × (block + observations + one tile) (measured 1.8×;
-#: 2.2× with 32 MiB), and the bands' tiles cost no more GEMM work than all
-#: nodes at once (40 against 43 GFLOP at stride 2, 19.7 against 19.2 at 3)
-#: and fill the eigensolver's lanes as well (89 % against 100 % at stride 2,
-#: 92 % against 89 % at 3) once the band heights are chosen by their tiles.
-BAND_BYTES = 16 * 2**20
+#: (measured 0.5 s of a 0.98 s update phase on a loaded machine). Why 24 MiB
+#: (measured there, N_mpi = 1, one run each): peak per rank 1.93× the issue's
+#: budget (block + observations + one tile) at stride 2, 1.87× at 3 (16 MiB:
+#: 1.8×; 32 MiB: 2.2×), and stride 2 in 3.38 s (16 MiB: 3.70 s, smaller tiles
+#: slow the GEMM; 32 MiB: 3.22 s; all nodes at once: 3.51 s).
+BAND_BYTES = 24 * 2**20
 
 
 def _dense_into(Gbuf: np.ndarray, slots: np.ndarray, Gp: np.ndarray | FactoredTransform) -> None:
