@@ -102,11 +102,12 @@ def reference(X, obs, method, stride, rho):
     return out
 
 
-def run(X, obs, method, stride, rho, kernel="batched", coords=None):
+def run(X, obs, method, stride, rho, kernel="batched", coords=None, band_bytes=None):
     loc = Localization(geometry=Geometry("lonlat"), radius=RADIUS)
     coords = grid_points() if coords is None else coords
     return interpolated_local(X, coords, obs, loc, VARIANTS[method], rho, kernel, 32, 1,
-                              Stopwatch(enabled=False), WeightGrid(LON, LAT, stride))  # fmt: skip
+                              Stopwatch(enabled=False), WeightGrid(LON, LAT, stride),
+                              band_bytes=band_bytes)  # fmt: skip
 
 
 @pytest.mark.parametrize("method", ["etkf", "estkf", "enkf"])
@@ -121,6 +122,43 @@ def test_interpolated_transforms_equal_an_independent_interpolation(method, stri
     want = reference(X, obs, method, stride, rho)
     assert np.abs(got.ensemble - want).max() / np.abs(want).max() < 1e-10
     assert not np.allclose(got.ensemble, X)  # observations did act
+
+
+@pytest.mark.parametrize("method", ["etkf", "estkf", "enkf"])
+def test_bands_of_two_coarse_rows_give_the_same_analysis(method, rng):
+    """The smallest bands (two coarse rows each, the shared row kept) against one band.
+
+    One band holds every node (the default budget at this size); ``band_bytes=1``
+    forces the most bands, so every carry-over of the shared row is exercised
+    (factored transforms for the square-root filters, dense ones for the EnKF).
+    """
+    k, stride = 7, 2
+    obs = obs_case(rng, k, stochastic=method == "enkf")
+    n = LON.size * LAT.size
+    X = rng.standard_normal((k, n)) * 2.0 + rng.standard_normal(n)
+    one = run(X, obs, method, stride, 0.9)
+    many = run(X, obs, method, stride, 0.9, band_bytes=1)
+    want = reference(X, obs, method, stride, 0.9)
+    assert np.abs(many.ensemble - one.ensemble).max() <= 1e-12 * np.abs(one.ensemble).max()
+    assert np.abs(many.ensemble - want).max() < 1e-10 * np.abs(want).max()
+    assert np.array_equal(many.n_obs, one.n_obs)
+
+
+def test_rows_needing_separate_groups_of_coarse_rows(rng):
+    """A rank's rows in two latitude groups (its row set of the group shuffle, say).
+
+    The coarse rows it needs then have a gap; bands must not pair rows across it.
+    """
+    k, stride = 6, 2
+    obs = obs_case(rng, k)
+    pts = grid_points()
+    n = pts.shape[0]
+    X = rng.standard_normal((k, n)) + rng.standard_normal(n)
+    want = reference(X, obs, "etkf", stride, 1.0)
+    lat_index = np.arange(n) // LON.size
+    rows = np.flatnonzero(np.isin(lat_index, [0, 1, 7, 8, 9, 12]))
+    got = run(X[:, rows], obs, "etkf", stride, 1.0, coords=pts[rows], band_bytes=1)
+    assert np.abs(got.ensemble - want[:, rows]).max() < 1e-10 * np.abs(want).max()
 
 
 def test_levels_share_the_interpolated_transform(rng):
@@ -264,3 +302,22 @@ def test_longitude_convention_and_latitude_order_do_not_matter(rng):
     got = interpolated_local(X, shifted, obs, loc, VARIANTS["etkf"], 1.0, "batched", 32, 1,
                              Stopwatch(enabled=False), wg).ensemble  # fmt: skip
     assert np.abs(got - want).max() <= 1e-12 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("r", [0, 2, 6])
+def test_dense_transforms_written_in_place_equal_factored_dense(r, rng):
+    """The band buffer's transforms equal ``FactoredTransform.dense()`` (reduced bases, ESTKF's
+    centring and an empty basis included), written at scattered slots, others untouched."""
+    from ensio.analysis.basis import FactoredTransform
+    from ensio.analysis.winterp_bands import _dense_into
+
+    p, k = 9, 6
+    F = FactoredTransform(s0=rng.uniform(0.5, 2.0, p), M=rng.standard_normal((p, k, r)),
+                          D=rng.standard_normal((p, r)), wbar=rng.standard_normal((p, k)),
+                          centred=np.arange(p) % 2 == 0)  # fmt: skip
+    buf = np.full((20, k, k), np.nan)
+    slots = rng.permutation(20)[:p]
+    _dense_into(buf, slots, F)
+    want = F.dense()
+    assert np.abs(buf[slots] - want).max() <= 1e-14 * np.abs(want).max()
+    assert np.isnan(np.delete(buf, slots, axis=0)).all()

@@ -57,6 +57,10 @@ def test_bench_reports_the_increment_difference(tmp_path):
         assert 0 < want and abs(got - want) <= 1e-9 * want
         s = res["strides"][str(k)]
         assert s["seconds"] > 0 and s["speedup"] > 0 and s["phases"]["transform"] > 0
+        # peak memory per stride (one untimed run): the posterior is a new block, so at least it
+        mem, block = s["memory"], 8 * 5 * 24 * 12
+        assert mem["block_bytes"] == block and mem["peak_bytes_per_rank"] >= block
+        assert mem["budget_bytes"] > block + mem["tile_work_bytes"]
 
 
 def test_cli_writes_the_json(tmp_path):

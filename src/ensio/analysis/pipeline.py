@@ -294,8 +294,12 @@ def analyse_rows(
     # One BLAS thread per rank: ranks already fill the cores, and the many small
     # k×k eigendecompositions of a local analysis run ~4× slower threaded.
     limit = 1 if (comm.size > 1 or cfg.localization is not None) else None
+    # the filter's own stopwatch: kernels time phases by laps, the first from the
+    # stopwatch's start, which must not reach back over the obs phase
+    fsw = Stopwatch()
     with threadpool_limits(limits=limit, user_api="blas"):
-        res = _filter_rows(X, seen, settings, inactive, sw, wgrid)
+        res = _filter_rows(X, seen, settings, inactive, fsw, wgrid)
+    sw.merge(fsw)
     with sw("posterior"):
         hx_post = observe(res.ensemble, dist, seen.op, comm)[:, seen.ok]
         values = seen.accepted.values

@@ -34,7 +34,7 @@ from rich.table import Table
 
 from ..config.analysis import WeightInterpolationSection
 from ..config.schema import Config, ConfigError
-from .analysis import PHASES, _measure, _phases
+from .analysis import PHASES, _measure, _peak_memory, _phases
 from .machine import describe_machine
 
 __all__ = ["bench_weight_interpolation", "winterp_table"]
@@ -53,7 +53,9 @@ def bench_weight_interpolation(
     dict
         JSON-serialisable, identical on every rank: ``seconds`` and ``phases``
         (stride 1), ``strides`` (per stride: ``seconds``, ``speedup``,
-        ``phases``, ``phase_speedup``, ``increment_rel_rms``),
+        ``phases``, ``phase_speedup``, ``increment_rel_rms``, ``memory``: peak
+        bytes per rank of one untimed run against the issue's budget, as
+        :func:`~ensio.bench.analysis.bench_analysis` reports them),
         ``increment_rel_rms`` and ``speedup`` (stride → value), the case and
         ``machine``.
     """
@@ -84,6 +86,8 @@ def bench_weight_interpolation(
     warm_up()
     warm_up_winterp()
     samples, best, first = _measure(runs, block, obs, comm, repeat, step)
+    step("peak memory, one untimed run per stride (tracemalloc)")
+    memory = _peak_memory({str(k): runs[str(k)] for k in strides}, block, obs, comm)
     prior = np.asarray(block.data, dtype=np.float64)
     exact_inc = first["1"].ensemble - prior
     norm = comm.allreduce(float(np.nansum(exact_inc**2)), op=MPI.SUM)
@@ -99,6 +103,7 @@ def bench_weight_interpolation(
             "phases": ph,
             "phase_speedup": {p: ph1.get(p, 0.0) / v if v > 0 else None for p, v in ph.items()},
             "increment_rel_rms": float(np.sqrt(diff / norm)) if norm > 0 else None,
+            "memory": memory[k],
         }
     machine, stamp = comm.bcast(
         (describe_machine(), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
@@ -158,5 +163,12 @@ def winterp_table(res: dict[str, Any]) -> Table:
         rms += ["–" if r is None else f"{r:.2e}", ""]
     table.add_row(*total)
     table.add_row(*rms)
+    mem = ["peak / budget (MiB)", ""]
+    for k in strides:
+        m, mib = res["strides"][k].get("memory"), 2.0**20
+        text = "–" if not m else (f"{m['peak_to_budget']:.2f} ({m['peak_bytes_per_rank'] / mib:.0f}"
+                                  f" / {m['budget_bytes'] / mib:.0f})")  # fmt: skip
+        mem += [text, ""]
+    table.add_row(*mem)
     table.caption = f"best of {res['repeat']}; seconds = slowest rank, file I/O excluded"
     return table

@@ -1,0 +1,274 @@
+"""Weight interpolation, band by band: the coarse transforms and the blend into the rows.
+
+:func:`~ensio.analysis.winterp.interpolated_local` hands the coarse nodes
+(sorted by coarse row) and the rows' cells here. A coarse node's transform is
+a k × k matrix, 207 MB for all nodes of a 360 × 180 grid at stride 2 with
+N_e = 40, ten times the ensemble block, so they are never all held at once:
+the nodes go through the kernel in **bands** of coarse rows whose dense
+transforms fit :data:`BAND_BYTES` (one buffer, reused), the rows whose cells
+lie in a band are blended as soon as the band is done, and the band's last
+coarse row is kept for the next band. Numba loops, like the eigensolver.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+from numba import njit
+
+from ..stopwatch import Stopwatch
+from .basis import FactoredTransform
+from .batched import tile_point_cap
+from .eigensolver import LANES
+from .local import KERNELS
+from .localization import Localization
+from .tiles import make_tiles
+
+__all__ = ["BAND_BYTES", "banded_update", "warm_up"]
+
+#: Bytes of coarse transforms held at once (a band of coarse rows, see the
+#: module docstring; at least two coarse rows). Why a bound: all nodes at once
+#: were 207 MB at stride 2 on the 360 × 180 × 40 case (ten times the block),
+#: and first touching an array that size cost more than the blend itself
+#: (measured 0.5 s of a 0.98 s update phase on a loaded machine). Why 24 MiB
+#: (measured there, N_mpi = 1, one run each): peak per rank 1.93× the issue's
+#: budget (block + observations + one tile) at stride 2, 1.87× at 3 (16 MiB:
+#: 1.8×; 32 MiB: 2.2×), and stride 2 in 3.38 s (16 MiB: 3.70 s, smaller tiles
+#: slow the GEMM; 32 MiB: 3.22 s; all nodes at once: 3.51 s).
+BAND_BYTES = 24 * 2**20
+
+
+def _dense_into(Gbuf: np.ndarray, slots: np.ndarray, Gp: np.ndarray | FactoredTransform) -> None:
+    """Write the dense transforms of a tile into ``Gbuf[slots]``.
+
+    Factored transforms are formed node by node straight into the buffer
+    (:func:`_form_dense`): about 3× faster than
+    :meth:`~ensio.analysis.basis.FactoredTransform.dense` and a gathered copy,
+    whose tile-sized temporaries are fresh memory on every tile.
+    """
+    if not isinstance(Gp, FactoredTransform):
+        Gbuf[slots] = Gp
+        return
+    _form_dense(Gbuf, slots.astype(np.int64), Gp.M, Gp.D, Gp.s0, Gp.wbar, Gp.centred)
+
+
+@njit(cache=True, nogil=True, fastmath=False)
+def _form_dense(Gbuf, slots, M, D, s0, wbar, centred):  # pragma: no cover
+    """``Gbuf[slots[i]] = (I − c_i 11ᵀ/k) s0_i + M_i diag(D_i) M_iᵀ + w̄_i 1ᵀ`` (numba).
+
+    The product is one BLAS call per node (``np.dot`` on k × r scratch
+    arrays); the rest is added in place in ``dense()``'s order.
+    """
+    p, k, r = M.shape
+    MD = np.empty((k, r))
+    Mt = np.empty((r, k))
+    inv_k = 1.0 / k
+    for i in range(p):
+        G = Gbuf[slots[i]]
+        if r == 0:
+            G[:, :] = 0.0
+        else:
+            for a in range(k):
+                for j in range(r):
+                    MD[a, j] = M[i, a, j] * D[i, j]
+                    Mt[j, a] = M[i, a, j]
+            np.dot(MD, Mt, G)
+        s = s0[i]
+        for a in range(k):
+            wa = wbar[i, a]
+            for b in range(k):
+                v = 1.0 if a == b else 0.0
+                if centred[i]:
+                    v -= inv_k
+                G[a, b] = v * s + G[a, b] + wa
+
+
+#: A band whose tiles fill this share of the eigensolver's lanes is taken;
+#: otherwise the best of :data:`FILL_TRIES` band heights (largest first).
+GOOD_FILL = 0.9
+FILL_TRIES = 4
+
+
+def _tile_fill(loc: Localization, pts: np.ndarray, tile_points: int) -> float:
+    """Share of the eigensolver's lanes the kernel's tiles of ``pts`` fill.
+
+    The tiles are made as :func:`~ensio.analysis.batched.batched_kernel`
+    makes them (about 1 ms for a band); their matrices are solved in blocks of
+    :data:`~ensio.analysis.eigensolver.LANES` (a partial block costs a full one).
+    """
+    tiles = make_tiles(loc.geometry, pts, max_points=tile_points, max_extent=0.5 * loc.radius)
+    sizes = np.array([t.size for t in tiles])
+    return float(sizes.sum() / (LANES * np.ceil(sizes / LANES)).sum()) if sizes.size else 1.0
+
+
+class _Bands:
+    """Bands of consecutive coarse rows of the nodes, each band's transforms within a budget.
+
+    ``nodes`` are sorted by coarse row (:meth:`WeightGrid.cells`), so a band
+    is a contiguous range of nodes; consecutive bands share one coarse row
+    (the last of one is the first of the next), which is kept, not recomputed.
+    Why the band height is chosen by its tiles: bands cut by bytes alone gave
+    tiles that filled 71 % of the eigensolver's lanes at stride 2 (all nodes
+    at once: 100 %), and the transform phase grows with the blocks, not the
+    matrices; chosen so, 90 % or more.
+    """
+
+    def __init__(self, node_row: np.ndarray, k: int, band_bytes: int) -> None:
+        self.rows, self.start = np.unique(node_row, return_index=True)
+        self.stop = np.append(self.start[1:], node_row.size)
+        sizes = self.stop - self.start
+        pairs = sizes[:-1] + sizes[1:] if sizes.size > 1 else sizes
+        self.capacity = int(min(node_row.size, max(band_bytes // (8 * k * k), pairs.max())))
+
+    def bands(self, fill) -> Iterator[tuple[int, int]]:
+        """``(lo, hi)``: indices into ``rows`` of each band's first and last coarse row.
+
+        ``fill(first, stop)`` rates the new nodes ``[first, stop)`` of a band.
+        """
+        lo, n = 0, self.rows.size
+        while lo < n - 1:
+            base = self.start[lo]
+            first = base if lo == 0 else self.stop[lo]  # row lo is kept from the last band
+            last = lo + 1
+            while last + 1 < n and self.stop[last + 1] - base <= self.capacity:
+                last += 1
+            hi, best = last, -1.0
+            if not (last == n - 1 and self.stop[last] - base <= self.capacity):
+                for h in range(last, max(lo, last - FILL_TRIES), -1):
+                    f = fill(first, self.stop[h])
+                    if f > best:
+                        hi, best = h, f
+                    if f >= GOOD_FILL:
+                        break
+            yield lo, hi
+            lo = hi
+
+
+def _merge(sw: Stopwatch, band: Stopwatch) -> None:
+    """Add a band's timings to ``sw``; ``*_bytes`` (the largest work array) keep the maximum."""
+    for name, v in band.as_dict().items():
+        if name.endswith("_bytes"):
+            v = max(v - sw[name], 0.0)
+        sw.add(name, v)
+
+
+def banded_update(X, out, inv, nodes, node_row, corner, beta, cell, obs, loc, variant, rho,
+                   kernel, tile_points, threads, sw, band_bytes) -> np.ndarray:  # fmt: skip
+    """Band by band: the coarse transforms through the kernel, then the rows of the band's cells.
+
+    Writes ``out``; returns the nodes' diagnostics ``(c, 4)``. Rows are
+    visited cell by cell, then point by point (sorted by cell, hence by
+    coarse row: each band's rows are one slice), so the four corner
+    transforms of a cell stay in the cache while its rows use them. Rows
+    whose four corners have no observation get ``x̄ + x'·(1/√ρ)`` exactly,
+    as in the exact analysis.
+    """
+    k = X.shape[0]
+    bands = _Bands(node_row, k, BAND_BYTES if band_bytes is None else band_bytes)
+    per_tile = min(tile_points, tile_point_cap(k))  # the kernel's tiles
+
+    def fill(first: int, stop: int) -> float:
+        with sw("select"):
+            return _tile_fill(loc, nodes[first:stop], per_tile)
+
+    Gbuf = np.empty((bands.capacity, k, k))
+    diag_c = np.zeros((nodes.shape[0], 4))
+    point_row = node_row[corner[:, 0]]  # a point's cell spans its row and the next
+    empty = np.zeros(corner.shape[0], dtype=np.bool_)
+    with sw("update"):
+        mean = X.mean(axis=0)  # the anomalies are formed row by row in the blend
+        order = np.lexsort((inv, cell[inv])).astype(np.int64)  # by cell, then point
+        row_of = point_row[inv][order]
+        inv64, corner64 = np.asarray(inv, dtype=np.int64), np.asarray(corner, dtype=np.int64)
+        beta = np.ascontiguousarray(beta)
+    kept = 0  # nodes at the front of Gbuf carried over from the previous band
+    for lo, hi in bands.bands(fill):
+        base, first, stop = bands.start[lo], bands.start[lo] + kept, bands.stop[hi]
+        band_sw = Stopwatch(sw.enabled)  # the kernel laps from its own start
+
+        def capture(points: np.ndarray, Gp, off=first - base) -> None:
+            _dense_into(Gbuf, points + off, Gp)
+
+        diag_c[first:stop] = KERNELS[kernel](
+            nodes[first:stop], obs, loc, variant, np.full(stop - first, rho),
+            variant.projection(k), capture, band_sw, tile_points=tile_points, threads=threads,
+        )  # fmt: skip
+        _merge(sw, band_sw)
+        with sw("update"):
+            a = int(np.searchsorted(row_of, bands.rows[lo], side="left"))
+            b = int(np.searchsorted(row_of, bands.rows[hi - 1], side="right"))
+            pts_band = np.unique(inv64[order[a:b]])
+            empty[pts_band] = ~np.any(diag_c[corner[pts_band], 0] > 0, axis=1)
+            _blend_rows(X, mean, order[a:b], inv64, corner64, base, beta, Gbuf, empty,
+                        1.0 / np.sqrt(rho), out)  # fmt: skip
+            kept = bands.stop[hi] - bands.start[hi]
+            Gbuf[:kept] = Gbuf[bands.start[hi] - base : stop - base].copy()
+    return diag_c
+
+
+@njit(cache=True, nogil=True, fastmath=False)
+def _blend_rows(X, mean, rows, point, corner, base, beta, Gc, empty, s0, out):  # pragma: no cover
+    """``out[:, r] = x̄_r + Σ_c β_c x'_rᵀ G_c`` for the ``rows`` (numba; ``X``, ``out``: (k, n)).
+
+    ``Gc[corner[p, q] - base]`` is corner q of point p; the anomalies
+    ``x'_r = X[:, r] − x̄_r`` are formed here (no block-sized copy). ``rows``
+    come grouped by point: a point with several rows (the levels of a 3-D
+    state) gets its interpolated transform formed once (``4 k²``) and applied
+    to each (``k²`` per row, against ``4 k²`` per row through the corners).
+    """
+    k = X.shape[0]
+    x = np.empty(k)
+    acc = np.empty(k)
+    Gp = np.empty((k, k))
+    t = 0
+    while t < rows.size:
+        p = point[rows[t]]
+        u = t + 1
+        while u < rows.size and point[rows[u]] == p:
+            u += 1
+        if not empty[p] and u - t > 1:
+            Gp[:, :] = 0.0
+            for q in range(4):
+                w = beta[p, q]
+                if w != 0.0:
+                    G = Gc[corner[p, q] - base]
+                    for a in range(k):
+                        for b in range(k):
+                            Gp[a, b] += w * G[a, b]
+        for v in range(t, u):
+            r = rows[v]
+            for a in range(k):
+                x[a] = X[a, r] - mean[r]
+            if empty[p]:
+                for b in range(k):
+                    out[b, r] = mean[r] + x[b] * s0
+                continue
+            acc[:] = 0.0
+            if u - t > 1:
+                for a in range(k):
+                    xa = x[a]
+                    for b in range(k):
+                        acc[b] += xa * Gp[a, b]
+            else:
+                for q in range(4):
+                    w = beta[p, q]
+                    if w == 0.0:
+                        continue
+                    G = Gc[corner[p, q] - base]
+                    for a in range(k):
+                        xa = x[a] * w
+                        for b in range(k):
+                            acc[b] += xa * G[a, b]
+            for b in range(k):
+                out[b, r] = mean[r] + acc[b]
+        t = u
+
+
+def warm_up() -> None:
+    """Compile (first use) or load from the cache the numba loops of this module."""
+    _blend_rows(np.zeros((2, 1)), np.zeros(1), np.zeros(1, np.int64), np.zeros(1, np.int64),
+                np.zeros((1, 4), np.int64), 0, np.array([[1.0, 0, 0, 0]]), np.eye(2)[None],
+                np.zeros(1, np.bool_), 1.0, np.zeros((2, 1)))  # fmt: skip
+    _form_dense(np.zeros((1, 2, 2)), np.zeros(1, np.int64), np.ones((1, 2, 2)), np.ones((1, 2)),
+                np.ones(1), np.zeros((1, 2)), np.zeros(1, np.bool_))  # fmt: skip
