@@ -230,21 +230,6 @@ def test_timings_are_reported_per_phase(rng):
     assert all(v >= 0 for v in tm.values()) and tm["gemm_flops"] > 0
 
 
-@pytest.mark.parametrize("method", ["etkf", "enkf"])
-def test_per_tile_products_equal_the_cached_ones(monkeypatch, method, rng):
-    import ensio.analysis.batched as batched_mod
-
-    X, pts, obs = lonlat_case(rng, n=200)
-    if method == "enkf":
-        eps = rng.standard_normal(obs.hx.shape)
-        obs = ObsSpace(obs.hx, obs.values, obs.errors, obs.coords, obs.ids, eps)
-    loc = Localization(LONLAT, "gaspari-cohn", 2500.0)
-    cached = local_analysis(X, pts, obs, loc, method=method).ensemble
-    monkeypatch.setattr(batched_mod, "Z_CACHE_BYTES", 0)
-    built = local_analysis(X, pts, obs, loc, method=method).ensemble
-    assert rel(built, cached) <= 1e-12
-
-
 def test_threads_do_not_change_the_result(rng):
     X, pts, obs = lonlat_case(rng, n=600)
     loc = Localization(LONLAT, "gaspari-cohn", 2000.0)

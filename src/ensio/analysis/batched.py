@@ -49,24 +49,10 @@ __all__ = [
     "BASIS_TOLERANCE",
     "LOCKSTEP_MAX_ORDER",
     "TILE_WORK_BYTES",
-    "Z_CACHE_BYTES",
-    "Z_CACHE_MAX_ORDER",
     "Columns",
     "batched_kernel",
     "tile_point_cap",
 ]
-
-#: Z of all observations is computed once when it is at most this large;
-#: otherwise it is built per tile from the candidates. Why as small as one
-#: tile's work arrays: the cache lives through the whole analysis, beside the
-#: block and its posterior copy, and a larger one breaks the memory budget
-#: (issue 14: peak per rank < 2 × (block + observations + one tile's work));
-#: measured at 360×180, k = 40, 6480 observations: the 44 MiB cache made the
-#: peak 4.0× that budget, and building Z per tile costs ~8 % of the GEMM phase.
-Z_CACHE_BYTES = 32 * 2**20
-
-#: Largest q for which Z of all observations is cached at all.
-Z_CACHE_MAX_ORDER = 64
 
 #: Largest per-tile work array of the products (the packed Zᵀ of the tile's
 #: candidates, or the tile's q × q matrices): above it a tile forms its
@@ -109,17 +95,18 @@ class Columns:
     span fewer than k−1 dimensions (:func:`~ensio.analysis.basis.anomaly_basis`):
     Z holds the products of their r coordinates in an orthonormal basis, the
     GEMM is ``r(r+1)/2`` instead of ``q(q+1)/2`` columns wide and each
-    eigenproblem r × r. Otherwise Z (one row per observation) does not depend
-    on the tile: it is computed once and gathered per tile when it fits in
-    :data:`Z_CACHE_BYTES` (several times cheaper than forming the products
-    again for every tile that sees the observation).
+    eigenproblem r × r. Otherwise Z of the tile's candidates is built per
+    tile. (A cache of Z for all observations, gathered per tile, was dropped:
+    it lives through the whole analysis beside the block and broke the memory
+    budget of issue 14 at N_mpi = 2, peak 4.2× the budget, for a few per cent
+    of the GEMM phase.)
     """
 
     def __init__(self, obs: ObsSpace, variant: Variant, T: np.ndarray | None) -> None:
         self.variant = variant
         self.k = obs.k
         self.Yq = obs.Y if T is None else T.T @ obs.Y  # (q, m)
-        self.q = q = self.Yq.shape[0]
+        self.q = self.Yq.shape[0]
         self.T = T
         self.reduce = variant.reducible and BASIS_TOLERANCE > 0
         self.D = variant.innovations(obs)  # (s, m)
@@ -127,19 +114,12 @@ class Columns:
         self.obs = obs
         self.diag = np.stack([obs.d**2, obs.var, obs.errors**2])  # (3, m)
         self._index: dict[int, np.ndarray] = {}
-        self._cache: np.ndarray | None = None
         self._lock = threading.Lock()
-        ncols = q * (q + 1) // 2 + q * self.s + 3
-        # beyond q ≈ 64 building Z per tile costs little next to its GEMM
-        # (measured at k = 100: no gain from the cache), which is m·q²/2 numbers
         self.work_max = 0  # largest tile's work arrays, bytes (tile_work_bytes)
-        self._cache_ok = q <= Z_CACHE_MAX_ORDER and len(obs) * ncols * 8 <= Z_CACHE_BYTES
 
     def packed_bytes(self, n_cand: int, r: int | None = None) -> int:
-        """Bytes of the packed Zᵀ a tile of ``n_cand`` candidates builds (0 when cached)."""
+        """Bytes of the packed Zᵀ a tile of ``n_cand`` candidates builds."""
         q = self.q if r is None else r
-        if r is None and self._cache_ok:
-            return 0
         return 8 * n_cand * (q * (q + 1) // 2 + q * self.s + 3)
 
     def direct(
@@ -189,12 +169,6 @@ class Columns:
         """``S = W · Z`` for the candidates ``cand`` (in ``basis``): shape (p, ncols)."""
         if basis is not None:
             return Wt @ self._build(basis[1], cand).T
-        if self._cache is None and self._cache_ok:
-            with self._lock:  # built once, on first use (tile threads share it)
-                if self._cache is None:
-                    self._cache = np.ascontiguousarray(self._build(self.Yq, None).T)
-        if self._cache is not None:
-            return Wt @ self._cache[cand]
         return Wt @ self._build(self.Yq[:, cand], cand).T
 
     def _build(self, Yc: np.ndarray, cand: np.ndarray | None) -> np.ndarray:
