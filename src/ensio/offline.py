@@ -151,10 +151,8 @@ def run_analysis(
         with _opened(config, comm) as ens:
             key = root_call(comm, lambda: run_key(config, obs_files, cycle))
             done = None if force else _already(root, key, comm)
-            if done is not None:  # a backup that failed or was killed is made now
-                backup = ensure_cycle_backup(config, comm, cycle) if config.io.backup_dir else None
-                return AnalysisReport(result=None, already=done, took_over=took_over,
-                                      backup=backup)
+            if done is not None:
+                return already_report(config, comm, cycle, done, took_over)
             with file_op("read"), bars.phase("read", n_e, "members") as advance:
                 block = ens.read(progress=advance)
             inactive = ens.stats.inactive if ens.stats is not None else {}
@@ -184,6 +182,14 @@ def run_analysis(
         four_d=config.analysis.n_slots > 1,
         backup=backup,
     )
+
+
+def already_report(config: Config, comm: MPI.Comm, cycle: int, done: dict[str, Any],
+                   took_over: str | None) -> AnalysisReport:  # fmt: skip
+    """Collective: the report of a run the record shows done; a backup that failed or
+    was killed is made now (the files hold the analysis, the backup may not)."""
+    backup = ensure_cycle_backup(config, comm, cycle) if config.io.backup_dir else None
+    return AnalysisReport(result=None, already=done, took_over=took_over, backup=backup)
 
 
 def _opened(config: Config, comm: MPI.Comm) -> EnsembleIO:

@@ -34,7 +34,7 @@ from .analysis.inputs import assimilate_block, observation_sources
 from .config.schema import Config, ConfigError
 from .errors import InputError, file_op
 from .io import journal, staging
-from .io.backup import ensure_cycle_backup, start_cycle_backup
+from .io.backup import start_cycle_backup
 from .io.commit import ensemble_lock
 from .io.products import product_paths
 from .io.runrecord import find_run, record_line, run_key, runs_path
@@ -44,7 +44,7 @@ from .io.shuffleproducts import publish, roll_forward, write_shuffle_products
 from .io.tiled import check_tiled_run
 from .io.tileproducts import TileProducts
 from .layout.rowsetblock import RowSetBlock
-from .offline import AnalysisReport
+from .offline import AnalysisReport, already_report
 from .parallel.agree import root_call
 from .progress import PhaseProgress
 
@@ -106,10 +106,8 @@ def run_shuffle_analysis(
             key = root_call(comm, lambda: run_key(config, obs_files, cycle,
                                                   members=_member_files(config, ens)))
             done = None if force else _already(root, key, ens, comm)
-            if done is not None:  # a backup that failed or was killed is made now
-                backup = ensure_cycle_backup(config, comm, cycle) if config.io.backup_dir else None
-                return AnalysisReport(result=None, already=done, took_over=took_over,
-                                      backup=backup)
+            if done is not None:
+                return already_report(config, comm, cycle, done, took_over)
             with file_op("read"), bars.phase("read", n_e, "members") as advance:
                 block = ens.read(progress=advance)
             seconds["read"] = time.perf_counter() - t0

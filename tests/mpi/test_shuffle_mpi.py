@@ -15,7 +15,7 @@ import subprocess
 import netCDF4
 import numpy as np
 import pytest
-from tiles_support import PATTERN, add_mask, tile_case, tile_values
+from tiles_support import PATTERN, add_mask, assert_tile_holds, tile_case, tile_values
 
 from ensio.analysis.inputs import assimilate_block, observation_sources
 from ensio.cli.synth import main as synth_main
@@ -117,14 +117,8 @@ def test_shuffle_analysis_equals_files_mode(shared_dir, comm, levels, nemo) -> N
         report = run_analysis(cfg, comm)
         assert report.result is not None
         comm.Barrier()
-        now = tile_values(path)
-        b = geo.boxes[t]
-        iy, ix = b.interior()
-        want = full_ref[m].reshape(layout.variables[0].shape)[..., b.y0 : b.y1, b.x0 : b.x1]
-        np.testing.assert_allclose(now[..., iy, ix], want, rtol=0, atol=1e-12)
-        halo = np.ones(b.file_shape, dtype=bool)
-        halo[iy, ix] = False
-        assert now[..., halo].tobytes() == before[..., halo].tobytes()
+        want = full_ref[m].reshape(layout.variables[0].shape)
+        assert_tile_holds(tile_values(path), before, want, geo.boxes[t])
 
 
 def test_masked_shuffle_equals_files_mode(shared_dir, comm) -> None:
@@ -147,16 +141,7 @@ def test_masked_shuffle_equals_files_mode(shared_dir, comm) -> None:
         comm.Barrier()
         want = np.full(v.n_elements, np.nan)
         want[v.active] = full_ref[m]
-        want = want.reshape(v.shape)
-        b = geo.boxes[t]
-        ys, xs = slice(b.y0 - b.hy0, b.y1 + b.hy1), slice(b.x0 - b.hx0, b.x1 + b.hx1)
-        iy, ix = b.interior()
-        inside = np.zeros(b.file_shape, dtype=bool)
-        inside[iy, ix] = True
-        wet = inside & np.isfinite(want[0][ys, xs])
-        now = tile_values(path)
-        np.testing.assert_allclose(now[..., wet], want[..., ys, xs][..., wet], rtol=0, atol=1e-12)
-        assert now[..., ~wet].tobytes() == before[..., ~wet].tobytes()
+        assert_tile_holds(tile_values(path), before, want.reshape(v.shape), geo.boxes[t])
 
 
 def test_chunked_tiles_in_shuffle_mode(shared_dir, comm) -> None:
@@ -176,14 +161,8 @@ def test_chunked_tiles_in_shuffle_mode(shared_dir, comm) -> None:
             assert io.library == ((comm.rank % (n_e * p)) % 2 == 0)  # the deflated files
         assert run_analysis(cfg, comm).result is not None
         comm.Barrier()
-        b = geo.boxes[t]
-        iy, ix = b.interior()
-        want = full_ref[m].reshape(layout.variables[0].shape)[..., b.y0 : b.y1, b.x0 : b.x1]
-        now = tile_values(path)
-        np.testing.assert_allclose(now[..., iy, ix], want, rtol=0, atol=1e-12)
-        halo = np.ones(b.file_shape, dtype=bool)
-        halo[iy, ix] = False
-        np.testing.assert_array_equal(now[..., halo], before[..., halo])
+        want = full_ref[m].reshape(layout.variables[0].shape)
+        assert_tile_holds(tile_values(path), before, want, geo.boxes[t])
 
 
 def test_shuffle_products_equal_files_mode(shared_dir, comm) -> None:

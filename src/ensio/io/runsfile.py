@@ -9,10 +9,11 @@ recover`` starts without them). So the file's name and its reader live here.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
+
+from ..jsonlines import read_json_lines
 
 __all__ = ["RUNS_NAME", "read_entries", "runs_path"]
 
@@ -30,16 +31,4 @@ def read_entries(root: str | Path) -> list[dict[str, Any]]:
     A line that is not JSON (written by hand or by another version) is
     ignored; the record is replaced atomically, so it is never torn.
     """
-    try:
-        text = runs_path(root).read_text()
-    except FileNotFoundError:
-        return []
-    out = []
-    for line in text.splitlines():
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(entry, dict):
-            out.append(entry)
-    return out
+    return read_json_lines(runs_path(root))

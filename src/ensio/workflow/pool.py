@@ -42,6 +42,7 @@ from typing import Any
 
 from ..durable import fsync_path
 from ..errors import EnsioError
+from ..jsonlines import read_json_lines
 from .backends.base import Backend, JobSpec
 from .todo import Summary, TodoList
 
@@ -83,19 +84,7 @@ def read_job_file(path: str | Path) -> list[dict[str, Any]]:
     Lines that are not complete JSON objects with an ``id`` (a write cut by a
     crash) are skipped.
     """
-    try:
-        text = Path(path).read_text()
-    except FileNotFoundError:
-        return []
-    out = []
-    for line in text.splitlines():
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(entry, dict) and "id" in entry:
-            out.append(entry)
-    return out
+    return read_json_lines(path, keep=lambda entry: "id" in entry)
 
 
 def _append_job(path: Path, entry: dict[str, Any]) -> None:
