@@ -233,3 +233,20 @@ def test_status_rows_are_json(two_hosts, work):
             .splitlines()]
     assert [(Path(r["path"]).name, r["state"], r["size"]) for r in rows] == \
         [("x.nc", "complete", 1000)]
+
+
+def test_a_producer_daemon_that_stops_takes_its_copies_and_leaves_the_real_file(two_hosts,
+                                                                                 work):
+    """a's daemon stops normally (``fallback: files`` writes what it holds to disk): b
+    drops its copies of a's files and opens then read the real file."""
+    a, b = two_hosts
+    config = hosts_config(work / "t.yaml", PLACEMENT["1-1"], "1-1", FILES, fallback="files")
+    b.up(config, "post")
+    _ok(a.run(config, "model", PY, "-c", WRITE, "fc/x.nc", "4000", "3"))
+    assert sorted(_held(b)) == ["x.nc"]
+    _ok(a.ensio("transfer", "stop"))
+    assert (work / "fc/x.nc").read_bytes() == _bytes(4000, 3)
+    assert _held(b) == {}
+    assert ("host a's daemon stopped: the copies of its files here are dropped (1; new "
+            "opens see the real files)") in b.log()
+    assert _read(b, config, "fc/x.nc") == _sha(_bytes(4000, 3))

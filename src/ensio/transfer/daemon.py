@@ -121,6 +121,7 @@ class Daemon:
         if not wait_persisted(self.table, timeout=120.0):
             self.log.error("write-behind still pending after 120 s at exit")
         self.table.shut()
+        self.network.names.close()  # after the spill: other hosts then find the real files
         persister.join(timeout=10.0)
         self.log.info("stopped")
         os.close(self._lock_fd)
@@ -163,6 +164,7 @@ class Daemon:
                                                    "pid": os.getpid()}))
                     continue
                 if msg.verb == "STATUS":
+                    self.network.names.drain()  # what opens would see now
                     self._send_status(conn)
                     continue
                 reply = self._dispatch(peer, msg)

@@ -17,11 +17,12 @@ control connection is open.** A producer daemon that cannot get an answer in tim
 shuts the connection down; when it ends without ``BYE`` (that, a killed producer
 daemon, or TCP keepalive declaring the peer gone after a partition), every copy from
 that host is marked lost on the consumer host: new opens get ``EIO`` and a log line,
-readers that have it open keep their sealed bytes. A consumer host's daemon reads
-whatever is pending on its control connections (frames, or their end) before it
-answers each open or stat, so a daemon that was stopped and resumes applies the
-notifications (or the loss) before it serves anything. A daemon stopping normally
-says ``BYE``: its copies stay valid on the other hosts.
+readers that have it open keep their sealed bytes. A producer daemon that stops
+normally says ``BYE``: its copies are dropped on the other hosts (new opens see the
+real files there, as they do on the producer's host once its daemon is gone). A
+consumer host's daemon reads whatever is pending on its control connections (frames,
+or their end) before it answers each open or stat, so a daemon that was stopped and
+resumes applies the notifications (or the loss) before it serves anything.
 
 A copy arriving on a stream is accepted only while a control connection from its
 host is open (else the stream is refused and logged by the sender).
@@ -175,7 +176,7 @@ class Names:
             sock.close()
 
     def close(self) -> None:
-        """Daemon exit: ``BYE`` on every control connection (the copies stay valid)."""
+        """Daemon exit: ``BYE`` on every control connection (the other hosts drop our copies)."""
         with self.lock:
             controls = list(self.controls.items())
             self.controls.clear()
@@ -245,6 +246,11 @@ class Names:
                                        "(a rename or unlink there may not have reached us)")
             elif m.verb == "BYE":
                 ctl.ended = True
+                n = self.table.lose_origin(origin_key(origin), "", drop=True)
+                if n:
+                    self.log.warning("host %s's daemon stopped: the copies of its files "
+                                     "here are dropped (%d; new opens see the real files)",
+                                     origin[1], n)
             else:
                 reply = self._apply(m)
                 try:

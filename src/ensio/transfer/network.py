@@ -412,7 +412,8 @@ class Network:
                 s.abort()
 
     def close(self) -> None:
-        self.names.close()
+        """Stop listening and abort the streams (the daemon says ``BYE`` on the control
+        connections later, :meth:`.names.Names.close`, after its held files are on disk)."""
         with self.lock:
             listeners = list(self.listeners.values())
             self.listeners.clear()

@@ -424,13 +424,20 @@ class Table:
             self.cond.notify_all()
         return Reply("OK")
 
-    def lose_origin(self, origin: str, why: str) -> None:
-        """Every copy from ``origin`` is lost: it may have been renamed or unlinked there
-        (readers that have it open keep their bytes; new opens get EIO)."""
+    def lose_origin(self, origin: str, why: str, drop: bool = False) -> int:
+        """Every copy from ``origin`` is lost (new opens get EIO), or with ``drop`` forgotten
+        (new opens see the real files); readers that have one open keep their bytes. How
+        many copies that was."""
         with self.cond:
-            for e in list(self.entries.values()):
-                if e.origin == origin and e.state != "failed":
+            gone = [e for e in self.entries.values() if e.origin == origin and
+                    (drop or e.state != "failed")]
+            for e in gone:
+                if drop:
+                    self._drop(e.path)
+                else:
                     self._fail(e, why)
+            self.cond.notify_all()
+            return len(gone)
 
     def drop(self, path: str) -> Reply:
         with self.cond:

@@ -31,7 +31,7 @@ per consumer host whose first frame is ``CONTROL`` (answered ``OK``), then::
 
     client: UNLINK path=  |  RENAME old= new=
     server: OK                                   (applied on the consumer host)
-    client: BYE                                  (daemon exit: the copies stay valid)
+    client: BYE                                  (daemon exit: the copies are dropped)
 
 It ending without ``BYE`` marks every copy from that host lost on the consumer host.
 A ``FILE`` is refused (``ERR errno=ENOTCONN``) unless the sender's control connection is
