@@ -250,3 +250,48 @@ def test_a_producer_daemon_that_stops_takes_its_copies_and_leaves_the_real_file(
     assert ("host a's daemon stopped: the copies of its files here are dropped (1; new "
             "opens see the real files)") in b.log()
     assert _read(b, config, "fc/x.nc") == _sha(_bytes(4000, 3))
+
+
+def test_a_copy_pulled_on_demand_follows_the_rename(two_hosts, work):
+    """all-to-all with no consumer placed: b pulls x.nc.tmp on its open; a's rename then
+    renames b's pulled copy (held under the new name before anyone opens it)."""
+    a, b = two_hosts
+    config = hosts_config(work / "t.yaml", {"a": ["model"], "b": []}, "all-to-all", FILES)
+    b.up(config, "post")
+    _ok(a.run(config, "model", "nccopy", "-k", "classic", "in/nc4.nc", "fc/x.nc.tmp"))
+    want = _sha((work / "ref/x.nc").read_bytes())
+    assert _held(b) == {}
+    assert _read(b, config, "fc/x.nc.tmp") == want
+    _ok(a.run(config, "model", "mv", "fc/x.nc.tmp", "fc/x.nc"))
+    assert sorted(_held(b)) == ["x.nc"]
+    assert _read(b, config, "fc/x.nc") == want
+    assert _read(b, config, "fc/x.nc.tmp") == "ENOENT"
+    _ok(a.run(config, "model", "rm", "fc/x.nc"))
+    assert _held(b) == {}
+    assert _read(b, config, "fc/x.nc") == "ENOENT"
+    assert not list((work / "fc").iterdir())
+
+
+#: renameat2 through ctypes: RENAME_NOREPLACE (1) onto argv[2]; prints "ok" or the errno name
+NOREPLACE = r"""
+import ctypes, errno, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+rc = libc.renameat2(-100, sys.argv[1].encode(), -100, sys.argv[2].encode(), 1)
+print("ok" if rc == 0 else errno.errorcode[ctypes.get_errno()])
+"""
+
+
+def test_rename_noreplace_refuses_a_held_name_and_renames_onto_a_free_one(two_hosts, work):
+    a, b = two_hosts
+    config = hosts_config(work / "t.yaml", PLACEMENT["1-1"], "1-1", FILES)
+    b.up(config, "post")
+    _ok(a.run(config, "model", PY, "-c", WRITE, "fc/x.nc.tmp", "1000", "3"))
+    _ok(a.run(config, "model", PY, "-c", WRITE, "fc/y.nc", "1000", "5"))
+    moved = _ok(a.run(config, "model", PY, "-c", NOREPLACE, "fc/x.nc.tmp", "fc/y.nc")).stdout
+    assert moved == "EEXIST\n"
+    assert sorted(_held(b)) == ["x.nc.tmp", "y.nc"]
+    moved = _ok(a.run(config, "model", PY, "-c", NOREPLACE, "fc/x.nc.tmp", "fc/x.nc")).stdout
+    assert moved == "ok\n"
+    assert sorted(_held(b)) == ["x.nc", "y.nc"]
+    assert _read(b, config, "fc/x.nc") == _sha(_bytes(1000, 3))
+    assert _read(b, config, "fc/y.nc") == _sha(_bytes(1000, 5))

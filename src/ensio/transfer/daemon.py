@@ -247,7 +247,7 @@ class Daemon:
         if msg.verb == "RENAME":
             old, new = msg.get("old"), msg.get("new")
             export = msg.get("export") == "1"
-            reply = self.table.rename(old, new, export)
+            reply = self.table.rename(old, new, export, excl=msg.get("excl") == "1")
             if reply.verb != "ERR" and export:  # the file left the transfer layer
                 names.unlink(old)
             elif reply.verb != "ERR":

@@ -382,14 +382,20 @@ class Table:
             self.cond.notify_all()
             return Reply("OK", {"ondisk": int(ondisk)})
 
-    def rename(self, old: str, new: str, export: bool, copy: bool = False) -> Reply:
+    def rename(self, old: str, new: str, export: bool, copy: bool = False,
+               excl: bool = False) -> Reply:
         """Move a held file to another transferred name, or write it out (``export``).
 
         ``copy``: another host's rename of its file (:mod:`.names`): our copy moves in
-        whatever state it is (a failed one stays failed under the new name).
+        whatever state it is (a failed one stays failed under the new name). ``excl``:
+        ``RENAME_NOREPLACE``, EEXIST if ``new`` is held or on disk.
         """
         with self.cond:
             e = self.entries.get(old)
+            held = self.entries.get(new)
+            if excl and e is not None and ((held is not None and held.state != "failed")
+                                           or os.path.lexists(new)):
+                return Reply.err(errno.EEXIST)
             if e is None:
                 if not export:
                     self._drop(new)
