@@ -125,15 +125,17 @@ class Names:
             if not stale:
                 return sock
             self._end(target)
+        sock = None
         try:
             sock = self.connect(*target)
             sock.settimeout(NOTIFY_S)
             send_frame(sock, "CONTROL")
             reply = recv_frame(sock)
             if reply is None or reply.verb != "OK":
-                sock.close()
                 raise OSError(errno.EPROTO, "refused the control connection")
         except OSError as exc:
+            if sock is not None:
+                sock.close()
             self.log.error("host %s: no control connection (%s): renames and unlinks cannot "
                            "reach it", target[1], exc.strerror or exc)
             return None
@@ -209,18 +211,21 @@ class Names:
                 self._pump(origin, old)
         with self.lock:
             self.incoming[origin] = ctl
-        with ctl.lock:
-            send_frame(sock, "OK")
-        while True:
-            with contextlib.suppress(OSError, ValueError):
-                select.select([sock], [], [])
+        try:
             with ctl.lock:
-                self._pump(origin, ctl)
-                if ctl.ended:
-                    break
-        with self.lock:
-            if self.incoming.get(origin) is ctl:
-                del self.incoming[origin]
+                send_frame(sock, "OK")
+            while not ctl.ended:
+                with contextlib.suppress(OSError, ValueError):
+                    select.select([sock], [], [])
+                with ctl.lock:
+                    self._pump(origin, ctl)
+        finally:
+            with ctl.lock:
+                if not ctl.ended:  # gone without a word (an error here): as an end
+                    self._lost(origin, ctl)
+            with self.lock:
+                if self.incoming.get(origin) is ctl:
+                    del self.incoming[origin]
 
     def drain(self) -> None:
         """Apply what every control connection has pending (before an open is answered)."""
@@ -241,9 +246,7 @@ class Names:
             except (OSError, ValueError):
                 m = None
             if m is None:
-                ctl.ended = True
-                self.table.lose_origin(origin_key(origin), f"lost contact with host {origin[1]} "
-                                       "(a rename or unlink there may not have reached us)")
+                self._lost(origin, ctl)
             elif m.verb == "BYE":
                 ctl.ended = True
                 n = self.table.lose_origin(origin_key(origin), "", drop=True)
@@ -257,6 +260,12 @@ class Names:
                     send_frame(ctl.sock, reply.verb, **reply.fields)
                 except OSError:
                     continue  # the next read finds the end
+
+    def _lost(self, origin: Target, ctl: _Incoming) -> None:
+        """(ctl.lock held) The connection ended without ``BYE``: its host's copies are lost."""
+        ctl.ended = True
+        self.table.lose_origin(origin_key(origin), f"lost contact with host {origin[1]} (a "
+                               "rename or unlink there may not have reached us)")
 
     def _apply(self, m) -> Reply:
         if m.verb == "UNLINK":

@@ -15,6 +15,10 @@ as a local file, wait while it streams, and get EIO if the stream breaks off. On
 producer has closed it (``SIZE``), consumers of ``serve_partial`` connections may open
 it before it is complete and read what has arrived (:mod:`.progress`).
 
+Unlink and rename of a file follow it to the hosts that hold a copy, over one control
+connection per host (:mod:`.names`); a host accepts copies only while the sender's
+control connection is open, and loses them when it ends.
+
 Refusals (a wrong secret, an unknown experiment) and broken streams are logged, one
 line each, naming the host and the file.
 """
