@@ -121,6 +121,7 @@ class Daemon:
         if not wait_persisted(self.table, timeout=120.0):
             self.log.error("write-behind still pending after 120 s at exit")
         self.table.shut()
+        self.network.names.close()  # after the spill: other hosts then find the real files
         persister.join(timeout=10.0)
         self.log.info("stopped")
         os.close(self._lock_fd)
@@ -163,6 +164,7 @@ class Daemon:
                                                    "pid": os.getpid()}))
                     continue
                 if msg.verb == "STATUS":
+                    self.network.names.drain()  # what opens would see now
                     self._send_status(conn)
                     continue
                 reply = self._dispatch(peer, msg)
@@ -216,6 +218,7 @@ class Daemon:
                                               msg.get("listen"), msg.get("secret"), peers,
                                               pull)
             elif msg.verb in ("OPEN", "STAT"):
+                self.network.names.drain()  # renames/unlinks from other hosts come first
                 wait = msg.int("wait_ms", 600_000) / 1000.0 if msg.verb == "OPEN" else None
                 reply = self.table.open(peer, msg.get("path"), wait, msg.get("defer") == "1",
                                         partial=msg.get("partial") == "1")
@@ -223,12 +226,8 @@ class Daemon:
                     reply = self._pull(peer, msg, wait)
             elif msg.verb == "CHMOD":
                 reply = self.table.chmod(msg.get("path"), int(msg.get("mode"), 8))
-            elif msg.verb == "UNLINK":
-                reply = self.table.unlink(msg.get("path"))
-            elif msg.verb == "RENAME":
-                reply = self.table.rename(msg.get("old"), msg.get("new"), msg.get("export") == "1")
-            elif msg.verb == "DROP":
-                reply = self.table.drop(msg.get("path"))
+            elif msg.verb in ("UNLINK", "RENAME", "DROP"):
+                reply = self._name_change(msg)
             elif msg.verb == "STOP":
                 reply = Reply("OK")
             else:
@@ -239,6 +238,24 @@ class Daemon:
         for fd in (msg.fd, msg.fd2):
             if fd is not None:
                 os.close(fd)
+        return reply
+
+    def _name_change(self, msg: Message) -> Reply:
+        """Unlink, rename or drop here; then on the hosts holding copies (:mod:`.names`),
+        before the producer's call returns."""
+        names = self.network.names
+        if msg.verb == "RENAME":
+            old, new = msg.get("old"), msg.get("new")
+            export = msg.get("export") == "1"
+            reply = self.table.rename(old, new, export, excl=msg.get("excl") == "1")
+            if reply.verb != "ERR" and export:  # the file left the transfer layer
+                names.unlink(old)
+            elif reply.verb != "ERR":
+                names.rename(old, new)
+            return reply
+        path = msg.get("path")
+        reply = self.table.unlink(path) if msg.verb == "UNLINK" else self.table.drop(path)
+        names.unlink(path)
         return reply
 
     def _pull(self, peer: Peer, msg: Message, wait: float | None) -> Reply:

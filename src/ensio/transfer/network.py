@@ -15,6 +15,10 @@ as a local file, wait while it streams, and get EIO if the stream breaks off. On
 producer has closed it (``SIZE``), consumers of ``serve_partial`` connections may open
 it before it is complete and read what has arrived (:mod:`.progress`).
 
+Unlink and rename of a file follow it to the hosts that hold a copy, over one control
+connection per host (:mod:`.names`); a host accepts copies only while the sender's
+control connection is open, and loses them when it ends.
+
 Refusals (a wrong secret, an unknown experiment) and broken streams are logged, one
 line each, naming the host and the file.
 """
@@ -33,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .errors import TransferError
+from .names import Names, origin_key
 from .outgoing import Stream
 from .progress import STREAMING, Progress
 from .secret import read_secret
@@ -91,6 +96,7 @@ class Network:
         self._writers: dict[int, int] = {}               # entry id → producer peer id
         self._ids = itertools.count(-1, -1)              # remote peers: negative ids
         self._closed = False
+        self.names = Names(table, log, self._control_connect)   # unlink/rename, names.py
 
     # -- registration ----------------------------------------------------------------------
 
@@ -151,16 +157,22 @@ class Network:
             first = recv_frame(conn)
             if first is not None and first.verb == "PULL":
                 self._serve_pull(conn, first, host)
+            elif first is not None and first.verb == "CONTROL":
+                self.names.serve(conn, (identity, host))
             elif first is not None and first.verb == "FILE":
-                self._receive(conn, peer, host, first)
+                self._receive(conn, peer, host, first, (identity, host))
         finally:
             conn.close()
             self.table.peer_gone(peer)
             self.on_activity()
 
-    def _receive(self, conn: socket.socket, peer: Peer, host: str, m) -> bool:
+    def _receive(self, conn: socket.socket, peer: Peer, host: str, m,
+                 origin: tuple[str, str]) -> bool:
         """One file after its ``FILE`` frame ``m``: ``DATA``…, ``SIZE``, ``DATA``…, ``DONE``
         (see :mod:`.wire`); True if it is held here, complete, at the end.
+
+        Refused (``ERR errno=ENOTCONN``) unless a control connection from ``origin`` is
+        open: a copy is served only while its host can tell us of renames (:mod:`.names`).
 
         From ``SIZE`` on the file has its final size and a progress map
         (:mod:`.progress`): consumers of ``serve_partial`` connections may read the
@@ -170,10 +182,15 @@ class Network:
         peer = Peer(id=peer.id, component=f"{m.get('component', '?')}@{host}", pid=0)
         wfd, sink, progress, ok = -1, None, None, False
         try:  # the table supplies the memory (pre-faulted from the pool when it can)
+            if not self.names.live(origin):
+                self.log.error("%s: refused from host %s: no control connection from it",
+                               path, host)
+                send_frame(conn, "ERR", errno=errno.ENOTCONN)
+                return False
             reply = self.table.create(peer, path, None, conn=m.get("conn"), budget=-1,
                                       fallback="files", persist=False,
                                       mode=int(m.get("mode", "644"), 8), excl=False,
-                                      keep=False)
+                                      keep=False, origin=origin_key(origin))
             if reply.verb != "OK" or reply.fd is None:
                 send_frame(conn, reply.verb, **reply.fields)
                 return False
@@ -254,7 +271,7 @@ class Network:
             try:
                 first = recv_frame(sock)
                 if first is not None and first.verb == "FILE" and \
-                        self._receive(sock, peer, host, first):
+                        self._receive(sock, peer, host, first, (exp.identity, host)):
                     self.log.info("%s: pulled from host %s", path, host)
                     return True
             finally:
@@ -270,6 +287,12 @@ class Network:
         if got.verb != "OK" or got.fd is None:
             send_frame(conn, got.verb, **got.fields)
             return
+        target = (m.get("conn").split(":", 1)[0], host)
+        if not self.names.ensure(target):  # it may not keep a copy it cannot be told about
+            os.close(got.fd)
+            send_frame(conn, "ERR", errno=errno.ENOTCONN)
+            return
+        self.names.note(path, [target])
         component = self.table.component_of(path)
         send_frame(conn, "FILE", path=path, conn=m.get("conn"), component=component,
                    mode=str(got.fields.get("mode", "0644")))
@@ -294,12 +317,19 @@ class Network:
                                fields.get("path"), ",".join(targets), identity)
             return
         streams = []
+        path = fields.get("path", "?")
         for t in targets:
             if t == exp.host:
                 continue
-            s = self._open_stream(exp, t, entry_id, fields)
+            target = (identity, t)
+            s = None
+            if self.names.ensure(target):
+                s = self._open_stream(exp, t, entry_id, fields)
             if s is not None:
                 streams.append(s)
+                self.names.note(path, [target])
+            else:  # an older version there must not be served instead of this one
+                self.names.unlink(path, only=target)
         with self.lock:
             self.streams[entry_id] = streams
             self._writers[entry_id] = writer.id
@@ -386,6 +416,8 @@ class Network:
                 s.abort()
 
     def close(self) -> None:
+        """Stop listening and abort the streams (the daemon says ``BYE`` on the control
+        connections later, :meth:`.names.Names.close`, after its held files are on disk)."""
         with self.lock:
             listeners = list(self.listeners.values())
             self.listeners.clear()
@@ -396,6 +428,22 @@ class Network:
                 sock.close()
         for s in streams:
             s.abort()
+
+
+    def _control_connect(self, identity: str, host: str) -> socket.socket:
+        """An authenticated connection to ``host``'s daemon (:mod:`.names`); OSError if not."""
+        exp = self.experiments.get(identity)
+        endpoint = None if exp is None else exp.peers.get(host)
+        if exp is None or endpoint is None:
+            raise OSError(errno.EHOSTUNREACH, f"host {host} is not in experiment {identity}")
+        sock = _connect(endpoint, patience=0.0)
+        try:
+            sock.settimeout(_HANDSHAKE_S)
+            client_handshake(sock, read_secret(exp.secret_path), exp.identity, exp.host)
+        except (OSError, TransferError) as exc:
+            sock.close()
+            raise OSError(getattr(exc, "errno", None) or errno.EACCES, str(exc)) from None
+        return sock
 
 
 def _listen(endpoint: str) -> socket.socket:

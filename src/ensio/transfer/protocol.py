@@ -66,13 +66,17 @@ Requests (interposer → daemon), and their replies
     New permission bits (octal) of a held file. → ``OK`` | ``ABSENT`` | ``ERR errno=``
 ``UNLINK path=``
     → ``OK ondisk=0|1`` (``1``: a persisted copy exists, remove it too) | ``ABSENT``
-``RENAME old= new= export=``
+``RENAME old= new= export= [excl=1]``
     Both names transferred (``export=0``): the file moves to ``new``, replacing what
     was held there. ``export=1``: ``new`` is not transferred, so the daemon writes the
-    file there (atomically) and forgets ``old``. → ``OK`` | ``ABSENT`` | ``ERR errno=``
+    file there (atomically) and forgets ``old``. ``excl=1`` (``RENAME_NOREPLACE``):
+    ``EEXIST`` if ``new`` is held or on disk. → ``OK`` | ``ABSENT`` | ``ERR errno=``
 ``DROP path=``
     A real file was renamed onto a transferred name: forget what was held there.
     → ``OK``
+
+``UNLINK``, ``RENAME`` and ``DROP`` are answered only after every other host holding a
+copy of the names acknowledged the change, or was given up on (:mod:`.names`).
 
 Control requests (``ensio run``, ``ensio transfer status|stop``)
 ----------------------------------------------------------------

@@ -92,6 +92,8 @@ class Entry:
     after_close: int = 0   # of which after the producer's close
     pooled: bool = False   # the memory came pre-faulted from the pool: trim its tail
     progress: Progress | None = None  # arriving from another host, its final size known
+    origin: str = ""       # a copy from another host: "identity@host" (names.py)
+    why: str = ""          # failed: why (the log line of an open)
 
     def size(self) -> int:
         return os.fstat(self.fd).st_size if self.fd is not None else 0
@@ -119,7 +121,7 @@ class Table:
 
     def create(self, peer: Peer, path: str, memfd: int | None, *, conn: str, budget: int,
                fallback: str, persist: bool, mode: int, excl: bool, keep: bool,
-               exist: bool = False) -> Reply:
+               exist: bool = False, origin: str = "") -> Reply:
         """Register ``memfd`` as the new version of ``path`` being written by ``peer``.
 
         ``memfd`` None: the daemon supplies the memory, pre-faulted from the pool when
@@ -165,7 +167,7 @@ class Table:
             self._drop(path)
             entry = Entry(id=next(self._ids), path=path, fd=memfd, conn=conn,
                           component=peer.component, writer=peer, mode=mode, budget=budget,
-                          fallback=fallback, persist=persist, pooled=pooled)
+                          fallback=fallback, persist=persist, pooled=pooled, origin=origin)
             self.entries[path] = entry
             self._by_id[entry.id] = entry
             self._note_writers()
@@ -275,6 +277,7 @@ class Table:
     def _fail(self, e: Entry, why: str) -> None:
         """Mark ``e`` failed (lock held): its memory is released, consumers get EIO."""
         e.state = "failed"
+        e.why = why
         e.writer = None
         e.release()
         self._note_writers()
@@ -312,8 +315,8 @@ class Table:
                     return Reply("ABSENT")
                 if e.state == "failed":
                     if wait_s is not None:
-                        self.log.error("%s: open by %s fails with EIO: the producer (component "
-                                       "%s) died before closing it", path, peer, e.component)
+                        self.log.error("%s: open by %s fails with EIO: %s (component %s)", path,
+                                       peer, e.why, e.component)
                     return Reply.err(errno.EIO)
                 mine = e.writer is not None and e.writer.id == peer.id
                 if e.state == "complete" or wait_s is None or mine:
@@ -379,16 +382,26 @@ class Table:
             self.cond.notify_all()
             return Reply("OK", {"ondisk": int(ondisk)})
 
-    def rename(self, old: str, new: str, export: bool) -> Reply:
-        """Move a held file to another transferred name, or write it out (``export``)."""
+    def rename(self, old: str, new: str, export: bool, copy: bool = False,
+               excl: bool = False) -> Reply:
+        """Move a held file to another transferred name, or write it out (``export``).
+
+        ``copy``: another host's rename of its file (:mod:`.names`): our copy moves in
+        whatever state it is (a failed one stays failed under the new name). ``excl``:
+        ``RENAME_NOREPLACE``, EEXIST if ``new`` is held or on disk.
+        """
         with self.cond:
             e = self.entries.get(old)
+            held = self.entries.get(new)
+            if excl and e is not None and ((held is not None and held.state != "failed")
+                                           or os.path.lexists(new)):
+                return Reply.err(errno.EEXIST)
             if e is None:
                 if not export:
                     self._drop(new)
                     self.cond.notify_all()
                 return Reply("ABSENT")
-            if e.state != "complete":
+            if e.state != "complete" and not copy:
                 return Reply.err(errno.EBUSY)
             if not export:
                 self._drop(new)
@@ -416,6 +429,21 @@ class Table:
                 self._drop(old)
             self.cond.notify_all()
         return Reply("OK")
+
+    def lose_origin(self, origin: str, why: str, drop: bool = False) -> int:
+        """Every copy from ``origin`` is lost (new opens get EIO), or with ``drop`` forgotten
+        (new opens see the real files); readers that have one open keep their bytes. How
+        many copies that was."""
+        with self.cond:
+            gone = [e for e in self.entries.values() if e.origin == origin and
+                    (drop or e.state != "failed")]
+            for e in gone:
+                if drop:
+                    self._drop(e.path)
+                else:
+                    self._fail(e, why)
+            self.cond.notify_all()
+            return len(gone)
 
     def drop(self, path: str) -> Reply:
         with self.cond:

@@ -26,6 +26,17 @@ handshake, sends ``PULL path= conn= wait_ms=``; the other answers ``ABSENT`` (or
 (``serve_partial``, :mod:`.progress`). Async sends ``DATA`` before ``SIZE`` too (ranges
 written while the producer runs); sync only after it.
 
+Unlink and rename (:mod:`.names`): the producer host's daemon keeps one connection
+per consumer host whose first frame is ``CONTROL`` (answered ``OK``), then::
+
+    client: UNLINK path=  |  RENAME old= new=
+    server: OK                                   (applied on the consumer host)
+    client: BYE                                  (daemon exit: the copies are dropped)
+
+It ending without ``BYE`` marks every copy from that host lost on the consumer host.
+A ``FILE`` is refused (``ERR errno=ENOTCONN``) unless the sender's control connection is
+open.
+
 The connection closing before ``DONE`` fails the file on the consumer host (EIO for
 its consumers). Keepalive and ``TCP_USER_TIMEOUT`` turn a vanished host into a
 closed connection within about a minute instead of a hang.
@@ -44,7 +55,7 @@ from .secret import proof, verify
 __all__ = ["AuthError", "client_handshake", "recv_exact_into", "recv_frame", "send_frame",
            "server_handshake", "tune"]
 
-WIRE_VERSION = 2  # 2: the SIZE frame (serve_partial)
+WIRE_VERSION = 3  # 2: the SIZE frame (serve_partial); 3: CONTROL (names.py)
 _LEN = struct.Struct("!I")
 
 

@@ -316,16 +316,22 @@ static int rename_held(int od, const char *old, int nd, const char *new, unsigne
     const struct ei_rule *rn = ei_classify(nd, new, cnew, EI_PRODUCER);
     *drop = 0;
     if (ro == NULL && rn == NULL) return -2;
-    if (flags) { errno = EINVAL; return -1; }  /* RENAME_NOREPLACE/EXCHANGE: not for these */
-    if (ro == NULL) { *drop = 1; return -2; }
+    /* RENAME_NOREPLACE (what coreutils mv tries first) is the daemon's check; EXCHANGE and
+     * WHITEOUT are not for these names */
+    if (flags & ~(unsigned)RENAME_NOREPLACE) { errno = EINVAL; return -1; }
+    if (ro == NULL) {
+        if (flags) { errno = EINVAL; return -1; }
+        *drop = 1;
+        return -2;
+    }
     int rc = -2;
     pthread_mutex_lock(&ei_lock);
     char msg[2 * PATH_MAX + 64], reply[EI_REPLY_MAX];
     char target[PATH_MAX];  /* the daemon needs the absolute target */
     int n = -1;
     if (rn || ei_canonical(nd, new, target) == 0)
-        n = snprintf(msg, sizeof msg, "RENAME\nold=%s\nnew=%s\nexport=%d", cold,
-                     rn ? cnew : target, rn == NULL);
+        n = snprintf(msg, sizeof msg, "RENAME\nold=%s\nnew=%s\nexport=%d\nexcl=%d", cold,
+                     rn ? cnew : target, rn == NULL, (flags & RENAME_NOREPLACE) != 0);
     if (n > 0 && (size_t)n < sizeof msg && ei_daemon_usable()
         && ei_request(msg, (size_t)n, -1, reply, NULL) == 0) {
         if (ei_reply_is(reply, "OK")) {

@@ -1,0 +1,283 @@
+"""Unlink and rename follow a transferred file to the hosts that hold copies of it.
+
+A producer host's daemon keeps one *control* connection (:mod:`.wire`, first frame
+``CONTROL``) to each consumer host it streams files to, opened before the first
+stream, and remembers which hosts hold (or are receiving) a copy of each path. When
+a producer unlinks or renames a transferred path, the daemon sends ``UNLINK path=``
+or ``RENAME old= new=`` on each of those hosts' control connections and waits for
+their ``OK`` (at most :data:`NOTIFY_S` per host) before the producer's call returns:
+an open on any host that starts after the producer's ``unlink``/``rename`` returned
+sees the new names. Sync and async connections behave alike (an async file is
+complete on every host when its producer's close returns, so there is nothing in
+flight to rename).
+
+The rule that keeps a host that missed a notification from serving stale copies:
+**a consumer host serves the copies it received from a host only while that host's
+control connection is open.** A producer daemon that cannot get an answer in time
+shuts the connection down; when it ends without ``BYE`` (that, a killed producer
+daemon, or TCP keepalive declaring the peer gone after a partition), every copy from
+that host is marked lost on the consumer host: new opens get ``EIO`` and a log line,
+readers that have it open keep their sealed bytes. A producer daemon that stops
+normally says ``BYE``: its copies are dropped on the other hosts (new opens see the
+real files there, as they do on the producer's host once its daemon is gone). A
+consumer host's daemon reads whatever is pending on its control connections (frames,
+or their end) before it answers each open or stat, so a daemon that was stopped and
+resumes applies the notifications (or the loss) before it serves anything.
+
+A copy arriving on a stream is accepted only while a control connection from its
+host is open (else the stream is refused and logged by the sender).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import select
+import socket
+import threading
+from collections.abc import Callable
+
+from .table import Reply, Table
+from .wire import recv_frame, send_frame
+
+__all__ = ["NOTIFY_S", "Names", "origin_key"]
+
+NOTIFY_S = 5.0   # how long a producer's unlink/rename waits for each other host's answer
+
+Target = tuple[str, str]   # (experiment identity, host name)
+
+
+class _Incoming:
+    """A control connection from a producer host, on the consumer host."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.lock = threading.Lock()
+        self.ended = False
+
+
+class Names:
+    """Both sides of the control connections of one daemon.
+
+    ``connect(identity, host)`` opens an authenticated connection to ``host``'s daemon
+    for experiment ``identity`` (raising OSError), as :class:`~.network.Network` does
+    for streams.
+    """
+
+    def __init__(self, table: Table, log: logging.Logger,
+                 connect: Callable[[str, str], socket.socket]) -> None:
+        self.table = table
+        self.log = log
+        self.connect = connect
+        self.lock = threading.Lock()
+        self.holders: dict[str, set[Target]] = {}        # path → hosts with a copy
+        self.controls: dict[Target, socket.socket] = {}  # producer side
+        self._target_locks: dict[Target, threading.Lock] = {}
+        self.incoming: dict[Target, _Incoming] = {}      # consumer side
+
+    # -- producer host ---------------------------------------------------------------------
+
+    def ensure(self, target: Target) -> bool:
+        """A control connection to ``target`` is open (opened now if needed)."""
+        with self._lock_of(target):
+            return self._control(target) is not None
+
+    def note(self, path: str, targets: list[Target]) -> None:
+        """``targets`` hold (or are receiving) a copy of ``path``."""
+        if targets:
+            with self.lock:
+                self.holders.setdefault(path, set()).update(targets)
+
+    def unlink(self, path: str, only: Target | None = None) -> None:
+        """``path`` is gone here: every host holding a copy drops it (``only``: that one)."""
+        with self.lock:
+            held = self.holders.get(path, set())
+            targets = {only} & held if only is not None else set(held)
+            held -= targets
+            if not held:
+                self.holders.pop(path, None)
+        for t in sorted(targets):
+            self._tell(t, "UNLINK", path=path)
+
+    def rename(self, old: str, new: str) -> None:
+        """``old`` is now ``new`` here; hosts holding either name follow."""
+        with self.lock:
+            moved = self.holders.pop(old, set())
+            replaced = self.holders.pop(new, set())
+            if moved:
+                self.holders[new] = set(moved)
+        for t in sorted(moved | replaced):
+            self._tell(t, "RENAME", old=old, new=new)
+
+    def _lock_of(self, target: Target) -> threading.Lock:
+        with self.lock:
+            return self._target_locks.setdefault(target, threading.Lock())
+
+    def _control(self, target: Target) -> socket.socket | None:
+        """(target lock held) The open control connection, or a new one; None if unreachable."""
+        sock = self.controls.get(target)
+        if sock is not None:
+            try:  # nothing is due on it: readable means closed (the other daemon restarted)
+                stale = bool(select.select([sock], [], [], 0)[0])
+            except (OSError, ValueError):
+                stale = True
+            if not stale:
+                return sock
+            self._end(target)
+        sock = None
+        try:
+            sock = self.connect(*target)
+            sock.settimeout(NOTIFY_S)
+            send_frame(sock, "CONTROL")
+            reply = recv_frame(sock)
+            if reply is None or reply.verb != "OK":
+                raise OSError(errno.EPROTO, "refused the control connection")
+        except OSError as exc:
+            if sock is not None:
+                sock.close()
+            self.log.error("host %s: no control connection (%s): renames and unlinks cannot "
+                           "reach it", target[1], exc.strerror or exc)
+            return None
+        self.controls[target] = sock
+        return sock
+
+    def _tell(self, target: Target, verb: str, **fields: object) -> None:
+        """One name operation on ``target``, acknowledged, or its control connection ends
+        (and with it, on that host, every copy from here). Never waits past NOTIFY_S per
+        attempt; a connection found dead is reopened once (the other daemon restarted)."""
+        what = " ".join(f"{k}={v}" for k, v in fields.items())
+        with self._lock_of(target):
+            for attempt in (0, 1):
+                fresh = target not in self.controls
+                sock = self._control(target)
+                if sock is None:
+                    return
+                try:
+                    send_frame(sock, verb, **fields)
+                    reply = recv_frame(sock)
+                except TimeoutError:
+                    reply, fresh = None, True   # alive but not answering: do not retry
+                except OSError:
+                    reply = None
+                if reply is not None and reply.verb == "OK":
+                    return
+                self._end(target)
+                if fresh or attempt:
+                    self.log.error("host %s did not acknowledge %s %s: its copies from this "
+                                   "host are marked lost there", target[1], verb, what)
+                    return
+
+    def _end(self, target: Target) -> None:
+        """(target lock held) Shut the control connection down: the other host, when it
+        reads its end, marks every copy from here lost."""
+        sock = self.controls.pop(target, None)
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def close(self) -> None:
+        """Daemon exit: ``BYE`` on every control connection (the other hosts drop our copies)."""
+        with self.lock:
+            controls = list(self.controls.items())
+            self.controls.clear()
+            incoming = list(self.incoming.values())
+        for _, sock in controls:
+            with contextlib.suppress(OSError):
+                send_frame(sock, "BYE")
+            sock.close()
+        for ctl in incoming:
+            with contextlib.suppress(OSError):
+                ctl.sock.shutdown(socket.SHUT_RDWR)
+
+    # -- consumer host ---------------------------------------------------------------------
+
+    def live(self, origin: Target) -> bool:
+        """Whether a control connection from ``origin`` is open (copies may be accepted)."""
+        self.drain()
+        with self.lock:
+            ctl = self.incoming.get(origin)
+        return ctl is not None and not ctl.ended
+
+    def serve(self, sock: socket.socket, origin: Target) -> None:
+        """A producer host's control connection, until it ends (in its own thread)."""
+        sock.settimeout(NOTIFY_S)  # a frame is small: one that stalls half-read is a loss
+        ctl = _Incoming(sock)
+        with self.lock:
+            old = self.incoming.get(origin)
+        if old is not None:  # the producer reconnected: settle the old connection first
+            with old.lock:
+                self._pump(origin, old)
+        with self.lock:
+            self.incoming[origin] = ctl
+        try:
+            with ctl.lock:
+                send_frame(sock, "OK")
+            while not ctl.ended:
+                with contextlib.suppress(OSError, ValueError):
+                    select.select([sock], [], [])
+                with ctl.lock:
+                    self._pump(origin, ctl)
+        finally:
+            with ctl.lock:
+                if not ctl.ended:  # gone without a word (an error here): as an end
+                    self._lost(origin, ctl)
+            with self.lock:
+                if self.incoming.get(origin) is ctl:
+                    del self.incoming[origin]
+
+    def drain(self) -> None:
+        """Apply what every control connection has pending (before an open is answered)."""
+        with self.lock:
+            pending = list(self.incoming.items())
+        for origin, ctl in pending:
+            with ctl.lock:
+                self._pump(origin, ctl)
+
+    def _pump(self, origin: Target, ctl: _Incoming) -> None:
+        """(ctl.lock held) Apply the frames that arrived, and the connection's end."""
+        while not ctl.ended:
+            try:
+                ready, _, _ = select.select([ctl.sock], [], [], 0)
+                if not ready:
+                    return
+                m = recv_frame(ctl.sock)
+            except (OSError, ValueError):
+                m = None
+            if m is None:
+                self._lost(origin, ctl)
+            elif m.verb == "BYE":
+                ctl.ended = True
+                n = self.table.lose_origin(origin_key(origin), "", drop=True)
+                if n:
+                    self.log.warning("host %s's daemon stopped: the copies of its files "
+                                     "here are dropped (%d; new opens see the real files)",
+                                     origin[1], n)
+            else:
+                reply = self._apply(m)
+                try:
+                    send_frame(ctl.sock, reply.verb, **reply.fields)
+                except OSError:
+                    continue  # the next read finds the end
+
+    def _lost(self, origin: Target, ctl: _Incoming) -> None:
+        """(ctl.lock held) The connection ended without ``BYE``: its host's copies are lost."""
+        ctl.ended = True
+        self.table.lose_origin(origin_key(origin), f"lost contact with host {origin[1]} (a "
+                               "rename or unlink there may not have reached us)")
+
+    def _apply(self, m) -> Reply:
+        if m.verb == "UNLINK":
+            self.table.drop(m.get("path"))
+            return Reply("OK")
+        if m.verb == "RENAME":
+            self.table.rename(m.get("old"), m.get("new"), export=False, copy=True)
+            return Reply("OK")
+        return Reply.err(errno.ENOSYS)
+
+
+def origin_key(origin: Target) -> str:
+    """The ``origin`` a held copy records (:class:`~.table.Entry`)."""
+    return f"{origin[0]}@{origin[1]}"
+
