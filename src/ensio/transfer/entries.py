@@ -1,0 +1,74 @@
+"""The records of the staging daemon's table: a client, a reply, a held version of a file.
+
+Apart from :mod:`.table` so that the modules that only pass them around
+(:mod:`.daemon`, :mod:`.network`, :mod:`.names`) need not read the table's logic.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from .progress import Progress
+
+__all__ = ["Entry", "Peer", "Reply"]
+
+
+@dataclass(frozen=True)
+class Peer:
+    """A connected client: its connection id, component and process."""
+
+    id: int
+    component: str
+    pid: int
+
+    def __str__(self) -> str:
+        return f"{self.component} (pid {self.pid})"
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A reply packet: verb, fields and an optional descriptor the daemon closes after sending."""
+
+    verb: str
+    fields: dict[str, object] = field(default_factory=dict)
+    fd: int | None = None
+    fd2: int | None = None   # a second descriptor: a partial file's progress map
+
+    @classmethod
+    def err(cls, code: int) -> Reply:
+        return cls("ERR", {"errno": code})
+
+
+@dataclass(eq=False)
+class Entry:
+    """One held version of a file."""
+
+    id: int
+    path: str
+    fd: int | None
+    conn: str
+    component: str
+    writer: Peer | None
+    mode: int
+    budget: int
+    fallback: str
+    persist: bool
+    state: str = "writing"
+    persist_state: str = ""
+    waiters: int = 0
+    sent: int = 0          # bytes streamed to other hosts (all of them together)
+    after_close: int = 0   # of which after the producer's close
+    pooled: bool = False   # the memory came pre-faulted from the pool: trim its tail
+    progress: Progress | None = None  # arriving from another host, its final size known
+    origin: str = ""       # a copy from another host: "identity@host" (names.py)
+    why: str = ""          # failed: why (the log line of an open)
+
+    def size(self) -> int:
+        return os.fstat(self.fd).st_size if self.fd is not None else 0
+
+    def release(self) -> None:
+        """Close the daemon's descriptor: the memory goes when the last reader closes."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
