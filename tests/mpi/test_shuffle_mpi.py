@@ -97,14 +97,19 @@ def local_file(case, comm, n_e, p, s):
     return case / "local" / f"r{f}" / PATTERN.format(member=m + 1, tile=t).split("/")[-1], m, t
 
 
-@pytest.mark.parametrize("levels,nemo", [(None, False), (2, False), (None, True)])
-def test_shuffle_analysis_equals_files_mode(shared_dir, comm, levels, nemo) -> None:
+@pytest.mark.parametrize("levels,nemo,mask", [(None, False, False), (2, False, False),
+                                              (None, True, False), (2, False, True)])
+def test_shuffle_analysis_equals_files_mode(shared_dir, comm, levels, nemo, mask) -> None:
     """Every (N_e, P, S) that fits: the tiles written in place hold the files-mode
-    analysis in their interiors, halos untouched; the read gives the prior exactly.
-    The decomposition is declared, or read from NEMO's DOMAIN_* attributes."""
+    analysis in their interiors (at the sea points of a masked variable), halos and land
+    untouched; the read gives the prior exactly. The decomposition is declared, or read
+    from NEMO's DOMAIN_* attributes."""
     for n_e, p, s in shapes_for(comm.size):
-        case, geo, sets = make_case(shared_dir, comm, n_e, p, s, levels=levels, nemo=nemo)
-        full_prior, full_ref, layout = reference(case, comm)
+        case, geo, sets = make_case(shared_dir, comm, n_e, p, s, levels=levels, nemo=nemo,
+                                    mask=mask)  # fmt: skip
+        full_prior, full_ref, layout = reference(case, comm, [MASKED] if mask else [])
+        v = layout.variables[0]
+        assert (v.active is not None and v.active.size < v.n_elements) == mask
         path, m, t = local_file(case, comm, n_e, p, s)
         before = tile_values(path)
         comm.Barrier()
@@ -114,33 +119,10 @@ def test_shuffle_analysis_equals_files_mode(shared_dir, comm, levels, nemo) -> N
             assert block.data.tobytes() == full_prior[:, block.rows].tobytes()
             assert io.traffic.partners == n_e - 1
         comm.Barrier()
-        report = run_analysis(cfg, comm)
-        assert report.result is not None
-        comm.Barrier()
-        want = full_ref[m].reshape(layout.variables[0].shape)
-        assert_tile_holds(tile_values(path), before, want, geo.boxes[t])
-
-
-def test_masked_shuffle_equals_files_mode(shared_dir, comm) -> None:
-    """A masked state variable (2 levels): the shuffle's row sets hold the masked files-mode
-    prior and its analysis lands in the sea points of each tile's interior only."""
-    for n_e, p, s in shapes_for(comm.size):
-        case, geo, sets = make_case(shared_dir, comm, n_e, p, s, levels=2, mask=True)
-        full_prior, full_ref, layout = reference(case, comm, [MASKED])
-        v = layout.variables[0]
-        assert v.active is not None and v.active.size < v.n_elements
-        path, m, t = local_file(case, comm, n_e, p, s)
-        before = tile_values(path)
-        comm.Barrier()
-        cfg = load_config(case / "ensio.yaml", sets)
-        with ShuffleEnsembleIO(cfg.ensemble, cfg.base_dir, cfg.io, comm) as io:
-            block = io.read()
-            assert block.data.tobytes() == full_prior[:, block.rows].tobytes()
-        comm.Barrier()
         assert run_analysis(cfg, comm).result is not None
         comm.Barrier()
         want = np.full(v.n_elements, np.nan)
-        want[v.active] = full_ref[m]
+        want[slice(None) if v.active is None else v.active] = full_ref[m]
         assert_tile_holds(tile_values(path), before, want.reshape(v.shape), geo.boxes[t])
 
 
