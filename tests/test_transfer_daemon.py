@@ -237,6 +237,22 @@ def test_persist_writes_behind_and_unlink_removes_both(daemon, files, rng):
     assert daemon_status(daemon.dir) == []
 
 
+@pytest.mark.parametrize("export", [0, 1], ids=["held-name", "out-of-the-connections"])
+def test_rename_of_a_persisted_file_moves_its_real_file(daemon, files, rng, export):
+    """A persisted file renamed (to a held name, or out of the connections) leaves no real
+    file under its old name: the write-behind copy moves with it, as a rename on disk."""
+    data = rng.bytes(5000)
+    old, new = files / "mem001.nc.tmp", files / ("mem001.nc" if not export else "out.dat")
+    produce(daemon, old, data, persist=1)
+    wait_for(lambda: daemon_status(daemon.dir)[0].persist == "done", what="write-behind")
+    assert old.read_bytes() == data
+    with Client(daemon.socket_path, component="model") as c:
+        assert c.request(encode("RENAME", old=str(old), new=str(new),
+                                export=export)).verb == "OK"
+    assert not old.exists()
+    assert new.read_bytes() == data
+
+
 def test_rename_moves_exports_and_drops(daemon, files):
     produce(daemon, files / "tmp.nc", b"version 1")
     produce(daemon, files / "other.nc", b"other")

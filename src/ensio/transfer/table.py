@@ -26,6 +26,7 @@ Every blocking wait has a deadline; nothing here sleeps.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import itertools
@@ -367,6 +368,9 @@ class Table:
             materialize.publish(tmp, new, fsync=False)
             if self.entries.get(old) is e:
                 self._drop(old)
+            if e.persist_state == "done":  # its write-behind copy moves too, as on disk
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(old)
             self.cond.notify_all()
         return Reply("OK")
 
