@@ -48,11 +48,19 @@ from .variants import Variant
 __all__ = [
     "BASIS_TOLERANCE",
     "LOCKSTEP_MAX_ORDER",
+    "TILE_EXTENT",
     "TILE_WORK_BYTES",
     "Columns",
     "batched_kernel",
     "tile_point_cap",
 ]
+
+#: A tile's largest extent, as a fraction of the support radius: small against
+#: the radius, so a tile's candidates are not many more than one point's
+#: (:func:`~ensio.analysis.tiles.make_tiles`). On the full grid the 128 points
+#: of a tile span less than that anyway; callers with sparser points (the
+#: coarse nodes of weight interpolation) pass a larger one.
+TILE_EXTENT = 0.5
 
 #: Largest per-tile work array of the products (the packed Zᵀ of the tile's
 #: candidates, or the tile's q × q matrices): above it a tile forms its
@@ -306,8 +314,11 @@ def batched_kernel(
     *,
     tile_points: int,
     threads: int,
+    tile_extent: float = TILE_EXTENT,
 ) -> np.ndarray:
     """Transforms of all points ``pts`` (p, d), tile by tile, handed to ``apply``.
+
+    ``tile_extent``: a tile's largest extent as a fraction of the support radius.
 
     Returns
     -------
@@ -315,7 +326,8 @@ def batched_kernel(
         Per point: observations used, ``Σρd²/σ²``, ``Σρ var/σ²``, ``Σρ``.
     """
     tile_points = min(tile_points, tile_point_cap(obs.k))
-    tiles = make_tiles(loc.geometry, pts, max_points=tile_points, max_extent=0.5 * loc.radius)
+    tiles = make_tiles(loc.geometry, pts, max_points=tile_points,
+                       max_extent=tile_extent * loc.radius)  # fmt: skip
     pts_pre, obs_pre = prepare(loc.geometry, pts), prepare(loc.geometry, obs.coords)
     finder = CandidateFinder(loc.geometry, obs.coords, loc.radius)
     cols = Columns(obs, variant, T)

@@ -89,6 +89,15 @@ def _form_dense(Gbuf, slots, M, D, s0, wbar, centred):  # pragma: no cover
 GOOD_FILL = 0.9
 FILL_TRIES = 4
 
+#: Tile extent of the coarse nodes, as a fraction of the support radius (the
+#: kernel's ``tile_extent``). Why not the full grid's 0.5: the nodes are
+#: ``stride`` grid points apart, so half a 5000 km radius held 45–61 nodes at
+#: stride 3, which left the GEMM and the eigensolver's lanes under-filled;
+#: a whole radius lets tiles reach their 128 points (measured, 360 × 180,
+#: N_e = 40: stride 3 from 5.40× to 6.12× the exact analysis, stride 2 from
+#: 3.05× to 3.08×).
+COARSE_TILE_EXTENT = 1.0
+
 
 def _tile_fill(loc: Localization, pts: np.ndarray, tile_points: int) -> float:
     """Share of the eigensolver's lanes the kernel's tiles of ``pts`` fill.
@@ -97,7 +106,8 @@ def _tile_fill(loc: Localization, pts: np.ndarray, tile_points: int) -> float:
     makes them (about 1 ms for a band); their matrices are solved in blocks of
     :data:`~ensio.analysis.eigensolver.LANES` (a partial block costs a full one).
     """
-    tiles = make_tiles(loc.geometry, pts, max_points=tile_points, max_extent=0.5 * loc.radius)
+    tiles = make_tiles(loc.geometry, pts, max_points=tile_points,
+                       max_extent=COARSE_TILE_EXTENT * loc.radius)  # fmt: skip
     sizes = np.array([t.size for t in tiles])
     return float(sizes.sum() / (LANES * np.ceil(sizes / LANES)).sum()) if sizes.size else 1.0
 
@@ -193,6 +203,7 @@ def banded_update(X, out, inv, nodes, node_row, corner, beta, cell, obs, loc, va
         diag_c[first:stop] = KERNELS[kernel](
             nodes[first:stop], obs, loc, variant, np.full(stop - first, rho),
             variant.projection(k), capture, band_sw, tile_points=tile_points, threads=threads,
+            tile_extent=COARSE_TILE_EXTENT,
         )  # fmt: skip
         _merge(sw, band_sw)
         with sw("update"):
