@@ -138,7 +138,8 @@ def test_config_keys() -> None:
 def test_shuffle_on_eight_ranks() -> None:
     """8 ranks on this machine (oversubscribed).
 
-    (N_e, P, S) = (2, 4, 1), (4, 2, 1), (2, 2, 2), (8, 1, 1), each against files mode.
+    (N_e, P, S) = (2, 4, 1), (4, 2, 1), (2, 2, 2), (8, 1, 1), each against files mode,
+    for each of the four cases of the test (2-D, levels, NEMO attributes, masked).
     """
     venv = Path(sys.executable).parent
     mpiexec = shutil.which("mpiexec", path=str(venv)) or shutil.which("mpiexec")
@@ -151,4 +152,4 @@ def test_shuffle_on_eight_ranks() -> None:
            "-k", "test_shuffle_analysis_equals_files_mode"]  # fmt: skip
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "3 passed" in out.stdout
+    assert "4 passed" in out.stdout  # the test's four cases (levels, NEMO, masked)
