@@ -281,9 +281,8 @@ def _copy_paths(config: Config, ens: EnsembleIO) -> list[Path]:
     if not isinstance(ens, TiledEnsembleIO):
         return config.output_member_paths()
     assert config.output.members is not None
-    targets = copy_targets(config.output.members, config.ensemble, ens.tiled.geometry.count,
-                           config.resolve)  # fmt: skip
-    return [p for tiles in targets for p in tiles]
+    return copy_targets(config.output.members, config.ensemble, ens.tiled.geometry.count,
+                        config.resolve)  # fmt: skip
 
 
 def _tile_products(ens: EnsembleIO) -> TileProducts | None:
@@ -301,9 +300,7 @@ def _write_members(
     if config.io.in_place:
         return ens.write(analysis, progress=advance)
     if isinstance(ens, TiledEnsembleIO):
-        flat, count = _copy_paths(config, ens), ens.tiled.geometry.count
-        staged = [[stage(p) for p in flat[i : i + count]] for i in range(0, len(flat), count)]
-        return ens.write_copies(analysis, staged, advance)
+        return ens.write_copies(analysis, [stage(p) for p in _copy_paths(config, ens)], advance)
     paths = config.output_member_paths()
     stats = write_member_copies(config.io, comm, analysis, config.member_paths(), paths, stage)
     advance(len(paths))

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 
 import netCDF4
@@ -45,7 +45,7 @@ from .copies import copy_members
 from .ensemble import IOStats, open_ensemble
 from .tileproducts import TileProducts, tile_paths
 
-__all__ = ["partial_path", "product_paths", "write_field_file",
+__all__ = ["history", "partial_path", "product_paths", "statistics", "write_field_file",
            "write_member_copies", "write_products"]
 
 Statistic = cf.Statistic
@@ -242,6 +242,26 @@ def product_paths(output: OutputSection, base_dir: Path) -> dict[str, Path]:
     }
 
 
+def statistics(
+    rows: np.ndarray, keys: Collection[str]
+) -> tuple[int, list[tuple[str, Statistic, Callable[[], np.ndarray]]]]:
+    """The products among ``keys`` (``"mean"``, ``"spread"``) of ``rows`` (N_e, count).
+
+    Returns the spread's ddof and, in that order, ``(key, statistic, compute)``
+    for each product asked: one expression per row, so any partition of the
+    rows (the ranks of ``files`` or ``shuffle`` mode) gives the same values.
+    """
+    ddof = 1 if rows.shape[0] > 1 else 0
+    every = [("mean", cf.MEAN, lambda: rows.mean(axis=0)),
+             ("spread", cf.SPREAD, lambda: rows.std(axis=0, ddof=ddof))]  # fmt: skip
+    return ddof, [f for f in every if f[0] in keys]
+
+
+def history(program: str, statistic: Statistic) -> str:
+    """The ``history`` line of a product (after its timestamp)."""
+    return f"{program} (ensio {__version__}): analysis ensemble {statistic.name}"
+
+
 def write_products(
     comm: MPI.Comm,
     layout: StateLayout,
@@ -286,12 +306,8 @@ def write_products(
         The members are tiled: each target is a pattern with ``{tile}`` and
         tile t takes its structure from ``tiles.templates[t]``.
     """
-    ddof = 1 if rows.shape[0] > 1 else 0
-    stats = {
-        "mean": (cf.MEAN, lambda: rows.mean(axis=0)),
-        "spread": (cf.SPREAD, lambda: rows.std(axis=0, ddof=ddof)),
-    }
-    fields = [(targets[k], *stats[k]) for k in stats if k in targets]
+    ddof, stats = statistics(rows, targets)
+    fields = [(targets[k], statistic, compute) for k, statistic, compute in stats]
     if fields and template is None:
         raise ConfigError(
             "output.mean/output.spread: no member file to take the structure from; "
@@ -303,7 +319,7 @@ def write_products(
         if inactive is not None:
             field = np.where(inactive, np.nan, field)
         full = _gather_rows(comm, dist, field)
-        what = f"{program} (ensio {__version__}): analysis ensemble {statistic.name}"
+        what = history(program, statistic)
         if tiles is None:
             pieces = [(path, template, layout, lambda full=full: full)]
         else:

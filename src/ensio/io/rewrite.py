@@ -21,7 +21,7 @@ from mpi4py import MPI
 
 from ..durable import replacing
 from ..layout.encoding import Encoding
-from ..layout.state import StateLayout, VariableLayout
+from ..layout.state import StateLayout
 from ..parallel.agree import ErrorNote
 from ..parallel.distribution import RowDistribution
 from ..stopwatch import Stopwatch
@@ -33,7 +33,7 @@ from .store import MemberStore
 if TYPE_CHECKING:  # files.py imports this module
     from .files import FileEnsembleIO
 
-__all__ = ["rewrite_copy", "variable_counts", "write_library"]
+__all__ = ["rewrite_copy", "rewrite_elements", "variable_counts", "write_library"]
 
 
 def variable_counts(rows: RowDistribution, offset: int, size: int) -> np.ndarray:
@@ -116,12 +116,30 @@ def rewrite_copy(
 ) -> dict[str, int]:
     """Write library-path variables into a copy of ``path`` and rename it into place.
 
-    ``values`` are physical (NaN: keep the prior value), packed with the
-    file's ``encodings`` (default: those of the layout). Returns the clips
-    per variable. The copy replaces the file itself: a symlinked member stays
-    a link to the rewritten file, and the copy keeps the file's permission
-    bits and owner (:func:`ensio.durable.replacing`). The journal backs up
-    that same file.
+    ``values`` are physical (NaN: keep the prior value) state rows of the
+    layout's variables (:func:`rewrite_elements` with their active elements).
+    """
+    return rewrite_elements(
+        path, {name: (layout.variable(name).active, full) for name, full in values.items()},
+        undo, fsync, encodings,
+    )  # fmt: skip
+
+
+def rewrite_elements(
+    path: Path,
+    values: Mapping[str, tuple[np.ndarray | None, np.ndarray]],
+    undo: journal.UndoLog | None,
+    fsync: bool,
+    encodings: Mapping[str, Encoding] | None = None,
+) -> dict[str, int]:
+    """Variables' elements ``values[name] = (elements, physical values)`` via a copy of ``path``.
+
+    ``elements``: flat indices into the variable (None: all of it). Values
+    are physical (NaN: keep the prior value), packed with the file's
+    ``encodings`` (default: its own). Returns the clips per variable. The
+    copy replaces the file itself: a symlinked member stays a link to the
+    rewritten file, and the copy keeps the file's permission bits and owner
+    (:func:`ensio.durable.replacing`). The journal backs up that same file.
     """
     path = Path(os.path.realpath(path))
     if undo is not None:
@@ -130,29 +148,30 @@ def rewrite_copy(
     with replacing(path, fsync=fsync, label="library") as tmp:
         shutil.copyfile(path, tmp)
         with open_member(tmp, writable=True) as store:
-            for name, full in values.items():
-                v = layout.variable(name)
-                enc = (encodings or {}).get(name) or store.variables()[name].encoding
-                clips[name] = _store_variable(store, v, full, enc)
+            infos = store.variables()
+            for name, (elements, full) in values.items():
+                enc = (encodings or {}).get(name) or infos[name].encoding
+                clips[name] = _store_elements(store, name, infos[name].size, elements, full, enc)
     return clips
 
 
-def _store_variable(
-    store: MemberStore, v: VariableLayout, full: np.ndarray, enc: Encoding
-) -> int:
-    """The state rows of ``v`` into its file variable, packed; returns the clips.
+def _store_elements(
+    store: MemberStore, name: str, size: int, elements: np.ndarray | None, full: np.ndarray,
+    enc: Encoding,
+) -> int:  # fmt: skip
+    """``full`` into ``elements`` (None: all ``size``) of the variable, packed; the clips.
 
-    Masked points, inactive rows (NaN) and unchanged packed values keep their
-    stored values.
+    Elements not listed (masked points, a tile's halo), NaN values (inactive
+    rows) and unchanged packed values keep their stored values.
     """
-    cur = store.read_elements(v.name, 0, v.n_elements)
-    prior = cur if v.active is None else cur[v.active]
+    cur = store.read_elements(name, 0, size)
+    prior = cur if elements is None else cur[elements]
     new = np.empty_like(prior)
     clips = enc.encode(full, new)
     enc.keep_prior(prior, full, new)
-    if v.active is None:
+    if elements is None:
         cur = new
     else:
-        cur[v.active] = new
-    store.write_elements(v.name, 0, cur)
+        cur[elements] = new
+    store.write_elements(name, 0, cur)
     return clips

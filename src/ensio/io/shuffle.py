@@ -382,10 +382,7 @@ class ShuffleEnsembleIO:
         ):
             raise ValueError(f"rank {self.comm.rank}: the block is not this rank's row set")
         t0 = time.perf_counter()
-        data = np.array(block.data, dtype=np.float64)
-        keep = block.inactive_rows()
-        if keep.any():
-            data[:, keep] = np.nan  # inactive rows keep their bytes
+        data = block.to_write()  # inactive rows keep their (prior) bytes
         counts = plan.chunk_counts
         mine = int(counts[plan.member])
         values = np.empty(plan.part_rows)
@@ -407,10 +404,7 @@ class ShuffleEnsembleIO:
                          for e, r in (run.window(lo, hi) for run in self.runs[plan.tile])]
                 gathered = self.file_comm.gather(parts, root=0)
                 if gathered is not None:
-                    merged = [(np.concatenate([g[j][0] for g in gathered]),
-                               np.concatenate([g[j][1] for g in gathered]))
-                              for j in range(len(self.names))]  # fmt: skip
-                    rewrite_tile(self.path, self.names, merged, undo, self.io.fsync)
+                    rewrite_tile(self.path, self.names, gathered, undo, self.io.fsync)
             else:
                 write_tile(self.path, self.names, self.runs[plan.tile], plan.window,
                            lambda r: _slice_of(rows, values, r), undo, self.io.fsync,

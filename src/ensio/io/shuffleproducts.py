@@ -25,15 +25,13 @@ from pathlib import Path
 import numpy as np
 from mpi4py import MPI
 
-from .. import __version__
 from ..config.schema import Coordinates
 from ..errors import file_op
 from ..layout.state import StateLayout
 from ..parallel.agree import ErrorNote, raise_if_any
 from ..parallel.rowsets import RowSets
-from . import cf
 from .pipeline import guard
-from .products import partial_path, write_field_file
+from .products import history, partial_path, statistics, write_field_file
 from .runrecord import sha256_file
 from .tileproducts import TileProducts, tile_paths
 
@@ -89,13 +87,10 @@ def write_shuffle_products(
     ``tiles.templates[p]`` is read on rank p only (its own local tile).
     Returns ``{absolute final path: sha256 of the staged file}``.
     """
-    ddof = 1 if data.shape[0] > 1 else 0
-    stats = {"mean": (cf.MEAN, lambda: data.mean(axis=0)),
-             "spread": (cf.SPREAD, lambda: data.std(axis=0, ddof=ddof))}  # fmt: skip
-    names = [k for k in stats if k in targets]
-    if not names:
+    ddof, stats = statistics(data, targets)
+    if not stats:
         return {}
-    mine = np.stack([np.where(inactive, np.nan, stats[k][1]()) for k in names])
+    mine = np.stack([np.where(inactive, np.nan, compute()) for _, _, compute in stats])
     p = comm.rank if comm.rank < tiles.geometry.count else None
     box = tiles.geometry.boxes[p] if p is not None else None
     tile_layout = tiles.layout(layout, box) if box is not None else None
@@ -105,14 +100,13 @@ def write_shuffle_products(
 
     def write() -> None:
         assert p is not None and tile_layout is not None
-        for i, key in enumerate(names):
-            statistic = stats[key][0]
+        for i, (key, statistic, _) in enumerate(stats):
             target = tile_paths(targets[key], tiles.geometry.count)[p]
             out = staged(target)
-            what = f"{program} (ensio {__version__}): analysis ensemble {statistic.name}"
             with file_op("write", target):
                 write_field_file(out, tiles.templates[p], tile_layout, values[i], coordinates,
-                                 what, statistic=statistic, ddof=ddof)  # fmt: skip
+                                 history(program, statistic), statistic=statistic,
+                                 ddof=ddof)  # fmt: skip
             digests[os.path.abspath(target)] = sha256_file(out)
 
     note: ErrorNote = guard(write) if p is not None else None

@@ -144,10 +144,7 @@ class TiledEnsembleIO:
         infos = self.scan.refresh()
         journaled = self.io.journal if journal is None else journal
         fsync = self.io.fsync
-        data = np.array(block.data, dtype=np.float64)
-        keep = block.inactive_rows()
-        if keep.any():
-            data[:, keep] = np.nan  # inactive rows keep their bytes
+        data = block.to_write()  # inactive rows keep their (prior) bytes
         journaled_write(
             self.comm, self.root, journaled, fsync,
             lambda undo: self.tiled.write_all(self.comm, data, self.rows.start, undo, fsync,
@@ -158,12 +155,10 @@ class TiledEnsembleIO:
         self.stats = _stats(time.perf_counter() - t0, self.comm)
         return self.stats
 
-
     def write_copies(
-        self, block: EnsembleBlock, targets: Sequence[Sequence[Path]],
-        progress: Advance = no_progress,
+        self, block: EnsembleBlock, targets: Sequence[Path], progress: Advance = no_progress,
     ) -> IOStats:  # fmt: skip
-        """Collective: tile t of member m copied to ``targets[m][t]``, then the analysis into it.
+        """Collective: tile t of member m copied to ``targets[m·P + t]``, then the analysis into it.
 
         ``io.in_place: false`` for tiles: the copies are made byte for byte
         (round robin over the ranks), so the checked offsets of the sources
@@ -173,16 +168,15 @@ class TiledEnsembleIO:
         """
         t0 = time.perf_counter()
         sources = [p for tiles in self.tiled.paths for p in tiles]
-        flat = [Path(p) for tiles in targets for p in tiles]
-        if len(flat) != len(sources):
-            raise ValueError(f"{len(flat)} copy targets for {len(sources)} tile files")
+        if len(targets) != len(sources):
+            raise ValueError(f"{len(targets)} copy targets for {len(sources)} tile files")
         infos = self.scan.refresh()
-        all_call(self.comm, lambda: copy_members(sources, flat, self.comm.rank, self.comm.size))
-        copies = self.tiled.with_paths([list(map(Path, tiles)) for tiles in targets])
-        data = np.array(block.data, dtype=np.float64)
-        keep = block.inactive_rows()
-        if keep.any():
-            data[:, keep] = np.nan  # inactive rows keep the copied prior bytes
+        all_call(self.comm, lambda: copy_members(sources, targets, self.comm.rank,
+                                                 self.comm.size))  # fmt: skip
+        p = self.tiled.geometry.count
+        copies = self.tiled.with_paths([list(targets[i : i + p])
+                                        for i in range(0, len(targets), p)])  # fmt: skip
+        data = block.to_write()  # inactive rows keep their (prior) bytes
         raise_if_any(self.comm, copies.write_all(self.comm, data, self.rows.start, None,
                                                  self.io.fsync, infos)[0])  # fmt: skip
         for _ in range(self.n_members):
@@ -192,10 +186,10 @@ class TiledEnsembleIO:
 
 
 def copy_targets(pattern: str, ens: EnsembleSection, count: int,
-                 resolve: Callable[[str], Path]) -> list[list[Path]]:
-    """``output.members`` of tiled members: ``targets[m][t]`` (``{member}``, ``{tile}`` filled)."""
-    return [[resolve(pattern.format(member=m, tile=t)) for t in range(count)]
-            for m in ens.numbers]  # fmt: skip
+                 resolve: Callable[[str], Path]) -> list[Path]:
+    """``output.members`` of tiled members, member-major (``{member}``, ``{tile}`` filled)."""
+    return [resolve(pattern.format(member=m, tile=t)) for m in ens.numbers
+            for t in range(count)]  # fmt: skip
 
 
 def _stats(seconds: float, comm: MPI.Comm) -> IOStats:

@@ -15,19 +15,16 @@ kind.
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 from mpi4py import MPI
 
-from ..durable import replacing
 from ..parallel.agree import ErrorNote
 from . import journal as journal_mod
-from .open import open_member
 from .pipeline import guard
+from .rewrite import rewrite_elements
 from .store import VarInfo
 from .tilefile import TileRuns
 
@@ -74,15 +71,10 @@ def write_library_tiles(
         if comm.rank != owner or note is not None:
             continue
         assert gathered is not None
-        merged = [
-            (np.concatenate([g[j][0] for g in gathered]),
-             np.concatenate([g[j][1] for g in gathered]))
-            for j in range(len(names))
-        ]  # fmt: skip
         found = [0]
 
-        def rewrite(path: Path = paths[m][t], merged: list = merged, found: list = found) -> None:
-            found[0] = rewrite_tile(path, names, merged, undo, fsync)
+        def rewrite(path: Path = paths[m][t], parts: list = gathered, found: list = found) -> None:
+            found[0] = rewrite_tile(path, names, parts, undo, fsync)
 
         note = guard(rewrite)
         clips += found[0]
@@ -90,27 +82,17 @@ def write_library_tiles(
 
 
 def rewrite_tile(
-    path: Path, names: Sequence[str], values: Sequence[tuple[np.ndarray, np.ndarray]],
+    path: Path, names: Sequence[str], parts: Sequence[Sequence[tuple[np.ndarray, np.ndarray]]],
     undo: journal_mod.UndoLog | None, fsync: bool,
 ) -> int:  # fmt: skip
-    """Tile elements ``values[j] = (elems, physical values)`` of ``names[j]``, via a copy."""
-    path = Path(os.path.realpath(path))
-    if undo is not None:
-        undo.save_file(path)
-    clips = 0
-    with replacing(path, fsync=fsync, label="library") as tmp:
-        shutil.copyfile(path, tmp)
-        with open_member(tmp, writable=True) as store:
-            infos = store.variables()
-            for name, (elems, vals) in zip(names, values, strict=True):
-                if elems.size == 0:
-                    continue
-                info = infos[name]
-                cur = np.asarray(store.read_elements(name, 0, info.size)).ravel().copy()
-                prior = cur[elems]
-                new = np.empty_like(prior)
-                clips += info.encoding.encode(np.ascontiguousarray(vals, np.float64), new)
-                info.encoding.keep_prior(prior, vals, new)
-                cur[elems] = new
-                store.write_elements(name, 0, cur)
-    return clips
+    """Tile elements of ``names`` from the ranks' ``parts``, via a copy; the values clipped.
+
+    ``parts[r][j] = (elems, physical values)``: rank r's interior points of
+    variable ``names[j]`` (a ``gather`` of each writer's part, in rank order,
+    so the elements stay increasing). Written by
+    :func:`ensio.io.rewrite.rewrite_elements`, the single-file members' path.
+    """
+    merged = {name: (np.concatenate([p[j][0] for p in parts]),
+                     np.concatenate([p[j][1] for p in parts]))
+              for j, name in enumerate(names)}  # fmt: skip
+    return sum(rewrite_elements(path, merged, undo, fsync).values())

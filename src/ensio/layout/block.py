@@ -64,6 +64,18 @@ class EnsembleBlock:
             flags |= np.asarray(self.inactive, dtype=bool)
         return flags
 
+    def to_write(self) -> np.ndarray:
+        """A float64 copy of ``data`` (N_e, count) with NaN in :meth:`inactive_rows`.
+
+        What the tile writers take: a non-finite value keeps the prior bytes,
+        so the rows the analysis must not update are not written.
+        """
+        data = np.array(self.data, dtype=np.float64)
+        keep = self.inactive_rows()
+        if keep.any():
+            data[:, keep] = np.nan
+        return data
+
     def count_by_variable(self, flags: np.ndarray) -> np.ndarray:
         """How many of this block's rows with ``flags`` fall in each variable, shape (n_vars,)."""
         out = np.zeros(len(self.layout.variables), dtype=np.int64)
