@@ -98,41 +98,34 @@ def test_record_rerun_force_and_modified_tile(case, comm) -> None:
     assert case.leftovers() == []
 
 
-def test_held_global_lock_fails_every_rank_and_modifies_nothing(case, comm) -> None:
+@pytest.mark.parametrize("where", ["global", "local"])
+def test_held_lock_fails_every_rank_and_modifies_nothing(case, comm, where) -> None:
+    """Another run holding the global lock, or ``ensio recover LOCAL_DIR`` (or a second
+    run) holding one local directory's lock."""
     before = stamps(case)
-    lock = EnsembleLock(case.global_dir, "ensio analyse other.yaml") if comm.rank == 0 else None
+    if where == "global":
+        path, holder = case.global_dir, "ensio analyse other.yaml"
+        match = r"^members locked by `ensio analyse other.yaml`"
+    else:
+        path, holder = case.locals[-1], "ensio recover"
+        match = f"^members locked by `ensio recover`.*{case.locals[-1]}"
+    lock = EnsembleLock(path, holder) if comm.rank == 0 else None
     if lock is not None:
         lock.acquire()
     comm.Barrier()
     try:
-        with pytest.raises(LockError, match=r"^members locked by `ensio analyse other.yaml`"):
+        with pytest.raises(LockError, match=match):
             run_analysis(load_config(case.config), comm)
     finally:
         comm.Barrier()
         if lock is not None:
             lock.release()
     assert stamps(case) == before
-    assert not (case.global_dir / ".ensio-runs.jsonl").exists()
-
-
-def test_held_local_lock_fails_every_rank_and_modifies_nothing(case, comm) -> None:
-    """``ensio recover LOCAL_DIR`` (or a second run) holding one local directory's lock."""
-    before = stamps(case)
-    last = case.locals[-1]
-    lock = EnsembleLock(last, "ensio recover") if comm.rank == 0 else None
-    if lock is not None:
-        lock.acquire()
-    comm.Barrier()
-    try:
-        with pytest.raises(LockError, match=f"^members locked by `ensio recover`.*{last}"):
-            run_analysis(load_config(case.config), comm)
-    finally:
-        comm.Barrier()
-        if lock is not None:
-            lock.release()
-    assert stamps(case) == before
-    comm.Barrier()  # rank 0 releases the global lock after the run returns
-    assert case.leftovers() == []
+    if where == "global":
+        assert not (case.global_dir / ".ensio-runs.jsonl").exists()
+    else:
+        comm.Barrier()  # rank 0 releases the global lock after the run returns
+        assert case.leftovers() == []
 
 
 def test_unjournaled_run_is_recorded_too(case, comm) -> None:
