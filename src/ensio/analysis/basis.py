@@ -75,13 +75,20 @@ def anomaly_basis(
         ``None`` when no basis of at most ``max_rank`` dimensions passes the test.
     """
     q, c = Y.shape
-    lam, E = np.linalg.eigh(Y @ Y.T)
-    top = lam[-1] if q else 0.0
-    if not top > 0.0:
-        return np.empty((q, 0)), np.empty((0, c))
-    r = int(np.count_nonzero(lam > 1e-12 * top))
-    if r > (q - 1 if max_rank is None else min(max_rank, q - 1)):
-        return None
+    gram = Y @ Y.T
+    most = q - 1 if max_rank is None else min(max_rank, q - 1)
+    # the eigenvalues alone first: on locally full-rank ensembles (the usual
+    # case) the answer is None, and the vectors would cost twice as much
+    lam = np.linalg.eigvalsh(gram)
+    for vectors in (False, True):
+        top = lam[-1] if q else 0.0
+        if not top > 0.0:
+            return np.empty((q, 0)), np.empty((0, c))
+        r = int(np.count_nonzero(lam > 1e-12 * top))
+        if r > most:
+            return None
+        if not vectors:
+            lam, E = np.linalg.eigh(gram)
     Q = np.ascontiguousarray(E[:, q - r :])
     coords = Q.T @ Y
     resid = Q @ coords

@@ -55,16 +55,19 @@ __all__ = ["LANES", "eigh_stack", "warm_up"]
 
 
 @njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
-def _tred2(V, d, e, h_of):  # pragma: no cover - compiled
-    """Householder tridiagonalization of the lanes of ``V`` (n, n, B), in place.
+def _reduce(V, d, e):  # pragma: no cover - compiled
+    """The reduction of JAMA's ``tred2`` on the lanes of ``V`` (n, n, B), in place.
 
     Over 80 lines: one classic algorithm kept whole, so that it can be read
     line by line against its reference; pieces would pass a dozen lane
     arrays around.
 
-    On return ``V`` holds the orthogonal transformation, ``d`` the diagonal
-    and ``e`` the subdiagonal (``e[0] = 0``) of every lane; JAMA's ``tred2``
-    with its branches turned into lane selects.
+    On return, per lane: the diagonal of the tridiagonal matrix is the
+    diagonal of ``V``, its subdiagonal ``e[1:]``; the reflection that
+    reduced row i + 1 is ``I − u uᵀ/h`` with ``u = V[:i+1, i+1]`` and
+    ``h = d[i+1]`` (a zero ``u`` where the column was already reduced).
+    :func:`_tred2` accumulates these into the transformation;
+    :mod:`~ensio.analysis.lockstep_apply` applies them to vectors instead.
     """
     n, B = V.shape[0], V.shape[2]
     for j in range(n):
@@ -76,7 +79,6 @@ def _tred2(V, d, e, h_of):  # pragma: no cover - compiled
     f = np.empty(B)
     g = np.empty(B)
     hh = np.empty(B)
-    G = np.empty((n, B))
     for i in range(n - 1, 0, -1):
         for b in range(B):
             scale[b] = 0.0
@@ -133,6 +135,20 @@ def _tred2(V, d, e, h_of):  # pragma: no cover - compiled
                 V[i, j, b] = 0.0
         for b in range(B):
             d[i, b] = h[b]
+
+
+@njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
+def _tred2(V, d, e, h_of):  # pragma: no cover - compiled
+    """Householder tridiagonalization of the lanes of ``V`` (n, n, B), in place.
+
+    On return ``V`` holds the orthogonal transformation, ``d`` the diagonal
+    and ``e`` the subdiagonal (``e[0] = 0``) of every lane; JAMA's ``tred2``
+    with its branches turned into lane selects (the reduction is
+    :func:`_reduce`, the accumulation of the reflections follows).
+    """
+    n, B = V.shape[0], V.shape[2]
+    _reduce(V, d, e)
+    G = np.empty((n, B))
     # accumulate the transformations
     for i in range(n - 1):
         for b in range(B):
@@ -168,6 +184,38 @@ def _tred2(V, d, e, h_of):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
+def load_block(A, shift, b0, V, scale, okb):  # pragma: no cover - compiled
+    """Lanes of ``V`` (n, n, B) ← ``(A + shift·I)[b0 : b0 + B]``, scaled; returns their count.
+
+    Each lane is scaled by a power of 2 (exact) that brings its entries to
+    order one (``scale``); padding lanes past the stack get the identity,
+    which converges at once. ``okb`` is set.
+    """
+    P, n, lanes = A.shape[0], A.shape[1], V.shape[2]
+    nb = min(lanes, P - b0)
+    for b in range(lanes):
+        okb[b] = True
+        if b < nb:
+            big = 0.0
+            for i in range(n):
+                for j in range(n):
+                    x = abs(A[b0 + b, i, j] + (shift[b0 + b] if i == j else 0.0))
+                    big = max(big, x)
+            scale[b] = (
+                1.0 if big == 0.0 or not np.isfinite(big) else 2.0 ** (-np.ceil(np.log2(big)))
+            )
+    for i in range(n):
+        for j in range(n):
+            for b in range(lanes):
+                if b < nb:
+                    x = A[b0 + b, i, j] + (shift[b0 + b] if i == j else 0.0)
+                    V[i, j, b] = x * scale[b]
+                else:
+                    V[i, j, b] = 1.0 if i == j else 0.0
+    return nb
+
+
+@njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
 def _solve(A, shift, lam, U, ok, lanes):  # pragma: no cover - compiled
     """All blocks of ``lanes`` matrices: load (scaled), tred2, tql2, store."""
     P, n = A.shape[0], A.shape[1]
@@ -180,27 +228,9 @@ def _solve(A, shift, lam, U, ok, lanes):  # pragma: no cover - compiled
     h = np.empty(lanes)
     scale = np.empty(lanes)
     okb = np.empty(lanes, dtype=np.bool_)
+    no_i, no_cs, nrec = np.empty(0, np.int64), np.empty((0, lanes)), np.zeros(1, np.int64)
     for b0 in range(0, P, lanes):
-        nb = min(lanes, P - b0)
-        for b in range(lanes):
-            okb[b] = True
-            if b < nb:  # power-of-2 scale: exact, entries of order one
-                big = 0.0
-                for i in range(n):
-                    for j in range(n):
-                        x = abs(A[b0 + b, i, j] + (shift[b0 + b] if i == j else 0.0))
-                        big = max(big, x)
-                scale[b] = (
-                    1.0 if big == 0.0 or not np.isfinite(big) else 2.0 ** (-np.ceil(np.log2(big)))
-                )
-        for i in range(n):
-            for j in range(n):
-                for b in range(lanes):
-                    if b < nb:
-                        x = A[b0 + b, i, j] + (shift[b0 + b] if i == j else 0.0)
-                        V[i, j, b] = x * scale[b]
-                    else:  # padding lanes: the identity converges at once
-                        V[i, j, b] = 1.0 if i == j else 0.0
+        nb = load_block(A, shift, b0, V, scale, okb)
         _tred2(V, d, e, h)
         for i in range(n):
             for j in range(n):
@@ -209,7 +239,7 @@ def _solve(A, shift, lam, U, ok, lanes):  # pragma: no cover - compiled
         mu[:] = d
         e2[:] = e
         tql2(mu, e2, okb)
-        ql_vectors(Vt, d, e, mu, okb)
+        ql_vectors(Vt, d, e, mu, okb, no_i, no_cs, no_cs, nrec)
         for b in range(nb):
             ok[b0 + b] = okb[b]
             for j in range(n):

@@ -43,6 +43,7 @@ from ..config.analysis import KernelName as Kernel
 from ..stopwatch import Stopwatch
 from .basis import FactoredTransform
 from .batched import batched_kernel
+from .deferred import DeferredTransform
 from .localization import Localization, as_coords
 from .obsspace import ObsSpace
 from .pointwise import pointwise_kernel
@@ -180,7 +181,9 @@ def _applier(X: np.ndarray, inv: np.ndarray, n_points: int, out: np.ndarray):
         else:
             rows = np.concatenate([order[starts[p] : starts[p + 1]] for p in points])
         Xr = X[:, rows].T - mean[rows][:, None]  # (rows, k): the same values as X − x̄
-        if isinstance(G, FactoredTransform):
+        if isinstance(G, DeferredTransform):
+            upd = G.apply_rows(Xr, counts)
+        elif isinstance(G, FactoredTransform):
             upd = (G if rows.size == points.size else G.repeat(counts)).apply(Xr)
         else:
             Grow = G if rows.size == points.size else np.repeat(G, counts, axis=0)

@@ -31,23 +31,28 @@ def lonlat_gc_weights(
     ``out`` (p, c) gets ``taper · rinv``; ``n_obs`` (p,) the non-zero
     tapers per point; ``used`` (c,) is or-ed with "non-zero at some point".
     """
-    _half_chords(pts, obs, out)
+    _half_chords(pts, np.ascontiguousarray(obs.T), out)
     np.arcsin(out, out=out)
     _finish(out, rinv, 2.0 * EARTH_RADIUS_KM, float(radius), n_obs, used)
 
 
-@njit(cache=True, nogil=True)
-def _half_chords(a, b, out):  # pragma: no cover (compiled)
-    """``min(|a_i - b_j| / 2, 1)`` (the squares summed x, y, z, as ``_outer_sq_dist`` does)."""
+@njit(cache=True, nogil=True, error_model="numpy")
+def _half_chords(a, bT, out):  # pragma: no cover (compiled)
+    """``min(|a_i - b_j| / 2, 1)`` (the squares summed x, y, z, as ``_outer_sq_dist`` does).
+
+    ``bT`` is (3, c): the candidates' coordinates as three contiguous rows,
+    so the inner loop vectorizes (from (c, 3) it ran 4× slower).
+    """
+    bx, by, bz = bT[0], bT[1], bT[2]
     for i in range(a.shape[0]):
         a0, a1, a2 = a[i, 0], a[i, 1], a[i, 2]
         row = out[i]
-        for j in range(b.shape[0]):
-            d = a0 - b[j, 0]
+        for j in range(bx.shape[0]):
+            d = a0 - bx[j]
             s = d * d
-            d = a1 - b[j, 1]
+            d = a1 - by[j]
             s += d * d
-            d = a2 - b[j, 2]
+            d = a2 - bz[j]
             s += d * d
             h = np.sqrt(s) * 0.5
             row[j] = h if h < 1.0 else 1.0

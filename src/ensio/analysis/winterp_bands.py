@@ -19,6 +19,7 @@ from numba import njit
 
 from ..stopwatch import Stopwatch
 from .basis import FactoredTransform
+from .deferred import DeferredTransform
 from .batched import tile_point_cap
 from .eigensolver import LANES
 from .local import KERNELS
@@ -39,7 +40,9 @@ __all__ = ["BAND_BYTES", "banded_update", "warm_up"]
 BAND_BYTES = 24 * 2**20
 
 
-def _dense_into(Gbuf: np.ndarray, slots: np.ndarray, Gp: np.ndarray | FactoredTransform) -> None:
+def _dense_into(
+    Gbuf: np.ndarray, slots: np.ndarray, Gp: np.ndarray | FactoredTransform | DeferredTransform
+) -> None:
     """Write the dense transforms of a tile into ``Gbuf[slots]``.
 
     Factored transforms are formed node by node straight into the buffer
@@ -47,6 +50,8 @@ def _dense_into(Gbuf: np.ndarray, slots: np.ndarray, Gp: np.ndarray | FactoredTr
     :meth:`~ensio.analysis.basis.FactoredTransform.dense` and a gathered copy,
     whose tile-sized temporaries are fresh memory on every tile.
     """
+    if isinstance(Gp, DeferredTransform):
+        Gp = Gp.factored()
     if not isinstance(Gp, FactoredTransform):
         Gbuf[slots] = Gp
         return

@@ -1,0 +1,132 @@
+"""Square-root transforms deferred until the rows they apply to are known.
+
+Why: a point's transform ``G = s0 P + M diag(D) Mᵀ + w̄ 1ᵀ``
+(:class:`~ensio.analysis.basis.FactoredTransform`) needs the eigenvectors of
+the point's ensemble-space matrix ``A``, O(n³) per point. A point with few
+state rows (one level of one variable; a 3-D point under vertical
+localization) only needs ``G`` applied to those rows, and
+``xᵀG = s0 xᵀP + (f(A) t)ᵀ Qkᵀ + (t · A⁻¹b) 1ᵀ`` with ``t = Qkᵀ x`` needs
+``f(A) = [(k−1)A⁻¹]^{1/2} − s0`` and ``A⁻¹`` applied to a few vectors only:
+O(n²) per vector without eigenvectors
+(:func:`~ensio.analysis.lockstep_apply.sqrt_apply_stack`). Points with more
+rows than :data:`VECTOR_MAX_ROWS` get the factored transform as before, so
+the choice is per point and depends only on its own rows. Both are exact;
+they agree to rounding.
+
+Pure functions on numpy arrays: no MPI, no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..stopwatch import Stopwatch
+from .basis import FactoredTransform, expand, sqrt_factors_in_basis
+from .transforms import Eigh
+
+__all__ = ["VECTOR_MAX_ROWS", "DeferredTransform"]
+
+#: Most rows a point may have for its transform to be applied as vectors
+#: (:mod:`~ensio.analysis.lockstep_apply`); above it the eigenvectors are
+#: formed. Measured on 40 × 40 matrices (one core): the vector path costs
+#: about as much as the eigenvectors at this many rows.
+VECTOR_MAX_ROWS = 8
+
+
+@dataclass(frozen=True, eq=False)
+class DeferredTransform:
+    """Square-root transforms of p points from their sums, applied when the rows come.
+
+    ``B`` (p_h, r, r) and ``br`` (p_h, r) are the sums of the points
+    ``has`` (those with observations), in the basis ``Qk`` (k × r; None:
+    the members themselves); ``rho`` (p,) the forgetting factors of all p
+    points, ``centred`` the ESTKF's projection. ``sw``: the time spent here
+    is the ``transform`` phase.
+    """
+
+    B: np.ndarray
+    br: np.ndarray
+    rho: np.ndarray
+    has: np.ndarray
+    k: int
+    Qk: np.ndarray | None
+    centred: bool
+    eigh: Eigh | None
+    sw: Stopwatch
+
+    def factored(self) -> FactoredTransform:
+        """The transforms as factors (eigenvectors formed), for callers that need ``G`` itself."""
+        self.sw.lap("update")
+        f = sqrt_factors_in_basis(
+            self.B, self.br, self.rho[self.has], self.k, self.Qk, centred=self.centred,
+            eigh=self.eigh,
+        )  # fmt: skip
+        if not self.has.all():
+            f = expand(f, self.has, self.rho)
+        self.sw.lap("transform")
+        return f
+
+    def apply_rows(self, Xr: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """``x'ᵀ G_i`` for the rows of every point: ``Xr`` (rows, k) → (rows, k).
+
+        ``Xr`` holds the rows point by point, ``counts[i]`` of point i.
+        """
+        from .lockstep_apply import sqrt_apply_stack
+
+        self.sw.lap("update")
+        k, p = self.k, self.rho.size
+        s0 = 1.0 / np.sqrt(self.rho)
+        point = np.repeat(np.arange(p), counts)
+        out = Xr * s0[point, None]
+        if self.centred:  # the ESTKF's s0 (I − 11ᵀ/k) at points with observations
+            on = self.has[point]
+            out[on] -= (s0[point[on]] * Xr[on].mean(axis=1))[:, None]
+        hp = np.flatnonzero(self.has)  # point of each row of B
+        slot = np.full(p, -1)
+        slot[hp] = np.arange(hp.size)
+        few = counts[hp] <= VECTOR_MAX_ROWS
+        t = Xr if self.Qk is None else Xr @ self.Qk  # (rows, r)
+        for sel, vectors in ((few, True), (~few, False)):
+            if not sel.any():
+                continue
+            pts = hp[sel]
+            mine = np.flatnonzero(np.isin(point, pts))  # rows of these points, in order
+            i = slot[point[mine]]
+            if vectors:
+                out[mine] += self._by_vectors(sqrt_apply_stack, pts, i, t[mine], counts, s0)
+            else:
+                out[mine] += self._by_factors(pts, i, t[mine], s0)
+        self.sw.lap("transform")
+        return out
+
+    def _by_vectors(self, solve, pts, i, t, counts, s0) -> np.ndarray:
+        """Rows' parts beyond ``s0 x'`` through ``f(A)`` applied to vectors."""
+        r = self.br.shape[1]
+        rows_of = counts[pts]
+        first = np.concatenate([[0], np.cumsum(rows_of)[:-1]])
+        which = np.repeat(np.arange(pts.size), rows_of)  # matrix of each row
+        col = 1 + np.arange(which.size) - first[which]
+        X = np.zeros((pts.size, r, 1 + int(rows_of.max())))
+        X[:, :, 0] = self.br[i[first]]
+        X[which, :, col] = t
+        lam_s = (self.k - 1) * self.rho[pts]
+        _, Y = solve(self.B[i[first]], lam_s, X, self.k - 1.0, s0[pts], 1)
+        ft = Y[which, :, col]  # (rows, r): f(A) t
+        part = ft if self.Qk is None else ft @ self.Qk.T
+        part += np.einsum("ij,ij->i", t, Y[which, :, 0])[:, None]
+        return part
+
+    def _by_factors(self, pts, i, t, s0) -> np.ndarray:
+        """Rows' parts beyond ``s0 x'`` through the factored transform (eigenvectors)."""
+        uniq, inv = np.unique(i, return_inverse=True)
+        f = sqrt_factors_in_basis(
+            self.B[uniq], self.br[uniq], self.rho[pts], self.k, None, eigh=self.eigh
+        )
+        V, u = f.M[inv], (f.wbar[inv])  # in the basis: M = V, wbar = V Λ⁻¹Vᵀ br
+        tv = np.einsum("ij,ijk->ik", t, V) * f.D[inv]
+        ft = np.einsum("ik,ijk->ij", tv, V)
+        part = ft if self.Qk is None else ft @ self.Qk.T
+        part += np.einsum("ij,ij->i", t, u)[:, None]
+        return part
