@@ -76,7 +76,7 @@ class DeferredTransform:
         from .lockstep_apply import sqrt_apply_stack
 
         self.sw.lap("update")
-        k, p = self.k, self.rho.size
+        p = self.rho.size
         s0 = 1.0 / np.sqrt(self.rho)
         point = np.repeat(np.arange(p), counts)
         out = Xr * s0[point, None]
@@ -92,8 +92,11 @@ class DeferredTransform:
             if not sel.any():
                 continue
             pts = hp[sel]
-            mine = np.flatnonzero(np.isin(point, pts))  # rows of these points, in order
-            i = slot[point[mine]]
+            if pts.size == p:  # every point (the usual case): all rows, no search
+                mine, i = np.arange(point.size), point
+            else:
+                mine = np.flatnonzero(np.isin(point, pts))  # rows of these points, in order
+                i = slot[point[mine]]
             if vectors:
                 out[mine] += self._by_vectors(sqrt_apply_stack, pts, i, t[mine], counts, s0)
             else:
@@ -105,17 +108,23 @@ class DeferredTransform:
         """Rows' parts beyond ``s0 x'`` through ``f(A)`` applied to vectors."""
         r = self.br.shape[1]
         rows_of = counts[pts]
-        first = np.concatenate([[0], np.cumsum(rows_of)[:-1]])
-        which = np.repeat(np.arange(pts.size), rows_of)  # matrix of each row
-        col = 1 + np.arange(which.size) - first[which]
-        X = np.zeros((pts.size, r, 1 + int(rows_of.max())))
-        X[:, :, 0] = self.br[i[first]]
-        X[which, :, col] = t
         lam_s = (self.k - 1) * self.rho[pts]
-        _, Y = solve(self.B[i[first]], lam_s, X, self.k - 1.0, s0[pts], 1)
-        ft = Y[which, :, col]  # (rows, r): f(A) t
+        if np.all(rows_of == 1):  # one row per point: no gathers
+            X = np.stack([self.br[i], t], axis=2)
+            _, Y = solve(self.B[i] if i.size != self.B.shape[0] else self.B, lam_s, X,
+                         self.k - 1.0, s0[pts], 1)  # fmt: skip
+            ft, z0 = Y[:, :, 1], Y[:, :, 0]
+        else:
+            first = np.concatenate([[0], np.cumsum(rows_of)[:-1]])
+            which = np.repeat(np.arange(pts.size), rows_of)  # matrix of each row
+            col = 1 + np.arange(which.size) - first[which]
+            X = np.zeros((pts.size, r, 1 + int(rows_of.max())))
+            X[:, :, 0] = self.br[i[first]]
+            X[which, :, col] = t
+            _, Y = solve(self.B[i[first]], lam_s, X, self.k - 1.0, s0[pts], 1)
+            ft, z0 = Y[which, :, col], Y[which, :, 0]  # (rows, r): f(A) t, A⁻¹b
         part = ft if self.Qk is None else ft @ self.Qk.T
-        part += np.einsum("ij,ij->i", t, Y[which, :, 0])[:, None]
+        part += np.einsum("ij,ij->i", t, z0)[:, None]
         return part
 
     def _by_factors(self, pts, i, t, s0) -> np.ndarray:

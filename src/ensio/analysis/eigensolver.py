@@ -189,29 +189,36 @@ def load_block(A, shift, b0, V, scale, okb):  # pragma: no cover - compiled
 
     Each lane is scaled by a power of 2 (exact) that brings its entries to
     order one (``scale``); padding lanes past the stack get the identity,
-    which converges at once. ``okb`` is set.
+    which converges at once. ``okb`` is set. Row by row: one row of V
+    (n × B) stays in the L1 cache while every matrix's row is copied in
+    contiguously.
     """
     P, n, lanes = A.shape[0], A.shape[1], V.shape[2]
     nb = min(lanes, P - b0)
+    big = np.zeros(lanes)
+    for i in range(n):
+        for b in range(nb):
+            row = A[b0 + b, i]
+            sh = shift[b0 + b]
+            m = big[b]
+            for j in range(n):
+                x = row[j] + (sh if i == j else 0.0)
+                V[i, j, b] = x
+                ax = abs(x)
+                m = ax if ax > m else m
+            big[b] = m
+        for b in range(nb, lanes):
+            for j in range(n):
+                V[i, j, b] = 1.0 if i == j else 0.0
     for b in range(lanes):
         okb[b] = True
-        if b < nb:
-            big = 0.0
-            for i in range(n):
-                for j in range(n):
-                    x = abs(A[b0 + b, i, j] + (shift[b0 + b] if i == j else 0.0))
-                    big = max(big, x)
-            scale[b] = (
-                1.0 if big == 0.0 or not np.isfinite(big) else 2.0 ** (-np.ceil(np.log2(big)))
-            )
+        bg = big[b]
+        unit = b >= nb or bg == 0.0 or not np.isfinite(bg)
+        scale[b] = 1.0 if unit else 2.0 ** (-np.ceil(np.log2(bg)))
     for i in range(n):
         for j in range(n):
             for b in range(lanes):
-                if b < nb:
-                    x = A[b0 + b, i, j] + (shift[b0 + b] if i == j else 0.0)
-                    V[i, j, b] = x * scale[b]
-                else:
-                    V[i, j, b] = 1.0 if i == j else 0.0
+                V[i, j, b] *= scale[b]
     return nb
 
 
@@ -228,7 +235,6 @@ def _solve(A, shift, lam, U, ok, lanes):  # pragma: no cover - compiled
     h = np.empty(lanes)
     scale = np.empty(lanes)
     okb = np.empty(lanes, dtype=np.bool_)
-    no_i, no_cs, nrec = np.empty(0, np.int64), np.empty((0, lanes)), np.zeros(1, np.int64)
     for b0 in range(0, P, lanes):
         nb = load_block(A, shift, b0, V, scale, okb)
         _tred2(V, d, e, h)
@@ -239,7 +245,7 @@ def _solve(A, shift, lam, U, ok, lanes):  # pragma: no cover - compiled
         mu[:] = d
         e2[:] = e
         tql2(mu, e2, okb)
-        ql_vectors(Vt, d, e, mu, okb, no_i, no_cs, no_cs, nrec)
+        ql_vectors(Vt, d, e, mu, okb)
         for b in range(nb):
             ok[b0 + b] = okb[b]
             for j in range(n):

@@ -188,7 +188,7 @@ def _nearest_unused(mu, used, x, best, dist, jbest):  # pragma: no cover - compi
 
 
 @njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
-def ql_vectors(Vt, d, e, mu, ok, rec_i, rec_c, rec_s, nrec):  # pragma: no cover - compiled
+def ql_vectors(Vt, d, e, mu, ok):  # pragma: no cover - compiled
     """Implicit QL with eigenvectors, shifted by the known eigenvalues ``mu``; in place.
 
     Why two passes: rotating the vectors is most of the cost (6n flops per
@@ -209,22 +209,10 @@ def ql_vectors(Vt, d, e, mu, ok, rec_i, rec_c, rec_s, nrec):  # pragma: no cover
     rotation mixes are contiguous, so the update vectorizes over the lanes.
     A lane that meets ``r = 0`` (an underflow the scaling makes all but
     impossible) or does not converge has ``ok`` cleared and is redone by
-    the caller.
-
-    ``Vt`` may also be m vectors instead of the n columns' rows (shape
-    (n, m, B)): rotating them is ``vᵀZ`` for the eigenvector matrix Z. With
-    a non-empty ``rec_i`` every rotation is recorded (``rec_i[t]`` the pair
-    it mixed, ``rec_c``/``rec_s`` (cap, B) its cosines and sines, ``nrec[0]``
-    their count) so that Z can be applied afterwards in reverse
-    (:mod:`~ensio.analysis.lockstep_apply`); running out of room clears the
-    ``ok`` of every lane (the caller redoes them). An empty ``mu`` (shape
-    (0, B)) gives plain Wilkinson-shifted QL in one pass: the choice when
-    the rotations act on a few vectors only, where a first pass for the
-    eigenvalues would cost more than the sweeps it saves. Over 80 lines for the reason given in
+    the caller. Over 80 lines for the reason given in
     :func:`~ensio.analysis.eigensolver._tred2`.
     """
     n, B = d.shape
-    perfect = mu.shape[0] > 0
     for i in range(1, n):
         for b in range(B):
             e[i - 1, b] = e[i, b]
@@ -266,7 +254,7 @@ def ql_vectors(Vt, d, e, mu, ok, rec_i, rec_c, rec_s, nrec):  # pragma: no cover
                     gb = (d[l + 1, b] - d[l, b]) / (2.0 * e[l, b])
                     r = np.sqrt(gb * gb + 1.0)
                     shift[b] = d[l, b] - e[l, b] / (gb + (r if gb >= 0.0 else -r))
-            if it == 1 and perfect:  # the unused eigenvalue nearest to it (row by row over the lanes)
+            if it == 1:  # the unused eigenvalue nearest to it (row by row over the lanes)
                 _nearest_unused(mu, used, shift, best, dist, jbest)
                 for b in range(B):
                     shift[b] = best[b]
@@ -300,27 +288,15 @@ def ql_vectors(Vt, d, e, mu, ok, rec_i, rec_c, rec_s, nrec):  # pragma: no cover
                     if act and r == 0.0:
                         ok[b] = False
                 _rotate(Vt[i], Vt[i + 1], cv, sv)
-                if rec_i.size:
-                    t = nrec[0]
-                    if t < rec_i.size:
-                        rec_i[t] = i
-                        for b in range(B):
-                            rec_c[t, b] = cv[b]
-                            rec_s[t, b] = sv[b]
-                        nrec[0] = t + 1
-                    else:
-                        for b in range(B):
-                            ok[b] = False
             for b in range(B):
                 if run[b]:
                     d[l, b] -= p[b]
                     e[l, b] = g[b]
                     e[m[b], b] = 0.0
-                    if it == 1 and perfect and abs(g[b]) <= _PERFECT_TOL * _EPS * tst1[b]:
+                    if it == 1 and abs(g[b]) <= _PERFECT_TOL * _EPS * tst1[b]:
                         e[l, b] = 0.0  # deflated by the perfect shift, to rounding
                     if it >= _MAX_ITER:
                         ok[b] = False
-        if perfect:
-            _nearest_unused(mu, used, d[l], best, dist, jbest)
-            for b in range(B):  # the eigenvalue found at l is no longer a shift
-                used[jbest[b], b] = True
+        _nearest_unused(mu, used, d[l], best, dist, jbest)
+        for b in range(B):  # the eigenvalue found at l is no longer a shift
+            used[jbest[b], b] = True

@@ -19,8 +19,8 @@ from numba import njit
 
 from ..stopwatch import Stopwatch
 from .basis import FactoredTransform
-from .deferred import DeferredTransform
 from .batched import tile_point_cap
+from .deferred import DeferredTransform
 from .eigensolver import LANES
 from .local import KERNELS
 from .localization import Localization
