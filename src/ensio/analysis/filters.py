@@ -197,7 +197,7 @@ class LocalFilter(Filter):
 
     localization: Localization = field(default_factory=Localization)
     kernel: KernelName = "batched"
-    tile_points: int = 128
+    tile_points: int = 256
     threads: int = 1
     #: Transforms on a coarse grid, interpolated (``analysis.weight_interpolation``;
     #: set by the pipeline, which knows the grid); None: the exact analysis.

@@ -65,7 +65,7 @@ def local_analysis(
     method: str | Variant = "etkf",
     forget: float | np.ndarray = 1.0,
     kernel: Kernel = "batched",
-    tile_points: int = 128,
+    tile_points: int = 256,
     timings: dict[str, float] | None = None,
     threads: int = 1,
 ) -> AnalysisResult:

@@ -273,7 +273,9 @@ def sqrt_apply_stack(
     s0 : ndarray, shape (p,)
     n_inv : int
     lanes : int
-        Matrices per lockstep block (tuning only).
+        Matrices per lockstep block (tuning only; halved when that leaves
+        fewer padding lanes in the last block). The result does not depend
+        on it: lanes never mix.
 
     Returns
     -------
@@ -290,6 +292,8 @@ def sqrt_apply_stack(
     if p == 0 or n == 0:
         Y[:] = 0.0
         return lam, Y
+    if lanes == LANES and (-p) % LANES >= LANES // 2:
+        lanes = LANES // 2  # small tiles: half-width blocks waste fewer padding lanes
     ok = np.ones(p, dtype=np.bool_)
     _solve_apply(A, sh, X, float(kk), s0, int(n_inv), lam, Y, ok, int(lanes))
     if not ok.all():  # no convergence or too many rotations (not seen in practice): LAPACK

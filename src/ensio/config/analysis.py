@@ -249,7 +249,7 @@ class AnalysisSection:
     kernel: KernelName = "batched"
     qc: QCSection = field(default_factory=QCSection)
     seed: int = 0
-    tile_points: int = 128
+    tile_points: int = 256
     threads: int = 1
     time_slots: int | tuple[float, ...] | None = None
     window: tuple[float, ...] | None = None
