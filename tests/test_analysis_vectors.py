@@ -26,7 +26,7 @@ def lapack_apply(A, shift, X, kk, s0, n_inv):
 
 
 @pytest.mark.parametrize("kind", ["few-obs", "repeated", "close", "graded"])
-@pytest.mark.parametrize("n", [1, 2, 3, 10, 40, 64])
+@pytest.mark.parametrize("n", [1, 2, 3, 10, 40, 64, 99])
 @pytest.mark.parametrize("m", [1, 2, 9])
 def test_functions_applied_to_vectors_equal_lapack(n, m, kind, rng):
     if n == 1 and kind != "few-obs":

@@ -49,6 +49,7 @@ from .variants import Variant
 __all__ = [
     "BASIS_TOLERANCE",
     "LOCKSTEP_MAX_ORDER",
+    "VECTOR_MAX_ORDER",
     "TILE_EXTENT",
     "TILE_WORK_BYTES",
     "Columns",
@@ -75,6 +76,13 @@ TILE_WORK_BYTES = 32 * 2**20
 #: are shared, LAPACK well ahead from 128 on and several times faster at 256,
 #: where a block of 32 matrices no longer fits in the cache).
 LOCKSTEP_MAX_ORDER = 64
+
+#: Largest order whose transforms are applied to few rows as vectors
+#: (:mod:`~ensio.analysis.deferred`; N_e ≤ 129). Measured, one core: 270 µs per
+#: matrix at order 99 against 850 µs for LAPACK with eigenvectors, 3.4 ms against
+#: 5.2 ms at 255; the recorded rotations grow as order² × lanes, so larger ones
+#: keep the eigenvectors.
+VECTOR_MAX_ORDER = 128
 
 #: Relative residual up to which a tile's observed anomalies count as lying
 #: in a smaller basis (:func:`~ensio.analysis.basis.anomaly_basis`);
@@ -223,16 +231,15 @@ class Columns:
 
     def deferrable(self, r: int) -> bool:
         """Whether the tile's transforms wait for their rows (:mod:`~ensio.analysis.deferred`)."""
-        return self.variant.reducible and r <= LOCKSTEP_MAX_ORDER
+        return self.variant.reducible and r <= VECTOR_MAX_ORDER
 
     def deferred(self, Q, C, rhs, rho, has, sw: Stopwatch) -> DeferredTransform:
         """The tile's square-root transforms, applied to vectors or formed once its rows come."""
         from .eigensolver import eigh_stack
 
         Qk = self.T if Q is None else (Q if self.T is None else self.T @ Q)
-        return DeferredTransform(
-            C, rhs[..., 0], rho, has, self.k, Qk, self.T is not None, eigh_stack, sw
-        )
+        eigh = eigh_stack if C.shape[-1] <= LOCKSTEP_MAX_ORDER else None
+        return DeferredTransform(C, rhs[..., 0], rho, has, self.k, Qk, self.T is not None, eigh, sw)
 
     def transforms(self, Q, C, rhs, rho: np.ndarray) -> np.ndarray | FactoredTransform:
         """Member-space transforms of the points from the unpacked sums.
