@@ -62,6 +62,21 @@ def test_each_matrix_is_independent_of_its_stack(rng):
         assert np.array_equal(one[0], full[i])
 
 
+def test_blocks_without_room_for_their_rotations_fall_back_to_lapack(monkeypatch, rng):
+    """A block whose QL needs more rotations than recorded is redone exactly (LAPACK)."""
+    import ensio.analysis.lockstep_apply as la
+
+    n = 40  # needs about 1.2 n² rotations per block
+    C, alpha = _spectrum_stack(rng, n, "graded")
+    X = rng.standard_normal((C.shape[0], n, 3))
+    s0 = rng.uniform(0.9, 1.1, C.shape[0])
+    monkeypatch.setattr(la, "ROTATION_ROOM", 0)  # room for 16 n rotations only
+    lam, Y = la.sqrt_apply_stack(C, alpha, X, n - 1.0, s0)
+    lr, ref = lapack_apply(C, alpha, X, n - 1.0, s0, 1)
+    assert np.array_equal(lam, lr)  # LAPACK's own eigenvalues: the fallback ran
+    assert np.abs(Y - ref).max() <= 1e-12 * np.abs(ref).max()
+
+
 def test_zero_and_empty_stacks():
     none = np.zeros(0)
     lam, Y = sqrt_apply_stack(np.zeros((0, 4, 4)), none, np.zeros((0, 4, 2)), 3.0, none)

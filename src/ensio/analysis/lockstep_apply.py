@@ -26,7 +26,12 @@ from numba import njit
 from .eigensolver import _reduce, load_block
 from .lockstep_ql import _EPS, _MAX_ITER, LANES, _rotate
 
-__all__ = ["sqrt_apply_stack"]
+__all__ = ["ROTATION_ROOM", "sqrt_apply_stack"]
+
+#: Room for recorded QL rotations per block, in units of order²: about 1.2 n²
+#: are needed (measured, orders 10–255, Wishart and graded spectra); a block
+#: that needs more is redone by LAPACK.
+ROTATION_ROOM = 2
 
 
 @njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
@@ -199,8 +204,11 @@ def _unrotate(W, rec_i, rec_c, rec_s, count):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
-def _solve_apply(A, shift, X, kk, s0, n_inv, lam, Y, ok, lanes):  # pragma: no cover - compiled
-    """All blocks of ``lanes`` matrices: load, reduce, ``Qᵀ``, QL, ``f(Λ)``, Z, Q, store."""
+def _solve_apply(A, shift, X, kk, s0, n_inv, lam, Y, ok, lanes, cap):  # pragma: no cover - compiled
+    """All blocks of ``lanes`` matrices: load, reduce, ``Qᵀ``, QL, ``f(Λ)``, Z, Q, store.
+
+    ``cap``: room for this many recorded rotations per block.
+    """
     P, n, m = A.shape[0], A.shape[1], X.shape[2]
     V = np.empty((n, n, lanes))
     W = np.empty((n, m, lanes))
@@ -209,7 +217,6 @@ def _solve_apply(A, shift, X, kk, s0, n_inv, lam, Y, ok, lanes):  # pragma: no c
     mu = np.empty((n, lanes))
     scale = np.empty(lanes)
     okb = np.empty(lanes, dtype=np.bool_)
-    cap = 2 * n * n + 16 * n  # rotations per block: ~1.2 n² measured; more → LAPACK
     rec_i = np.empty(cap, dtype=np.int64)
     rec_c = np.empty((cap, lanes))
     rec_s = np.empty((cap, lanes))
@@ -297,7 +304,8 @@ def sqrt_apply_stack(
     if (-p) % lanes >= lanes // 2 and lanes >= 16:
         lanes //= 2  # small tiles: half-width blocks waste fewer padding lanes
     ok = np.ones(p, dtype=np.bool_)
-    _solve_apply(A, sh, X, float(kk), s0, int(n_inv), lam, Y, ok, int(lanes))
+    cap = ROTATION_ROOM * n * n + 16 * n
+    _solve_apply(A, sh, X, float(kk), s0, int(n_inv), lam, Y, ok, int(lanes), int(cap))
     if not ok.all():  # no convergence or too many rotations (not seen in practice): LAPACK
         bad = np.flatnonzero(~ok)
         lb, U = np.linalg.eigh(A[bad] + sh[bad, None, None] * np.eye(n))
