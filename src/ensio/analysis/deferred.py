@@ -73,7 +73,6 @@ class DeferredTransform:
 
         ``Xr`` holds the rows point by point, ``counts[i]`` of point i.
         """
-        from .lockstep_apply import sqrt_apply_stack
 
         self.sw.lap("update")
         p = self.rho.size
@@ -97,45 +96,54 @@ class DeferredTransform:
             else:
                 mine = np.flatnonzero(np.isin(point, pts))  # rows of these points, in order
                 i = slot[point[mine]]
-            if vectors:
-                out[mine] += self._by_vectors(sqrt_apply_stack, pts, i, t[mine], counts, s0)
-            else:
-                out[mine] += self._by_factors(pts, i, t[mine], s0)
+            part = self._by_vectors if vectors else self._by_factors
+            out[mine] += part(pts, i, t[mine], counts, s0)
         self.sw.lap("transform")
         return out
 
-    def _by_vectors(self, solve, pts, i, t, counts, s0) -> np.ndarray:
+    def _by_vectors(self, pts, i, t, counts, s0) -> np.ndarray:
         """Rows' parts beyond ``s0 x'`` through ``f(A)`` applied to vectors."""
-        r = self.br.shape[1]
-        rows_of = counts[pts]
+        from .lockstep_apply import sqrt_apply_stack
+
         lam_s = (self.k - 1) * self.rho[pts]
-        if np.all(rows_of == 1):  # one row per point: no gathers
+        if np.all(counts[pts] == 1):  # one row per point: no gathers
+            B = self.B[i] if i.size != self.B.shape[0] else self.B
             X = np.stack([self.br[i], t], axis=2)
-            _, Y = solve(self.B[i] if i.size != self.B.shape[0] else self.B, lam_s, X,
-                         self.k - 1.0, s0[pts], 1)  # fmt: skip
+            _, Y = sqrt_apply_stack(B, lam_s, X, self.k - 1.0, s0[pts], 1)
             ft, z0 = Y[:, :, 1], Y[:, :, 0]
         else:
-            first = np.concatenate([[0], np.cumsum(rows_of)[:-1]])
-            which = np.repeat(np.arange(pts.size), rows_of)  # matrix of each row
-            col = 1 + np.arange(which.size) - first[which]
-            X = np.zeros((pts.size, r, 1 + int(rows_of.max())))
+            first, which, col = _row_slots(counts[pts])
+            X = np.zeros((pts.size, t.shape[1], 1 + int(col.max())))
             X[:, :, 0] = self.br[i[first]]
             X[which, :, col] = t
-            _, Y = solve(self.B[i[first]], lam_s, X, self.k - 1.0, s0[pts], 1)
+            _, Y = sqrt_apply_stack(self.B[i[first]], lam_s, X, self.k - 1.0, s0[pts], 1)
             ft, z0 = Y[which, :, col], Y[which, :, 0]  # (rows, r): f(A) t, A⁻¹b
         part = ft if self.Qk is None else ft @ self.Qk.T
         part += np.einsum("ij,ij->i", t, z0)[:, None]
         return part
 
-    def _by_factors(self, pts, i, t, s0) -> np.ndarray:
-        """Rows' parts beyond ``s0 x'`` through the factored transform (eigenvectors)."""
-        uniq, inv = np.unique(i, return_inverse=True)
+    def _by_factors(self, pts, i, t, counts, s0) -> np.ndarray:
+        """Rows' parts beyond ``s0 x'`` through the eigenvectors, point by point.
+
+        The rows of a point are stacked (padded with zeros) and multiplied by
+        its eigenvectors once, so no per-row copy of an r × r matrix is made.
+        """
+        first, which, col = _row_slots(counts[pts])
         f = sqrt_factors_in_basis(
-            self.B[uniq], self.br[uniq], self.rho[pts], self.k, None, eigh=self.eigh
-        )
-        V, u = f.M[inv], (f.wbar[inv])  # in the basis: M = V, wbar = V Λ⁻¹Vᵀ br
-        tv = np.einsum("ij,ijk->ik", t, V) * f.D[inv]
-        ft = np.einsum("ik,ijk->ij", tv, V)
+            self.B[i[first]], self.br[i[first]], self.rho[pts], self.k, None, eigh=self.eigh
+        )  # in the basis: M = V, wbar = V Λ⁻¹ Vᵀ br
+        T3 = np.zeros((pts.size, int(col.max()), t.shape[1]))
+        T3[which, col - 1] = t
+        tv = (T3 @ f.M) * f.D[:, None, :]
+        ft = (tv @ np.swapaxes(f.M, 1, 2))[which, col - 1]
         part = ft if self.Qk is None else ft @ self.Qk.T
-        part += np.einsum("ij,ij->i", t, u)[:, None]
+        part += np.einsum("ij,ij->i", t, f.wbar[which])[:, None]
         return part
+
+
+def _row_slots(rows_of: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For points with ``rows_of`` rows each, stored point by point: each point's first
+    row, each row's point and each row's 1-based place within its point."""
+    first = np.concatenate([[0], np.cumsum(rows_of)[:-1]])
+    which = np.repeat(np.arange(rows_of.size), rows_of)
+    return first, which, 1 + np.arange(which.size) - first[which]
