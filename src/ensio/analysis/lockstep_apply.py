@@ -24,7 +24,7 @@ import numpy as np
 from numba import njit
 
 from .eigensolver import _reduce, load_block
-from .lockstep_ql import _EPS, _MAX_ITER, LANES, _rotate
+from .lockstep_ql import _EPS, _MAX_ITER, LANES, _rotate, shift_subdiagonal
 
 __all__ = ["ROTATION_ROOM", "sqrt_apply_stack"]
 
@@ -85,11 +85,7 @@ def _ql_apply(W, d, e, ok, rec_i, rec_c, rec_s, nrec):  # pragma: no cover - com
     formulation, as in :func:`~ensio.analysis.lockstep_ql.ql_vectors`.
     """
     n, B = d.shape
-    for i in range(1, n):
-        for b in range(B):
-            e[i - 1, b] = e[i, b]
-    for b in range(B):
-        e[n - 1, b] = 0.0
+    shift_subdiagonal(e)
     tst1 = np.zeros(B)
     lo = np.zeros(B, dtype=np.int64)  # the eigenvalue each lane works on
     m = np.zeros(B, dtype=np.int64)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["LANES", "ql_vectors", "tql2"]
+__all__ = ["LANES", "ql_vectors", "shift_subdiagonal", "tql2"]
 
 #: Matrices solved in lockstep (measured on 40 × 40: 16 is 10 % slower, 64
 #: no faster); a block of 40 × 40 matrices is 400 kB, two arrays fit in L2.
@@ -52,6 +52,21 @@ def _rotate(x, y, cv, sv):  # pragma: no cover - compiled
             x[k, b] = cv[b] * xv - sv[b] * h
 
 
+@njit(cache=True, nogil=True, inline="always", error_model="numpy")
+def shift_subdiagonal(e):  # pragma: no cover - compiled
+    """Lanes ``e`` (n, B) from ``e[1:]`` holding the subdiagonal to ``e[:n-1]`` (``e[n-1] = 0``).
+
+    The QL passes index the subdiagonal from 0 (Numerical Recipes' and JAMA's
+    ``tql2`` convention); the tridiagonalization leaves it from 1.
+    """
+    n, B = e.shape
+    for i in range(1, n):
+        for b in range(B):
+            e[i - 1, b] = e[i, b]
+    for b in range(B):
+        e[n - 1, b] = 0.0
+
+
 @njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
 def tql2(d, e, ok):  # pragma: no cover - compiled
     """Eigenvalues of the tridiagonal lanes ``(d, e)`` by implicit QL, in place (into ``d``).
@@ -70,11 +85,7 @@ def tql2(d, e, ok):  # pragma: no cover - compiled
     lines for the reason given in :func:`~ensio.analysis.eigensolver._tred2`.
     """
     n, B = d.shape
-    for i in range(1, n):
-        for b in range(B):
-            e[i - 1, b] = e[i, b]
-    for b in range(B):
-        e[n - 1, b] = 0.0
+    shift_subdiagonal(e)
     f = np.zeros(B)
     tst1 = np.zeros(B)
     m = np.zeros(B, dtype=np.int64)
@@ -213,11 +224,7 @@ def ql_vectors(Vt, d, e, mu, ok):  # pragma: no cover - compiled
     :func:`~ensio.analysis.eigensolver._tred2`.
     """
     n, B = d.shape
-    for i in range(1, n):
-        for b in range(B):
-            e[i - 1, b] = e[i, b]
-    for b in range(B):
-        e[n - 1, b] = 0.0
+    shift_subdiagonal(e)
     tst1 = np.zeros(B)
     m = np.zeros(B, dtype=np.int64)
     run = np.zeros(B, dtype=np.bool_)
