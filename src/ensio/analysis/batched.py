@@ -13,11 +13,13 @@ one) and three diagnostic columns. Unpacking ``S`` gives ``C = Y R_loc⁻¹ Yᵀ
 and the right-hand sides of every point; one batched symmetric
 eigendecomposition (the lockstep solver of :mod:`~ensio.analysis.eigensolver`)
 then yields all transforms. For a
-:attr:`~ensio.analysis.variants.Variant.reducible` (square-root) variant the
-transforms are kept as factors (:class:`~ensio.analysis.basis.FactoredTransform`),
-and ``Y`` is first expressed in an orthonormal basis of its span when that
-is smaller than the ensemble space (:mod:`~ensio.analysis.basis`; exact): the
-GEMM and the eigenproblems shrink to its size. Other variants get k × k
+:attr:`~ensio.analysis.variants.Variant.reducible` (square-root) variant
+the tile's sums wait for its rows
+(:class:`~ensio.analysis.deferred.DeferredTransform`: applied to few rows as
+vectors, else formed as factors once), and ``Y`` is first expressed in an
+orthonormal basis of its span when that is smaller than the ensemble space
+(:mod:`~ensio.analysis.basis`; exact): the GEMM and the eigenproblems shrink
+to its size. Other variants get k × k
 matrices from their finishing step.
 
 Large ensembles (k ≳ 100): the packed products grow as ``k²/2`` columns per
@@ -39,7 +41,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from ..stopwatch import Stopwatch
-from .basis import FactoredTransform, anomaly_basis, expand, prior_transform, sqrt_factors_in_basis
+from .basis import FactoredTransform, anomaly_basis, prior_transform
 from .deferred import DeferredTransform
 from .localization import Localization, prepare
 from .obsspace import ObsSpace
@@ -49,7 +51,6 @@ from .variants import Variant
 __all__ = [
     "BASIS_TOLERANCE",
     "LOCKSTEP_MAX_ORDER",
-    "VECTOR_MAX_ORDER",
     "TILE_EXTENT",
     "TILE_WORK_BYTES",
     "Columns",
@@ -76,13 +77,6 @@ TILE_WORK_BYTES = 32 * 2**20
 #: are shared, LAPACK well ahead from 128 on and several times faster at 256,
 #: where a block of 32 matrices no longer fits in the cache).
 LOCKSTEP_MAX_ORDER = 64
-
-#: Largest order whose transforms are applied to few rows as vectors
-#: (:mod:`~ensio.analysis.deferred`; N_e ≤ 129). Measured, one core: 270 µs per
-#: matrix at order 99 against 850 µs for LAPACK with eigenvectors, 3.4 ms against
-#: 5.2 ms at 255; the recorded rotations grow as order² × lanes, so larger ones
-#: keep the eigenvectors.
-VECTOR_MAX_ORDER = 128
 
 #: Relative residual up to which a tile's observed anomalies count as lying
 #: in a smaller basis (:func:`~ensio.analysis.basis.anomaly_basis`);
@@ -229,25 +223,16 @@ class Columns:
         rhs = S[:, npk : npk + nrhs].reshape(p, r, self.s)
         return C, rhs, S[:, npk + nrhs :]
 
-    def deferrable(self, r: int) -> bool:
-        """Whether the tile's transforms wait for their rows (:mod:`~ensio.analysis.deferred`)."""
-        return self.variant.reducible and r <= VECTOR_MAX_ORDER
+    def transforms(self, Q, C, rhs, rho, has, sw: Stopwatch) -> np.ndarray | DeferredTransform:
+        """Member-space transforms of the points ``has`` from the unpacked sums.
 
-    def deferred(self, Q, C, rhs, rho, has, sw: Stopwatch) -> DeferredTransform:
-        """The tile's square-root transforms, applied to vectors or formed once its rows come."""
-        from .eigensolver import eigh_stack
-
-        Qk = self.T if Q is None else (Q if self.T is None else self.T @ Q)
-        eigh = eigh_stack if C.shape[-1] <= LOCKSTEP_MAX_ORDER else None
-        return DeferredTransform(C, rhs[..., 0], rho, has, self.k, Qk, self.T is not None, eigh, sw)
-
-    def transforms(self, Q, C, rhs, rho: np.ndarray) -> np.ndarray | FactoredTransform:
-        """Member-space transforms of the points from the unpacked sums.
-
-        Square-root variants: factors, in the reduced basis ``Q`` or (None)
-        in the whole space, so no k × k matrix is formed. Others: matrices
-        ``(p, k, k)`` from the variant's finishing step. Every
-        eigendecomposition is the lockstep solver's
+        ``rho`` and ``has`` cover all the tile's points. Square-root variants:
+        the sums in the basis ``Qk`` (the reduced basis ``Q`` or, None, the
+        whole space), kept until the rows come
+        (:class:`~ensio.analysis.deferred.DeferredTransform`), so no k × k
+        matrix is formed. Others: matrices ``(p_h, k, k)`` of the points
+        ``has`` from the variant's finishing step. Eigendecompositions up to
+        :data:`LOCKSTEP_MAX_ORDER` are the lockstep solver's
         (:mod:`~ensio.analysis.eigensolver`, several times faster than LAPACK
         on stacks of small matrices; imported here so that only a local
         analysis loads numba).
@@ -256,14 +241,9 @@ class Columns:
 
         eigh = eigh_stack if C.shape[-1] <= LOCKSTEP_MAX_ORDER else None
         if not self.variant.reducible:
-            return self.variant.transforms(C, rhs, rho, self.k, self.T, eigh=eigh)
-        if Q is None:
-            Qk = self.T
-        else:
-            Qk = Q if self.T is None else self.T @ Q
-        return sqrt_factors_in_basis(
-            C, rhs[..., 0], rho, self.k, Qk, centred=self.T is not None, eigh=eigh
-        )
+            return self.variant.transforms(C, rhs, rho[has], self.k, self.T, eigh=eigh)
+        Qk = self.T if Q is None else (Q if self.T is None else self.T @ Q)
+        return DeferredTransform(C, rhs[..., 0], rho, has, self.k, Qk, self.T is not None, eigh, sw)
 
 
 def _tile(cols: Columns, cand, loc, pts_pre, obs_pre, tile, rho, diag, sw: Stopwatch):
@@ -310,14 +290,11 @@ def _tile(cols: Columns, cand, loc, pts_pre, obs_pre, tile, rho, diag, sw: Stopw
     sw.add("basis_rank_count", 0 if Q is None else Q.shape[1])
     diag[tile[has], 1:] = extra
     sw.lap("gemm")
-    if cols.deferrable(r):
-        return cols.deferred(Q, C, rhs, rho, has, sw)
-    Gh = cols.transforms(Q, C, rhs, rho[has])
-    if isinstance(Gh, FactoredTransform):
-        G = Gh if has.all() else expand(Gh, has, rho)
-    else:
-        G = empty_transform(rho, k)
-        G[has] = Gh
+    Gh = cols.transforms(Q, C, rhs, rho, has, sw)
+    if isinstance(Gh, DeferredTransform):
+        return Gh  # its work is timed as the transform phase when the rows come
+    G = empty_transform(rho, k)
+    G[has] = Gh
     sw.lap("transform")
     return G
 
