@@ -81,16 +81,14 @@ def anomaly_basis(
     gram = Y @ Y.T
     # the eigenvalues alone first: on locally full-rank ensembles (the usual
     # case) the answer is None, and the vectors would cost twice as much
-    lam = np.linalg.eigvalsh(gram)
-    for vectors in (False, True):
-        top = lam[-1] if q else 0.0
-        if not top > 0.0:
-            return np.empty((q, 0)), np.empty((0, c))
-        r = int(np.count_nonzero(lam > 1e-12 * top))
-        if r > most:
-            return None
-        if not vectors:
-            lam, E = np.linalg.eigh(gram)
+    r = _rank(np.linalg.eigvalsh(gram))
+    if r is not None and r <= most:
+        lam, E = np.linalg.eigh(gram)
+        r = _rank(lam)  # counted again on the eigenvalues that go with E
+    if r is None:
+        return np.empty((q, 0)), np.empty((0, c))
+    if r > most:
+        return None
     Q = np.ascontiguousarray(E[:, q - r :])
     coords = Q.T @ Y
     resid = Q @ coords
@@ -99,6 +97,12 @@ def anomaly_basis(
     if np.dot(flat, flat) > tol**2 * np.dot(yflat, yflat):
         return None
     return Q, coords
+
+
+def _rank(lam: np.ndarray) -> int | None:
+    """Eigenvalues (ascending) above ``1e-12`` of the largest; None if none is positive."""
+    top = lam[-1] if lam.size else 0.0
+    return int(np.count_nonzero(lam > 1e-12 * top)) if top > 0.0 else None
 
 
 def _surely_full(Y: np.ndarray, most: int) -> bool:
