@@ -186,17 +186,17 @@ def _ql_apply(W, d, e, ok, rec_i, rec_c, rec_s, nrec):  # pragma: no cover - com
 
 @njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
 def _unrotate(W, rec_i, rec_c, rec_s, count):  # pragma: no cover - compiled
-    """``W ← Z W`` per lane: the recorded rotations, last first, each transposed."""
-    m, B = W.shape[1], W.shape[2]
+    """``W ← Z W`` per lane: the recorded rotations, last first, each transposed.
+
+    A rotation transposed is the same rotation with its sine negated.
+    """
+    B = W.shape[2]
+    minus_s = np.empty(B)
     for t in range(count - 1, -1, -1):
+        for b in range(B):
+            minus_s[b] = -rec_s[t, b]
         i = rec_i[t]
-        x, y = W[i], W[i + 1]
-        for k in range(m):
-            for b in range(B):
-                xv = x[k, b]
-                yv = y[k, b]
-                x[k, b] = rec_c[t, b] * xv + rec_s[t, b] * yv
-                y[k, b] = rec_c[t, b] * yv - rec_s[t, b] * xv
+        _rotate(W[i], W[i + 1], rec_c[t], minus_s)
 
 
 @njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
@@ -223,8 +223,6 @@ def _solve_apply(A, shift, X, kk, s0, n_inv, lam, Y, ok, lanes, cap):  # pragma:
         for i in range(n):  # the tridiagonal matrix: diagonal of V, subdiagonal e[1:]
             for b in range(lanes):
                 mu[i, b] = V[i, i, b]
-        for b in range(lanes):
-            e[0, b] = 0.0
         for i in range(n):
             for j in range(m):
                 for b in range(lanes):
