@@ -30,6 +30,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,7 @@ from ..errors import EnsioError
 from . import transferred
 from .backends import JobShape, JobSpec, backend_from_config
 from .pool import drain
-from .records import reconcile_done
+from .records import append_record, reconcile_done
 from .rundir import (
     analysis_config_path,
     analysis_pattern,
@@ -324,6 +325,11 @@ def run_cycles(
             res = drain(todo, backend, job, wf.jobs, poll=0.5, job_file=cdir / "jobs.jsonl")
         finally:
             backend.close()
+        # what the driver did with the jobs at the end, so that a job whose worker
+        # starts after the cycle can be told from one that should have been cancelled
+        append_record(workdir / "records.jsonl", {
+            "kind": "pool", "cycle": c, "ended": round(time.time(), 3), "jobs": res.jobs,
+            "adopted": res.adopted, "cancelled": res.cancelled, "left_running": res.running})
         if res.error:
             raise EnsioError(res.error)
         done = [t for t in todo.snapshot()["tasks"] if t["state"] == "done"]

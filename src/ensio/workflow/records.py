@@ -30,7 +30,12 @@ attempt    attempt number of the task (1 = first lease); ``token`` its fencing t
 ========== ==============================================================
 
 A worker also appends one ``"kind": "job"`` record when it ends normally
-(``submitted``, ``started``, ``finished``, ``tasks``, ``reason``).
+(``submitted``, ``started``, ``finished``, ``tasks``, ``reason``), and the
+``ensio cycle`` driver one ``"kind": "pool"`` record per cycle when its list
+ended: ``cycle``, ``ended``, the job ids it submitted (``jobs``), took over
+from a killed driver (``adopted``), cancelled while still queued
+(``cancelled``) and left running to see the finished list and exit
+(``left_running``; such a job's worker may start after the cycle is done).
 """
 
 from __future__ import annotations
