@@ -46,8 +46,9 @@ def test_eight_workers_random_sigkills_every_task_exactly_once(tmp_path):
     try:
         while driver.is_alive() and kills < N_KILLS:
             driver.join(rng.uniform(0.05, 0.4))  # a random moment
-            states = backend.states(list(jobs))
-            ours = {backend.pid(j) for j in jobs if states[j] == "running"}
+            submitted = list(jobs)  # the driver thread appends to jobs meanwhile
+            states = backend.states(submitted)
+            ours = {backend.pid(j) for j in submitted if states[j] == "running"}
             holders = [int(t["owner"].rsplit(":", 1)[1]) for t in todo.snapshot()["tasks"]
                        if t.get("owner")]  # workers in the middle of a task
             victims = sorted(ours.intersection(holders))
