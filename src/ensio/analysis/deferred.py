@@ -36,9 +36,13 @@ VECTOR_MAX_ORDER = 128
 
 #: Most rows a point may have for its transform to be applied as vectors
 #: (:mod:`~ensio.analysis.lockstep_apply`); above it the eigenvectors are
-#: formed. Measured on 40 × 40 matrices (one core): the vector path costs
-#: about as much as the eigenvectors at this many rows.
-VECTOR_MAX_ROWS = 8
+#: formed. Measured on 40 × 40 matrices (one core, µs per point, vectors
+#: against eigenvectors): 46/66 at 8 rows, 65/81 at 16, 85/92 at 24, 104/107
+#: at 32. The vectors cost O(n²) each and the eigenvectors O(n³), so the
+#: crossing moves with the order (about half as many rows at N_e = 20); 16 is
+#: below it from N_e = 20 on. (It was 8 while every tile copied its sums
+#: before applying them, about 20 µs per point of fresh memory.)
+VECTOR_MAX_ROWS = 16
 
 
 @dataclass(frozen=True, eq=False)
@@ -107,22 +111,33 @@ class DeferredTransform:
         self.sw.lap("transform")
         return out
 
+    def _sums(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``B`` and ``br`` of the points in ``slots`` (ascending): no copy when that is all.
+
+        Why: a gathered copy of a tile's ``B`` is fresh memory on every tile, and
+        its page faults cost more than the gather (measured: 1–2 ms a tile of 256).
+        """
+        if slots.size == self.B.shape[0]:
+            return self.B, self.br
+        return self.B[slots], self.br[slots]
+
     def _by_vectors(self, pts, i, t, counts, s0) -> np.ndarray:
         """Rows' parts beyond ``s0 x'`` through ``f(A)`` applied to vectors."""
         from .lockstep_apply import sqrt_apply_stack
 
         lam_s = (self.k - 1) * self.rho[pts]
-        if np.all(counts[pts] == 1):  # one row per point: no gathers
-            B = self.B[i] if i.size != self.B.shape[0] else self.B
-            X = np.stack([self.br[i], t], axis=2)
+        if np.all(counts[pts] == 1):  # one row per point
+            B, br = self._sums(i)
+            X = np.stack([br, t], axis=2)
             _, Y = sqrt_apply_stack(B, lam_s, X, self.k - 1.0, s0[pts], 1)
             ft, z0 = Y[:, :, 1], Y[:, :, 0]
         else:
             first, which, col = _row_slots(counts[pts])
+            B, br = self._sums(i[first])
             X = np.zeros((pts.size, t.shape[1], 1 + int(col.max())))
-            X[:, :, 0] = self.br[i[first]]
+            X[:, :, 0] = br
             X[which, :, col] = t
-            _, Y = sqrt_apply_stack(self.B[i[first]], lam_s, X, self.k - 1.0, s0[pts], 1)
+            _, Y = sqrt_apply_stack(B, lam_s, X, self.k - 1.0, s0[pts], 1)
             ft, z0 = Y[which, :, col], Y[which, :, 0]  # (rows, r): f(A) t, A⁻¹b
         part = ft if self.Qk is None else ft @ self.Qk.T
         part += np.einsum("ij,ij->i", t, z0)[:, None]
@@ -135,9 +150,9 @@ class DeferredTransform:
         its eigenvectors once, so no per-row copy of an r × r matrix is made.
         """
         first, which, col = _row_slots(counts[pts])
-        f = sqrt_factors_in_basis(
-            self.B[i[first]], self.br[i[first]], self.rho[pts], self.k, None, eigh=self.eigh
-        )  # in the basis: M = V, wbar = V Λ⁻¹ Vᵀ br
+        B, br = self._sums(i[first])
+        f = sqrt_factors_in_basis(B, br, self.rho[pts], self.k, None, eigh=self.eigh)
+        # in the basis: M = V, wbar = V Λ⁻¹ Vᵀ br
         T3 = np.zeros((pts.size, int(col.max()), t.shape[1]))
         T3[which, col - 1] = t
         tv = (T3 @ f.M) * f.D[:, None, :]
