@@ -84,6 +84,42 @@ def test_direct_products_equal_packed_and_pointwise(method, rng, monkeypatch):
         np.testing.assert_allclose(getattr(direct, name), getattr(ref, name), rtol=1e-10)
 
 
+@pytest.mark.parametrize("method", ["etkf", "estkf", "enkf"])
+def test_chunked_products_equal_whole_and_pointwise(method, rng, monkeypatch):
+    """A tile whose packed products exceed the budget is summed over chunks of candidates.
+
+    A budget of about 70 candidates (and chunks allowed that small) splits every
+    tile's ~400 candidates into several chunks; the analysis must equal the one
+    with all candidates in one GEMM and the pointwise reference.
+    """
+    from ensio.analysis import batched
+
+    X, pts, obs = _case(rng, 40, 60, 400, stochastic=method == "enkf")
+    loc = Localization(Geometry("lonlat"), "gaspari-cohn", 9000.0)
+    forget = rng.uniform(0.8, 1.0, 60)
+    run = {"method": method, "forget": forget, "tile_points": 16}
+    q = 39 if method == "estkf" else 40
+    s = 40 if method == "enkf" else 1
+    per_candidate = 8 * (q * (q + 1) // 2 + q * s + 3)
+    with threadpool_limits(limits=1, user_api="blas"):
+        whole_t: dict[str, float] = {}
+        whole = local_analysis(X, pts, obs, loc, kernel="batched", timings=whole_t, **run)
+        monkeypatch.setattr(batched, "TILE_WORK_BYTES", 70 * per_candidate)
+        monkeypatch.setattr(batched, "MIN_CHUNK", 16)
+        chunk_t: dict[str, float] = {}
+        chunked = local_analysis(X, pts, obs, loc, kernel="batched", timings=chunk_t, **run)
+        ref = local_analysis(X, pts, obs, loc, kernel="pointwise", **run)
+    assert whole_t.get("chunked_tiles_count", 0) == 0
+    assert chunk_t["chunked_tiles_count"] == chunk_t["tiles_count"] > 0
+    assert chunk_t.get("direct_tiles_count", 0) == 0
+    assert chunk_t["tile_work_bytes"] < whole_t["tile_work_bytes"]
+    scale = np.abs(ref.ensemble).max()
+    assert np.abs(chunked.ensemble - ref.ensemble).max() <= 1e-10 * scale
+    assert np.abs(chunked.ensemble - whole.ensemble).max() <= 1e-10 * scale
+    for name in ("dRd", "trace", "weight_sum"):
+        np.testing.assert_allclose(getattr(chunked, name), getattr(ref, name), rtol=1e-10)
+
+
 def test_tile_point_cap_bounds_the_matrices():
     """A tile's k × k stacks stay within the work budget; small ensembles are not capped."""
     from ensio.analysis.batched import TILE_WORK_BYTES, tile_point_cap

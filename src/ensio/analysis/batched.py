@@ -22,13 +22,15 @@ orthonormal basis of its span when that is smaller than the ensemble space
 to its size. Other variants get k × k
 matrices from their finishing step.
 
-Large ensembles (k ≳ 100): the packed products grow as ``k²/2`` columns per
-candidate, so when a tile's packed Zᵀ would exceed :data:`TILE_WORK_BYTES`
-the tile forms each point's ``C`` from its own observations instead
-(:meth:`Columns.direct`, the pointwise reference's sums in one BLAS call of
-order k per point), tiles hold at most :func:`tile_point_cap` points so
-their k × k stacks stay within the same budget, and eigenproblems above
-:data:`LOCKSTEP_MAX_ORDER` go to LAPACK.
+Many candidates, large ensembles: the packed products grow as ``k²/2``
+columns per candidate, so when a tile's packed Zᵀ would exceed
+:data:`TILE_WORK_BYTES` it is built and multiplied in chunks of candidates
+(observations at many levels of a column; N_e ≈ 100); when not even
+:data:`MIN_CHUNK` candidates fit (k ≳ 180) the tile forms each point's ``C``
+from its own observations instead (:meth:`Columns.direct`, the pointwise
+reference's sums in one BLAS call of order k per point). Tiles hold at
+most :func:`tile_point_cap` points so their k × k stacks stay within the
+same budget, and eigenproblems above :data:`LOCKSTEP_MAX_ORDER` go to LAPACK.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from .variants import Variant
 __all__ = [
     "BASIS_TOLERANCE",
     "LOCKSTEP_MAX_ORDER",
+    "MIN_CHUNK",
     "TILE_EXTENT",
     "TILE_WORK_BYTES",
     "Columns",
@@ -70,6 +73,15 @@ TILE_EXTENT = 0.5
 #: matrices point by point (:meth:`Columns.direct`) and holds fewer points
 #: (:func:`tile_point_cap`), so memory does not grow as k² × candidates.
 TILE_WORK_BYTES = 32 * 2**20
+
+#: Fewest candidates per chunk of the packed products
+#: (:meth:`Columns.products`): a tile whose budget holds fewer (k above
+#: about 180 for the square-root filters, 150 for the stochastic EnKF, whose
+#: right-hand sides are k wide) forms its matrices point by point
+#: (:meth:`Columns.direct`), where short
+#: chunks would leave the GEMM's inner dimension too small to pay for the
+#: ``k²/2``-wide products it builds.
+MIN_CHUNK = 256
 
 #: Largest eigenproblem order solved by the lockstep solver; larger ones go to
 #: LAPACK, as in the pointwise reference (measured, one core: lockstep ahead by
@@ -183,13 +195,32 @@ class Columns:
             return None
         return anomaly_basis(self.candidates(cand), BASIS_TOLERANCE, max_rank=self.k - 2)
 
+    def chunk_size(self, r: int | None = None) -> int:
+        """Most candidates whose packed Zᵀ fits :data:`TILE_WORK_BYTES`."""
+        return TILE_WORK_BYTES // self.packed_bytes(1, r)
+
     def products(
-        self, Wt: np.ndarray, cand: np.ndarray, basis: tuple[np.ndarray, np.ndarray] | None
+        self, Wt: np.ndarray, cand: np.ndarray, basis: tuple[np.ndarray, np.ndarray] | None,
+        chunk: int,
     ) -> np.ndarray:
-        """``S = W · Z`` for the candidates ``cand`` (in ``basis``): shape (p, ncols)."""
-        if basis is not None:
-            return Wt @ self._build(basis[1], cand).T
-        return Wt @ self._build(self.candidates(cand), cand).T
+        """``S = W · Z`` for the candidates ``cand`` (in ``basis``): shape (p, ncols).
+
+        Z is built and multiplied ``chunk`` candidates at a time, so a tile
+        with many candidates (observations at many levels of a column) keeps
+        the GEMM within :data:`TILE_WORK_BYTES` instead of falling back to
+        per-point products.
+        """
+        S = None
+        for a in range(0, cand.size, chunk):
+            part = slice(a, a + chunk)
+            Yc = basis[1][:, part] if basis is not None else self.candidates(cand[part])
+            prod = Wt[:, part] @ self._build(Yc, cand[part]).T
+            if S is None:
+                S = prod
+            else:
+                S += prod
+        assert S is not None
+        return S
 
     def _build(self, Yc: np.ndarray, cand: np.ndarray | None) -> np.ndarray:
         """Zᵀ for coordinates ``Yc`` (r, c) of candidates ``cand`` (None: all), C-contiguous.
@@ -270,12 +301,14 @@ def _tile(cols: Columns, cand, loc, pts_pre, obs_pre, tile, rho, diag, sw: Stopw
     Q = None if basis is None else basis[0]
     sw.lap("basis")
     r = cols.q if Q is None else Q.shape[1]
-    packed = cols.packed_bytes(cand.size, None if Q is None else r)
-    if packed <= TILE_WORK_BYTES:
-        S = cols.products(Wt, cand, basis)
+    chunk = cols.chunk_size(None if Q is None else r)
+    if chunk >= min(cand.size, MIN_CHUNK):
+        S = cols.products(Wt, cand, basis, chunk)
         C, rhs, extra = cols.unpack(S, r)
         sw.add("gemm_flops", 2.0 * S.shape[0] * cand.size * S.shape[1])
-        packed += S.nbytes
+        sw.add("chunked_tiles_count", chunk < cand.size)
+        packed = cols.packed_bytes(min(chunk, cand.size), None if Q is None else r)
+        packed += S.nbytes * (1 + (chunk < cand.size))  # and a chunk's product
     else:
         packed = 0
         C, rhs, extra = cols.direct(Wt, cand, basis)

@@ -97,7 +97,9 @@ def local_analysis(
         and transforms), ``update`` (the rows); ``gemm_flops`` counts the
         floating-point operations of the products, ``tiles_count``,
         ``reduced_tiles_count`` and ``basis_rank_count`` the tiles with
-        observations, those done in a reduced basis and the sum of its sizes.
+        observations, those done in a reduced basis and the sum of its sizes,
+        ``chunked_tiles_count`` and ``direct_tiles_count`` those whose products
+        were summed over chunks of candidates or formed point by point.
         With several threads the phase times are summed over the threads.
     threads : int
         Threads working on separate tiles (batched kernel only). The result
