@@ -55,42 +55,16 @@ def test_large_ensemble_batched_equals_pointwise(k, n, m, radius_km, method, rng
     assert a.n_obs.max() > k  # full-rank local problems are among them
 
 
+@pytest.mark.parametrize("route", ["direct", "chunked"])
 @pytest.mark.parametrize("method", ["etkf", "estkf", "enkf"])
-def test_direct_products_equal_packed_and_pointwise(method, rng, monkeypatch):
-    """Per-point products (the large-k path) against the packed GEMM and the reference.
+def test_over_budget_products_equal_whole_and_pointwise(route, method, rng, monkeypatch):
+    """Tiles over the work budget: per-point products or chunks of candidates.
 
-    k = 40 would take the packed path; a zero work budget and no Z cache force
-    every tile onto :meth:`Columns.direct`, which must give the same analysis.
-    """
-    from ensio.analysis import batched
-
-    X, pts, obs = _case(rng, 40, 60, 400, stochastic=method == "enkf")
-    loc = Localization(Geometry("lonlat"), "gaspari-cohn", 6000.0)
-    forget = rng.uniform(0.8, 1.0, 60)
-    run = {"method": method, "forget": forget, "tile_points": 16}
-    with threadpool_limits(limits=1, user_api="blas"):
-        packed_t: dict[str, float] = {}
-        packed = local_analysis(X, pts, obs, loc, kernel="batched", timings=packed_t, **run)
-        monkeypatch.setattr(batched, "TILE_WORK_BYTES", 0)
-        direct_t: dict[str, float] = {}
-        direct = local_analysis(X, pts, obs, loc, kernel="batched", timings=direct_t, **run)
-        ref = local_analysis(X, pts, obs, loc, kernel="pointwise", **run)
-    assert packed_t.get("direct_tiles_count", 0) == 0
-    assert direct_t["direct_tiles_count"] == direct_t["tiles_count"] > 0
-    scale = np.abs(ref.ensemble).max()
-    assert np.abs(direct.ensemble - ref.ensemble).max() <= 1e-10 * scale
-    assert np.abs(direct.ensemble - packed.ensemble).max() <= 1e-10 * scale
-    for name in ("dRd", "trace", "weight_sum"):
-        np.testing.assert_allclose(getattr(direct, name), getattr(ref, name), rtol=1e-10)
-
-
-@pytest.mark.parametrize("method", ["etkf", "estkf", "enkf"])
-def test_chunked_products_equal_whole_and_pointwise(method, rng, monkeypatch):
-    """A tile whose packed products exceed the budget is summed over chunks of candidates.
-
-    A budget of about 70 candidates (and chunks allowed that small) splits every
-    tile's ~400 candidates into several chunks; the analysis must equal the one
-    with all candidates in one GEMM and the pointwise reference.
+    k = 40 takes the packed path in one GEMM. A zero budget forces every tile
+    onto :meth:`Columns.direct` (the large-k path); a budget of about 70
+    candidates, with chunks allowed that small, splits every tile's ~400
+    candidates into several chunks. Either must give the analysis of the
+    whole GEMM and of the pointwise reference.
     """
     from ensio.analysis import batched
 
@@ -98,26 +72,27 @@ def test_chunked_products_equal_whole_and_pointwise(method, rng, monkeypatch):
     loc = Localization(Geometry("lonlat"), "gaspari-cohn", 9000.0)
     forget = rng.uniform(0.8, 1.0, 60)
     run = {"method": method, "forget": forget, "tile_points": 16}
-    q = 39 if method == "estkf" else 40
-    s = 40 if method == "enkf" else 1
-    per_candidate = 8 * (q * (q + 1) // 2 + q * s + 3)
+    q, s = (39 if method == "estkf" else 40), (40 if method == "enkf" else 1)
+    budget = 0 if route == "direct" else 70 * 8 * (q * (q + 1) // 2 + q * s + 3)
     with threadpool_limits(limits=1, user_api="blas"):
         whole_t: dict[str, float] = {}
         whole = local_analysis(X, pts, obs, loc, kernel="batched", timings=whole_t, **run)
-        monkeypatch.setattr(batched, "TILE_WORK_BYTES", 70 * per_candidate)
+        monkeypatch.setattr(batched, "TILE_WORK_BYTES", budget)
         monkeypatch.setattr(batched, "MIN_CHUNK", 16)
-        chunk_t: dict[str, float] = {}
-        chunked = local_analysis(X, pts, obs, loc, kernel="batched", timings=chunk_t, **run)
+        over_t: dict[str, float] = {}
+        over = local_analysis(X, pts, obs, loc, kernel="batched", timings=over_t, **run)
         ref = local_analysis(X, pts, obs, loc, kernel="pointwise", **run)
-    assert whole_t.get("chunked_tiles_count", 0) == 0
-    assert chunk_t["chunked_tiles_count"] == chunk_t["tiles_count"] > 0
-    assert chunk_t.get("direct_tiles_count", 0) == 0
-    assert chunk_t["tile_work_bytes"] < whole_t["tile_work_bytes"]
+    assert whole_t.get("direct_tiles_count", 0) == whole_t.get("chunked_tiles_count", 0) == 0
+    assert over_t[f"{route}_tiles_count"] == over_t["tiles_count"] > 0
+    other = "chunked" if route == "direct" else "direct"
+    assert over_t.get(f"{other}_tiles_count", 0) == 0
+    if route == "chunked":
+        assert over_t["tile_work_bytes"] < whole_t["tile_work_bytes"]
     scale = np.abs(ref.ensemble).max()
-    assert np.abs(chunked.ensemble - ref.ensemble).max() <= 1e-10 * scale
-    assert np.abs(chunked.ensemble - whole.ensemble).max() <= 1e-10 * scale
+    assert np.abs(over.ensemble - ref.ensemble).max() <= 1e-10 * scale
+    assert np.abs(over.ensemble - whole.ensemble).max() <= 1e-10 * scale
     for name in ("dRd", "trace", "weight_sum"):
-        np.testing.assert_allclose(getattr(chunked, name), getattr(ref, name), rtol=1e-10)
+        np.testing.assert_allclose(getattr(over, name), getattr(ref, name), rtol=1e-10)
 
 
 def test_tile_point_cap_bounds_the_matrices():
