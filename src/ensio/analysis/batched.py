@@ -78,9 +78,8 @@ TILE_WORK_BYTES = 32 * 2**20
 #: (:meth:`Columns.products`): a tile whose budget holds fewer (k above
 #: about 180 for the square-root filters, 150 for the stochastic EnKF, whose
 #: right-hand sides are k wide) forms its matrices point by point
-#: (:meth:`Columns.direct`), where short
-#: chunks would leave the GEMM's inner dimension too small to pay for the
-#: ``k²/2``-wide products it builds.
+#: (:meth:`Columns.direct`), where short chunks would leave the GEMM's inner
+#: dimension too small to pay for the ``k²/2``-wide products it builds.
 MIN_CHUNK = 256
 
 #: Largest eigenproblem order solved by the lockstep solver; larger ones go to
@@ -210,16 +209,13 @@ class Columns:
         the GEMM within :data:`TILE_WORK_BYTES` instead of falling back to
         per-point products.
         """
-        S = None
-        for a in range(0, cand.size, chunk):
-            part = slice(a, a + chunk)
+        def product(part: slice) -> np.ndarray:
             Yc = basis[1][:, part] if basis is not None else self.candidates(cand[part])
-            prod = Wt[:, part] @ self._build(Yc, cand[part]).T
-            if S is None:
-                S = prod
-            else:
-                S += prod
-        assert S is not None
+            return Wt[:, part] @ self._build(Yc, cand[part]).T
+
+        S = product(slice(0, chunk))
+        for a in range(chunk, cand.size, chunk):
+            S += product(slice(a, a + chunk))
         return S
 
     def _build(self, Yc: np.ndarray, cand: np.ndarray | None) -> np.ndarray:
@@ -301,14 +297,15 @@ def _tile(cols: Columns, cand, loc, pts_pre, obs_pre, tile, rho, diag, sw: Stopw
     Q = None if basis is None else basis[0]
     sw.lap("basis")
     r = cols.q if Q is None else Q.shape[1]
-    chunk = cols.chunk_size(None if Q is None else r)
+    chunk = cols.chunk_size(r)
     if chunk >= min(cand.size, MIN_CHUNK):
         S = cols.products(Wt, cand, basis, chunk)
         C, rhs, extra = cols.unpack(S, r)
         sw.add("gemm_flops", 2.0 * S.shape[0] * cand.size * S.shape[1])
-        sw.add("chunked_tiles_count", chunk < cand.size)
-        packed = cols.packed_bytes(min(chunk, cand.size), None if Q is None else r)
-        packed += S.nbytes * (1 + (chunk < cand.size))  # and a chunk's product
+        chunked = chunk < cand.size
+        sw.add("chunked_tiles_count", chunked)
+        packed = cols.packed_bytes(min(chunk, cand.size), r)
+        packed += S.nbytes * (1 + chunked)  # and a chunk's product
     else:
         packed = 0
         C, rhs, extra = cols.direct(Wt, cand, basis)

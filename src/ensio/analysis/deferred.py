@@ -83,7 +83,6 @@ class DeferredTransform:
 
         ``Xr`` holds the rows point by point, ``counts[i]`` of point i.
         """
-
         self.sw.lap("update")
         p = self.rho.size
         s0 = 1.0 / np.sqrt(self.rho)
