@@ -144,6 +144,42 @@ def test_bands_of_two_coarse_rows_give_the_same_analysis(method, rng):
     assert np.array_equal(many.n_obs, one.n_obs)
 
 
+@pytest.mark.parametrize("method", ["etkf", "estkf"])
+@pytest.mark.parametrize("band_bytes", [None, 1])
+def test_transforms_applied_as_vectors_or_as_matrices_agree(method, band_bytes, rng, monkeypatch):
+    """Stride 2, one row per point: each node's transform goes to its (at most 9) rows as
+    vectors; forced through k × k matrices instead, the same analysis, both equal to the
+    reference (one band, and the most bands, whose last cells' terms are carried over)."""
+    import ensio.analysis.winterp_bands as wb
+
+    k = 7
+    obs = obs_case(rng, k)
+    n = LON.size * LAT.size
+    X = rng.standard_normal((k, n)) * 2.0 + rng.standard_normal(n)
+    want = reference(X, obs, method, 2, 0.9)
+    got, routes = {}, []
+    for route, most in (("vectors", wb.VECTOR_MAX_ROWS), ("matrices", 0)):
+        monkeypatch.setattr(wb, "VECTOR_MAX_ROWS", most)
+        for sink in (wb._Vectors, wb._Matrices):
+            monkeypatch.setattr(sink, "finish", _spy(sink.finish, sink.__name__, routes))
+        got[route] = run(X, obs, method, 2, 0.9, band_bytes=band_bytes).ensemble
+        monkeypatch.undo()
+    bands = len(routes) // 2
+    assert routes == ["_Vectors"] * bands + ["_Matrices"] * bands
+    assert bands > 1 if band_bytes == 1 else bands == 1
+    scale = np.abs(want).max()
+    assert np.abs(got["vectors"] - got["matrices"]).max() <= 1e-12 * scale
+    assert np.abs(got["vectors"] - want).max() < 1e-10 * scale
+
+
+def _spy(method, name, calls):
+    def wrapped(self, *args, **kwargs):
+        calls.append(name)
+        return method(self, *args, **kwargs)
+
+    return wrapped
+
+
 def test_rows_needing_separate_groups_of_coarse_rows(rng):
     """A rank's rows in two latitude groups (its row set of the group shuffle, say).
 

@@ -50,7 +50,7 @@ from .pointwise import pointwise_kernel
 from .result import AnalysisResult
 from .variants import VARIANTS, Variant
 
-__all__ = ["KERNELS", "Kernel", "ObsSpace", "local_analysis", "run_local"]
+__all__ = ["KERNELS", "Kernel", "ObsSpace", "local_analysis", "run_local", "transform_rows"]
 
 #: The local kernels by ``analysis.kernel`` value.
 KERNELS = {"batched": batched_kernel, "pointwise": pointwise_kernel}
@@ -183,13 +183,23 @@ def _applier(X: np.ndarray, inv: np.ndarray, n_points: int, out: np.ndarray):
         else:
             rows = np.concatenate([order[starts[p] : starts[p + 1]] for p in points])
         Xr = X[:, rows].T - mean[rows][:, None]  # (rows, k): the same values as X − x̄
-        if isinstance(G, DeferredTransform):
-            upd = G.apply_rows(Xr, counts)
-        elif isinstance(G, FactoredTransform):
-            upd = (G if rows.size == points.size else G.repeat(counts)).apply(Xr)
-        else:
-            Grow = G if rows.size == points.size else np.repeat(G, counts, axis=0)
-            upd = (Xr[:, None, :] @ Grow)[:, 0, :]
-        out[:, rows] = mean[rows] + upd.T
+        out[:, rows] = mean[rows] + transform_rows(G, Xr, counts).T
 
     return apply
+
+
+def transform_rows(
+    G: np.ndarray | FactoredTransform | DeferredTransform, Xr: np.ndarray, counts: np.ndarray
+) -> np.ndarray:
+    """``x'ᵀ G_i`` for the rows of every point: ``Xr`` (rows, k), ``counts[i]`` rows of point i.
+
+    The rows come point by point, in the order of ``G``'s points; whatever form
+    the kernel handed the transforms in (deferred, factors or matrices).
+    """
+    if isinstance(G, DeferredTransform):
+        return G.apply_rows(Xr, counts)
+    one = Xr.shape[0] == counts.size and bool(np.all(counts == 1))
+    if isinstance(G, FactoredTransform):
+        return (G if one else G.repeat(counts)).apply(Xr)
+    Grow = G if one else np.repeat(G, counts, axis=0)
+    return (Xr[:, None, :] @ Grow)[:, 0, :]
