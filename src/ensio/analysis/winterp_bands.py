@@ -8,6 +8,16 @@ the nodes go through the kernel in **bands** of coarse rows whose dense
 transforms fit :data:`BAND_BYTES` (one buffer, reused), the rows whose cells
 lie in a band are blended as soon as the band is done, and the band's last
 coarse row is kept for the next band. Numba loops, like the eigensolver.
+
+Two routes from the nodes to the rows, chosen per call by the most rows a
+node acts on (the rows of its four cells with a non-zero weight: 9 per level
+at stride 2, 25 at stride 3): up to
+:data:`~ensio.analysis.deferred.VECTOR_MAX_ROWS`, and for the square-root
+filters of the batched kernel, each node's transform is applied to those
+rows as vectors, as the exact analysis applies a point's (:class:`_Vectors`,
+no eigenvectors and no k × k matrix); otherwise the nodes' k × k matrices
+are formed and blended per row (:class:`_Matrices`). Both are exact and
+agree to rounding.
 """
 
 from __future__ import annotations
@@ -290,8 +300,10 @@ class _Vectors:
     node's transform applied to those rows as vectors
     (:meth:`~ensio.analysis.deferred.DeferredTransform.apply_rows`, no
     eigenvectors) costs less than forming its k × k matrix and blending it
-    into every row (measured on 360 × 180 × 40 at stride 2: transform and
-    update phases 0.94 + 0.17 s as matrices, 0.81 + 0.10 s as vectors). The
+    into every row (measured on 360 × 180 × 40, one core: transform and
+    update phases 0.93 + 0.17 s as matrices, 0.77 + 0.09 s as vectors at
+    stride 2; at stride 3, 25 rows a node, vectors lose: 0.55 + 0.11 s
+    against 0.40 + 0.12, hence the bound of 16 rows). The
     term ``β x'G_c`` of each (row, corner) pair is stored at that row and
     corner, and a row's terms are summed in the corners' order when its cell
     is done, so the sum does not depend on tiles, threads or bands.
