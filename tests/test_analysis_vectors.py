@@ -133,6 +133,18 @@ def test_deferred_rows_equal_the_formed_transform(method, reduced, rng):
 
 
 @pytest.mark.parametrize("method", ["etkf", "estkf"])
+def test_points_without_rows_are_skipped(method, rng):
+    """Points with no rows among the others and last (a coarse node of weight
+    interpolation whose rows all have weight 0 there): the other points' rows as before."""
+    d, dense, counts, k = _deferred_case(rng, method, False)
+    counts[[0, 5, 6, counts.size - 1]] = 0
+    Xr = rng.standard_normal((int(counts.sum()), k))
+    point = np.repeat(np.arange(counts.size), counts)
+    got = d.apply_rows(Xr, counts)
+    assert rel(got, np.einsum("rk,rkj->rj", Xr, dense[point])) <= 1e-12
+
+
+@pytest.mark.parametrize("method", ["etkf", "estkf"])
 @pytest.mark.parametrize("levels", [1, 3, VECTOR_MAX_ROWS + 3])
 def test_batched_equals_pointwise_with_rows_per_point(method, levels, rng):
     """Several levels share a location: both paths of the transform agree with pointwise."""

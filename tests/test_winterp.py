@@ -197,6 +197,24 @@ def test_rows_needing_separate_groups_of_coarse_rows(rng):
     assert np.abs(got.ensemble - want[:, rows]).max() < 1e-10 * np.abs(want).max()
 
 
+@pytest.mark.parametrize("tile_points", [1, 32])
+def test_nodes_whose_rows_all_have_weight_zero(tile_points, rng):
+    """A rank's rows from one latitude row only: the nodes of the next coarse row are corners
+    of weight 0 and act on no row (with one node per tile, such a node is a tile of its own)."""
+    k, stride = 6, 2
+    obs = obs_case(rng, k)
+    pts = grid_points()
+    n = pts.shape[0]
+    X = rng.standard_normal((k, n)) + rng.standard_normal(n)
+    want = reference(X, obs, "etkf", stride, 1.0)
+    rows = np.flatnonzero(np.arange(n) // LON.size == 4)  # on a coarse row: fy = 0
+    loc = Localization(geometry=Geometry("lonlat"), radius=RADIUS)
+    got = interpolated_local(X[:, rows], pts[rows], obs, loc, VARIANTS["etkf"], 1.0, "batched",
+                             tile_points, 1, Stopwatch(enabled=False),
+                             WeightGrid(LON, LAT, stride)).ensemble  # fmt: skip
+    assert np.abs(got - want[:, rows]).max() < 1e-10 * np.abs(want).max()
+
+
 def test_levels_share_the_interpolated_transform(rng):
     """A 3-D state: every level of a column gets the column's interpolated transform."""
     k, levels = 6, 3

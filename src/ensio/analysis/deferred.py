@@ -81,7 +81,8 @@ class DeferredTransform:
     def apply_rows(self, Xr: np.ndarray, counts: np.ndarray) -> np.ndarray:
         """``x'ᵀ G_i`` for the rows of every point: ``Xr`` (rows, k) → (rows, k).
 
-        ``Xr`` holds the rows point by point, ``counts[i]`` of point i.
+        ``Xr`` holds the rows point by point, ``counts[i]`` of point i (0: none,
+        nothing is computed for that point).
         """
         self.sw.lap("update")
         p = self.rho.size
@@ -95,8 +96,9 @@ class DeferredTransform:
         slot = np.full(p, -1)
         slot[hp] = np.arange(hp.size)
         few = (counts[hp] <= VECTOR_MAX_ROWS) & (self.B.shape[-1] <= VECTOR_MAX_ORDER)
+        some = counts[hp] > 0
         t = Xr if self.Qk is None else Xr @ self.Qk  # (rows, r)
-        for sel, vectors in ((few, True), (~few, False)):
+        for sel, vectors in ((few & some, True), (~few & some, False)):
             if not sel.any():
                 continue
             pts = hp[sel]
