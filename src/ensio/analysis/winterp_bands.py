@@ -203,10 +203,11 @@ def banded_update(X, out, inv, nodes, node_row, corner, beta, cell, obs, loc, va
     empty = np.zeros(corner.shape[0], dtype=np.bool_)
     with sw("update"):
         rows = _Rows(X, inv, corner, beta, cell, point_row, 1.0 / np.sqrt(rho))
-        pairs = _Pairs(rows, nodes.shape[0])
+        deferred = kernel == "batched" and variant.reducible  # transforms come deferred
+        pairs = _Pairs(rows, nodes.shape[0]) if deferred else None
         sink: _Matrices | _Vectors = (
             _Vectors(rows, pairs)
-            if kernel == "batched" and variant.reducible and pairs.most <= VECTOR_MAX_ROWS
+            if pairs is not None and pairs.most <= VECTOR_MAX_ROWS
             else _Matrices(rows, bands.capacity)
         )
     kept = 0  # nodes of the last band's last coarse row, not recomputed
