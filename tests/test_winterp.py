@@ -147,19 +147,20 @@ def test_bands_of_two_coarse_rows_give_the_same_analysis(method, rng):
 @pytest.mark.parametrize("method", ["etkf", "estkf"])
 @pytest.mark.parametrize("band_bytes", [None, 1])
 def test_transforms_applied_as_vectors_or_as_matrices_agree(method, band_bytes, rng, monkeypatch):
-    """Stride 2, one row per point: each node's transform goes to its (at most 9) rows as
-    vectors; forced through k × k matrices instead, the same analysis, both equal to the
-    reference (one band, and the most bands, whose last cells' terms are carried over)."""
+    """Stride 2, one row per point, 30 members: each node's transform goes to its (at most 9)
+    rows as vectors; forced through k × k matrices instead, the same analysis, both equal to
+    the reference (one band, and the most bands, whose last cells' terms are carried over)."""
     import ensio.analysis.winterp_bands as wb
 
-    k = 7
+    k = 30
+    assert wb.vectors_route(9, k) and not wb.vectors_route(9, 7)  # the tests' usual 7 members
     obs = obs_case(rng, k)
     n = LON.size * LAT.size
     X = rng.standard_normal((k, n)) * 2.0 + rng.standard_normal(n)
     want = reference(X, obs, method, 2, 0.9)
     got, routes = {}, []
-    for route, most in (("vectors", wb.VECTOR_MAX_ROWS), ("matrices", 0)):
-        monkeypatch.setattr(wb, "VECTOR_MAX_ROWS", most)
+    for route, share in (("vectors", wb.VECTOR_SHARE), ("matrices", 10**6)):
+        monkeypatch.setattr(wb, "VECTOR_SHARE", share)
         for sink in (wb._Vectors, wb._Matrices):
             monkeypatch.setattr(sink, "finish", _spy(sink.finish, sink.__name__, routes))
         got[route] = run(X, obs, method, 2, 0.9, band_bytes=band_bytes).ensemble
@@ -200,8 +201,9 @@ def test_rows_needing_separate_groups_of_coarse_rows(rng):
 @pytest.mark.parametrize("tile_points", [1, 32])
 def test_nodes_whose_rows_all_have_weight_zero(tile_points, rng):
     """A rank's rows from one latitude row only: the nodes of the next coarse row are corners
-    of weight 0 and act on no row (with one node per tile, such a node is a tile of its own)."""
-    k, stride = 6, 2
+    of weight 0 and act on no row (with one node per tile, such a node is a tile of its own);
+    30 members, so the transforms go to the rows as vectors."""
+    k, stride = 30, 2
     obs = obs_case(rng, k)
     pts = grid_points()
     n = pts.shape[0]

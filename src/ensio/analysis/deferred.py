@@ -78,11 +78,15 @@ class DeferredTransform:
         self.sw.lap("transform")
         return f
 
-    def apply_rows(self, Xr: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    def apply_rows(
+        self, Xr: np.ndarray, counts: np.ndarray, vector_rows: int = VECTOR_MAX_ROWS
+    ) -> np.ndarray:
         """``x'ᵀ G_i`` for the rows of every point: ``Xr`` (rows, k) → (rows, k).
 
         ``Xr`` holds the rows point by point, ``counts[i]`` of point i (0: none,
-        nothing is computed for that point).
+        nothing is computed for that point). Points with at most ``vector_rows``
+        rows take the vectors (weight interpolation's coarse nodes set their own
+        bound, :func:`~ensio.analysis.winterp_bands.vectors_route`).
         """
         self.sw.lap("update")
         p = self.rho.size
@@ -95,7 +99,7 @@ class DeferredTransform:
         hp = np.flatnonzero(self.has)  # point of each row of B
         slot = np.full(p, -1)
         slot[hp] = np.arange(hp.size)
-        few = (counts[hp] <= VECTOR_MAX_ROWS) & (self.B.shape[-1] <= VECTOR_MAX_ORDER)
+        few = (counts[hp] <= vector_rows) & (self.B.shape[-1] <= VECTOR_MAX_ORDER)
         some = counts[hp] > 0
         t = Xr if self.Qk is None else Xr @ self.Qk  # (rows, r)
         for sel, vectors in ((few & some, True), (~few & some, False)):

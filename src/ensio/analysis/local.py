@@ -43,7 +43,7 @@ from ..config.analysis import KernelName as Kernel
 from ..stopwatch import Stopwatch
 from .basis import FactoredTransform
 from .batched import batched_kernel
-from .deferred import DeferredTransform
+from .deferred import VECTOR_MAX_ROWS, DeferredTransform
 from .localization import Localization, as_coords
 from .obsspace import ObsSpace
 from .pointwise import pointwise_kernel
@@ -189,15 +189,19 @@ def _applier(X: np.ndarray, inv: np.ndarray, n_points: int, out: np.ndarray):
 
 
 def transform_rows(
-    G: np.ndarray | FactoredTransform | DeferredTransform, Xr: np.ndarray, counts: np.ndarray
+    G: np.ndarray | FactoredTransform | DeferredTransform,
+    Xr: np.ndarray,
+    counts: np.ndarray,
+    vector_rows: int = VECTOR_MAX_ROWS,
 ) -> np.ndarray:
     """``x'ᵀ G_i`` for the rows of every point: ``Xr`` (rows, k), ``counts[i]`` rows of point i.
 
     The rows come point by point, in the order of ``G``'s points; whatever form
     the kernel handed the transforms in (deferred, factors or matrices).
+    ``vector_rows``: see :meth:`~ensio.analysis.deferred.DeferredTransform.apply_rows`.
     """
     if isinstance(G, DeferredTransform):
-        return G.apply_rows(Xr, counts)
+        return G.apply_rows(Xr, counts, vector_rows)
     one = Xr.shape[0] == counts.size and bool(np.all(counts == 1))
     if isinstance(G, FactoredTransform):
         return (G if one else G.repeat(counts)).apply(Xr)

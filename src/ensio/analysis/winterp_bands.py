@@ -9,15 +9,14 @@ transforms fit :data:`BAND_BYTES` (one buffer, reused), the rows whose cells
 lie in a band are blended as soon as the band is done, and the band's last
 coarse row is kept for the next band. Numba loops, like the eigensolver.
 
-Two routes from the nodes to the rows, chosen per call by the most rows a
-node acts on (the rows of its four cells with a non-zero weight: 9 per level
-at stride 2, 25 at stride 3): up to
-:data:`~ensio.analysis.deferred.VECTOR_MAX_ROWS`, and for the square-root
-filters of the batched kernel, each node's transform is applied to those
-rows as vectors, as the exact analysis applies a point's (:class:`_Vectors`,
-no eigenvectors and no k × k matrix); otherwise the nodes' k × k matrices
-are formed and blended per row (:class:`_Matrices`). Both are exact and
-agree to rounding.
+Two routes from the nodes to the rows, chosen per call (:func:`vectors_route`)
+by the most rows a node acts on (the rows of its four cells with a non-zero
+weight: 9 per level at stride 2, 25 at stride 3) against the ensemble size:
+for the square-root filters of the batched kernel, each node's transform
+may be applied to those rows as vectors, as the exact analysis applies a
+point's (:class:`_Vectors`, no eigenvectors and no k × k matrix); otherwise
+the nodes' k × k matrices are formed and blended per row
+(:class:`_Matrices`). Both are exact and agree to rounding.
 """
 
 from __future__ import annotations
@@ -30,13 +29,13 @@ from numba import njit
 from ..stopwatch import Stopwatch
 from .basis import FactoredTransform
 from .batched import tile_point_cap
-from .deferred import VECTOR_MAX_ROWS, DeferredTransform
+from .deferred import VECTOR_MAX_ORDER, DeferredTransform
 from .eigensolver import LANES
 from .local import KERNELS, transform_rows
 from .localization import Localization
 from .tiles import make_tiles
 
-__all__ = ["BAND_BYTES", "banded_update", "warm_up"]
+__all__ = ["BAND_BYTES", "VECTOR_SHARE", "banded_update", "vectors_route", "warm_up"]
 
 #: Bytes of coarse transforms held at once (a band of coarse rows, see the
 #: module docstring; at least two coarse rows). Why a bound: all nodes at once
@@ -97,6 +96,23 @@ def _form_dense(Gbuf, slots, M, D, s0, wbar, centred):  # pragma: no cover
                 if centred[i]:
                     v -= inv_k
                 G[a, b] = v * s + G[a, b] + wa
+
+
+#: The vectors route (:func:`vectors_route`) is taken when ``VECTOR_SHARE`` times
+#: the vectors a node needs (its rows and its mean weights) is at most the
+#: order. Applying the square root to m vectors costs about ``a n³ + b m n²``,
+#: the eigenvectors ``c n³``, so the crossing is a share of the order n.
+#: Measured (one core, whole analysis with stride 2 = 10 vectors a node, or
+#: stride 3 = 26; vectors / matrices): N_e = 20, stride 2: 0.99 / 0.90 s;
+#: N_e = 40 (360 × 180): stride 2 2.33 / 2.58 s, stride 3 transform and
+#: update 0.66 / 0.52 s; N_e = 100 (180 × 90): stride 2 2.98 / 3.85 s,
+#: stride 3 1.44 / 1.76 s. The crossing lies between n/4 and n/2 vectors.
+VECTOR_SHARE = 3
+
+
+def vectors_route(most_rows: int, k: int) -> bool:
+    """Whether nodes acting on at most ``most_rows`` rows each go as vectors (k members)."""
+    return VECTOR_SHARE * (most_rows + 1) <= k <= VECTOR_MAX_ORDER
 
 
 #: A band whose tiles fill this share of the eigensolver's lanes is taken;
@@ -207,7 +223,7 @@ def banded_update(X, out, inv, nodes, node_row, corner, beta, cell, obs, loc, va
         pairs = _Pairs(rows, nodes.shape[0]) if deferred else None
         sink: _Matrices | _Vectors = (
             _Vectors(rows, pairs)
-            if pairs is not None and pairs.most <= VECTOR_MAX_ROWS
+            if pairs is not None and vectors_route(pairs.most, k)
             else _Matrices(rows, bands.capacity)
         )
     kept = 0  # nodes of the last band's last coarse row, not recomputed
@@ -297,14 +313,12 @@ class _Matrices:
 class _Vectors:
     """The nodes' transforms applied to their rows as vectors; each row's terms summed.
 
-    Why: with few rows per node (stride 2, one row per point: at most 9) a
-    node's transform applied to those rows as vectors
+    Why: with few rows per node against the ensemble size (stride 2 at N_e =
+    40: at most 9 rows, 10 vectors with the mean weights) a node's transform
+    applied to those rows as vectors
     (:meth:`~ensio.analysis.deferred.DeferredTransform.apply_rows`, no
     eigenvectors) costs less than forming its k × k matrix and blending it
-    into every row (measured on 360 × 180 × 40, one core: transform and
-    update phases 0.93 + 0.17 s as matrices, 0.77 + 0.09 s as vectors at
-    stride 2; at stride 3, 25 rows a node, vectors lose: 0.55 + 0.11 s
-    against 0.40 + 0.12, hence the bound of 16 rows). The
+    into every row (:data:`VECTOR_SHARE`). The
     term ``β x'G_c`` of each (row, corner) pair is stored at that row and
     corner, and a row's terms are summed in the corners' order when its cell
     is done, so the sum does not depend on tiles, threads or bands.
@@ -334,7 +348,7 @@ class _Vectors:
         def capture(points: np.ndarray, Gp, off=first) -> None:
             pos, q, w, counts = pairs.of(points + off)
             pos -= a
-            Pbuf[pos, q] = w[:, None] * transform_rows(Gp, anom[pos], counts)
+            Pbuf[pos, q] = w[:, None] * transform_rows(Gp, anom[pos], counts, pairs.most)
 
         return capture
 
