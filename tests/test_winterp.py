@@ -102,10 +102,11 @@ def reference(X, obs, method, stride, rho):
     return out
 
 
-def run(X, obs, method, stride, rho, kernel="batched", coords=None, band_bytes=None):
+def run(X, obs, method, stride, rho, kernel="batched", coords=None, band_bytes=None,
+        tile_points=32):  # fmt: skip
     loc = Localization(geometry=Geometry("lonlat"), radius=RADIUS)
     coords = grid_points() if coords is None else coords
-    return interpolated_local(X, coords, obs, loc, VARIANTS[method], rho, kernel, 32, 1,
+    return interpolated_local(X, coords, obs, loc, VARIANTS[method], rho, kernel, tile_points, 1,
                               Stopwatch(enabled=False), WeightGrid(LON, LAT, stride),
                               band_bytes=band_bytes)  # fmt: skip
 
@@ -181,40 +182,32 @@ def _spy(method, name, calls):
     return wrapped
 
 
-def test_rows_needing_separate_groups_of_coarse_rows(rng):
-    """A rank's rows in two latitude groups (its row set of the group shuffle, say).
+@pytest.mark.parametrize(
+    ("lat_rows", "k", "tile_points", "band_bytes"),
+    [
+        ([0, 1, 7, 8, 9, 12], 6, 32, 1),
+        ([4], 30, 1, None),
+        ([4], 30, 32, None),
+    ],
+)
+def test_a_ranks_subset_of_rows(lat_rows, k, tile_points, band_bytes, rng):
+    """A rank's rows from some latitudes only (its row set of the group shuffle, say).
 
-    The coarse rows it needs then have a gap; bands must not pair rows across it.
+    Two groups of latitudes: the coarse rows it needs have a gap, and bands must not
+    pair rows across it. One latitude on a coarse row (30 members: the vectors route):
+    the next coarse row's nodes are corners of weight 0 and act on no row; with one node
+    per tile such a node is a tile of its own.
     """
-    k, stride = 6, 2
+    stride = 2
     obs = obs_case(rng, k)
     pts = grid_points()
     n = pts.shape[0]
     X = rng.standard_normal((k, n)) + rng.standard_normal(n)
     want = reference(X, obs, "etkf", stride, 1.0)
-    lat_index = np.arange(n) // LON.size
-    rows = np.flatnonzero(np.isin(lat_index, [0, 1, 7, 8, 9, 12]))
-    got = run(X[:, rows], obs, "etkf", stride, 1.0, coords=pts[rows], band_bytes=1)
+    rows = np.flatnonzero(np.isin(np.arange(n) // LON.size, lat_rows))
+    got = run(X[:, rows], obs, "etkf", stride, 1.0, coords=pts[rows], band_bytes=band_bytes,
+              tile_points=tile_points)  # fmt: skip
     assert np.abs(got.ensemble - want[:, rows]).max() < 1e-10 * np.abs(want).max()
-
-
-@pytest.mark.parametrize("tile_points", [1, 32])
-def test_nodes_whose_rows_all_have_weight_zero(tile_points, rng):
-    """A rank's rows from one latitude row only: the nodes of the next coarse row are corners
-    of weight 0 and act on no row (with one node per tile, such a node is a tile of its own);
-    30 members, so the transforms go to the rows as vectors."""
-    k, stride = 30, 2
-    obs = obs_case(rng, k)
-    pts = grid_points()
-    n = pts.shape[0]
-    X = rng.standard_normal((k, n)) + rng.standard_normal(n)
-    want = reference(X, obs, "etkf", stride, 1.0)
-    rows = np.flatnonzero(np.arange(n) // LON.size == 4)  # on a coarse row: fy = 0
-    loc = Localization(geometry=Geometry("lonlat"), radius=RADIUS)
-    got = interpolated_local(X[:, rows], pts[rows], obs, loc, VARIANTS["etkf"], 1.0, "batched",
-                             tile_points, 1, Stopwatch(enabled=False),
-                             WeightGrid(LON, LAT, stride)).ensemble  # fmt: skip
-    assert np.abs(got - want[:, rows]).max() < 1e-10 * np.abs(want).max()
 
 
 def test_levels_share_the_interpolated_transform(rng):
