@@ -35,7 +35,8 @@ ten times the ensemble block), so they are never all held at once: the
 nodes go through the kernel in bands of coarse rows and each band's rows
 are blended as soon as it is done (:mod:`~ensio.analysis.winterp_bands`).
 The result does not depend on the band size (to rounding, as for tiles).
-At stride 2 with one row per point the matrices are not formed at all: each
+When a node acts on few rows against the ensemble size (stride 2, one row
+per point, from 30 members on) the matrices are not formed at all: each
 node's transform is applied to the rows around it as vectors.
 """
 
