@@ -222,7 +222,7 @@ def banded_update(X, out, inv, nodes, node_row, corner, beta, cell, obs, loc, va
         deferred = kernel == "batched" and variant.reducible  # transforms come deferred
         pairs = _Pairs(rows, nodes.shape[0]) if deferred else None
         sink: _Matrices | _Vectors = (
-            _Vectors(rows, pairs)
+            _Vectors(rows, pairs.group())
             if pairs is not None and vectors_route(pairs.most, k)
             else _Matrices(rows, bands.capacity)
         )
@@ -368,25 +368,34 @@ class _Vectors:
 
 
 class _Pairs:
-    """The (row, corner) pairs of non-zero weight, grouped by node: the rows each node acts on.
+    """The (row, corner) pairs of non-zero weight: the rows each node acts on.
 
     ``pos``: place of the pair's row in ``order``; ``q``: its corner;
-    ``w``: its weight; the pairs of node ``i`` are ``ptr[i]:ptr[i+1]``;
-    ``most``: the most pairs of a node.
+    ``node``: its node; ``most``: the most pairs of a node; the pairs of node
+    ``i`` are ``ptr[i]:ptr[i+1]`` once :meth:`group` has sorted them by node
+    (only the vectors route needs that: the sort is most of the cost).
     """
 
     def __init__(self, rows: _Rows, n_nodes: int) -> None:
+        self.rows = rows
         point = rows.inv[rows.order]
-        pos, q = np.nonzero(rows.beta[point])
-        node = rows.corner[point[pos], q]
-        by = np.argsort(node, kind="stable")
-        self.pos, self.q, self.w = pos[by], q[by], rows.beta[point[pos], q][by]
+        self.pos, self.q = np.nonzero(rows.beta[point])
+        self.node = rows.corner[point[self.pos], self.q]
         self.ptr = np.zeros(n_nodes + 1, dtype=np.int64)
-        np.cumsum(np.bincount(node, minlength=n_nodes), out=self.ptr[1:])
+        np.cumsum(np.bincount(self.node, minlength=n_nodes), out=self.ptr[1:])
         self.most = int(np.diff(self.ptr).max()) if n_nodes else 0
 
+    def group(self) -> _Pairs:
+        """Sort the pairs by node (stably) and take their weights ``w``; returns ``self``."""
+        by = np.argsort(self.node, kind="stable")
+        self.pos, self.q, self.node = self.pos[by], self.q[by], self.node[by]
+        point = self.rows.inv[self.rows.order[self.pos]]
+        self.w = self.rows.beta[point, self.q]
+        return self
+
     def of(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """``(pos, q, w, counts)`` of the pairs of ``nodes``, node by node (``pos`` a copy)."""
+        """``(pos, q, w, counts)`` of the pairs of ``nodes``, node by node (``pos`` a copy;
+        after :meth:`group`)."""
         start = self.ptr[nodes]
         counts = self.ptr[nodes + 1] - start
         ends = np.cumsum(counts)
