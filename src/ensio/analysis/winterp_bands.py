@@ -243,9 +243,8 @@ def banded_update(X, out, inv, nodes, node_row, corner, beta, cell, obs, loc, va
         with sw("update"):
             pts_band = np.unique(rows.inv[rows.order[a:b]])
             empty[pts_band] = ~np.any(diag_c[corner[pts_band], 0] > 0, axis=1)
-            sink.finish(a, b, empty, out)
+            sink.finish(a, b, empty, out, slice(bands.start[hi] - base, stop - base))
             kept = bands.stop[hi] - bands.start[hi]
-            sink.keep(bands.start[hi] - base, stop - base)
     return diag_c
 
 
@@ -299,15 +298,13 @@ class _Matrices:
 
         return capture
 
-    def finish(self, a: int, b: int, empty: np.ndarray, out: np.ndarray) -> None:
-        """Blend the rows ``order[a:b]`` (their corners are all in the buffer)."""
+    def finish(self, a: int, b: int, empty: np.ndarray, out: np.ndarray, last: slice) -> None:
+        """Blend the rows ``order[a:b]`` (their corners are all in the buffer), then move
+        the matrices ``last`` (the band's last coarse row) to the front."""
         r = self.rows
         _blend_rows(r.X, r.mean, r.order[a:b], r.inv, r.corner, self.base, r.beta, self.Gbuf,
                     empty, r.s0, out)  # fmt: skip
-
-    def keep(self, lo: int, hi: int) -> None:
-        """Move the matrices ``lo:hi`` of the band (its last coarse row) to the front."""
-        self.Gbuf[: hi - lo] = self.Gbuf[lo:hi].copy()
+        self.Gbuf[: last.stop - last.start] = self.Gbuf[last].copy()
 
 
 class _Vectors:
@@ -340,7 +337,7 @@ class _Vectors:
             grown = np.empty((c - a, 4, k))
             grown[: self.kept] = self.Pbuf[: self.kept]
             self.Pbuf = grown
-        self.a, self.c = a, c
+        self.c = c
         win = r.order[a:c]  # the window's anomalies, gathered once (up to 4 pairs use each)
         anom = r.X[:, win].T - r.mean[win][:, None]
         Pbuf, pairs = self.Pbuf, self.pairs
@@ -352,19 +349,16 @@ class _Vectors:
 
         return capture
 
-    def finish(self, a: int, b: int, empty: np.ndarray, out: np.ndarray) -> None:
-        """Sum the terms of the rows ``order[a:b]`` (all their corners are done)."""
+    def finish(self, a: int, b: int, empty: np.ndarray, out: np.ndarray, last: slice) -> None:
+        """Sum the terms of the rows ``order[a:b]`` (all their corners are done), then move
+        those of the cells in the band's last coarse row (``order[b:c]``) to the front.
+
+        (``last``, that row's nodes, have all their terms stored already.)
+        """
         r = self.rows
         _sum_pairs(r.X, r.mean, r.order[a:b], r.inv, r.beta, self.Pbuf, empty, r.s0, out)
-        self.b = b
-
-    def keep(self, lo: int, hi: int) -> None:
-        """Move the terms of the cells in the band's last coarse row to the front.
-
-        (``lo``, ``hi``: that row's nodes, whose terms are all stored already.)
-        """
-        self.kept = self.c - self.b
-        self.Pbuf[: self.kept] = self.Pbuf[self.b - self.a : self.c - self.a].copy()
+        self.kept = self.c - b
+        self.Pbuf[: self.kept] = self.Pbuf[b - a : self.c - a].copy()
 
 
 class _Pairs:
