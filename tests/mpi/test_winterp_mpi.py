@@ -16,6 +16,7 @@ from missing_cases import poke_missing
 from mpi4py import MPI
 from rowsets_support import random_row_sets
 
+from ensio.analysis import winterp_bands as wb
 from ensio.analysis.inputs import assimilate_block, observation_sources
 from ensio.cli.synth import main as synth_main
 from ensio.config.load import load_config
@@ -31,9 +32,28 @@ from ensio.layout.rowsetblock import RowSetBlock
 @pytest.mark.parametrize("stride", [2, 3])
 @pytest.mark.parametrize("levels", [None, 2])
 def test_winterp_does_not_depend_on_ranks(shared_dir, comm, sets, stride, levels) -> None:
+    check_ranks(shared_dir, comm, sets, stride, levels, members=6)
+
+
+@pytest.mark.parametrize("filt", ["letkf", "lestkf"])
+def test_winterp_vectors_route_does_not_depend_on_ranks(shared_dir, comm, filt, monkeypatch):
+    """30 members at stride 2: the nodes' transforms reach the rows as vectors.
+
+    A rank's rows are a subset of a node's rows there; a node whose rows on a
+    rank all have weight 0 once crashed the rank (design note 110).
+    """
+    taken = []
+    begin = wb._Vectors.begin
+    monkeypatch.setattr(wb._Vectors, "begin", lambda self, *a: taken.append(1) or begin(self, *a))
+    check_ranks(shared_dir, comm, [f"analysis.filter={filt}"], 2, None, members=30)
+    assert taken  # the vectors route was taken on this rank
+
+
+def check_ranks(shared_dir, comm, sets, stride, levels, members) -> None:
+    """The analysis on ``comm`` (contiguous and random row sets) against one process."""
     case = shared_dir / "case"
     if comm.rank == 0:
-        argv = [str(case), "--nx", "24", "--ny", "13", "--members", "6", "--seed", "4"]
+        argv = [str(case), "--nx", "24", "--ny", "13", "--members", str(members), "--seed", "4"]
         assert synth_main(argv + (["--levels", str(levels)] if levels else [])) == 0
         if sets == ["missing"]:
             poke_missing(case)

@@ -106,8 +106,9 @@ class DeferredTransform:
             if not sel.any():
                 continue
             pts = hp[sel]
-            if pts.size == p:  # every point (the usual case): all rows, no search
-                mine, i = np.arange(point.size), point
+            mine: slice | np.ndarray
+            if pts.size == p:  # every point (the usual case): all rows, no search or copy
+                mine, i = slice(None), point
             else:
                 mine = np.flatnonzero(np.isin(point, pts))  # rows of these points, in order
                 i = slot[point[mine]]
