@@ -50,7 +50,15 @@ from .pointwise import pointwise_kernel
 from .result import AnalysisResult
 from .variants import VARIANTS, Variant
 
-__all__ = ["KERNELS", "Kernel", "ObsSpace", "local_analysis", "run_local", "transform_rows"]
+__all__ = [
+    "KERNELS",
+    "Kernel",
+    "ObsSpace",
+    "concatenated_ranges",
+    "local_analysis",
+    "run_local",
+    "transform_rows",
+]
 
 #: The local kernels by ``analysis.kernel`` value.
 KERNELS = {"batched": batched_kernel, "pointwise": pointwise_kernel}
@@ -177,15 +185,26 @@ def _applier(X: np.ndarray, inv: np.ndarray, n_points: int, out: np.ndarray):
     starts = np.searchsorted(inv[order], np.arange(n_points + 1))
 
     def apply(points: np.ndarray, G: np.ndarray | FactoredTransform) -> None:
-        counts = starts[points + 1] - starts[points]
-        if np.all(counts == 1):
-            rows = order[starts[points]]
-        else:
-            rows = np.concatenate([order[starts[p] : starts[p + 1]] for p in points])
+        idx, counts = concatenated_ranges(starts, points)
+        rows = order[idx]
         Xr = X[:, rows].T - mean[rows][:, None]  # (rows, k): the same values as X − x̄
         out[:, rows] = mean[rows] + transform_rows(G, Xr, counts).T
 
     return apply
+
+
+def concatenated_ranges(ptr: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(idx, counts)``: the ranges ``ptr[i]:ptr[i+1]`` of the ``ids``, one after the other.
+
+    Why one vectorized pass: both the exact analysis (the rows of each point of
+    a tile) and weight interpolation (the rows each node acts on) gather a
+    tile's ranges from a CSR-style ``ptr``, a Python loop per point otherwise.
+    """
+    start = ptr[ids]
+    counts = ptr[ids + 1] - start
+    ends = np.cumsum(counts)
+    total = int(ends[-1]) if ends.size else 0
+    return np.repeat(start - (ends - counts), counts) + np.arange(total), counts
 
 
 def transform_rows(

@@ -31,7 +31,7 @@ from .basis import FactoredTransform
 from .batched import tile_point_cap
 from .deferred import VECTOR_MAX_ORDER, DeferredTransform
 from .eigensolver import LANES
-from .local import KERNELS, transform_rows
+from .local import KERNELS, concatenated_ranges, transform_rows
 from .localization import Localization
 from .tiles import make_tiles
 
@@ -390,11 +390,7 @@ class _Pairs:
     def of(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``(pos, q, w, counts)`` of the pairs of ``nodes``, node by node (``pos`` a copy;
         after :meth:`group`)."""
-        start = self.ptr[nodes]
-        counts = self.ptr[nodes + 1] - start
-        ends = np.cumsum(counts)
-        total = int(ends[-1]) if ends.size else 0
-        idx = np.repeat(start - (ends - counts), counts) + np.arange(total)
+        idx, counts = concatenated_ranges(self.ptr, nodes)
         return self.pos[idx], self.q[idx], self.w[idx], counts
 
 
