@@ -124,9 +124,11 @@ FILL_TRIES = 4
 #: kernel's ``tile_extent``). Why not the full grid's 0.5: the nodes are
 #: ``stride`` grid points apart, so half a 5000 km radius held 45–61 nodes at
 #: stride 3, which left the GEMM and the eigensolver's lanes under-filled;
-#: a whole radius lets tiles reach their 128 points (measured, 360 × 180,
-#: N_e = 40: stride 3 from 5.40× to 6.12× the exact analysis, stride 2 from
-#: 3.05× to 3.08×).
+#: a whole radius lets tiles reach their point cap (measured, 360 × 180,
+#: N_e = 40, 256-point tiles, stride 3: 1.41 s at 0.8 of the radius, 1.31 s
+#: at 1.0, 1.32 s at 1.3, where the cap binds first; with 0.5 and 0.7 of it
+#: 1.69 and 1.41 s against 1.27 s: more tiles, each with its own candidates
+#: and products, outweigh their fewer zero weights).
 COARSE_TILE_EXTENT = 1.0
 
 
