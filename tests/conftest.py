@@ -1,5 +1,3 @@
-import os
-import secrets
 import sys
 from pathlib import Path
 
@@ -8,8 +6,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-#: Set to an integer to replay the random draws of a failed run.
-SEED_ENV = "ENSIO_TEST_SEED"
+import needs  # noqa: E402  (tests/ is on sys.path from the line above)
+from seeds import SEED_ENV, draw_seed  # noqa: E402
 
 
 @pytest.fixture
@@ -19,9 +17,7 @@ def rng(request: pytest.FixtureRequest) -> np.random.Generator:
     A fresh seed every run (so repeated runs explore different cases) unless
     ``ENSIO_TEST_SEED`` is set, which replays a reported failure exactly.
     """
-    env = os.environ.get(SEED_ENV)
-    seed = int(env) if env else secrets.randbits(63)
-    print(f"{request.node.nodeid}: {SEED_ENV}={seed}")
+    seed = draw_seed(request.node.nodeid)
     request.node.user_properties.append((SEED_ENV, seed))
     return np.random.default_rng(seed)
 
@@ -36,9 +32,37 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         report.sections.append(("random seed", f"rerun with {SEED_ENV}={seeds[0]}"))
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", f"{needs.MARKER}(check, *args): runs check(*args) before the test; the "
+        "check skips without the tool or capability, and FAILS when CI=true (tests/needs.py)")
+
+
 def pytest_runtest_setup(item):
-    # SLURM tests skip without a cluster, and fail with the reason when CI=true.
+    """Needs of the test (``needs`` marks, the ``slurm`` mark) before its fixtures.
+
+    Each skips without the tool, capability or cluster, and fails with the reason
+    when CI=true (tests/needs.py).
+    """
+    needs.run_marks(item)
     if item.get_closest_marker("slurm") is not None:
         from pool_support import require_slurm
 
         require_slurm()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Group the tests for pytest-xdist's ``--dist loadgroup`` (``make test-serial``).
+
+    The tests of one file run on one worker, so a module-scoped fixture (a
+    baseline run, CDO-built members) is built once instead of once per worker;
+    all SLURM tests share one group, so they run one after another on the
+    one-node cluster (waiting on its timers) while the other worker runs
+    CPU-bound files. Runs before xdist reads the marks (``tryfirst``).
+    """
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            slurm = item.get_closest_marker("slurm") is not None
+            group = "slurm" if slurm else item.nodeid.split("::")[0]
+            item.add_marker(pytest.mark.xdist_group(group))
