@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
+import needs
 
 from ensio.workflow.backends.base import JobSpec
 from ensio.workflow.spec import WorkerSpec
@@ -147,14 +147,9 @@ def require_slurm() -> None:
 
     With ``CI=true`` in the environment the test FAILS with the reason instead:
     CI starts a cluster (``.ci/setup-slurm.sh``) and the SLURM tests may not
-    silently turn into skips there. Called by ``tests/conftest.py`` for every
-    test marked ``slurm``.
+    silently turn into skips there (the rule of ``tests/needs.py``). Called by
+    ``tests/conftest.py`` for every test marked ``slurm``.
     """
     from ensio.workflow.backends.slurm import slurm_unavailable_reason
 
-    reason = slurm_unavailable_reason()
-    if reason is None:
-        return
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"CI=true requires SLURM: {reason}", pytrace=False)
-    pytest.skip(reason)
+    needs.capability("SLURM", slurm_unavailable_reason())
