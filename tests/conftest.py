@@ -33,9 +33,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", f"{needs.MARKER}(check, *args): runs check(*args) before the test; the "
-        "check skips without the tool or capability, and FAILS when CI=true (tests/needs.py)")
+    needs.register(config)
 
 
 def pytest_runtest_setup(item):

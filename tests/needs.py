@@ -106,6 +106,13 @@ def tools_mark(*names: str) -> pytest.MarkDecorator:
     return mark(tool, *names)
 
 
+def register(config: pytest.Config) -> None:
+    """Declare the ``needs`` marker (from ``pytest_configure``)."""
+    config.addinivalue_line(
+        "markers", f"{MARKER}(check, *args): runs check(*args) before the test's fixtures; "
+        "skips without the tool or capability, FAILS with the reason when CI=true")
+
+
 def run_marks(item: pytest.Item) -> None:
     """Run the checks of every ``needs`` mark of ``item`` (test, class and module)."""
     for m in item.iter_markers(MARKER):
