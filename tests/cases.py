@@ -13,6 +13,7 @@ from pathlib import Path
 
 import netCDF4
 import numpy as np
+from seeds import draw_seed
 
 
 @dataclass
@@ -50,9 +51,8 @@ class EnsembleCase:
 
     def write(self, root: Path) -> list[Path]:
         seed = self.seed
-        if seed is None:  # a fresh draw each run; printed, so pytest shows it on failure
-            seed = np.random.SeedSequence().entropy
-            print(f"EnsembleCase.write({root}): seed {seed}")
+        if seed is None:  # ENSIO_TEST_SEED or a fresh draw; printed, shown on failure
+            seed = draw_seed(f"EnsembleCase.write({root})")
         rng = np.random.default_rng(seed)
         root.mkdir(parents=True, exist_ok=True)
         land = rng.random((self.nlat, self.nlon)) < 0.4

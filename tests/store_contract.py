@@ -173,12 +173,6 @@ class MemberStoreContract:
     # --------------------------------------------------------------- fixtures
 
     @pytest.fixture
-    def rng(self) -> np.random.Generator:
-        seed = np.random.SeedSequence().entropy
-        print(f"rng seed {seed}")  # shown by pytest on failure, to reproduce
-        return np.random.default_rng(seed)
-
-    @pytest.fixture
     def member(self, kind: str, tmp_path: Path, rng: np.random.Generator) -> Path:
         return self.create(tmp_path / f"{kind}.nc", kind, rng)
 

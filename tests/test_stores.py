@@ -30,14 +30,6 @@ from ensio.io.library import flat_boxes
 from ensio.io.netcdf4 import NetCDF4Store
 from ensio.io.raw import raw_read
 
-
-@pytest.fixture
-def rng() -> np.random.Generator:
-    seed = np.random.SeedSequence().entropy
-    print(f"rng seed {seed}")  # shown by pytest on failure, to reproduce
-    return np.random.default_rng(seed)
-
-
 # --------------------------------------------------------------------------- metadata
 
 
