@@ -7,7 +7,7 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from .config.schema import ConfigError
+from .config.errors import ConfigError
 
 __all__ = ["ConfigError", "EnsioError", "FileOpError", "InputError", "file_op",
            "os_error_message", "os_error_reason"]

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import numpy as np
 from mpi4py import MPI
-from scipy.spatial import cKDTree
 
 from ..layout.block import EnsembleBlock
 from ..obs import ObsOperator, QCCounts
@@ -167,6 +166,8 @@ def observations_near(
     r = chord_radius(geometry, radius)
     if not np.isfinite(r):
         return np.ones(obs_coords.shape[0], dtype=bool)
+    from scipy.spatial import cKDTree  # where the tree is built: slow to import (issue 24)
+
     tree = cKDTree(embed(geometry, row_coords))
     pts = embed(geometry, obs_coords)
     finite = np.all(np.isfinite(pts), axis=1)

@@ -20,7 +20,6 @@ embedding.
 from __future__ import annotations
 
 import numpy as np
-from scipy.spatial import cKDTree
 
 from .localization import (
     EARTH_RADIUS_KM,
@@ -31,7 +30,6 @@ from .localization import (
     regulate,
     unit_vectors,
 )
-from .taperfused import lonlat_gc_weights
 
 __all__ = [
     "embed",
@@ -154,6 +152,9 @@ class CandidateFinder:
         self.obs_coords = obs_coords
         self.radius = radius
         self.m = obs_coords.shape[0]
+        # scipy.spatial costs ~0.2-0.9 s to import: only where a tree is built (issue 24)
+        from scipy.spatial import cKDTree
+
         self._tree = cKDTree(embed(geometry, obs_coords)) if self.m else None
 
     def __call__(self, point_coords: np.ndarray) -> np.ndarray:
@@ -231,6 +232,8 @@ def tile_weights(
     n_obs = np.empty(p, dtype=np.int64)
     used = np.zeros(c, dtype=bool)
     if regulated is None and loc.taper == "gaspari-cohn" and loc.geometry.kind == "lonlat":
+        from .taperfused import lonlat_gc_weights  # numba: loaded only by the analyses using it
+
         lonlat_gc_weights(pts, obs_pre, rinv, loc.radius, out, n_obs, used)  # bit for bit
         return out, n_obs, used
     step = max(1, TAPER_BLOCK // max(c, 1))

@@ -56,8 +56,6 @@ from .localization import EARTH_RADIUS_KM, Localization, as_coords
 from .obsspace import ObsSpace
 from .result import AnalysisResult
 from .variants import Variant
-from .winterp_bands import banded_update
-from .winterp_bands import warm_up as warm_up_bands
 
 __all__ = [
     "KEY",
@@ -282,6 +280,8 @@ def interpolated_local(
         pts, inv = _unique_points(coords)
         nodes, corner, beta, cell = wgrid.cells(pts)
         node_row = wgrid.node_rows(nodes)
+    from .winterp_bands import banded_update  # numba: loaded when an analysis blends (issue 24)
+
     diag_c = banded_update(X, out, inv, nodes, node_row, corner, beta, cell, obs, loc,
                            variant, rho, kernel, tile_points, threads, sw, band_bytes)  # fmt: skip
     diag = np.einsum("pc,pcj->pj", beta, diag_c[corner])
@@ -291,4 +291,6 @@ def interpolated_local(
 
 def warm_up() -> None:
     """Compile (first use) or load from the cache the blend's numba loops (benchmarks call it)."""
+    from .winterp_bands import warm_up as warm_up_bands
+
     warm_up_bands()

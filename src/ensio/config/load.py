@@ -14,8 +14,6 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from .analysis import ObservationFile
 from .schema import Config, ConfigError, VariableSpec
 from .workflow import check_transfer_file
@@ -60,6 +58,8 @@ def config_from_dict(raw: Mapping[str, Any], base_dir: str | Path = ".") -> Conf
 
 def parse_override(item: str) -> tuple[list[str], Any]:
     """Split ``a.b=c`` into (``["a", "b"]``, parsed YAML scalar ``c``)."""
+    import yaml  # where used (as in read_yaml): importing this module stays free of PyYAML
+
     key, sep, value = item.partition("=")
     if not sep or not key.strip():
         raise ConfigError(f"--set {item!r}: expected KEY=VALUE with a dotted key")

@@ -11,8 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from .errors import ConfigError
 
 __all__ = ["read_yaml"]
@@ -27,6 +25,8 @@ def read_yaml(path: str | Path, what: str = "config file", prefix: str = "") -> 
         ``<prefix><path>: cannot read <what> (<reason>)`` or
         ``<prefix><path>: not valid YAML (<first line of the parser's message>)``.
     """
+    import yaml  # here, not at the top: the worker imports this module and reads no YAML
+
     path = Path(path)
     try:
         text = path.read_text()

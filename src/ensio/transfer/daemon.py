@@ -39,16 +39,22 @@ from pathlib import Path
 from .network import Network, parse_ranges
 from .persist import persist_loop, wait_persisted
 from .pool import MemfdPool
-from .protocol import PROTOCOL_VERSION, Message, encode, recv_message, send_message
+from .protocol import (
+    LOCK_NAME,
+    LOG_NAME,
+    PROTOCOL_VERSION,
+    SOCKET_NAME,
+    Message,
+    encode,
+    recv_message,
+    send_message,
+)
 from .table import Peer, Reply, Table
 
 __all__ = ["DEFAULT_POOL_MB", "AlreadyRunning", "Daemon", "serve"]
 
 DEFAULT_POOL_MB = 256.0
 
-LOCK_NAME = "daemon.lock"
-SOCKET_NAME = "daemon.sock"
-LOG_NAME = "daemon.log"
 
 
 class AlreadyRunning(RuntimeError):

@@ -118,6 +118,11 @@ __all__ = [
 ]
 
 PROTOCOL_VERSION = 1
+#: The files of a daemon's directory (here, not in ``daemon``: ``ensio run --transfer``
+#: needs the names to find a daemon, and importing the daemon costs it start-up time).
+LOCK_NAME = "daemon.lock"
+SOCKET_NAME = "daemon.sock"
+LOG_NAME = "daemon.log"
 _CLOSED = "the staging daemon closed the connection"
 #: Largest packet (two paths of PATH_MAX and the other fields fit).
 MAX_PACKET = 16384

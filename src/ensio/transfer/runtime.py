@@ -25,9 +25,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from .daemon import LOCK_NAME, LOG_NAME, SOCKET_NAME
 from .errors import TransferError
-from .protocol import Client, DaemonUnavailable, FileStatus
+from .protocol import LOCK_NAME, LOG_NAME, SOCKET_NAME, Client, DaemonUnavailable, FileStatus
 
 __all__ = ["daemon_status", "ensure_daemon", "prepare_dir", "socket_dir", "stop_daemon"]
 
