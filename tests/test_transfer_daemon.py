@@ -7,21 +7,24 @@ producers that die, budgets, persist, names, and the daemon's own life.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import multiprocessing
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
 from pathlib import Path
 
+import needs
 import pytest
 from transfer_support import SRC, daemon_pid, process_gone, wait_for
 
-from ensio.transfer.daemon import Daemon
+from ensio.transfer.daemon import Daemon, serve
 from ensio.transfer.protocol import Client, DaemonUnavailable, encode
 from ensio.transfer.runtime import daemon_status, ensure_daemon, stop_daemon
 
@@ -298,20 +301,40 @@ def test_a_new_version_never_changes_what_a_reader_has(daemon, files):
 # ---- the daemon's life (separate processes) ---------------------------------------------
 
 
+def _lock_held(d: Path) -> bool:
+    """Whether a live daemon holds ``daemon.lock`` in ``d``."""
+    try:
+        fd = os.open(d / "daemon.lock", os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
 @pytest.fixture
 def sock_dir():
+    """A daemon directory; at teardown its daemon is stopped, or killed if it will not stop.
+
+    Why errors surface: a daemon that does not stop on request is a bug these tests
+    are here to find, so an error of ``stop_daemon`` fails the test (after the
+    cleanup), and so does a daemon still holding its lock afterwards (it is killed).
+    """
     d = Path(tempfile.mkdtemp(prefix="ensio-s-", dir="/tmp"))
     yield d
     try:
         stop_daemon(d, timeout=30)
-    except Exception:
-        pass
-    if (d / "daemon.lock").exists():
-        try:
-            os.kill(daemon_pid(d), 9)
-        except (ProcessLookupError, ValueError):
-            pass
-    shutil.rmtree(d, ignore_errors=True)
+    finally:
+        held = _lock_held(d)
+        if held:
+            with contextlib.suppress(ProcessLookupError):  # it may just have exited
+                os.kill(daemon_pid(d), signal.SIGKILL)
+        shutil.rmtree(d, ignore_errors=True)
+    assert not held, f"a daemon still held {d / 'daemon.lock'} after stop_daemon (killed)"
 
 
 def _start(d: str, q) -> None:
@@ -368,26 +391,38 @@ def test_idle_daemon_exits(sock_dir):
     assert not (sock_dir / "daemon.sock").exists()
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a daemon as another user")
+NOBODY = 65534
+
+
+def _serve_as_nobody(d: str) -> None:
+    """A forked child: drop to uid/gid 65534, then serve ``d`` like ``ensio transfer daemon``.
+
+    Forked, not exec'd: uid 65534 may not be allowed to read the interpreter or the
+    source tree (an interpreter under /root, mode 700), and the modules are loaded.
+    """
+    os.setgroups([])
+    os.setresgid(NOBODY, NOBODY, NOBODY)
+    os.setresuid(NOBODY, NOBODY, NOBODY)
+    serve(d)
+
+
+@needs.mark(needs.root, "run a daemon as another user")
 def test_a_peer_of_another_user_is_refused(sock_dir):
-    nobody = 65534
-    os.chown(sock_dir, nobody, nobody)
+    os.chown(sock_dir, NOBODY, NOBODY)
     os.chmod(sock_dir, 0o700)
-    env = dict(os.environ, PYTHONPATH=str(SRC), HOME="/tmp")
-    src_ok = subprocess.run(["setpriv", f"--reuid={nobody}", f"--regid={nobody}", "--clear-groups",
-                             sys.executable, "-c", "import ensio.transfer.daemon"],
-                            env=env, capture_output=True)
-    if src_ok.returncode != 0:
-        pytest.skip("the source tree is not readable by uid 65534")
-    daemon = subprocess.Popen(["setpriv", f"--reuid={nobody}", f"--regid={nobody}",
-                               "--clear-groups", sys.executable, "-m", "ensio.cli.main",
-                               "transfer", "daemon", "--socket-dir", str(sock_dir)], env=env)
+    daemon = multiprocessing.get_context("fork").Process(target=_serve_as_nobody,
+                                                         args=(str(sock_dir),))
+    daemon.start()
     try:
-        wait_for(lambda: (sock_dir / "daemon.sock").exists(), what="the daemon's socket")
+        wait_for(lambda: (sock_dir / "daemon.sock").exists() or not daemon.is_alive(),
+                 what="the daemon's socket")
+        assert daemon.is_alive(), f"the daemon of uid {NOBODY} exited: {daemon.exitcode}"
+        assert os.stat(sock_dir / "daemon.sock").st_uid == NOBODY
         with pytest.raises(DaemonUnavailable):
             Client(sock_dir / "daemon.sock", timeout=30)  # root reaches the socket, and is refused
         wait_for(lambda: "refused a connection from uid 0" in (sock_dir / "daemon.log").read_text(),
                  what="the refusal in the log")
     finally:
         daemon.terminate()
-        daemon.wait(60)
+        daemon.join(60)
+    assert daemon.exitcode == 0  # SIGTERM stops it cleanly
