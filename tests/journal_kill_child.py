@@ -5,7 +5,10 @@ does -- per file: save prior bytes, pwrite new bytes (two tasks' logs
 interleaved); the library-path file is backed up and replaced by a rewritten
 copy -- then commits (or aborts). It dies wherever ``ENSIO_FAULT_KILL_AT``
 says (fault points of ensio.io.journal plus its own around the data writes),
-or wherever the parent SIGKILLs it after the "ready" line on stdout.
+or wherever the parent SIGKILLs it after the "ready" line on stdout. With
+``ENSIO_TEST_REPORT_POINTS`` set it writes ``point LABEL`` to stdout at every
+fault point, so the parent can kill it right after a chosen one and know where
+the kill landed (kill_support.py).
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from ensio.io import journal
 def main(plan_file: str) -> None:
     plan = json.loads(Path(plan_file).read_text())
     root, fsync = Path(plan["root"]), plan["fsync"]
+    if os.environ.get("ENSIO_TEST_REPORT_POINTS"):  # unbuffered: no report lost at a kill
+        faults.set_hook(lambda label: os.write(1, f"point {label}\n".encode()))
     sys.stdout.write("ready\n")
     sys.stdout.flush()
     logs = [journal.UndoLog.create(root, t, fsync=fsync) for t in range(plan["tasks"])]

@@ -4,7 +4,9 @@ A child process (journal_kill_child.py) writes a 6-file, 2-task "analysis"
 through the undo journal, with one file on the library path (backup + replace).
 It is killed either by itself at the k-th fault point (``ENSIO_FAULT_KILL_AT``,
 k drawn uniformly over all points, counted first with ``ENSIO_FAULT_COUNT``)
-or by the parent at a random moment after it signalled readiness. Then
+or by the parent right after the child reported a drawn fault point (the
+kill then lands between two points; the test asserts it landed while the
+journal existed, and draws again on a miss). Then
 ``recover`` must leave every file entirely prior or -- exactly when the
 COMMITTED marker had been written -- entirely new; never a mix.
 """
@@ -15,19 +17,17 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from kill_support import KILLED, Kill, kill_in_window
 
 from ensio.io.journal import COMMITTED_NAME, JOURNAL_DIRNAME, recover
 
 CHILD = Path(__file__).with_name("journal_kill_child.py")
-KILLED = -signal.SIGKILL
 N_FILES = 6
 
 
@@ -123,7 +123,7 @@ def count_points(a: Analysis, tmp: Path) -> list[str]:
     return labels
 
 
-def test_self_kill_at_random_points_of_write_and_commit(tmp_path):
+def test_self_kill_at_random_points_of_write_and_commit(tmp_path, rng):
     a = make_analysis(tmp_path, 101, "commit")
     labels = count_points(a, tmp_path)
     assert outcome(a) == "new"
@@ -131,7 +131,6 @@ def test_self_kill_at_random_points_of_write_and_commit(tmp_path):
                   "library-replace", "close-fsync", "journal-remove"):
         assert label in labels
     marker = labels.index("commit-marker") + 1  # first k after which the marker exists
-    rng = np.random.default_rng(7)
     ks = {1, marker - 1, marker, len(labels)} | set(rng.integers(1, len(labels) + 1, 60).tolist())
     for k in sorted(ks):
         reset(a)
@@ -139,13 +138,12 @@ def test_self_kill_at_random_points_of_write_and_commit(tmp_path):
         recover_and_check(a, "new" if k >= marker else "prior")
 
 
-def test_self_kill_during_rollback(tmp_path):
+def test_self_kill_during_rollback(tmp_path, rng):
     """The child aborts after writing; killing its rollback anywhere is harmless."""
     a = make_analysis(tmp_path, 102, "abort")
     labels = count_points(a, tmp_path)
     assert outcome(a) == "prior"
     first = labels.index("restore-backup")
-    rng = np.random.default_rng(8)
     ks = {first, first + 1, len(labels)} | set(rng.integers(first, len(labels) + 1, 12).tolist())
     for k in sorted(ks):
         reset(a)
@@ -153,27 +151,57 @@ def test_self_kill_during_rollback(tmp_path):
         recover_and_check(a, "prior")
 
 
-def test_external_sigkill_at_random_moments(tmp_path):
+def test_external_sigkill_at_random_moments(tmp_path, rng):
+    """SIGKILL from outside while the journal exists; every kill is proven to land there.
+
+    The child reports its fault points; the parent kills it right after the k-th,
+    so the signal lands at an arbitrary instruction between two points, not only
+    at a point as with ``ENSIO_FAULT_KILL_AT``. Eight kills are drawn over the
+    write (from the journal's mkdir; counted only if the child died before the
+    commit marker existed: all prior), two over the commit (counted only if the
+    marker was reported and the journal's rename was not: all new). A miss is
+    drawn again; kill_support.MAX_MISSES misses in a row fail.
+    """
     a = make_analysis(tmp_path, 103, "commit")
-    reset(a)
-    proc = start(a)
-    t0 = time.monotonic()
-    assert finish(proc) == 0
-    span = time.monotonic() - t0  # only to spread the kill moments over the write
+    labels = count_points(a, tmp_path)
     assert outcome(a) == "new"
-    rng = np.random.default_rng(9)
-    for _ in range(10):
+    jdir = a.root / JOURNAL_DIRNAME
+    opened = labels.index("journal-mkdir") + 1  # the k-th point is the journal's mkdir
+    marker = labels.index("commit-marker") + 1  # from this k on the marker exists
+    renamed = labels.index("journal-rename")  # k <= renamed: the rename not yet reported
+    draws, outcomes = 0, []
+
+    def start_reporting() -> subprocess.Popen:
         reset(a)
-        proc = start(a)
-        time.sleep(rng.uniform(0, 1.2 * span))  # randomizes the kill point; not a sync
-        os.kill(proc.pid, signal.SIGKILL)  # not yet reaped, so the pid is still ours
-        rc = finish(proc)
-        jdir = a.root / JOURNAL_DIRNAME
-        if rc == 0 or (jdir / COMMITTED_NAME).exists() or list(
-                a.root.glob(JOURNAL_DIRNAME + ".trash-*")):
+        return start(a, ENSIO_TEST_REPORT_POINTS="1")
+
+    def in_write(kill: Kill) -> bool:
+        return (kill.returncode == KILLED and len(kill.labels) >= opened
+                and not (jdir / COMMITTED_NAME).exists())
+
+    def in_commit(kill: Kill) -> bool:
+        return (kill.returncode == KILLED and "commit-marker" in kill.labels
+                and "journal-rename" not in kill.labels)
+
+    windows = [(in_write, opened, marker - 1, "the write (journal-mkdir .. commit marker)",
+                "prior")] * 8 + [(in_commit, marker, renamed,
+                                  "the commit (commit marker .. journal rename)", "new")] * 2
+    for landed, low, high, what, want in windows:
+        kill, n = kill_in_window(start_reporting, lambda lo=low, hi=high: int(
+            rng.integers(lo, hi + 1)), landed, what)
+        draws += n
+        assert kill.labels == labels[:len(kill.labels)]  # the counted run's path, cut short
+        rc = kill.returncode
+        trash = list(a.root.glob(JOURNAL_DIRNAME + ".trash-*"))
+        assert jdir.exists() or trash, kill  # the kill landed while the journal existed
+        if rc == 0 or (jdir / COMMITTED_NAME).exists() or trash:
             expected: str | set[str] = "new"
         elif jdir.exists():
             expected = "prior"
         else:  # before the journal existed, or after it was removed
             expected = {"prior", "new"}
+        assert expected == want, (what, kill)
         recover_and_check(a, expected)
+        outcomes.append((kill.last, outcome(a)))
+    print(f"{draws} draws for {len(windows)} kills in their windows; "
+          f"(last point, outcome): {outcomes}")
