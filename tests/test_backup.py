@@ -13,12 +13,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
 from cases import EnsembleCase, VarCase, write_observations
+from kill_support import KILLED, Kill, kill_in_window
 from mpi4py import MPI
 from stage_support import ensio, make_case, sha, tree
 
@@ -230,23 +231,58 @@ def test_kill_a_node_worker_at_every_kind_of_step(tmp_path, rng):
 
 
 def test_external_sigkill_at_random_moments(tmp_path, rng):
+    """SIGKILL from outside at a point-reported moment; every kill is proven to land.
+
+    The worker reports its fault points (copy threads included); the parent kills
+    it right after the k-th, so the signal lands anywhere between two points.
+    Five kills are drawn over the copy, before the marker (counted only if the
+    worker died without reporting the marker's rename: no completeness may be
+    claimed, and the job run again completes the backup); one right after the
+    marker's rename (counted only if the worker died after reporting it: the
+    claim is there and true). A miss is drawn again; kill_support.MAX_MISSES
+    misses in a row fail.
+    """
     case = make_case(tmp_path / "case", rng, n_e=6, n_tiles=3)
-    backup = tmp_path / "timing"
-    (job,) = [j for j in _jobs_one(case, backup, "t")]
-    proc = _worker(job)
-    t0 = time.monotonic()
-    assert _finish(proc) == 0
-    span = time.monotonic() - t0  # only to spread the kill moments over the copy
-    claimed = []
-    for i in range(6):
-        backup = tmp_path / f"r{i}"
+    backup = tmp_path / "count"
+    (job,) = _jobs_one(case, backup, "t")
+    count = tmp_path / "count.jsonl"
+    assert _finish(_worker(job, ENSIO_FAULT_COUNT=str(count))) == 0
+    labels = json.loads(count.read_text())["labels"]
+    assert assert_truthful(backup, case.files)
+    renamed = labels.index("backup-marker-renamed") + 1  # from this k on the marker exists
+    trial, draws, claimed, lasts = 0, 0, [], []
+
+    def start() -> subprocess.Popen:
+        nonlocal backup, job, trial
+        trial += 1
+        backup = tmp_path / f"r{trial}"
         (job,) = _jobs_one(case, backup, "r")
-        proc = _worker(job)
-        time.sleep(rng.uniform(0, 1.2 * span))  # randomizes the kill point; not a sync
-        os.kill(proc.pid, signal.SIGKILL)  # not yet reaped, so the pid is still ours
-        _finish(proc)
+        return _worker(job, ENSIO_TEST_REPORT_POINTS="1")
+
+    def before_marker(kill: Kill) -> bool:
+        return kill.returncode == KILLED and "backup-marker-renamed" not in kill.labels
+
+    def after_marker(kill: Kill) -> bool:
+        return kill.returncode == KILLED and "backup-marker-renamed" in kill.labels
+
+    windows = [(before_marker, 1, renamed - 1, "the copy (before the marker's rename)")] * 5 + [
+        (after_marker, renamed, renamed, "the end (after the marker's rename)")]
+    for landed, low, high, what in windows:
+        kill, n = kill_in_window(start, lambda lo=low, hi=high: int(rng.integers(lo, hi + 1)),
+                                 landed, what)
+        draws += n
+        lasts.append(kill.last)
+        assert not Counter(kill.labels) - Counter(labels), kill  # the counted run's points
         claimed.append(assert_truthful(backup, case.files))
-    print("complete after kill:", claimed)
+        if landed is after_marker:
+            assert claimed[-1], kill
+            continue
+        if kill.last != "backup-marker-synced":  # only then can the rename have happened
+            assert not claimed[-1], kill
+        assert run_job(json.loads(job.read_text()))  # the job run again: complete
+        assert assert_truthful(backup, case.files)
+    print(f"{draws} draws for {len(windows)} kills in their windows; last points {lasts}; "
+          f"complete after kill: {claimed}")
 
 
 def _jobs_one(case, backup: Path, token: str) -> list[Path]:
