@@ -7,9 +7,9 @@ MPIEXEC := $(VENV)/bin/mpiexec
 STAMP := $(VENV)/.ensio-installed
 DEMO_DIR ?= demo
 # pytest-xdist workers for the serial suite (CI machines have 2 cores). Tests of one file
-# share a worker (module fixtures are built once) and all SLURM tests share one (they wait
+# share a worker (module fixtures are built once) and all SLURM files share one (they wait
 # on the one-node cluster's timers while the other worker runs CPU-bound files): the
-# `xdist_group` marks, scheduled by `--dist loadgroup`.
+# scheduler of tests/conftest.py, used by `--dist loadfile`.
 PYTEST_WORKERS ?= 2
 
 .PHONY: venv demo test test-full test-serial test-mpi lint clean
@@ -35,7 +35,7 @@ demo: $(STAMP)
 test: $(STAMP) test-serial test-mpi
 
 test-serial: $(STAMP)
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup tests --ignore=tests/mpi
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile tests --ignore=tests/mpi
 
 # The same suites with the full kill matrices and random-draw counts (tests/matrix.py):
 # by default each fault label and each rank count is covered with fewer draws.

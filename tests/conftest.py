@@ -49,18 +49,25 @@ def pytest_runtest_setup(item):
         require_slurm()
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    """Group the tests for pytest-xdist's ``--dist loadgroup`` (``make test-serial``).
+def pytest_xdist_make_scheduler(config, log):
+    """Schedule by file, with every SLURM file in one group (``make test-serial``).
 
     The tests of one file run on one worker, so a module-scoped fixture (a
     baseline run, CDO-built members) is built once instead of once per worker;
-    all SLURM tests share one group, so they run one after another on the
-    one-node cluster (waiting on its timers) while the other worker runs
-    CPU-bound files. Runs before xdist reads the marks (``tryfirst``).
+    the SLURM files (tests/test_slurm_*.py) share one group, so their jobs run
+    one file after another on the one-node cluster (waiting on its timers)
+    while the other worker runs CPU-bound files. pytest-xdist's own
+    ``--dist loadgroup`` marks do not reach its scheduler under pytest 9 (it
+    renames ``item._nodeid``, which pytest 9 no longer reads), hence this
+    scheduler; it applies to ``--dist loadfile`` and ``--dist loadgroup``.
     """
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            slurm = item.get_closest_marker("slurm") is not None
-            group = "slurm" if slurm else item.nodeid.split("::")[0]
-            item.add_marker(pytest.mark.xdist_group(group))
+    if config.getvalue("dist") not in ("loadfile", "loadgroup"):
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileOrSlurm(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "slurm" if Path(path).name.startswith("test_slurm_") else path
+
+    return FileOrSlurm(config, log)
