@@ -27,7 +27,9 @@ import numpy as np
 import pytest
 import yaml
 from cases import EnsembleCase, VarCase, sha256
+from matrix import draws
 from mpi4py import MPI
+from seeds import draw_seed
 
 from ensio.config import load_config
 from ensio.io.ensemble import read_ensemble
@@ -150,18 +152,17 @@ def _check(ensemble, work: Path, cfg: Path, via_read: bool, expect: str | None =
     return state
 
 
-def _seeded() -> tuple[int, np.random.Generator]:
-    seed = int(np.random.SeedSequence().entropy)
-    print(f"rng seed {seed}")  # shown by pytest on failure, to reproduce the draws
+def _seeded(label: str) -> tuple[int, np.random.Generator]:
+    seed = draw_seed(label)  # printed (pytest shows it on failure); ENSIO_TEST_SEED replays
     return seed, np.random.default_rng(seed)
 
 
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_sigkill_at_random_fault_points(ensemble, tmp_path, ranks):
     _, _, _, _, _, counts = ensemble
-    _, rng = _seeded()
+    _, rng = _seeded(f"test_sigkill_at_random_fault_points[{ranks}]")
     outcomes = []
-    trials = 40 if ranks == 1 else 16
+    trials = draws(10, 40) if ranks == 1 else draws(6, 16)  # ENSIO_TEST_FULL: 40 and 16
     for i in range(trials):
         rank = int(rng.integers(0, ranks))
         n = counts[ranks][rank]["count"]
@@ -180,14 +181,15 @@ def test_sigkill_at_random_fault_points(ensemble, tmp_path, ranks):
 def test_sigkill_from_outside(ensemble, tmp_path):
     """Kill at a random moment of the write; every trial must land mid-write."""
     _, _, _, _, _, counts = ensemble
-    seed, rng = _seeded()
-    draws = 0
-    for i in range(8):
+    seed, rng = _seeded("test_sigkill_from_outside")
+    n_draws = 0
+    trials = draws(4, 8)  # each rank count (1 and 2) at least twice; ENSIO_TEST_FULL: 8
+    for i in range(trials):
         ranks = 1 + i % 2
         labels = counts[ranks][0]["labels"]  # rank 0's write points (it reports them)
         last = labels.index("commit-marker") + 1  # later, the journal is already gone
         for _attempt in range(6):
-            draws += 1
+            n_draws += 1
             k = int(rng.integers(1, last + 1))
             work = tmp_path / f"x{i}"
             proc, cfg = _start(ensemble, work, ranks, _env(ENSIO_TEST_REPORT_POINTS="1"))
@@ -199,4 +201,4 @@ def test_sigkill_from_outside(ensemble, tmp_path):
         else:
             pytest.fail(f"trial {i}: 6 kills in a row landed after the write (seed {seed})")
         _check(ensemble, work, cfg, via_read=False)
-    print(f"{draws} draws for 8 trials")
+    print(f"{n_draws} draws for {trials} trials")
