@@ -25,6 +25,7 @@ import subprocess
 import netCDF4
 import numpy as np
 import pytest
+from matrix import draws
 from safety_support import (
     ENSIO,
     analyse,
@@ -74,7 +75,9 @@ def _recover(s) -> bool | None:
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_sigkill_anywhere_then_rerun_gives_one_analysis(reference, tmp_path, rng, ranks):
     prior, ref, counts = reference
-    trials = 14 if ranks == 1 else 6
+    # both recovery paths (recover first, or the rerun alone) at least twice each;
+    # ENSIO_TEST_FULL: 14 and 6 draws
+    trials = draws(4, 14) if ranks == 1 else draws(4, 6)
     outcomes = []
     for i in range(trials):
         rank = int(rng.integers(0, ranks))
