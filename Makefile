@@ -21,6 +21,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
 	@test -x $(MPIEXEC) || (echo "error: $(MPIEXEC) missing: the mpich wheel did not install" >&2; exit 1)
+	@# numba compiles the analysis kernels once here, into its cache (src/ensio/analysis/__pycache__),
+	@# not inside the first test, member job or timed benchmark that calls them (issue 24)
+	$(PY) -m ensio.analysis.warm
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -18,7 +18,7 @@ from typing import Any
 from .bench_shuffle import add_command as _add_shuffle
 from .options import add_set_option
 
-__all__ = ["COMMANDS", "add_parser", "main", "run", "run_analysis", "run_io"]
+__all__ = ["COMMANDS", "add_parser", "main", "run", "run_analysis", "run_io", "run_startup"]
 
 
 def _add_io(sub: Any) -> None:
@@ -118,12 +118,46 @@ def _add_transfer(sub: Any) -> None:
     p.set_defaults(bench_run=run)
 
 
+def _add_startup(sub: Any) -> None:
+    p = sub.add_parser(
+        "startup", help="start-up time of ensio commands against bare Python",
+        description="Time, as child processes, `ensio --version`, `ensio analyse` up to "
+                    "reading, a worker up to its to-do list and `ensio run --transfer ... -- "
+                    "true`, next to `python -c pass`: median (and minimum) of REPEAT runs "
+                    "after one untimed run, the difference and ratio to bare Python, and "
+                    "issue 24's targets. No mpiexec needed.",
+    )
+    p.add_argument("--repeat", type=int, default=7, metavar="N",
+                   help="timed runs per command (default 7)")
+    p.add_argument("--json", type=Path, default=None, metavar="FILE",
+                   help="write the result as JSON")
+    p.set_defaults(bench_run=run_startup)
+
+
+def run_startup(args: argparse.Namespace) -> int:
+    """``ensio bench startup``: measure, print the table, write the JSON."""
+    from rich.console import Console
+
+    from ensio.bench.startup import bench_startup, startup_table
+
+    from .benchout import run_with_status, write_results
+
+    res = run_with_status("ensio bench startup",
+                          lambda on_step: bench_startup(repeat=args.repeat, on_step=on_step))
+    Console().print(startup_table(res))
+    if res["note"]:
+        Console(stderr=True).print(f"[bold yellow]note:[/] {res['note']}")
+    write_results(res, args.json, None, lambda res, path: None)
+    return 0
+
+
 #: Sub-commands of ``ensio bench``: name → function adding its parser.
 COMMANDS: dict[str, Callable[[Any], None]] = {"io": _add_io, "analysis": _add_analysis,
                                               "pool": _add_pool, "modes": _add_modes,
                                               "ioserver": _add_ioserver,
                                               "transfer": _add_transfer,
-                                              "shuffle": _add_shuffle}
+                                              "shuffle": _add_shuffle,
+                                              "startup": _add_startup}
 
 
 def add_parser(subparsers: Any) -> None:
