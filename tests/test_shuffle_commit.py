@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from matrix import draws
 from safety_support import env
 from shuffle_commit_support import ShuffleCase, make_shuffle_case
 
@@ -153,7 +154,7 @@ def test_kill_anywhere_leaves_all_prior_or_all_analysed(baselines, tmp_path_fact
     root = tmp_path_factory.mktemp(f"anywhere{ranks}")
     base = _baseline(root / "base", ranks, fsync) if fsync else baselines[ranks]
     seen = []
-    for i in range(trials):
+    for i in range(draws(2, trials)):  # ENSIO_TEST_FULL: ``trials`` draws
         rank = int(rng.integers(0, ranks))
         labels = base.labels[rank]
         k = int(rng.integers(1, len(labels) + 1))
