@@ -7,13 +7,11 @@ producers that die, budgets, persist, names, and the daemon's own life.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import multiprocessing
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -22,7 +20,7 @@ from pathlib import Path
 
 import needs
 import pytest
-from transfer_support import SRC, daemon_pid, process_gone, wait_for
+from transfer_support import SRC, daemon_pid, process_gone, teardown_daemon, wait_for
 
 from ensio.transfer.daemon import Daemon, serve
 from ensio.transfer.protocol import Client, DaemonUnavailable, encode
@@ -301,40 +299,12 @@ def test_a_new_version_never_changes_what_a_reader_has(daemon, files):
 # ---- the daemon's life (separate processes) ---------------------------------------------
 
 
-def _lock_held(d: Path) -> bool:
-    """Whether a live daemon holds ``daemon.lock`` in ``d``."""
-    try:
-        fd = os.open(d / "daemon.lock", os.O_RDWR)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
-
-
 @pytest.fixture
 def sock_dir():
-    """A daemon directory; at teardown its daemon is stopped, or killed if it will not stop.
-
-    Why errors surface: a daemon that does not stop on request is a bug these tests
-    are here to find, so an error of ``stop_daemon`` fails the test (after the
-    cleanup), and so does a daemon still holding its lock afterwards (it is killed).
-    """
+    """A daemon directory; its daemon is stopped at teardown, an error fails the test."""
     d = Path(tempfile.mkdtemp(prefix="ensio-s-", dir="/tmp"))
     yield d
-    try:
-        stop_daemon(d, timeout=30)
-    finally:
-        held = _lock_held(d)
-        if held:
-            with contextlib.suppress(ProcessLookupError):  # it may just have exited
-                os.kill(daemon_pid(d), signal.SIGKILL)
-        shutil.rmtree(d, ignore_errors=True)
-    assert not held, f"a daemon still held {d / 'daemon.lock'} after stop_daemon (killed)"
+    teardown_daemon(d)
 
 
 def _start(d: str, q) -> None:

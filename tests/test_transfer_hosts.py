@@ -11,18 +11,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import needs
 import pytest
 from transfer_hosts import NetHost, hosts_config, two_hosts_fixture  # noqa: F401
 from transfer_support import CDL, interposer_cache_fixture  # noqa: F401
 
-pytestmark = pytest.mark.skipif(
-    not all(shutil.which(t) for t in ("ncgen", "ncdump", "nccopy")),
-    reason="needs ncgen, ncdump, nccopy (netcdf-bin)")
+pytestmark = needs.tools_mark("ncgen", "ncdump", "nccopy")  # netcdf-bin
 
 PY = sys.executable
 

@@ -18,11 +18,11 @@ import json
 import os
 import platform
 import random
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import needs
 import pytest
 import yaml
 from transfer_hosts import NetHost, hosts_config, two_hosts_fixture  # noqa: F401
@@ -36,8 +36,7 @@ from ensio.transfer.run import rules_text
 PY = sys.executable
 _FUTEX = {"x86_64": "202", "aarch64": "98"}.get(platform.machine())
 
-needs_netcdf = pytest.mark.skipif(
-    not all(shutil.which(t) for t in ("ncdump",)), reason="needs ncdump (netcdf-bin)")
+needs_netcdf = needs.tools_mark("ncdump")  # netcdf-bin
 
 
 # -- the config key and the rules ----------------------------------------------------------

@@ -12,12 +12,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import needs
 import pytest
 from transfer_support import (  # noqa: F401  (the *_fixture names are fixtures)
     CDL,
@@ -30,9 +30,7 @@ from transfer_support import (  # noqa: F401  (the *_fixture names are fixtures)
     write_config,
 )
 
-pytestmark = pytest.mark.skipif(
-    not all(shutil.which(t) for t in ("ncgen", "ncdump", "nccopy", "cdo")),
-    reason="needs ncgen, ncdump, nccopy (netcdf-bin) and cdo")
+pytestmark = needs.tools_mark("ncgen", "ncdump", "nccopy", "cdo")  # netcdf-bin, cdo
 
 PY = sys.executable
 

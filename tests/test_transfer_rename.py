@@ -13,19 +13,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import needs
 import pytest
 from transfer_hosts import NetHost, hosts_config, two_hosts_fixture  # noqa: F401
 from transfer_support import CDL, daemon_pid, interposer_cache_fixture  # noqa: F401
 
-pytestmark = pytest.mark.skipif(
-    not all(shutil.which(t) for t in ("ncgen", "nccopy", "mv", "rm")),
-    reason="needs ncgen, nccopy (netcdf-bin), mv and rm")
+pytestmark = needs.tools_mark("ncgen", "nccopy", "mv", "rm")  # netcdf-bin, coreutils
 
 PY = sys.executable
 FILES = ["fc/*.nc", "fc/*.nc.tmp"]

@@ -16,19 +16,16 @@ iproute2).
 
 from __future__ import annotations
 
-import contextlib
-import os
 import secrets
-import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import needs
 import pytest
-from transfer_support import Host, daemon_pid
+from transfer_support import Host, teardown_daemon
 
 from ensio.bench.transfer_netns import link_namespaces, netns_unavailable, remove_namespaces
 
@@ -38,12 +35,8 @@ PORT = 7790
 
 def require_netns(reason: str | None = None) -> None:
     """Skip (or, with CI=true, fail) a test that needs two namespaces and cannot have them."""
-    reason = reason or netns_unavailable()
-    if reason is None:
-        return
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"CI=true requires the two-host transfer tests: {reason}", pytrace=False)
-    pytest.skip(reason)
+    needs.capability("network namespaces for the two-host transfer tests",
+                     reason or netns_unavailable())
 
 
 class NetHost(Host):
@@ -86,16 +79,6 @@ class NetHost(Host):
         assert p.returncode == 0, p.stderr
 
 
-def _teardown_daemon(sock_dir: Path) -> None:
-    from ensio.transfer.runtime import stop_daemon
-
-    with contextlib.suppress(Exception):
-        stop_daemon(sock_dir, timeout=30)
-    with contextlib.suppress(Exception):
-        os.kill(daemon_pid(sock_dir), signal.SIGKILL)
-    shutil.rmtree(sock_dir, ignore_errors=True)
-
-
 @pytest.fixture(name="two_hosts")
 def two_hosts_fixture(interposer_cache: Path, tmp_path: Path) -> Iterator[tuple[NetHost, NetHost]]:
     """Hosts ``a`` (10.231.7.1) and ``b`` (10.231.7.2), one work directory for both."""
@@ -118,10 +101,16 @@ def two_hosts_fixture(interposer_cache: Path, tmp_path: Path) -> Iterator[tuple[
             dirs.append(d)
             hosts.append(NetHost(name, ns, addr, d, interposer_cache, work))
         yield hosts[0], hosts[1]
-    finally:
+    finally:  # every daemon stopped and the namespaces removed; then the first error
+        errors = []
         for d in dirs:
-            _teardown_daemon(d)
+            try:
+                teardown_daemon(d)
+            except BaseException as exc:  # noqa: BLE001 - raised below, after the cleanup
+                errors.append(exc)
         remove_namespaces(made)
+        if errors:
+            raise errors[0]
 
 
 def hosts_config(path: Path, placement: dict[str, list[str]], pattern: str,
