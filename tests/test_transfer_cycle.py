@@ -15,16 +15,19 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import struct
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import netCDF4
 import numpy as np
 import pytest
 import yaml
+from kill_support import MAX_MISSES
 from test_cycle import _offline_mid_cycle, _signal_run
 from transfer_support import (  # noqa: F401  (the *_fixture names are fixtures)
     Host,
@@ -50,6 +53,7 @@ FAST = [
 # failure in cycle 2 while the file STOP exists (to end a run between two cycles).
 MEMBER = """
 import sys
+import tempfile
 from pathlib import Path
 from ensio.models import synthrun
 cycle, init, out = int(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
@@ -146,13 +150,27 @@ def _same_data(a_path: Path, b_path: Path) -> None:
         assert strip(a) == strip(b), a_path
 
 
-@pytest.fixture
-def reference(setup, tmp_path):
-    host, _ = setup
-    workdir = tmp_path / "files"
-    proc, _, err = _run(host, workdir, None)
+@pytest.fixture(scope="module")
+def reference(interposer_cache: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The file-based 2-cycle run every test compares with: run once per module.
+
+    It is deterministic (fixed seed) and only read by the tests, so one run
+    serves them all (it was re-run for each of 4 tests). Its own work and daemon
+    directories: a run without ``workflow.transfer`` starts no daemon, which is
+    checked.
+    """
+    base = tmp_path_factory.mktemp("reference")
+    work = base / "work"
+    work.mkdir()
+    (work / "member.py").write_text(MEMBER)
+    sock_dir = Path(tempfile.mkdtemp(prefix="ensio-t-", dir="/tmp"))
+    try:
+        proc, _, err = _run(Host(sock_dir, interposer_cache, work), base / "files", None)
+        assert not (sock_dir / "daemon.lock").exists(), "the file-based run started a daemon"
+    finally:
+        shutil.rmtree(sock_dir)
     assert proc.returncode == 0, err[-3000:]
-    return workdir
+    return base / "files"
 
 
 def _listing(d: Path) -> list[str]:
@@ -251,8 +269,6 @@ def test_persisted_restarts_survive_the_daemon(setup, reference, tmp_path):
     assert _listing(analysis) == sorted([f"mem{m:03d}.nc" for m in range(1, NE + 1)]
                                         + ["mean.nc", "spread.nc"])
     # cycle 2 failed for good: a user removes it and runs again (a new daemon starts)
-    import shutil
-
     shutil.rmtree(workdir / "cycle_002")
     proc, out, err = _run(host, workdir, config)
     assert proc.returncode == 0, err[-3000:]
@@ -265,32 +281,75 @@ def test_persisted_restarts_survive_the_daemon(setup, reference, tmp_path):
             (reference / "cycle_001" / "analysis" / name).read_bytes()
 
 
+def _stop_then_kill(workdir: Path, proc: subprocess.Popen, first: int, k: int,
+                    seed: int) -> int | None:
+    """The cycle in which the run was killed mid-cycle (proven under SIGSTOP), or None."""
+    mid_cycle = _offline_mid_cycle(workdir)
+    for c in (1, 2)[first - 1:]:
+        done = workdir / f"cycle_{c:03d}" / ".done"
+        while proc.poll() is None and not done.exists():
+            wait_for(lambda c=c, done=done: mid_cycle(c, k) or done.exists()
+                     or proc.poll() is not None, timeout=300,
+                     what=f"seed {seed}: cycle {c} with {k} members done")
+            if not mid_cycle(c, k):
+                continue  # the cycle (or the run) ended: the loop's test says which
+            _signal_run(workdir, proc, signal.SIGSTOP)
+            if mid_cycle(c, k):  # nothing moves: the kill lands mid-cycle
+                _signal_run(workdir, proc, signal.SIGKILL)
+                return c
+            _signal_run(workdir, proc, signal.SIGCONT)  # a task ended meanwhile: go on
+    return None
+
+
+def _kill_mid_cycle(host: Host, tmp_path: Path, config: Path, seed: int) -> Path:
+    """SIGKILL the run mid-cycle, proven; returns its work directory.
+
+    The moment comes from the state on disk, drawn from ``seed``: a cycle ``c``
+    and a number ``k`` of finished members (``_offline_mid_cycle``). When the run
+    is there, every process of it is stopped (SIGSTOP) and the state read again:
+    with nothing moving, a yes proves the kill lands mid-cycle and everything is
+    killed; a no (a task ended in between) lets the run go on and the same
+    cycle, then the next one, is waited for again. A run that ends without such
+    a kill is drawn again in a fresh directory, failing after MAX_MISSES runs.
+    """
+    rng = random.Random(seed)
+    killed = None
+    for attempt in range(1, MAX_MISSES + 1):
+        workdir = tmp_path / f"run{attempt}"
+        first, k = rng.choice((1, 2)), rng.randrange(0, NE)
+        print(f"kill seed {seed}, draw {attempt}: cycle {first} or later, after {k} "
+              "finished members")
+        proc = _start(host, workdir, config)
+        try:
+            killed = _stop_then_kill(workdir, proc, first, k, seed)
+        finally:
+            if killed is None and proc.poll() is None:
+                _signal_run(workdir, proc, signal.SIGKILL)
+            _, err = proc.communicate()
+        if killed is not None:
+            assert proc.returncode == -signal.SIGKILL, f"seed {seed}: {proc.returncode}"
+            assert not (workdir / f"cycle_{killed:03d}" / ".done").exists(), f"seed {seed}"
+            print(f"seed {seed}: killed mid-cycle {killed} after {attempt} draw(s)")
+            return workdir
+        assert proc.returncode == 0, f"seed {seed}: " + err[-3000:]  # not killed: it succeeded
+        print(f"seed {seed}: the run ended before a kill landed mid-cycle; drawn again")
+    pytest.fail(f"seed {seed}: {MAX_MISSES} runs in a row ended before a kill landed mid-cycle")
+
+
 @pytest.mark.parametrize("daemon_too", [False, True], ids=["daemon-lives", "daemon-killed"])
 def test_resume_after_sigkill(setup, reference, tmp_path, daemon_too):
-    """SIGKILL of the run (and of the daemon) at a random moment, then the same command.
+    """SIGKILL of the run (and of the daemon) mid-cycle at a random moment, then the same command.
 
-    With the daemon alive the run resumes from its memory and ends bitwise as the
-    file-based run, every task done once. With the daemon killed too, the resumed run
-    either ends the same (nothing it needed was lost) or stops with the one-line "lost"
+    The kill is proven to land mid-cycle (``_kill_mid_cycle``). With the daemon
+    alive the run resumes from its memory and ends bitwise as the file-based run,
+    every task done once. With the daemon killed too, the resumed run either ends
+    the same (nothing it needed was lost) or stops with the one-line "lost"
     error; it never goes on from other data.
     """
     host, transfer_yaml = setup
-    workdir, config = tmp_path / "run", transfer_yaml()
+    config = transfer_yaml()
     seed = int(os.environ.get("ENSIO_TEST_SEED") or int.from_bytes(os.urandom(4), "little"))
-    rng = random.Random(seed)
-    c, k = rng.choice((1, 2)), rng.randrange(0, NE)
-    print(f"kill seed {seed}: cycle {c}, after {k} finished members")
-    mid_cycle = _offline_mid_cycle(workdir)
-    proc = _start(host, workdir, config)
-    try:
-        wait_for(lambda: mid_cycle(c, k) or proc.poll() is not None, timeout=300,
-                 what=f"seed {seed}: cycle {c} with {k} members done")
-        _signal_run(workdir, proc, signal.SIGSTOP)
-        landed = mid_cycle(c, k)  # nothing moves: whether the kill lands mid-cycle
-        _signal_run(workdir, proc, signal.SIGKILL)
-    finally:
-        proc.communicate()
-    print(f"seed {seed}: killed mid-cycle: {landed}")
+    workdir = _kill_mid_cycle(host, tmp_path, config, seed)
     if daemon_too:
         _kill_daemon(host)
     again, out, err = _run(host, workdir, config)
