@@ -64,7 +64,7 @@ RULES = {
     "ensio run --transfer (parser, prepare's imports)": (
         _exits("from ensio.cli.main import build_parser\nbuild_parser(('run',))\n"
                "import ensio.transfer.run"),
-        (*NUMERIC, "ensio.transfer.daemon", "ensio.transfer.network")),
+        (*NUMERIC, "ensio.transfer.daemon", "ensio.transfer.network", "ensio.config.schema")),
     # ensio analyse until it reads: MPI, numpy and netCDF yes; no kernels, no k-d tree
     "ensio analyse ready to read": (
         ANALYSE_READY + "\nfrom ensio.cli.main import build_parser\nbuild_parser(('analyse',))",

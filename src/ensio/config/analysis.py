@@ -12,6 +12,7 @@ from typing import Literal
 
 from .errors import ConfigError
 from .filters import FILTER_NAMES, GLOBAL_FILTERS, LOCAL_FILTERS
+from .plain import SHORT_FORMS
 
 __all__ = [
     "FilterName",
@@ -382,3 +383,6 @@ class OutputSection:
             v = getattr(self, name)
             if v is not None and not v.strip():
                 raise ConfigError(f"output.{name}: must not be empty")
+
+
+SHORT_FORMS[ObservationFile] = "file"  # ``observations: [obs.nc]``

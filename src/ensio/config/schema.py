@@ -13,6 +13,7 @@ from typing import Literal
 
 from .analysis import AnalysisSection, ObservationFile, OutputSection
 from .errors import ConfigError
+from .plain import SHORT_FORMS
 from .workflow import WorkflowSection
 
 
@@ -254,3 +255,6 @@ class Config:
         pattern = self.output.members
         assert pattern is not None
         return [self.resolve(pattern.format(member=m)) for m in self.ensemble.numbers]
+
+
+SHORT_FORMS[VariableSpec] = "name"  # ``variables: [t]``

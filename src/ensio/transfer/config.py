@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..config.errors import ConfigError
-from ..config.load import from_plain
+from ..config.plain import from_plain
 from ..config.yamlfile import read_yaml
 from .hosts import HostDef, parse_hosts
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config.errors import ConfigError
-from ..config.load import from_plain
+from ..config.plain import from_plain
 
 __all__ = ["DEFAULT_PORT", "HostDef", "consumer_hosts", "parse_hosts", "process_rank",
            "this_host"]
