@@ -10,7 +10,6 @@ import importlib
 import io
 import json
 import os
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import needs
 import netCDF4
 import numpy as np
 import pytest
@@ -35,10 +35,7 @@ DIR_KEYS = ("gbps", "seconds", "raw_gbps", "naive_gbps", "ratio_raw", "ratio_nai
 
 
 def _real_io() -> Any:
-    try:
-        return importlib.import_module("ensio.io.ensemble")
-    except ImportError as exc:
-        pytest.skip(f"ensio.io.ensemble (open_ensemble) not importable yet: {exc}")
+    return importlib.import_module("ensio.io.ensemble")
 
 
 def _case(tmp_path: Path, **kw: Any) -> Config:
@@ -258,17 +255,10 @@ def test_cli_unknown_key_is_one_line_error(tmp_path: Path,
     assert "io.bogus" in err and len(err.splitlines()) == 1
 
 
-def _mpiexec() -> str | None:
-    here = Path(sys.executable).parent / "mpiexec"
-    return str(here) if here.exists() else shutil.which("mpiexec")
-
-
 @pytest.mark.mpi
 def test_bench_io_under_mpiexec(tmp_path: Path) -> None:
     _real_io()
-    mpiexec = _mpiexec()
-    if mpiexec is None:
-        pytest.skip("no mpiexec next to the interpreter or on PATH")
+    mpiexec = str(needs.mpiexec(path_fallback=True))
     _case(tmp_path, members=4)
     out = tmp_path / "io.json"
     cmd = [mpiexec, "-n", "2", sys.executable, "-m", "ensio.cli.bench", "io",

@@ -7,10 +7,8 @@ definitions (rows per rank of each scheme), not against the driver's output.
 from __future__ import annotations
 
 import json
-import shutil
-import sys
-from pathlib import Path
 
+import needs
 import numpy as np
 import pytest
 
@@ -53,8 +51,7 @@ def test_measured_costs_skip_oversubscribed_runs() -> None:
 
 
 def test_tiny_run_bytes_and_partners(tmp_path, capsys) -> None:
-    if not Path(sys.executable).with_name("mpiexec").exists() and not shutil.which("mpiexec"):
-        pytest.skip("mpiexec not found (install the mpich wheel)")
+    needs.mpiexec(path_fallback=True)
     nx, ny, n_e = 24, 12, 2
     out = tmp_path / "r.json"
     png = tmp_path / "r.png"

@@ -11,7 +11,6 @@ import json
 import os
 import re
 import select
-import shutil
 import signal
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import cftime
+import needs
 import netCDF4
 import numpy as np
 import pytest
@@ -138,8 +138,7 @@ _ORDER_MSG = re.compile(
 def _check_cf(path: Path, tmp_path: Path, aux_3d: tuple[str, ...] = ()) -> None:
     """ncdump -h, cdo sinfon and compliance-checker cf:1.8 (no high or medium failure)."""
     for cmd in (["ncdump", "-h", str(path)], ["cdo", "-s", "sinfon", str(path)]):
-        if shutil.which(cmd[0]) is None:
-            pytest.skip(f"{cmd[0]} is not installed")
+        needs.tool(cmd[0])
         run = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         assert run.returncode == 0, f"{cmd}: {run.stderr}"
     report = tmp_path / f"{path.stem}.cc.json"
@@ -579,8 +578,7 @@ def test_split_clock_months_clamp_the_start_day_and_periods_are_left_open() -> N
 
 def test_cdo_timmean_and_timmax_of_an_instant_file_are_the_numpy_ones(tmp_path: Path,
                                                                         rng) -> None:
-    if shutil.which("cdo") is None:
-        pytest.skip("cdo is not installed")
+    needs.tool("cdo")
     cfg = _config(tmp_path, [{"id": "i", "name": "inst", "output_freq": "6h", "fields": [
         {"field_ref": "ta", "operation": "instant", "precision": 8}]}])
     batches = _records(cfg, "i", range(4), timedelta(hours=6), rng)

@@ -11,18 +11,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import needs
 import netCDF4
 import numpy as np
 import pytest
 from missing_cases import (
     NAMES,
+    TOOLS,
     check_analysis,
     config,
     make_obs,
     read_physical,
     read_stored,
     sizes,
-    tools_missing,
     write_members,
     write_obs,
 )
@@ -35,7 +36,7 @@ from ensio.layout.encoding import Encoding
 ENSIO = [sys.executable, "-m", "ensio"]
 FORMATS = ("NETCDF4", "NETCDF3_64BIT_OFFSET")
 
-needs_nco = pytest.mark.skipif(bool(tools_missing()), reason=f"needs NCO: {tools_missing()}")
+needs_nco = needs.tools_mark(*TOOLS)  # NCO (and nccopy)
 
 
 def _sha(paths: list[Path]) -> list[bytes]:

@@ -8,11 +8,11 @@ answer is the interpolation in rotated coordinates.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import needs
 import netCDF4
 import numpy as np
 import pytest
@@ -27,7 +27,7 @@ from ensio.obs import ObsBatch, StateGrid, build_operator
 
 ENSIO = [sys.executable, "-m", "ensio"]
 LEVELS = (100000.0, 85000.0, 50000.0, 25000.0)
-needs_cdo = pytest.mark.skipif(shutil.which("cdo") is None, reason="cdo not installed")
+needs_cdo = needs.tools_mark("cdo")
 
 
 def cdo(*args: str, cwd: Path) -> None:

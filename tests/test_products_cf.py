@@ -21,6 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import needs
 import netCDF4
 import numpy as np
 import pytest
@@ -37,10 +38,7 @@ NCATTED = shutil.which("ncatted")
 NCPDQ = shutil.which("ncpdq")
 NCDUMP = shutil.which("ncdump")
 
-needs_tools = pytest.mark.skipif(
-    not (CDO and NCAP2 and NCATTED and NCPDQ and NCDUMP),
-    reason="cdo, nco (ncap2, ncatted, ncpdq) and ncdump are needed (Debian: cdo nco netcdf-bin)",
-)
+needs_tools = needs.tools_mark("cdo", "ncap2", "ncatted", "ncpdq", "ncdump")  # cdo nco netcdf-bin
 pytestmark = needs_tools
 
 NE = 4
@@ -102,11 +100,7 @@ def _observations(path: Path, index: np.ndarray, values: np.ndarray) -> None:
 
 
 def _compliance_exe() -> str:
-    here = Path(sys.executable).parent / "compliance-checker"
-    exe = str(here) if here.exists() else shutil.which("compliance-checker")
-    if exe is None:
-        pytest.skip("compliance-checker not installed (pip install 'ensio[test]')")
-    return exe
+    return str(needs.venv_tool("compliance-checker", path_fallback=True))  # ensio[test]
 
 
 #: CF 1.8 section 7.3 allows a standard name (``realization``) as the name of a
@@ -266,7 +260,7 @@ def test_cdo_ncdump_and_xarray_read_the_products(analysed):
         assert "2026-01-01 06:00:00" in res.stdout  # the members' time axis
         dump = subprocess.run([NCDUMP, "-h", str(path)], capture_output=True, text=True)
         assert dump.returncode == 0 and "T(time, level, lat, lon)" in dump.stdout
-    xr = pytest.importorskip("xarray")
+    xr = needs.module("xarray")
     with xr.open_dataset(root / "an" / "mean.nc") as ds:
         assert str(ds["time"].values[0]).startswith("2026-01-01T06:00")
         assert ds["T"].dtype == np.float32

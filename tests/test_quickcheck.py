@@ -9,10 +9,10 @@ quick check switched off.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
+import needs
 import netCDF4
 import numpy as np
 import pytest
@@ -29,9 +29,7 @@ SELF = MPI.COMM_SELF
 NLAT, NLON = 4, 6
 LAT = [-45.0, -15.0, 15.0, 45.0]
 
-needs_tools = pytest.mark.skipif(
-    not all(shutil.which(t) for t in ("ncgen", "nccopy")), reason="ncgen/nccopy not installed"
-)
+needs_tools = needs.tools_mark("ncgen", "nccopy")
 
 
 def _cdl(rng: np.random.Generator, member: int, lat: list[float] = LAT,
@@ -138,8 +136,8 @@ KINDS = ["nc4", "nc4-chunked", "cdf5", "classic"]
 @needs_tools
 @pytest.mark.parametrize("kind", [*KINDS, "cdo-nc4"])
 def test_quick_and_full_check_read_the_same_matrix(tmp_path, rng, monkeypatch, kind):
-    if kind.startswith("cdo") and shutil.which("cdo") is None:
-        pytest.skip("cdo not installed")
+    if kind.startswith("cdo"):
+        needs.tool("cdo")
     paths = _ensemble(tmp_path, kind, rng)
     cfg = _config(tmp_path, len(paths))
     fast, metas = _read(cfg, True, monkeypatch)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import h5py
+import needs
 import netCDF4
 import numpy as np
 import pytest
@@ -59,8 +59,7 @@ def test_files_exist_and_config_loads(case: Path) -> None:
         np.testing.assert_allclose(ds["lat"][:], -90 + (np.arange(NY) + 0.5) * 180.0 / NY)
 
 
-@pytest.mark.skipif(shutil.which("ncdump") is None,
-                    reason="ncdump not installed (Debian package netcdf-bin)")
+@needs.tools_mark("ncdump")  # Debian package netcdf-bin
 def test_ncdump_reads_every_file(case: Path) -> None:
     for path in sorted(case.glob("*.nc")):
         res = subprocess.run(["ncdump", str(path)], capture_output=True, text=True)

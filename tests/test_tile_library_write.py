@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import needs
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -45,8 +46,7 @@ TOOLS = {
 def _case(root: Path, tool: str, which: set[int] | None) -> Path:
     """Synthetic 2-level members, tiled 2 × 2; tiles ``which`` (None: all) rewritten by ``tool``."""
     argv = TOOLS[tool]
-    if shutil.which(argv[0]) is None:
-        pytest.skip(f"{argv[0]} not installed")
+    needs.tool(argv[0])
     case = root / "case"
     assert synth_main([str(case), "--nx", str(NX), "--ny", str(NY), "--members", str(NE),
                        "--seed", "11", "--format", "cdf5", "--levels", "2"]) == 0  # fmt: skip

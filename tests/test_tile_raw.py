@@ -8,10 +8,10 @@ single-file case read by ``files`` mode.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
+import needs
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -97,8 +97,7 @@ def test_raw_equals_library_on_tool_written_tiles(tmp_path, writer, strided, mon
     if isinstance(tool, str):
         _ncgen(case, tool)
     else:
-        if shutil.which(tool[0]) is None:
-            pytest.skip(f"{tool[0]} not installed")
+        needs.tool(tool[0])
         _rewrite(case, tool)
     raw, library, io = _both(case)
     assert raw.tobytes() == library.tobytes()

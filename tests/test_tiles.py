@@ -13,6 +13,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import needs
 import netCDF4
 import numpy as np
 import pytest
@@ -155,8 +156,7 @@ def test_tiled_read_equals_single_file(case, tmp_path, layout, halo, nemo) -> No
 @pytest.mark.parametrize("nemo", [False, True], ids=["declared", "nemo"])
 def test_ncks_cut_with_halo(case, tmp_path, nemo) -> None:
     """Tiles cut by NCO (`ncks -d`, halo included) read as the single files."""
-    if shutil.which("ncks") is None:
-        pytest.skip("ncks (NCO) not installed")
+    needs.tool("ncks")  # NCO
     case = fresh(case, tmp_path)
     geo = declared_geometry((NY, NX), 6, (3, 2), 1)
     (case / "tiles").mkdir()

@@ -10,15 +10,16 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import needs
 import numpy as np
 import pytest
 from missing_cases import (
+    TOOLS,
     check_analysis,
     config,
     make_obs,
     read_physical,
     read_stored,
-    tools_missing,
     write_members,
     write_obs,
 )
@@ -26,7 +27,7 @@ from missing_cases import (
 from ensio.config import load_config
 from ensio.offline import run_analysis
 
-pytestmark = pytest.mark.skipif(bool(tools_missing()), reason=f"needs NCO: {tools_missing()}")
+pytestmark = needs.tools_mark(*TOOLS)  # NCO (and nccopy)
 
 
 def _on_root(comm, fn):

@@ -4,8 +4,8 @@ the analysis does not depend on N_mpi (issue 10 item 3)."""
 from __future__ import annotations
 
 import dataclasses
-import shutil
 
+import needs
 import netCDF4
 import numpy as np
 import pytest
@@ -50,7 +50,7 @@ def _setup(root) -> dict:
     }
 
 
-@pytest.mark.skipif(shutil.which("cdo") is None, reason="cdo not installed")
+@needs.tools_mark("cdo")
 @pytest.mark.parametrize("filt", ["letkf", "etkf"])
 def test_obs_on_mixed_state_independent_of_n_mpi(comm, shared_dir, filt):
     raw = _setup(shared_dir) if comm.rank == 0 else None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 
+import needs
 import netCDF4
 import numpy as np
 import pytest
@@ -130,8 +131,7 @@ def test_chunked_tiles_in_shuffle_mode(shared_dir, comm) -> None:
     """Deflated tiles (nccopy) beside contiguous ones: the holder of each such file
     rewrites it through the library with the parts of all its S ranks; the interiors hold
     the files-mode analysis, halos their values, on every (N_e, P, S) that fits."""
-    if shutil.which("nccopy") is None:
-        pytest.skip("nccopy not installed")
+    needs.tool("nccopy")
     for n_e, p, s in shapes_for(comm.size):
         case, geo, sets = make_case(shared_dir, comm, n_e, p, s, levels=2, chunked=True)
         _, full_ref, layout = reference(case, comm)
@@ -243,7 +243,7 @@ def test_rank_count_not_a_multiple(shared_dir, comm) -> None:
 
 def test_ranks_of_one_tile_on_another_host(shared_dir, comm, monkeypatch) -> None:
     """With S > 1, rank r reads the file held by rank r mod N_e·P: both on one host."""
-    if comm.size % 4:
+    if comm.size % 4:  # runs at -n 4 in CI (make test-mpi runs -n 2 and -n 4)
         pytest.skip("needs N_mpi = 2 members x 1 tile x S with S >= 2")
     case, _, sets = make_case(shared_dir, comm, 2, 1, comm.size // 2)
     monkeypatch.setenv("ENSIO_HOST", f"node{comm.rank}")

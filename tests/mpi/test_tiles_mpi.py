@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 
+import needs
 import netCDF4
 import numpy as np
 import pytest
@@ -159,8 +159,7 @@ def test_masked_tiles_any_rank_count(shared_dir, comm) -> None:
 def test_chunked_tiles_any_rank_count(shared_dir, comm) -> None:
     """Tiles rewritten compressed by nccopy: every rank's rows reach each tile's owner, and
     the tiles hold the single-file analysis whatever the number of ranks."""
-    if shutil.which("nccopy") is None:
-        pytest.skip("nccopy not installed")
+    needs.tool("nccopy")
     case = shared_dir / "chunked"
     geo = declared_geometry((NY, NX), 6, (3, 2), 1)
     if comm.rank == 0:
