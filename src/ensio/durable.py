@@ -18,7 +18,6 @@ replaced).
 from __future__ import annotations
 
 import os
-import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -49,7 +48,9 @@ def temporary_name(path: str | Path) -> Path:
     broken) never mix their bytes in one temporary file.
     """
     path = Path(path)
-    return path.with_name(f".{path.name}.ensio-tmp.{os.getpid()}.{secrets.token_hex(4)}")
+    # os.urandom(4).hex() is secrets.token_hex(4) without importing secrets (hmac, random)
+    # into every process that writes a file (start-up time, issue 24)
+    return path.with_name(f".{path.name}.ensio-tmp.{os.getpid()}.{os.urandom(4).hex()}")
 
 
 def copy_identity(existing: str | Path, new: str | Path) -> None:
