@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -86,3 +87,29 @@ def kill_in_window(start: Callable[[], subprocess.Popen], draw: Callable[[], int
         print(f"kill after point {kill.k} missed {what} (exit {kill.returncode}, last point "
               f"{kill.last!r} of {len(kill.labels)}); drawn again")
     pytest.fail(f"{MAX_MISSES} kills in a row missed {what}")
+
+
+def _state(pid: int) -> str | None:
+    """The one-letter state of ``pid`` in /proc (None if it is gone)."""
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+def stop(pid: int, timeout: float = 30.0) -> bool:
+    """SIGSTOP ``pid`` and wait until it really is stopped; False if it is gone (or a zombie).
+
+    ``kill`` returns before the target stops (it may run on briefly on another
+    core), so a state read right after a bare SIGSTOP proves nothing; one read
+    after this returns True holds until SIGCONT or SIGKILL.
+    """
+    try:
+        os.kill(pid, signal.SIGSTOP)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + timeout
+    while (state := _state(pid)) not in ("T", "t", None, "Z", "X"):
+        if time.monotonic() > deadline:
+            pytest.fail(f"pid {pid} did not stop within {timeout} s (state {state})")
+    return state in ("T", "t")
