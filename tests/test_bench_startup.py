@@ -134,6 +134,7 @@ def test_bench_startup_json_and_table(tmp_path: Path, interposer_cache: Path):
         assert len(runs) == 3 and all(r > 0 for r in runs)
         assert res[key] == pytest.approx(statistics.median(runs), abs=0.01)
         assert res["min_ms"][key] == pytest.approx(min(runs), abs=0.01)
+        assert res["cpu_ms"][key] > 0  # the child's own CPU time, counted at all
         if name == "python":
             continue
         stem = key.removesuffix("_ms")
