@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import needs
 import netCDF4
 import numpy as np
 import pytest
@@ -29,8 +30,7 @@ OUTPUT_MODES = ("sync", "attached", "server1")
 
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, Path]:
-    if not (Path(sys.executable).parent / "mpiexec").exists():
-        pytest.skip("no mpiexec next to the interpreter (the benchmark launches that one)")
+    needs.mpiexec()  # the benchmark launches the one next to the interpreter
     tmp = tmp_path_factory.mktemp("bench-ioserver")
     argv = [sys.executable, "-m", "ensio", "bench", "ioserver",
             "--nx", str(NX), "--ny", str(NY), "--nz", str(NZ), "--fields", str(FIELDS),

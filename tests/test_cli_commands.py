@@ -20,13 +20,13 @@ import csv
 import json
 import math
 import os
-import shutil
 import signal
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
+import needs
 import netCDF4
 import numpy as np
 import pytest
@@ -290,8 +290,7 @@ run.close()
 
 
 def test_online_timeout_aborts_a_hanging_coupled_job(tmp_path):
-    if not (Path(sys.executable).parent / "mpiexec").exists() and not shutil.which("mpiexec"):
-        pytest.skip("no mpiexec")
+    needs.mpiexec(path_fallback=True)
     program = tmp_path / "hanging.py"
     program.write_text(HANGING_PROGRAM)
     workdir = tmp_path / "run"
@@ -355,7 +354,7 @@ def test_bench_pool_bad_arguments_exit_2(tmp_path):
 KINDS = {"cdf5": {"cdf5", "64-bit data"}, "netcdf4": {"netCDF-4"}}
 
 
-@pytest.mark.skipif(shutil.which("ncdump") is None, reason="ncdump not installed (netcdf-bin)")
+@needs.tools_mark("ncdump")  # netcdf-bin
 @pytest.mark.parametrize("fmt", sorted(KINDS))
 def test_synth_format_from_the_command_line(tmp_path, fmt):
     out = tmp_path / "case"

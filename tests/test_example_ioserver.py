@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import needs
 import netCDF4
 import numpy as np
 import pytest
@@ -30,9 +31,7 @@ def _tas(step: int) -> np.ndarray:
 
 
 def test_the_example_model_writes_the_weekly_statistics_of_its_field(tmp_path: Path) -> None:
-    mpiexec = Path(sys.executable).with_name("mpiexec")
-    if not mpiexec.exists():
-        pytest.skip("no mpiexec next to the interpreter")
+    mpiexec = needs.mpiexec()
     work = tmp_path / "ioserver"
     shutil.copytree(EXAMPLE, work, ignore=shutil.ignore_patterns("output"))
     res = subprocess.run([str(mpiexec), "-n", "3", sys.executable, "model.py", "--days", "7"],

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import needs
 import numpy as np
 import pytest
 
@@ -37,9 +37,7 @@ DOMAIN_OF = {"atm2d": "atm", "atm3d": "atm", "cells1d": "cells", "ocn2d": "ocn"}
 REPORT = {"server_busy_fraction": 0.25, "server_memory_hwm_bytes": 123456,
           "bytes_written": 7890, "files_written": 3}
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("gfortran") is None or not (BIN / "mpicc").exists(),
-    reason="needs gfortran and the venv's mpicc")
+pytestmark = [needs.tools_mark("gfortran"), needs.mark(needs.venv_tool, "mpicc")]
 
 
 # ----------------------------------------------------------------------------- the stub server

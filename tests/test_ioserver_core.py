@@ -8,7 +8,6 @@ evaluated here on the global grid, independently of any decomposition.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import pickle
 import struct
@@ -16,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import needs
 import numpy as np
 import pytest
 
@@ -449,9 +449,6 @@ def test_failures_end_the_job_naming_the_rank(tmp_path, scenario, message):
             np.testing.assert_array_equal(data, _expected(f, s))
 
 
-@pytest.mark.skipif(importlib.util.find_spec("ensio.ioserver.graph") is None
-                    or importlib.util.find_spec("ensio.ioserver.writer") is None,
-                    reason="needs ioserver.graph and ioserver.writer (other parts of issue 11)")
 def test_mpmd_cli_writes_the_same_files_as_sync(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(SRC))
     prog = [sys.executable, str(DATA / "realmodel.py"), str(CONFIG)]
@@ -612,9 +609,7 @@ def test_a_failed_rank_is_drained_up_to_its_step_then_the_run_ends():
 CMODEL = HERE / "data" / "ioclient" / "model_c.c"
 
 
-@pytest.mark.skipif(importlib.util.find_spec("ensio.ioserver.build") is None
-                    or not CMODEL.exists() or not (VENV_BIN / "mpicc").exists(),
-                    reason="needs the C client (ioserver.build, tests/data/ioclient)")
+@needs.mark(needs.venv_tool, "mpicc")
 def test_c_model_with_python_servers(tmp_path):
     from ensio.ioserver.build import build_client
 

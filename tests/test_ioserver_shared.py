@@ -24,6 +24,7 @@ import sys
 import time
 from pathlib import Path
 
+import needs
 import netCDF4
 import numpy as np
 import pytest
@@ -270,8 +271,7 @@ def test_define_writing_records_is_refused_and_leaves_no_file(tmp_path: Path) ->
 
 
 def _run_child(args: list[object], ranks: int) -> subprocess.CompletedProcess[str]:
-    if not MPIEXEC.exists():
-        pytest.skip("no mpiexec next to the interpreter")
+    needs.mpiexec()  # MPIEXEC
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
@@ -371,8 +371,7 @@ def test_reader_outside_the_job_sees_only_complete_records(
     Every snapshot holds some number of records, each equal to the global
     arrays (the bytes of records still being written are never visible).
     """
-    if not MPIEXEC.exists():
-        pytest.skip("no mpiexec next to the interpreter")
+    needs.mpiexec()  # MPIEXEC
     nj, ni, nk, nrec = 24, 40, 4, 30
     seed = int(rng.integers(2**31))
     case = _child_module().make_case(seed, nj, ni, nk, nrec)

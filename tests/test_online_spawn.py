@@ -25,6 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import needs
 import netCDF4
 import numpy as np
 import pytest
@@ -47,8 +48,7 @@ ERROR_GUARD = 60.0
 
 def _spawn(n: int, args: list[str], guard: float) -> subprocess.CompletedProcess:
     """Run ``mpiexec -n n python ARGS``; kill its whole process group if ``guard`` expires."""
-    if not MPIEXEC.exists():
-        pytest.skip(f"no mpiexec next to {sys.executable}")
+    needs.mpiexec()  # MPIEXEC
     cmd = [str(MPIEXEC), "-n", str(n), sys.executable, *args]
     env = {**os.environ, "PYTHONPATH": str(HERE), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(

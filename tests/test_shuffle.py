@@ -9,11 +9,11 @@ tests/mpi/test_shuffle_mpi.py and, on 8 oversubscribed ranks, in
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import needs
 import numpy as np
 import pytest
 
@@ -141,10 +141,7 @@ def test_shuffle_on_eight_ranks() -> None:
     (N_e, P, S) = (2, 4, 1), (4, 2, 1), (2, 2, 2), (8, 1, 1), each against files mode,
     for each of the four cases of the test (2-D, levels, NEMO attributes, masked).
     """
-    venv = Path(sys.executable).parent
-    mpiexec = shutil.which("mpiexec", path=str(venv)) or shutil.which("mpiexec")
-    if mpiexec is None:
-        pytest.skip("mpiexec not found (install the mpich wheel)")
+    mpiexec = str(needs.mpiexec(path_fallback=True))
     here = Path(__file__).parent
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(here.parent / "src"), os.environ.get("PYTHONPATH", "")]))  # fmt: skip
