@@ -20,6 +20,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import needs
 import netCDF4
 import numpy as np
 import pytest
@@ -166,7 +167,7 @@ def check_readers(path: Path) -> None:
     with netCDF4.Dataset(path) as ds:
         for v in ds.variables.values():
             v[...]
-    xr = pytest.importorskip("xarray")
+    xr = needs.module("xarray")
     with xr.open_dataset(path) as ds:
         ds.load()
 
