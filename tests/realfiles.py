@@ -16,6 +16,8 @@ analysis moves every point near an observation.
 
 from __future__ import annotations
 
+import hashlib
+import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -178,12 +180,36 @@ def _cdo_member(
     run("ncatted", "-O", "-h", "-a", f"title,global,o,c,restart of member {path.stem}", path)
 
 
+#: Where built member sets are kept for reuse (set by a module fixture of
+#: tests/test_real_files.py); ``None``: every call builds.
+MEMBER_CACHE: Path | None = None
+
+
 def _members(root: Path, seed: int, k: int, **kw) -> list[Path]:
+    """``k`` CDO members in ``root``; copies of an earlier build with the same arguments.
+
+    Why the cache: the tools take seconds per member set (10 s for the 3-D
+    ``time_record`` members), and several tests differ only in what they do
+    with the same members; a copy is byte-identical to a fresh build.
+    """
     root.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
     paths = [root / f"mem{m:03d}.nc" for m in range(1, k + 1)]
+    key = f"s{seed}-k{k}-" + "-".join(f"{a}={kw[a]}" for a in sorted(kw))
+    built = None if MEMBER_CACHE is None else MEMBER_CACHE / hashlib.sha256(
+        key.encode()).hexdigest()[:16]
+    if built is not None and built.is_dir():
+        for p in paths:
+            shutil.copyfile(built / p.name, p)
+        return paths
+    rng = np.random.default_rng(seed)
     for m, p in enumerate(paths):
         _cdo_member(p, rng, seed * 1000 + 10 * m + 1, **kw)
+    if built is not None:
+        tmp = built.with_suffix(".tmp")
+        tmp.mkdir(parents=True)
+        for p in paths:
+            shutil.copyfile(p, tmp / p.name)
+        tmp.rename(built)
     return paths
 
 

@@ -232,6 +232,15 @@ def check_products(s: rf.Scenario, want: np.ndarray, rows: Rows) -> None:
         assert rel(g[a], field[a]) <= tol, f"{name}: {rel(g[a], field[a]):.3g}"
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _member_cache(tmp_path_factory):
+    """Member sets built once per module and copied into each test that asks for them
+    again (tests/realfiles.py: ``MEMBER_CACHE``)."""
+    rf.MEMBER_CACHE = tmp_path_factory.mktemp("cdo-members")
+    yield
+    rf.MEMBER_CACHE = None
+
+
 # ------------------------------------------------------ the reference itself
 
 
@@ -343,11 +352,11 @@ def test_masked_variable_with_index_observations(tmp_path):
 
 
 def test_time_record_dimension_with_lonlat_observations(tmp_path):
-    run_and_check(rf.time_record(tmp_path, 10), products=False)
+    run_and_check(rf.time_record(tmp_path, 8), products=False)  # the members of seed 8
 
 
 def test_observations_of_a_3d_variable_at_a_level(tmp_path):
-    s = rf.time_record(tmp_path, 11)
+    s = rf.time_record(tmp_path, 8)  # the members of seed 8
     o = s.obs[0]
     o.entry = {"variable": "t", "level": 60000.0}  # between 85000 and 50000 Pa
     s.config["observations"] = [{"file": str(o.path), **o.entry}]
@@ -355,7 +364,7 @@ def test_observations_of_a_3d_variable_at_a_level(tmp_path):
 
 
 def test_products_keep_the_members_structure(tmp_path):
-    s = rf.time_record(tmp_path, 12)
+    s = rf.time_record(tmp_path, 8)  # the members of seed 8
     _index_observations(s, 12)  # products only: H on this state is another feature
     proc = analyse(s.write_config())
     assert proc.returncode == 0, proc.stderr
@@ -462,7 +471,7 @@ def test_member_with_inverted_latitude_is_refused(tmp_path):
 
 
 def test_same_file_twice_through_a_symlink_is_refused(tmp_path):
-    s = rf.plain(tmp_path, 19, k=5)
+    s = rf.plain(tmp_path, 18, k=5)  # the members of the test above
     s.paths[4].unlink()
     s.paths[4].symlink_to(s.paths[1].name)
     s.paths = s.paths[:4]  # the snapshot reads each real file once
@@ -470,6 +479,6 @@ def test_same_file_twice_through_a_symlink_is_refused(tmp_path):
 
 
 def test_wrong_coordinate_name_is_one_line(tmp_path):
-    s = rf.plain(tmp_path, 20, k=4)
+    s = rf.plain(tmp_path, 18, k=5)  # the members of the tests above
     s.config["ensemble"]["coordinates"]["lon"] = "longitude"
     _refused(s, "ensemble.coordinates.lon", "longitude")
