@@ -50,7 +50,8 @@ def capability(what: str, reason: str | None) -> None:
         return
     if in_ci():
         pytest.fail(f"CI=true requires {what}: {reason}", pytrace=False)
-    pytest.skip(f"needs {what}: {reason}")
+    # reported at the test's location, not this line (as a skip mark's would be)
+    raise pytest.skip.Exception(f"needs {what}: {reason}", _use_item_location=True)
 
 
 def tool(*names: str) -> None:
