@@ -307,10 +307,11 @@ def _kill_mid_cycle(host: Host, tmp_path: Path, config: Path, seed: int) -> Path
     The moment comes from the state on disk, drawn from ``seed``: a cycle ``c``
     and a number ``k`` of finished members (``_offline_mid_cycle``). When the run
     is there, every process of it is stopped (SIGSTOP) and the state read again:
-    with nothing moving, a yes proves the kill lands mid-cycle and everything is
-    killed; a no (a task ended in between) lets the run go on and the same
-    cycle, then the next one, is waited for again. A run that ends without such
-    a kill is drawn again in a fresh directory, failing after MAX_MISSES runs.
+    a yes kills everything; a no (a task ended in between) lets the run go on
+    and the same cycle, then the next one, is waited for again. That the kill
+    landed mid-cycle is then asserted: the driver died of it, and the cycle has
+    no ``.done``. A run that ends without such a kill must have succeeded; it is
+    drawn again in a fresh directory, failing after MAX_MISSES runs.
     """
     rng = random.Random(seed)
     killed = None
