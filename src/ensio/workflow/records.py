@@ -43,7 +43,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -259,6 +258,8 @@ def cycle_summaries(records: Iterable[Mapping[str, Any]]) -> list[CycleSummary]:
 
 def mean_std(values: Iterable[float]) -> tuple[float, float]:
     """Mean and sample standard deviation (0 for one value), for report tables."""
+    import statistics  # here: every worker imports this module, only reports need it
+
     v = list(values)
     if not v:
         return math.nan, math.nan
