@@ -50,24 +50,10 @@ def pytest_runtest_setup(item):
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """Schedule by file, with every SLURM file in one group (``make test-serial``).
-
-    The tests of one file run on one worker, so a module-scoped fixture (a
-    baseline run, CDO-built members) is built once instead of once per worker;
-    the SLURM files (tests/test_slurm_*.py) share one group, so their jobs run
-    one file after another on the one-node cluster (waiting on its timers)
-    while the other worker runs CPU-bound files. pytest-xdist's own
-    ``--dist loadgroup`` marks do not reach its scheduler under pytest 9 (it
-    renames ``item._nodeid``, which pytest 9 no longer reads), hence this
-    scheduler; it applies to ``--dist loadfile`` and ``--dist loadgroup``.
-    """
+    """``--dist loadfile``/``loadgroup``: by file, SLURM files on one worker, longest
+    first (tests/xdist_schedule.py says why)."""
     if config.getvalue("dist") not in ("loadfile", "loadgroup"):
         return None
-    from xdist.scheduler import LoadScopeScheduling
+    from xdist_schedule import make_scheduler
 
-    class FileOrSlurm(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            return "slurm" if Path(path).name.startswith("test_slurm_") else path
-
-    return FileOrSlurm(config, log)
+    return make_scheduler(config, log)
