@@ -8,8 +8,8 @@ STAMP := $(VENV)/.ensio-installed
 DEMO_DIR ?= demo
 # pytest-xdist workers for the serial suite (CI machines have 2 cores). Tests of one file
 # share a worker (module fixtures are built once) and all SLURM files share one (they wait
-# on the one-node cluster's timers while the other worker runs CPU-bound files): the
-# scheduler of tests/conftest.py, used by `--dist loadfile`.
+# on the one-node cluster's timers while the other worker runs CPU-bound files), longest
+# files first: tests/xdist_schedule.py, used by `--dist loadfile`.
 PYTEST_WORKERS ?= 2
 
 .PHONY: venv demo test test-full test-serial test-mpi lint clean
