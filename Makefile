@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml
 	@test -x $(MPIEXEC) || (echo "error: $(MPIEXEC) missing: the mpich wheel did not install" >&2; exit 1)
 	@# numba compiles the analysis kernels once here, into its cache (src/ensio/analysis/__pycache__),
 	@# not inside the first test, member job or timed benchmark that calls them (issue 24)
-	$(PY) -m ensio.analysis.warm
+	$(PY) -m ensio.cli.warm
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -107,13 +107,24 @@ def test_fast_version_prints_what_argparse_prints():
 
 
 def test_warm_covers_every_numba_kernel_module():
-    """Every module with cached numba kernels is listed by ``ensio.analysis.warm``."""
+    """Every module with cached numba kernels is listed by ``ensio.analysis.warm``
+    (its ``cache_files`` names them; its ``warm`` calls their kernels)."""
     from ensio.analysis.warm import KERNEL_MODULES
 
     analysis = SRC / "ensio" / "analysis"
     with_kernels = {p.stem for p in analysis.glob("*.py")
                     if re.search(r"^@njit\(.*cache=True", p.read_text(), re.M)}
     assert with_kernels and with_kernels == set(KERNEL_MODULES)
+
+
+def test_warm_check_reports_an_empty_cache_without_compiling(tmp_path: Path):
+    """``python -m ensio.cli.warm --check`` on an empty cache: exit 1, nothing listed or built."""
+    cache = tmp_path / "numba-cache"
+    proc = subprocess.run([sys.executable, "-m", "ensio.cli.warm", "--check"],
+                          capture_output=True, text=True, cwd=SRC,
+                          env={**os.environ, "NUMBA_CACHE_DIR": str(cache)})
+    assert (proc.returncode, proc.stdout) == (1, "")
+    assert not cache.exists() or not any(cache.rglob("*.nb*"))
 
 
 def test_bench_startup_json_and_table(tmp_path: Path, interposer_cache: Path):

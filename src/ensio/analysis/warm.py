@@ -1,4 +1,4 @@
-"""Fill numba's on-disk cache once per installation: ``python -m ensio.analysis.warm``.
+"""Fill numba's on-disk cache once per installation (``python -m ensio.cli.warm``).
 
 Why: the analysis' compiled kernels (``cache=True``) are compiled the first time
 a process calls them and loaded from numba's cache afterwards. Compiling takes
@@ -15,19 +15,19 @@ the lockstep eigensolver and its apply (``eigensolver``, ``lockstep_ql``,
 one and several rows per point, and the weight-interpolation blend
 (``winterp_bands``). numba writes the cache next to the sources, in
 ``src/ensio/analysis/__pycache__`` (``*.nbi`` index, ``*.nbc`` code), or under
-``NUMBA_CACHE_DIR`` when set; ``--check`` lists the cache files found.
+``NUMBA_CACHE_DIR`` when set; :func:`cache_files` lists them. The command around
+it (``--check``, messages) is :mod:`ensio.cli.warm`: cli/ is the one room that
+parses arguments.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["cache_files", "main", "warm"]
+__all__ = ["KERNEL_MODULES", "cache_files", "warm"]
 
 #: The modules holding ``@njit(cache=True)`` kernels.
 KERNEL_MODULES = ("taperfused", "lockstep_ql", "eigensolver", "lockstep_apply", "winterp_bands")
@@ -53,7 +53,7 @@ def _lonlat_case(rng: np.random.Generator, k: int, n: int, m: int, stochastic: b
     return X, pts, obs
 
 
-def warm(verbose: bool = False) -> float:
+def warm() -> float:
     """Compile (or load) every kernel for the types the analysis uses; seconds taken."""
     from ..stopwatch import Stopwatch
     from .eigensolver import eigh_stack
@@ -86,11 +86,7 @@ def warm(verbose: bool = False) -> float:
             for state in (X, np.asfortranarray(X)):
                 interpolated_local(state, grid, obs, loc, VARIANTS[method], 1.0, "batched", 16,
                                    1, Stopwatch(enabled=False), WeightGrid(lon, lat, 2))
-    seconds = time.perf_counter() - t0
-    if verbose:
-        print(f"ensio: numba kernels compiled or loaded in {seconds:.1f} s "
-              f"({len(cache_files())} cache files)", file=sys.stderr)
-    return seconds
+    return time.perf_counter() - t0
 
 
 def cache_files() -> list[Path]:
@@ -105,23 +101,3 @@ def cache_files() -> list[Path]:
             found += [p for p in root.rglob("*") if p.suffix in (".nbi", ".nbc")
                       and p.name.split(".")[0] in KERNEL_MODULES]
     return sorted(found)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m ensio.analysis.warm [--check]``."""
-    p = argparse.ArgumentParser(prog="python -m ensio.analysis.warm",
-                                description="Fill numba's cache of the analysis kernels.")
-    p.add_argument("--check", action="store_true",
-                   help="list the cache files instead of compiling")
-    args = p.parse_args(argv)
-    if args.check:
-        files = cache_files()
-        for f in files:
-            print(f)
-        return 0 if files else 1
-    warm(verbose=True)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

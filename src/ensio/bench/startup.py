@@ -27,7 +27,7 @@ holds ``python_ms``, each probe's ``*_above_python_ms`` and ``*_ratio`` (to bare
 Python), the targets of issue 24 and whether each is met.
 
 Nothing here imports numba or compiles: a benchmark of start-up must not time a
-compilation (``make venv`` fills numba's cache once, :mod:`ensio.analysis.warm`).
+compilation (``make venv`` fills numba's cache once: ``python -m ensio.cli.warm``).
 """
 
 from __future__ import annotations
