@@ -11,7 +11,7 @@ import os
 import sys
 
 from ensio import faults
-from ensio.io.backupworker import main
+from ensio.io.node.backupworker import main
 
 if os.environ.get("ENSIO_TEST_REPORT_POINTS"):  # unbuffered: no report lost at a kill
     faults.set_hook(lambda label: os.write(1, f"point {label}\n".encode()))

@@ -4,7 +4,7 @@ Usage: ``python journal_kill_child.py PLAN.json``. Does what the real writer
 does -- per file: save prior bytes, pwrite new bytes (two tasks' logs
 interleaved); the library-path file is backed up and replaced by a rewritten
 copy -- then commits (or aborts). It dies wherever ``ENSIO_FAULT_KILL_AT``
-says (fault points of ensio.io.journal plus its own around the data writes),
+says (fault points of ensio.io.txn.journal plus its own around the data writes),
 or wherever the parent SIGKILLs it after the "ready" line on stdout. With
 ``ENSIO_TEST_REPORT_POINTS`` set it writes ``point LABEL`` to stdout at every
 fault point, so the parent can kill it right after a chosen one and know where
@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from ensio import faults
-from ensio.io import journal
+from ensio.io.txn import journal
 
 
 def main(plan_file: str) -> None:

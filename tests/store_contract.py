@@ -8,7 +8,7 @@ the expected values never come from the code being tested.
 
 Hooks (class attributes, overridable methods):
 
-* ``store_class`` — the :class:`~ensio.io.store.MemberStore` subclass under test;
+* ``store_class`` — the :class:`~ensio.io.formats.store.MemberStore` subclass under test;
 * ``kinds`` — names of storage kinds (keys of :data:`CASES`): the files made;
 * ``always_big_endian`` — the format stores every multi-byte value big-endian;
 * :meth:`create` — write a member file of a kind (default: :func:`make_member`);
@@ -33,8 +33,8 @@ import pytest
 
 from ensio.errors import InputError
 from ensio.io import MemberStore, VarInfo, open_member
-from ensio.io.open import BACKENDS, HEAD_BYTES, detect_backend
-from ensio.io.raw import raw_read, raw_write
+from ensio.io.formats.open import BACKENDS, HEAD_BYTES, detect_backend
+from ensio.io.formats.raw import raw_read, raw_write
 
 # name: (netCDF4 format, storage keywords for the fixed-size variables)
 CASES: dict[str, tuple[str, str]] = {
@@ -154,7 +154,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 class MemberStoreContract:
-    """Generic tests of a :class:`~ensio.io.store.MemberStore`; subclass and set the hooks."""
+    """Generic tests of a :class:`~ensio.io.MemberStore`; subclass and set the hooks."""
 
     store_class: ClassVar[type[MemberStore]]
     kinds: ClassVar[tuple[str, ...]]

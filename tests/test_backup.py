@@ -26,7 +26,7 @@ from stage_support import ensio, make_case, sha, tree
 from ensio import faults
 from ensio.config.load import config_from_dict
 from ensio.errors import EnsioError, InputError
-from ensio.io.backup import (
+from ensio.io.node.backup import (
     backup_cycles,
     backup_dir_for,
     find_backup,
@@ -35,7 +35,7 @@ from ensio.io.backup import (
     start_backup,
     start_cycle_backup,
 )
-from ensio.io.backupworker import MARKER_NAME, data_dir, run_job
+from ensio.io.node.backupworker import MARKER_NAME, data_dir, run_job
 from ensio.offline import run_analysis
 
 SELF = MPI.COMM_SELF

@@ -35,7 +35,7 @@ DIR_KEYS = ("gbps", "seconds", "raw_gbps", "naive_gbps", "ratio_raw", "ratio_nai
 
 
 def _real_io() -> Any:
-    return importlib.import_module("ensio.io.ensemble")
+    return importlib.import_module("ensio.io.modes.ensemble")
 
 
 def _case(tmp_path: Path, **kw: Any) -> Config:

@@ -91,7 +91,8 @@ def test_entry_point_does_not_import_what_it_does_not_need(entry):
 def test_analyse_ready_probe_loads_what_reading_needs():
     """The analyse probe is not trivially light: it holds MPI, numpy and the reader."""
     loaded = _loaded_after(ANALYSE_READY)
-    assert {"mpi4py", "numpy", "netCDF4", "yaml", "ensio.offline", "ensio.io.ensemble"} <= loaded
+    assert {"mpi4py", "numpy", "netCDF4", "yaml", "ensio.offline",
+            "ensio.io.modes.ensemble"} <= loaded
 
 
 def test_fast_version_prints_what_argparse_prints():

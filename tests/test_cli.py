@@ -15,7 +15,7 @@ from cases import EnsembleCase, VarCase, reference_matrix, sha256, variable_byte
 from mpi4py import MPI
 
 from ensio.config import config_from_dict
-from ensio.io.ensemble import read_ensemble, write_ensemble
+from ensio.io.modes.ensemble import read_ensemble, write_ensemble
 
 ENSIO = [sys.executable, "-m", "ensio"]
 

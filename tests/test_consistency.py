@@ -15,8 +15,8 @@ from test_obs_operator import cdo_member, cfg_dict, needs_cdo
 
 from ensio.config import config_from_dict
 from ensio.errors import InputError
-from ensio.io.consistency import REL_TOL
-from ensio.io.members import MemberScan, layout_from_member
+from ensio.io.scan.consistency import REL_TOL
+from ensio.io.scan.members import MemberScan, layout_from_member
 
 ENSIO = [sys.executable, "-m", "ensio"]
 N = 4

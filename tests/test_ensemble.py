@@ -12,11 +12,11 @@ from mpi4py import MPI
 
 from ensio.config import ConfigError, config_from_dict
 from ensio.errors import InputError
-from ensio.io import files as files_mod
-from ensio.io import members as members_mod
-from ensio.io.ensemble import ENSEMBLE_IO, open_ensemble, read_ensemble, write_ensemble
-from ensio.io.files import FileEnsembleIO
-from ensio.io.netcdf4 import NetCDF4Store
+from ensio.io.formats.netcdf4 import NetCDF4Store
+from ensio.io.modes import files as files_mod
+from ensio.io.modes.ensemble import ENSEMBLE_IO, open_ensemble, read_ensemble, write_ensemble
+from ensio.io.modes.files import FileEnsembleIO
+from ensio.io.scan import members as members_mod
 
 SELF = MPI.COMM_SELF
 SEED = 20240917  # every generator of this module derives from it (reproducible failures)
@@ -192,7 +192,7 @@ def test_every_io_mode_has_an_implementation_and_a_config_value():
     from typing import get_args
 
     from ensio.config.schema import IOMode
-    from ensio.io.ensemble import TILED_IO
+    from ensio.io.modes.ensemble import TILED_IO
 
     # single-file members: every mode but shuffle (tiles only); tiled members: every mode
     assert set(ENSEMBLE_IO) | {"shuffle"} == set(get_args(IOMode)) == set(TILED_IO)

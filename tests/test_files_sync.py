@@ -15,10 +15,10 @@ from cases import EnsembleCase, VarCase, reference_matrix, sha256
 from mpi4py import MPI
 
 from ensio.config import config_from_dict
-from ensio.io.ensemble import open_ensemble
-from ensio.io.journal import JOURNAL_DIRNAME
-from ensio.io.open import open_member
-from ensio.io.undolog import UndoLog
+from ensio.io.formats.open import open_member
+from ensio.io.modes.ensemble import open_ensemble
+from ensio.io.txn.journal import JOURNAL_DIRNAME
+from ensio.io.txn.undolog import UndoLog
 
 SELF = MPI.COMM_SELF
 SEED = 20251125

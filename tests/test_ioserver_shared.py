@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from ensio.io.classic import read_classic_header, record_layout
+from ensio.io.formats.classic import read_classic_header, record_layout
 from ensio.ioserver.shared import SharedRecordFile
 from ensio.parallel.distribution import RowDistribution
 

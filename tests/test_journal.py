@@ -20,8 +20,8 @@ from ensio import faults
 from ensio.cli import recover as recover_cli
 from ensio.durable import replacing
 from ensio.errors import EnsioError
-from ensio.io import journal, staging
-from ensio.io.journal import (
+from ensio.io.txn import journal, staging
+from ensio.io.txn.journal import (
     COMMITTED_NAME,
     JOURNAL_DIRNAME,
     JournalError,

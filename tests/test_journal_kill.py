@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 from kill_support import KILLED, Kill, kill_in_window
 
-from ensio.io.journal import COMMITTED_NAME, JOURNAL_DIRNAME, recover
+from ensio.io.txn.journal import COMMITTED_NAME, JOURNAL_DIRNAME, recover
 
 CHILD = Path(__file__).with_name("journal_kill_child.py")
 N_FILES = 6

@@ -30,7 +30,7 @@ from missing_cases import (
 from mpi4py import MPI
 
 from ensio.config import load_config
-from ensio.io.ensemble import open_ensemble
+from ensio.io.modes.ensemble import open_ensemble
 from ensio.layout.encoding import Encoding
 
 ENSIO = [sys.executable, "-m", "ensio"]

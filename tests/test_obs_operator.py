@@ -21,7 +21,7 @@ from scipy.interpolate import RegularGridInterpolator
 
 from ensio.config import config_from_dict
 from ensio.errors import InputError
-from ensio.io.members import layout_from_member
+from ensio.io.scan.members import layout_from_member
 from ensio.layout import state_index
 from ensio.obs import ObsBatch, StateGrid, build_operator
 

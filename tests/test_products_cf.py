@@ -28,8 +28,7 @@ import pytest
 import yaml
 
 from ensio.config.schema import Coordinates
-from ensio.io import cf
-from ensio.io.products import write_field_file
+from ensio.io.products.products import cf, write_field_file
 from ensio.layout.state import StateLayout, VariableLayout
 
 CDO = shutil.which("cdo")
@@ -490,7 +489,7 @@ def test_history_line_format_and_prepend():
 def test_write_products_masks_inactive_rows_and_names_the_statistic(tmp_path, rng):
     from mpi4py import MPI
 
-    from ensio.io.products import write_products
+    from ensio.io.products.products import write_products
 
     paths = _cdo_members(tmp_path)
     layout = _layout(paths[0], ["ps"])

@@ -20,10 +20,10 @@ from mpi4py import MPI
 
 from ensio.config import config_from_dict
 from ensio.errors import InputError
-from ensio.io import members as members_mod
-from ensio.io.bytecheck import _subtract, same_bytes
-from ensio.io.ensemble import open_ensemble
-from ensio.io.open import open_member
+from ensio.io.formats.open import open_member
+from ensio.io.modes.ensemble import open_ensemble
+from ensio.io.scan import members as members_mod
+from ensio.io.scan.bytecheck import _subtract, same_bytes
 
 SELF = MPI.COMM_SELF
 NLAT, NLON = 4, 6

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from ensio.config import ConfigError, config_from_dict
-from ensio.io.ensemble import open_ensemble
-from ensio.io.shuffleplan import ShufflePlan, cut_runs, shuffle_shape
-from ensio.io.tilefile import plan_runs, tile_rows
+from ensio.io.modes.ensemble import open_ensemble
+from ensio.io.modes.shuffleplan import ShufflePlan, cut_runs, shuffle_shape
+from ensio.io.tiles.tilefile import plan_runs, tile_rows
 from ensio.layout.state import StateLayout, VariableLayout
 from ensio.layout.tiles import declared_geometry
 from ensio.parallel.distribution import RowDistribution

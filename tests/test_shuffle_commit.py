@@ -35,10 +35,10 @@ from matrix import draws
 from safety_support import env
 from shuffle_commit_support import ShuffleCase, make_shuffle_case
 
-from ensio.io import journal
-from ensio.io.runrecord import RUNS_NAME
-from ensio.io.shufflejournal import ShuffleMarker, write_marker
-from ensio.io.undolog import UndoLog
+from ensio.io.txn import journal
+from ensio.io.txn.runrecord import RUNS_NAME
+from ensio.io.txn.shufflejournal import ShuffleMarker, write_marker
+from ensio.io.txn.undolog import UndoLog
 
 ENSIO = [sys.executable, "-m", "ensio"]
 MPIEXEC = Path(sys.executable).with_name("mpiexec")
@@ -224,7 +224,7 @@ def test_recover_refuses_while_a_live_run_holds_the_global_lock(tmp_path):
     glob.mkdir()
     local, tile, _, new = _journaled_local(tmp_path, glob)
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from ensio.io.lock import EnsembleLock; "
+        [sys.executable, "-c", "import sys; from ensio.io.txn.lock import EnsembleLock; "
          f"lock = EnsembleLock({str(glob)!r}, 'ensio analyse live.yaml').acquire(); "
          "print('locked', flush=True); sys.stdin.read(); lock.release()"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env())

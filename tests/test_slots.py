@@ -229,7 +229,7 @@ def test_observations_outside_the_window_are_rejected_and_counted(small_case):
 
 def test_online_mode_refuses_time_slots(small_case):
     from ensio.analysis.inputs import assimilate_block
-    from ensio.io.ensemble import read_ensemble
+    from ensio.io.modes.ensemble import read_ensemble
 
     cfg = _config(small_case)
     block = read_ensemble(cfg, MPI.COMM_SELF)
@@ -240,7 +240,7 @@ def test_online_mode_refuses_time_slots(small_case):
 
 def test_tiled_members_need_the_slot_pattern(tmp_path):
     from ensio.config.schema import EnsembleSection
-    from ensio.io.slotstates import SlotStates
+    from ensio.io.scan.slotstates import SlotStates
 
     ens = from_plain(EnsembleSection, {"members": "m{member}_{tile:04d}.nc", "size": 2,
                                        "variables": ["x"]}, "ensemble")

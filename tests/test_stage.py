@@ -13,9 +13,9 @@ from stage_support import ensio, make_case, make_dirs, sha, temporaries, tree
 from ensio.config.errors import ConfigError
 from ensio.config.load import config_from_dict
 from ensio.errors import InputError
-from ensio.io.journal import JOURNAL_DIRNAME
-from ensio.io.stagemap import place_files
-from ensio.io.stagenode import stage
+from ensio.io.node.stagemap import place_files
+from ensio.io.node.stagenode import stage
+from ensio.io.txn.journal import JOURNAL_DIRNAME
 
 SELF = MPI.COMM_SELF
 HOST = "nodeA"

@@ -6,8 +6,8 @@ from typing import ClassVar
 
 from store_contract import MemberStoreContract, pytest_generate_tests
 
-from ensio.io.classic import ClassicStore
-from ensio.io.store import MemberStore
+from ensio.io.formats.classic import ClassicStore
+from ensio.io.formats.store import MemberStore
 
 __all__ = ["TestClassicStore", "pytest_generate_tests"]
 

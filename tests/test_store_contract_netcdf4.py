@@ -6,8 +6,8 @@ from typing import ClassVar
 
 from store_contract import MemberStoreContract, pytest_generate_tests
 
-from ensio.io.netcdf4 import NetCDF4Store
-from ensio.io.store import MemberStore
+from ensio.io.formats.netcdf4 import NetCDF4Store
+from ensio.io.formats.store import MemberStore
 
 __all__ = ["TestNetCDF4Store", "pytest_generate_tests"]
 

@@ -25,10 +25,10 @@ from store_contract import DIMS, NRECS, make_member, random_ranges
 
 from ensio.errors import InputError
 from ensio.io import open_member
-from ensio.io.classic import ClassicStore
-from ensio.io.library import flat_boxes
-from ensio.io.netcdf4 import NetCDF4Store
-from ensio.io.raw import raw_read
+from ensio.io.formats.classic import ClassicStore
+from ensio.io.formats.library import flat_boxes
+from ensio.io.formats.netcdf4 import NetCDF4Store
+from ensio.io.formats.raw import raw_read
 
 # --------------------------------------------------------------------------- metadata
 

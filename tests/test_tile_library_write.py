@@ -27,9 +27,9 @@ from tiles_support import PATTERN, box_with_halo, tile_case, tile_values
 from ensio.analysis.inputs import assimilate_block, observation_sources
 from ensio.cli.synth import main as synth_main
 from ensio.config.load import load_config
-from ensio.io import tilerewrite
-from ensio.io.ensemble import read_ensemble
-from ensio.io.tiledio import TiledEnsembleIO
+from ensio.io.modes.ensemble import read_ensemble
+from ensio.io.modes.tiledio import TiledEnsembleIO
+from ensio.io.tiles import tilerewrite
 from ensio.layout.block import EnsembleBlock
 from ensio.layout.tiles import declared_geometry
 

@@ -20,10 +20,10 @@ from tiles_support import PATTERN, tile_case
 from ensio.cli.synth import main as synth_main
 from ensio.config.load import load_config
 from ensio.errors import InputError
-from ensio.io import tileread
-from ensio.io.ensemble import read_ensemble
-from ensio.io.tiled import TiledEnsemble
-from ensio.io.tiledio import TiledEnsembleIO
+from ensio.io.modes.ensemble import read_ensemble
+from ensio.io.modes.tiledio import TiledEnsembleIO
+from ensio.io.tiles import tileread
+from ensio.io.tiles.tiled import TiledEnsemble
 from ensio.layout.tiles import declared_geometry
 
 NX, NY, NE = 13, 10, 3
@@ -197,7 +197,7 @@ def test_short_reads_and_batches(tmp_path, monkeypatch, strided) -> None:
 @pytest.mark.parametrize("fmt", ["netcdf4", "cdf5"])
 def test_read_tile_windows_raw_equals_library(tmp_path, rng, fmt) -> None:
     """The shuffle's per-tile reader: byte ranges and the library agree on any row window."""
-    from ensio.io.tilefile import read_tile
+    from ensio.io.tiles.tilefile import read_tile
 
     case = _case(tmp_path, fmt, levels=2)
     cfg = load_config(case / "ensio.yaml", SETS)

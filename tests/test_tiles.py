@@ -35,11 +35,11 @@ from ensio.cli.synth import main as synth_main
 from ensio.config import ConfigError
 from ensio.config.load import load_config
 from ensio.errors import InputError
-from ensio.io import tilefile as tilefile_mod
-from ensio.io.ensemble import read_ensemble, write_ensemble
-from ensio.io.tiled import TiledEnsemble
-from ensio.io.tiledio import TiledEnsembleIO
-from ensio.io.tilefile import plan_runs
+from ensio.io.modes.ensemble import read_ensemble, write_ensemble
+from ensio.io.modes.tiledio import TiledEnsembleIO
+from ensio.io.tiles import tilefile as tilefile_mod
+from ensio.io.tiles.tiled import TiledEnsemble
+from ensio.io.tiles.tilefile import plan_runs
 from ensio.layout.block import EnsembleBlock
 from ensio.layout.state import StateLayout, VariableLayout
 from ensio.layout.tiles import TileBox, TileGeometry, declared_geometry, nemo_box

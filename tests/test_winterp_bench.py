@@ -18,7 +18,7 @@ from ensio.bench.analysis_winterp import bench_weight_interpolation
 from ensio.cli.bench import main as bench_main
 from ensio.config import load_config
 from ensio.config.analysis import WeightInterpolationSection
-from ensio.io.ensemble import read_ensemble
+from ensio.io.modes.ensemble import read_ensemble
 from ensio.models.synthetic import SyntheticSpec, write_synthetic
 
 ANALYSIS = """

@@ -32,7 +32,7 @@ from mpi4py import MPI
 from seeds import draw_seed
 
 from ensio.config import load_config
-from ensio.io.ensemble import read_ensemble
+from ensio.io.modes.ensemble import read_ensemble
 
 CHILD = Path(__file__).with_name("write_kill_child.py")
 MPIEXEC = Path(sys.executable).with_name("mpiexec")

@@ -14,7 +14,7 @@ from mpi4py import MPI
 
 from ensio import faults
 from ensio.config import load_config
-from ensio.io.ensemble import open_ensemble
+from ensio.io.modes.ensemble import open_ensemble
 
 comm = MPI.COMM_WORLD
 cfg = load_config(sys.argv[1])

@@ -4,12 +4,12 @@
 :func:`run_analysis`. It composes the parallel ensemble I/O (``io``) and the
 distributed analysis (``analysis``); neither knows the other. The analysis
 step (:func:`ensio.analysis.inputs.assimilate_block`) and the writers of the
-analysis members and products (:mod:`ensio.io.products`) are shared with the
+analysis members and products (:mod:`ensio.io.products.products`) are shared with the
 filter side of the online mode, so both modes produce the same files.
 
-A run is exactly-once and all-or-nothing (:mod:`ensio.io.commit`): it holds
+A run is exactly-once and all-or-nothing (:mod:`ensio.io.txn.commit`): it holds
 the ensemble lock, skips an analysis the members already hold (the run
-record, :mod:`ensio.io.runrecord`; ``force`` assimilates again), and commits
+record, :mod:`ensio.io.txn.runrecord`; ``force`` assimilates again), and commits
 the members, the products, the copies and the run record at one point.
 """
 from __future__ import annotations
@@ -27,16 +27,17 @@ from .analysis.inputs import assimilate_block, observation_sources
 from .analysis.result import AnalysisResult
 from .config.schema import Config, ConfigError
 from .errors import file_op
-from .io.backup import BackupHandle, ensure_cycle_backup, start_cycle_backup
-from .io.commit import RunTransaction, ensemble_lock
-from .io.ensemble import EnsembleIO, IOStats, open_ensemble
-from .io.journal import journal_root
-from .io.products import Stage, product_paths, write_member_copies, write_products
-from .io.runrecord import file_digests, find_run, record_line, run_key, runs_path, staged_runs
-from .io.slotstates import SlotStates
-from .io.tiled import check_tiled_run, member_files
-from .io.tiledio import TiledEnsembleIO, copy_targets
-from .io.tileproducts import TileProducts, tile_paths
+from .io.modes.ensemble import EnsembleIO, IOStats, open_ensemble
+from .io.modes.tiledio import TiledEnsembleIO, copy_targets
+from .io.node.backup import BackupHandle, ensure_cycle_backup, start_cycle_backup
+from .io.products.products import Stage, product_paths, write_member_copies, write_products
+from .io.scan.memberfiles import member_files
+from .io.scan.slotstates import SlotStates
+from .io.tiles.tiled import check_tiled_run
+from .io.tiles.tileproducts import TileProducts, tile_paths
+from .io.txn.commit import RunTransaction, ensemble_lock
+from .io.txn.journal import journal_root
+from .io.txn.runrecord import file_digests, find_run, record_line, run_key, runs_path, staged_runs
 from .layout.block import EnsembleBlock
 from .parallel.agree import root_call
 from .progress import Advance, PhaseProgress, no_progress

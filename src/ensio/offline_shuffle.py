@@ -6,18 +6,18 @@ guarantees as ``files`` mode, anchored in the *global directory* (where the
 member files live on the global file system, what ``ensio stage in`` copies
 from; :func:`global_root`): rank 0 holds its ensemble lock for the whole
 run; a rerun whose tiles all still hold this very analysis (the run record,
-:mod:`ensio.io.runrecord`, with each tile's sha256 keyed ``host:path``) is
+:mod:`ensio.io.txn.runrecord`, with each tile's sha256 keyed ``host:path``) is
 "already analysed" and changes nothing (``force`` assimilates again); and the
 write is one atomic step across every local directory, a two-phase commit
-whose decision is the run-record entry (:mod:`ensio.io.shufflecommit`). A
+whose decision is the run-record entry (:mod:`ensio.io.txn.shufflecommit`). A
 kill at any instant leaves every local directory on the same side once the
 next run or ``ensio recover LOCAL_DIR`` has looked at its journal.
 
 Products (``output.mean``/``spread``, one file per tile) are written by one
 rank per tile under staged names, recorded in the decision's entry and
-renamed after it (:mod:`ensio.io.shuffleproducts`). With ``io.backup_dir``
+renamed after it (:mod:`ensio.io.products.shuffleproducts`). With ``io.backup_dir``
 the local files are then copied there in the background
-(:func:`ensio.io.backup.start_cycle_backup`), as after a ``files`` analysis.
+(:func:`ensio.io.node.backup.start_cycle_backup`), as after a ``files`` analysis.
 A 4-D analysis (``analysis.time_slots``) is not supported on row sets yet
 and is refused before anything is read.
 """
@@ -33,16 +33,16 @@ from mpi4py import MPI
 from .analysis.inputs import assimilate_block, observation_sources
 from .config.schema import Config, ConfigError
 from .errors import InputError, file_op
-from .io import journal, staging
-from .io.backup import start_cycle_backup
-from .io.commit import ensemble_lock
-from .io.products import product_paths
-from .io.runrecord import find_run, record_line, run_key, runs_path
-from .io.shuffle import ShuffleEnsembleIO
-from .io.shufflecommit import ShuffleTransaction, commit, roll_back
-from .io.shuffleproducts import publish, roll_forward, write_shuffle_products
-from .io.tiled import check_tiled_run
-from .io.tileproducts import TileProducts
+from .io.modes.shuffle import ShuffleEnsembleIO
+from .io.node.backup import start_cycle_backup
+from .io.products.products import product_paths
+from .io.products.shuffleproducts import publish, roll_forward, write_shuffle_products
+from .io.tiles.tiled import check_tiled_run
+from .io.tiles.tileproducts import TileProducts
+from .io.txn import journal, staging
+from .io.txn.commit import ensemble_lock
+from .io.txn.runrecord import find_run, record_line, run_key, runs_path
+from .io.txn.shufflecommit import ShuffleTransaction, commit, roll_back
 from .layout.rowsetblock import RowSetBlock
 from .offline import AnalysisReport, already_report
 from .parallel.agree import root_call
@@ -55,7 +55,7 @@ def global_root(config: Config) -> Path:
     """The global directory of the ensemble: tile 0 of member 1's directory.
 
     The same rule as ``files`` mode's journal root
-    (:func:`ensio.io.journal.journal_root`), so both modes share one lock and
+    (:func:`ensio.io.txn.journal.journal_root`), so both modes share one lock and
     one run record.
     """
     ens = config.ensemble

@@ -13,7 +13,7 @@ from cases import (
 )
 
 from ensio.config import config_from_dict
-from ensio.io.ensemble import open_ensemble, read_ensemble, write_ensemble
+from ensio.io.modes.ensemble import open_ensemble, read_ensemble, write_ensemble
 from ensio.parallel import block_distribution
 
 CASES = {

@@ -11,10 +11,10 @@ import pytest
 from cases import EnsembleCase, VarCase, reference_matrix, sha256
 
 from ensio.config import config_from_dict
-from ensio.io.ensemble import open_ensemble
-from ensio.io.journal import JOURNAL_DIRNAME
-from ensio.io.open import open_member
-from ensio.io.undolog import UndoLog
+from ensio.io.formats.open import open_member
+from ensio.io.modes.ensemble import open_ensemble
+from ensio.io.txn.journal import JOURNAL_DIRNAME
+from ensio.io.txn.undolog import UndoLog
 
 
 def _crash_midway(root, path, rng) -> None:

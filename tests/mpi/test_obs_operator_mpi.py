@@ -12,7 +12,7 @@ import pytest
 from mpi4py import MPI
 
 from ensio.config import config_from_dict
-from ensio.io.ensemble import read_ensemble
+from ensio.io.modes.ensemble import read_ensemble
 from ensio.offline import run_analysis
 
 N_E = 5

@@ -17,7 +17,7 @@ import ensio.analysis.inputs as inputs
 import ensio.obs.sources as sources
 import ensio.offline as offline
 from ensio.config import config_from_dict
-from ensio.io.ensemble import read_ensemble
+from ensio.io.modes.ensemble import read_ensemble
 from ensio.models.synthetic import SyntheticSpec, write_synthetic
 
 

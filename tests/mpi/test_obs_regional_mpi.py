@@ -22,7 +22,7 @@ import ensio.obs.sources as sources
 from ensio.analysis.inputs import assimilate_block, load_observations
 from ensio.config import config_from_dict
 from ensio.errors import InputError
-from ensio.io.ensemble import read_ensemble
+from ensio.io.modes.ensemble import read_ensemble
 from ensio.models.synthetic import SyntheticSpec, write_synthetic
 from ensio.obs import ObsSource
 

@@ -15,7 +15,7 @@ import numpy as np
 from ensio.analysis.inputs import load_observations
 from ensio.analysis.pipeline import AnalysisSettings, analyse_rows
 from ensio.config import config_from_dict
-from ensio.io.ensemble import read_ensemble
+from ensio.io.modes.ensemble import read_ensemble
 from ensio.models.synthetic import SyntheticSpec, write_synthetic
 
 RADIUS_KM = 1500.0

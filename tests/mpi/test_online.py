@@ -186,7 +186,7 @@ def test_missing_template_is_reported_on_every_rank(comm, shared_dir):
 
 
 def test_explicit_layouts_must_agree(comm, shared_dir):
-    from ensio.io.members import layout_from_member
+    from ensio.io.scan.members import layout_from_member
 
     root = shared_dir / "layout"
     _case(root, comm, comm.size)

@@ -8,8 +8,8 @@ from cases import EnsembleCase, VarCase, reference_matrix
 
 from ensio.config import config_from_dict
 from ensio.errors import InputError
-from ensio.io import members as members_mod
-from ensio.io.ensemble import open_ensemble
+from ensio.io.modes.ensemble import open_ensemble
+from ensio.io.scan import members as members_mod
 
 CASES = {
     "nc4": EnsembleCase(members=7, seed=71, variables=[

@@ -16,7 +16,7 @@ from rowsets_support import random_row_sets
 from ensio.analysis.inputs import assimilate_block, observation_sources
 from ensio.cli.synth import main as synth_main
 from ensio.config.load import load_config
-from ensio.io.ensemble import read_ensemble
+from ensio.io.modes.ensemble import read_ensemble
 from ensio.layout.rowsetblock import RowSetBlock
 
 

@@ -22,8 +22,8 @@ from tiles_support import tile_values
 
 from ensio.analysis.inputs import assimilate_block, observation_sources
 from ensio.config.load import load_config
-from ensio.io.ensemble import read_ensemble
-from ensio.io.lock import EnsembleLock, LockError
+from ensio.io.modes.ensemble import read_ensemble
+from ensio.io.txn.lock import EnsembleLock, LockError
 from ensio.offline import run_analysis
 from ensio.parallel.nodes import this_host
 
@@ -142,7 +142,7 @@ def test_unjournaled_run_is_recorded_too(case, comm) -> None:
 def test_failed_decision_rolls_every_directory_back(case, comm, monkeypatch) -> None:
     """The record cannot be written (rank 0): every rank raises, every tile is prior."""
     from ensio.errors import FileOpError
-    from ensio.io import shufflecommit
+    from ensio.io.txn import shufflecommit
 
     before = stamps(case)
     if comm.rank == 0:

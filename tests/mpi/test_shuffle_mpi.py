@@ -23,10 +23,10 @@ from ensio.cli.synth import main as synth_main
 from ensio.config.errors import ConfigError
 from ensio.config.load import load_config
 from ensio.errors import FileOpError, InputError
-from ensio.io import tilefile
-from ensio.io.ensemble import read_ensemble
-from ensio.io.shuffle import ShuffleEnsembleIO
-from ensio.io.shuffleproducts import staged
+from ensio.io.modes.ensemble import read_ensemble
+from ensio.io.modes.shuffle import ShuffleEnsembleIO
+from ensio.io.products.shuffleproducts import staged
+from ensio.io.tiles import tilefile
 from ensio.layout.tiles import declared_geometry
 from ensio.offline import run_analysis
 
@@ -255,7 +255,7 @@ def test_ranks_of_one_tile_on_another_host(shared_dir, comm, monkeypatch) -> Non
 
 def test_shuffle_then_background_backup(shared_dir, comm) -> None:
     """With io.backup_dir the analysed local tiles are copied, complete, after the run."""
-    from ensio.io.backupworker import data_dir
+    from ensio.io.node.backupworker import data_dir
 
     n_e, p, s = shapes_for(comm.size)[0]
     case, _, sets = make_case(shared_dir, comm, n_e, p, s)

@@ -12,8 +12,8 @@ import pytest
 from stage_support import make_case, make_dirs, sha, tree
 
 from ensio.errors import InputError
-from ensio.io.backup import read_marker, restore_from_backup, start_cycle_backup
-from ensio.io.stagenode import stage
+from ensio.io.node.backup import read_marker, restore_from_backup, start_cycle_backup
+from ensio.io.node.stagenode import stage
 
 HOSTS = {"one": lambda r: "h0", "pairs": lambda r: f"h{r // 2}", "each": lambda r: f"h{r}"}
 

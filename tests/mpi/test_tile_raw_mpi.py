@@ -9,8 +9,8 @@ from tiles_support import PATTERN, tile_case
 from ensio.cli.synth import main as synth_main
 from ensio.config.load import load_config
 from ensio.errors import InputError
-from ensio.io.tiled import TiledEnsemble
-from ensio.io.tiledio import TiledEnsembleIO
+from ensio.io.modes.tiledio import TiledEnsembleIO
+from ensio.io.tiles.tiled import TiledEnsemble
 from ensio.layout.tiles import declared_geometry
 
 NX, NY, NE = 11, 9, 4

@@ -21,8 +21,8 @@ from ensio.analysis.inputs import assimilate_block, observation_sources
 from ensio.cli.synth import main as synth_main
 from ensio.config.load import load_config
 from ensio.errors import InputError
-from ensio.io.ensemble import read_ensemble
-from ensio.io.tiledio import TiledEnsembleIO
+from ensio.io.modes.ensemble import read_ensemble
+from ensio.io.modes.tiledio import TiledEnsembleIO
 from ensio.layout.block import EnsembleBlock
 from ensio.layout.tiles import declared_geometry
 from ensio.offline import run_analysis

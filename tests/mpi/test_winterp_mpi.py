@@ -20,7 +20,7 @@ from ensio.analysis import winterp_bands as wb
 from ensio.analysis.inputs import assimilate_block, observation_sources
 from ensio.cli.synth import main as synth_main
 from ensio.config.load import load_config
-from ensio.io.ensemble import read_ensemble
+from ensio.io.modes.ensemble import read_ensemble
 from ensio.layout.rowsetblock import RowSetBlock
 
 

@@ -32,7 +32,7 @@ observation-space mean and perturbations from it unchanged (a 4-D ``ObsSpace``
 is an ``ObsSpace`` whose ``hx`` came from the slots).
 
 Reading member files is the caller's business (``reader``, see
-:mod:`ensio.io.slotstates`): the analysis room never opens a member file.
+:mod:`ensio.io.scan.slotstates`): the analysis room never opens a member file.
 """
 
 from __future__ import annotations

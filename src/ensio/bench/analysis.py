@@ -3,7 +3,7 @@
 Why both kernels in one run: a speed-up only means something when both sides
 see the same machine at the same moment (the benchmark machines are shared),
 the same ensemble and the same observations. The members are therefore read
-once (:func:`ensio.io.ensemble.read_ensemble`, not timed), the observations
+once (:func:`ensio.io.modes.ensemble.read_ensemble`, not timed), the observations
 loaded once, and then :func:`ensio.analysis.pipeline.analyse_rows` runs with
 the configured kernel and with ``kernel: pointwise`` on the very same rows,
 alternating per repeat so that drift hits both alike.
@@ -266,7 +266,7 @@ def bench_analysis(
     # about 64 lines, kept whole so it reads top to bottom.
     from ..analysis.eigensolver import warm_up
     from ..analysis.inputs import load_observations, observation_sources
-    from ..io.ensemble import read_ensemble
+    from ..io.modes.ensemble import read_ensemble
 
     if repeat < 1:
         raise ValueError(f"--repeat must be at least 1, got {repeat}")

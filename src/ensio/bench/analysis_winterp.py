@@ -62,7 +62,7 @@ def bench_weight_interpolation(
     from ..analysis.eigensolver import warm_up
     from ..analysis.inputs import load_observations, observation_sources
     from ..analysis.winterp import warm_up as warm_up_winterp
-    from ..io.ensemble import read_ensemble
+    from ..io.modes.ensemble import read_ensemble
 
     strides = sorted({int(k) for k in strides} - {1})
     if not strides or strides[0] < 1:

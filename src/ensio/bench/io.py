@@ -5,7 +5,7 @@ about whether the implementation is good. Every repeat therefore measures, on
 the same files and the same byte ranges, interleaved so that drift of the
 machine affects all three alike:
 
-1. **ensio** — one ensemble-I/O object (:func:`ensio.io.ensemble.open_ensemble`,
+1. **ensio** — one ensemble-I/O object (:func:`ensio.io.modes.ensemble.open_ensemble`,
    built once, before the first repeat, as a run builds it once) reads into
    the distributed matrix, then writes the same block back in place (an
    identity analysis; journal and fsync as configured);
@@ -29,12 +29,12 @@ has written new members (the ensemble-I/O object forgets what it checked,
 then checks every member again, spread over the ranks): ``per_file_us`` is
 the best, over repeats, of the slowest rank's seconds per file it checked;
 ``metadata_seconds`` the wall time of the whole pass; ``quick_checked`` the
-fraction of files accepted by the quick check (:mod:`ensio.io.quickcheck`).
+fraction of files accepted by the quick check (:mod:`ensio.io.scan.quickcheck`).
 Tiled members (``{tile}``) have the same pass over their tile files
-(:class:`~ensio.io.tilescan.TileScan`, one quick-check template per tile
+(:class:`~ensio.io.scan.tilescan.TileScan`, one quick-check template per tile
 index), so ``per_file_us`` is per tile file; an ensemble-I/O object without
 a scan is timed opening and describing each tile
-(:func:`ensio.io.open.open_member`). The naive scheme is not run for tiled
+(:func:`ensio.io.formats.open.open_member`). The naive scheme is not run for tiled
 members (it reads whole member files).
 
 Timing: every measurement starts after a barrier and ends when the slowest
@@ -75,11 +75,11 @@ from mpi4py import MPI
 from rich.table import Table
 
 from ..config.schema import Config, EnsembleSection, IOSection
-from ..io.commit import ensemble_lock
-from ..io.journal import journal_root
-from ..io.lock import command_line
-from ..io.open import open_member
-from ..io.tiled import member_files
+from ..io.formats.open import open_member
+from ..io.scan.memberfiles import member_files
+from ..io.txn.commit import ensemble_lock
+from ..io.txn.journal import journal_root
+from ..io.txn.lock import command_line
 from ..parallel.agree import root_call
 from .io_baselines import (
     RawRanges,
@@ -98,7 +98,7 @@ __all__ = ["Opener", "RawRanges", "bench_io", "naive_read", "naive_write", "raw_
 
 #: Builds the ensemble-I/O object measured: ``(paths, ensemble, io, comm)`` →
 #: an object with ``read(out=, overlap=)``, ``write(block, overlap=, journal=)``,
-#: ``stats``, ``n_io`` and ``close()`` (:func:`ensio.io.ensemble.open_ensemble`).
+#: ``stats``, ``n_io`` and ``close()`` (:func:`ensio.io.modes.ensemble.open_ensemble`).
 Opener = Callable[[Sequence[Path], EnsembleSection, IOSection, MPI.Comm], Any]
 T = TypeVar("T")
 
@@ -260,7 +260,7 @@ def bench_io(
     repeat : int
         Number of repeats; the best (minimum) time of each measurement is used.
     opener : callable, optional
-        Replaces :func:`~ensio.io.ensemble.open_ensemble` (tests use stand-ins);
+        Replaces :func:`~ensio.io.modes.ensemble.open_ensemble` (tests use stand-ins);
         the no-overlap variant is measured only with the real one.
     on_step : callable, optional
         Called on rank 0 with a label before each measurement (progress display).
@@ -285,12 +285,12 @@ def bench_io(
     raw = root_call(comm, prepare)
     real = opener is None
     if opener is None and tiled:
-        from ..io.tiledio import TiledEnsembleIO
+        from ..io.modes.tiledio import TiledEnsembleIO
 
         def opener(_p: Sequence[Path], ens: EnsembleSection, io: IOSection, c: MPI.Comm) -> Any:
             return TiledEnsembleIO(ens, config.base_dir, io, c)
     elif opener is None:
-        from ..io.ensemble import open_ensemble as opener
+        from ..io.modes.ensemble import open_ensemble as opener
     # it writes the members (in place, identity): under their lock, like any writer
     with ensemble_lock(journal_root(paths[0]), comm, command_line()), \
             opener(paths, config.ensemble, config.io, comm) as ens:

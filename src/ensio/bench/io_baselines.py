@@ -50,11 +50,11 @@ class RawRanges:
 def raw_ranges(paths: Sequence[Path], names: Sequence[str]) -> RawRanges | None:
     """The byte ranges of variables ``names`` in every file (``None`` if one has no raw offset).
 
-    Offsets come from :func:`ensio.io.open.open_member` (HDF5 dataset offset,
+    Offsets come from :func:`ensio.io.formats.open.open_member` (HDF5 dataset offset,
     classic ``begin``), the same metadata the real implementation uses. Ranges
     are sorted by offset so the raw limit reads each file front to back.
     """
-    from ..io.open import open_member
+    from ..io.formats.open import open_member
 
     ranges = []
     for path in paths:

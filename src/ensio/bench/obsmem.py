@@ -28,7 +28,7 @@ from mpi4py import MPI
 
 import ensio.analysis.inputs as inputs
 from ensio.config import config_from_dict
-from ensio.io.ensemble import read_ensemble
+from ensio.io.modes.ensemble import read_ensemble
 from ensio.models.synthetic import SyntheticSpec, write_synthetic
 from ensio.obs import ObsSource
 

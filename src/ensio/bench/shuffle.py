@@ -4,15 +4,15 @@ One synthetic case (``ensio synth``, CDF-5, N_e members of nx × ny × levels
 float64) is run at each N_mpi of ``ranks`` (2, 4, 8), each in its own
 ``mpiexec`` job (oversubscribed when N_mpi exceeds the cores, and said so):
 
-* ``files``: the single-file members through :class:`~ensio.io.files.FileEnsembleIO`,
+* ``files``: the single-file members through :class:`~ensio.io.modes.files.FileEnsembleIO`,
   N_io = min(N_mpi, N_e) readers, each scattering its rows to its group (the
   write is the mirror: gather, then in place, journaled);
 * ``shuffle``: the same members cut into P = N_mpi / N_e tiles (lon blocks,
   halo 1), each rank's tile copied to its own local directory, through
-  :class:`~ensio.io.shuffle.ShuffleEnsembleIO`: read the tile, one
+  :class:`~ensio.io.modes.shuffle.ShuffleEnsembleIO`: read the tile, one
   ``Alltoallv`` in the group; reverse ``Alltoallv``, write in place, journaled;
 * ``files (tiles)``: the tiles read by every rank from the shared directory
-  (:class:`~ensio.io.tiledio.TiledEnsembleIO`, no MPI traffic), for reference.
+  (:class:`~ensio.io.modes.tiledio.TiledEnsembleIO`, no MPI traffic), for reference.
 
 Per mode: seconds per phase (slowest rank, best of ``repeat`` identity
 read + write cycles), bytes moved over MPI (sum over ranks, read and write)
@@ -84,7 +84,7 @@ def _case(root: Path, st: ShuffleBenchSettings) -> Path:
 
 def _tiles(case: Path, run: Path, st: ShuffleBenchSettings, n_mpi: int) -> int:
     """Cut the members into P = n_mpi / N_e tiles; copy each rank's tile to its local dir."""
-    from ..io.tilecut import cut_member
+    from ..io.tiles.tilecut import cut_member
     from ..layout.tiles import declared_geometry
 
     if n_mpi % st.members:
@@ -162,7 +162,7 @@ def _best(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _files_mode(cfg: Any, comm: Any) -> dict[str, Any]:
     """One identity read + write through N_io readers + scatter; seconds, bytes, partners."""
-    from ..io.ensemble import open_ensemble
+    from ..io.modes.ensemble import open_ensemble
 
     t0 = time.perf_counter()
     with open_ensemble(cfg.member_paths(), cfg.ensemble, cfg.io, comm) as ens:
@@ -195,7 +195,7 @@ def _max() -> Any:
 
 
 def _shuffle_mode(cfg: Any, comm: Any) -> dict[str, Any]:
-    from ..io.shuffle import ShuffleEnsembleIO
+    from ..io.modes.shuffle import ShuffleEnsembleIO
 
     t0 = time.perf_counter()
     with ShuffleEnsembleIO(cfg.ensemble, cfg.base_dir, cfg.io, comm) as io:
@@ -221,7 +221,7 @@ def _shuffle_mode(cfg: Any, comm: Any) -> dict[str, Any]:
 
 
 def _tiles_files_mode(cfg: Any, comm: Any) -> dict[str, Any]:
-    from ..io.tiledio import TiledEnsembleIO
+    from ..io.modes.tiledio import TiledEnsembleIO
 
     t0 = time.perf_counter()
     with TiledEnsembleIO(cfg.ensemble, cfg.base_dir, cfg.io, comm) as io:
@@ -250,7 +250,7 @@ def _latency(comm: Any, repeat: int = 50) -> float:
 
 def _open_seconds(path: Path, repeat: int = 20) -> float:
     """Median seconds to open a tile file and read its metadata (the per-file cost)."""
-    from ..io.open import open_member
+    from ..io.formats.open import open_member
 
     times = []
     for _ in range(repeat):

@@ -13,7 +13,7 @@ from mpi4py import MPI
 
 from ..config import load_config
 from ..config.errors import ConfigError
-from ..io.lock import command_line
+from ..io.txn.lock import command_line
 from ..offline import run_analysis
 from ..progress import PhaseProgress
 from .options import add_set_option

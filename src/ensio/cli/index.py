@@ -14,8 +14,8 @@ import numpy as np
 
 from ..config import load_config
 from ..errors import InputError
-from ..io.members import layout_from_member
-from ..io.tiled import TiledEnsemble
+from ..io.scan.members import layout_from_member
+from ..io.tiles.tiled import TiledEnsemble
 from ..layout.index import state_index
 from .options import add_set_option
 

@@ -1,7 +1,7 @@
 """``ensio recover DIR``: finish or undo an interrupted in-place analysis write.
 
 After a crash the member files in DIR may hold a mix of forecast and analysis
-bytes; the undo journal next to them (see :mod:`ensio.io.journal`) knows which.
+bytes; the undo journal next to them (see :mod:`ensio.io.txn.journal`) knows which.
 DIR may be a node-local directory of ``io.mode: shuffle``: its journal names
 the run's transaction and the global directory, whose run record decides
 (forward if the transaction is recorded, else back; the global lock is taken
@@ -16,7 +16,7 @@ It holds the ensemble lock while it works: while a run holds it, it refuses
 the analysis works on (the node-local copies in ``io.mode: shuffle``, else the
 member files) from the newest complete backup in ``io.backup_dir`` (or cycle
 N's), checking its completion marker and every file's sha256 before any file
-is replaced (:func:`ensio.io.backup.restore_from_backup`).
+is replaced (:func:`ensio.io.node.backup.restore_from_backup`).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import sys
 from pathlib import Path
 
 from ..errors import EnsioError, file_op
-from ..io.journal import JOURNAL_DIRNAME, recover
-from ..io.lock import EnsembleLock, command_line
+from ..io.txn.journal import JOURNAL_DIRNAME, recover
+from ..io.txn.lock import EnsembleLock, command_line
 from .options import add_set_option
 
 __all__ = ["add_parser", "run"]
@@ -132,7 +132,7 @@ def _from_backup(args: argparse.Namespace) -> int:
     from mpi4py import MPI
 
     from ..config import load_config
-    from ..io.backup import restore_from_backup
+    from ..io.node.backup import restore_from_backup
     from ..parallel.nodes import this_host
 
     comm = MPI.COMM_WORLD

@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from mpi4py import MPI
 
     from ..config import load_config
-    from ..io.stagenode import stage
+    from ..io.node.stagenode import stage
     from ..parallel.nodes import this_host
 
     comm = MPI.COMM_WORLD

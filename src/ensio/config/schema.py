@@ -175,7 +175,7 @@ class EnsembleSection:
         return p if p.is_absolute() else base / p
 
 
-#: Implementations of the ensemble I/O (``io.mode``); :data:`ensio.io.ensemble.ENSEMBLE_IO`
+#: Implementations of the ensemble I/O (``io.mode``); :data:`ensio.io.modes.ensemble.ENSEMBLE_IO`
 #: maps each to its class. ``files``: N_io readers of the member files + scatter;
 #: ``shuffle``: tiled members on node-local disks, one tile per rank, group all-to-all.
 IOMode = Literal["files", "shuffle"]
@@ -188,7 +188,7 @@ class IOSection:
     ``tasks`` is N_io; ``None`` means ``min(N_mpi, N_e)``, resolved at run time
     because N_mpi is only known then. ``mode`` selects the implementation;
     ``shuffle`` reads each rank's tile from ``local_dir`` (placed there by
-    ``ensio stage in``, :mod:`ensio.io.stagemap`).
+    ``ensio stage in``, :mod:`ensio.io.node.stagemap`).
     """
 
     mode: IOMode = "files"
@@ -198,7 +198,7 @@ class IOSection:
     in_place: bool = True
     #: Node-local directory of each rank's files (``{host}``, ``{rank}``; ``ensio stage``).
     local_dir: str | None = None
-    #: Per-cycle backup of each rank's files after the analysis (``{cycle}``; ``ensio.io.backup``).
+    #: Per-cycle backup of each rank's files after the analysis (``{cycle}``; io.node.backup).
     backup_dir: str | None = None
 
     def __post_init__(self) -> None:

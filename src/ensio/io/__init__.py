@@ -1,6 +1,57 @@
-"""Member-file I/O: one ``MemberStore`` backend per format, opened by content."""
+"""Ensemble I/O, a package of rooms that import one way, lowest first.
 
-from .open import open_member
-from .store import MemberStore, VarInfo
+``formats`` (one ``MemberStore`` per file format) < ``scan`` (member metadata
+and consistency) < ``txn`` (locks, journals, run record: crash safety) <
+``tiles`` (tile geometry and tile files) < ``node`` (node-local staging and
+backup) < ``modes`` (the ensemble-I/O object of each ``io.mode``) <
+``products`` (copies, mean, spread, CF metadata). ``tests/test_import_rules.py``
+keeps that order.
 
-__all__ = ["MemberStore", "VarInfo", "open_member"]
+This module is the public surface. The heavy objects are loaded on first
+access (PEP 562), so importing any ``ensio.io.<room>.<module>`` (the worker,
+``ensio --version``) does not pull numpy, netCDF4 or mpi4py in through here.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .formats.open import open_member
+    from .formats.store import MemberStore, VarInfo
+    from .modes.ensemble import EnsembleIO, open_ensemble
+    from .modes.stats import IOStats
+    from .txn.commit import RunTransaction
+
+__all__ = [
+    "EnsembleIO",
+    "IOStats",
+    "MemberStore",
+    "RunTransaction",
+    "VarInfo",
+    "open_ensemble",
+    "open_member",
+]
+
+#: public name -> the module that defines it
+_HOMES = {
+    "open_member": ".formats.open",
+    "MemberStore": ".formats.store",
+    "VarInfo": ".formats.store",
+    "open_ensemble": ".modes.ensemble",
+    "EnsembleIO": ".modes.ensemble",
+    "IOStats": ".modes.stats",
+    "RunTransaction": ".txn.commit",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(home, __name__), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -37,8 +37,8 @@ import numpy as np
 from mpi4py import MPI
 
 from ..durable import fsync_path, temporary_name
-from ..io.classic import RecordLayout, record_layout
-from ..io.raw import raw_write
+from ..io.formats.classic import RecordLayout, record_layout
+from ..io.formats.raw import raw_write
 from ..parallel.agree import ErrorNote, agree, note_error, rebuild, root_call
 from ..parallel.distribution import RowDistribution
 

@@ -42,7 +42,7 @@ def state_index(
     Parameters
     ----------
     layout : StateLayout
-        From the member files (:func:`ensio.io.members.layout_from_member`).
+        From the member files (:func:`ensio.io.scan.members.layout_from_member`).
     lon, lat : array_like
         Degrees (any longitude convention); broadcast together.
     variable : str, optional

@@ -219,7 +219,7 @@ class Ensemble:
             return given, sizes[0]
 
         def build() -> StateLayout:
-            from ..io.members import layout_from_member
+            from ..io.scan.members import layout_from_member
 
             if not self.template.exists():
                 raise ConfigError(

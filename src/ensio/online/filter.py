@@ -7,8 +7,8 @@ the files. From there :func:`run_filter` does what
 :func:`ensio.offline.run_analysis` does after its read: the same analysis step
 (:func:`ensio.analysis.inputs.assimilate_block`: observation handling and
 :func:`~ensio.analysis.pipeline.analyse_rows`) and the same writers of the
-analysis members and products (:func:`ensio.io.products.write_member_copies`,
-:func:`ensio.io.products.write_products`). So the online and offline analyses
+analysis members and products (:func:`ensio.io.products.products.write_member_copies`,
+:func:`ensio.io.products.products.write_products`). So the online and offline analyses
 agree to rounding (the distributed analysis does not depend on the number of
 ranks) and their files differ only in the ``history`` attribute.
 
@@ -70,7 +70,7 @@ def run_filter(
         The analysis of this rank's rows, and seconds per phase
         (``obs``, ``analysis``, ``write``, ``products``), maximum over ranks.
     """
-    from ..io.products import product_paths, write_member_copies, write_products
+    from ..io.products.products import product_paths, write_member_copies, write_products
 
     if config.analysis is None:
         raise ConfigError("analysis: section required (at least analysis.filter)")

@@ -16,6 +16,7 @@ __all__ = [
     "ErrorNote",
     "agree",
     "all_call",
+    "guard",
     "note_error",
     "raise_if_any",
     "rebuild",
@@ -31,6 +32,15 @@ ErrorNote = tuple[type[BaseException], str] | None
 def note_error(exc: BaseException) -> ErrorNote:
     """Turn an exception into something that can be shared with the other ranks."""
     return (type(exc), str(exc))
+
+
+def guard(fn: Callable[[], object]) -> ErrorNote:
+    """Run ``fn``; return its error as a note to share instead of raising mid-collective."""
+    try:
+        fn()
+    except Exception as exc:
+        return note_error(exc)
+    return None
 
 
 def agree(comm: MPI.Comm, note: ErrorNote) -> ErrorNote:

@@ -1,0 +1,77 @@
+"""Open a member file with the backend its first bytes call for.
+
+Formats are recognised by content, never by file name: ensemble members are
+often called ``restart.0001`` or ``*.nc`` whatever their format, and a
+netCDF-4 file renamed or produced by another tool must still take the fast
+path. Each backend's :meth:`~ensio.io.formats.store.MemberStore.sniff` looks at the
+first :data:`HEAD_BYTES` bytes (enough for an HDF5 signature after a user
+block of up to 2 KiB).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ...errors import InputError
+from .classic import ClassicStore
+from .netcdf4 import NetCDF4Store
+from .store import MemberStore
+
+__all__ = ["BACKENDS", "HEAD_BYTES", "detect_backend", "open_member"]
+
+#: Bytes read to recognise a format.
+HEAD_BYTES = 4096
+
+#: Backends by ``format_name``, tried in this order.
+BACKENDS: dict[str, type[MemberStore]] = {
+    NetCDF4Store.format_name: NetCDF4Store,
+    ClassicStore.format_name: ClassicStore,
+}
+
+
+def detect_backend(head: bytes) -> type[MemberStore] | None:
+    """The backend whose ``sniff`` accepts ``head``, or ``None``."""
+    if len(head) < 4:
+        return None
+    for backend in BACKENDS.values():
+        if backend.sniff(head):
+            return backend
+    return None
+
+
+def open_member(path: str | os.PathLike[str], writable: bool = False) -> MemberStore:
+    """Open one member file for metadata and library-path I/O.
+
+    Parameters
+    ----------
+    path : path-like
+    writable : bool
+        Allow library-path writes (``write_elements``).
+
+    Returns
+    -------
+    MemberStore
+        A :class:`~ensio.io.formats.netcdf4.NetCDF4Store` or
+        :class:`~ensio.io.formats.classic.ClassicStore`; use it as a context manager.
+
+    Raises
+    ------
+    InputError
+        ``"<path>: member file not found"``, ``"<path>: not a netCDF file"``,
+        or a corrupt-metadata message naming the file.
+    """
+    p = Path(path)
+    try:
+        with open(p, "rb") as fh:
+            head = fh.read(HEAD_BYTES)
+    except FileNotFoundError:
+        raise InputError(f"{p}: member file not found") from None
+    except IsADirectoryError:
+        raise InputError(f"{p}: not a netCDF file (it is a directory)") from None
+    except OSError as exc:
+        raise InputError(f"{p}: cannot read member file ({exc.strerror or exc})") from None
+    backend = detect_backend(head)
+    if backend is None:
+        raise InputError(f"{p}: not a netCDF file")
+    return backend(p, writable)

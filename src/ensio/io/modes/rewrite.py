@@ -1,0 +1,113 @@
+"""Library-path writes: chunked/compressed state variables, one writer per file.
+
+The netCDF library cannot be driven by several writers of one file, and a
+compressed chunk whose size changes is moved by HDF5 (chunk index and
+superblock change), so a byte-range undo log cannot cover it. After every raw
+in-place write is done, each such variable is gathered whole to one owner rank
+per file, which writes a copy of the file through the library and renames it
+into place; the journal keeps the original inode as a whole-file backup.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+from mpi4py import MPI
+
+from ...config.schema import IOSection
+from ...layout.state import StateLayout
+from ...parallel.agree import ErrorNote, guard
+from ...parallel.distribution import RowDistribution
+from ...stopwatch import Stopwatch
+from ..scan.members import MemberScan
+from ..txn import journal
+from ..txn.librarycopy import rewrite_copy
+
+__all__ = ["LibraryWriter", "variable_counts", "write_library"]
+
+
+class LibraryWriter(Protocol):
+    """What :func:`write_library` needs of the files mode's ensemble-I/O object.
+
+    A protocol, not the class, so this module does not import files.py
+    (which calls it): the two would otherwise form an import circle.
+    """
+
+    comm: MPI.Comm
+    rows: RowDistribution
+    layout: StateLayout
+    paths: list[Path]
+    io: IOSection
+    scan: MemberScan
+
+
+def variable_counts(rows: RowDistribution, offset: int, size: int) -> np.ndarray:
+    """Rows of each rank inside the state rows ``[offset, offset + size)``, shape (size,).
+
+    The counts of a ``Gatherv`` of one variable; its displacements are their
+    running sum, because the ranks' blocks are contiguous and in order.
+    """
+    lo = np.maximum(rows.starts + rows.offset, offset)
+    hi = np.minimum(rows.starts + rows.offset + rows.counts, offset + size)
+    return np.maximum(hi - lo, 0)
+
+
+def write_library(
+    ens: LibraryWriter,
+    data: np.ndarray,
+    keep: np.ndarray,
+    undo: journal.UndoLog | None,
+    sw: Stopwatch,
+    clips: np.ndarray,
+) -> ErrorNote:
+    """Library-path variables: gather each whole to one owner per file, rewrite a copy, rename.
+
+    Collective over ``ens.comm``; every rank walks the same (member, variable)
+    list, derived from metadata all ranks share, so the gathers match. Gathers
+    are timed as ``"comm"``, the rewrite as ``"write"``. Rows to ``keep``
+    (inactive, shape (count,)) travel as NaN and keep their prior values;
+    the owner adds its clips (per layout variable) to ``clips``.
+    """
+    comm, rows, layout = ens.comm, ens.rows, ens.layout
+    comm.Barrier()  # raw in-place writes are finished before files are copied
+    note: ErrorNote = None
+    for m, meta in enumerate(ens.scan.metas):
+        lib = [v for v in layout.variables if not meta.raw(v.name)]
+        if not lib:
+            continue
+        owner = m % comm.size
+        gathered: dict[str, np.ndarray] = {}
+        for v in lib:
+            counts = variable_counts(rows, v.offset, v.size)
+            displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
+            a, b = max(rows.start, v.offset), min(rows.stop, v.offset + v.size)
+            mine = data[m, a - rows.start : b - rows.start] if b > a else data[m, :0]
+            flags = keep[a - rows.start : b - rows.start] if b > a else keep[:0]
+            if flags.any():
+                mine = np.where(flags, np.nan, mine)
+            full = np.empty(v.size) if comm.rank == owner else None
+            with sw("comm"):
+                comm.Gatherv(
+                    np.ascontiguousarray(mine),
+                    [full, counts, displs, MPI.DOUBLE] if full is not None else None,
+                    root=owner,
+                )
+            if full is not None:
+                gathered[v.name] = full
+        if comm.rank == owner and note is None:
+            with sw("write"):
+                infos = ens.scan.metas[m].infos
+                encodings = {name: infos[name].encoding for name in gathered}
+                note = guard(
+                    lambda m=m, g=gathered, e=encodings: _count(
+                        clips, layout, rewrite_copy(ens.paths[m], layout, g, undo, ens.io.fsync, e)
+                    )
+                )
+    return note
+
+
+def _count(clips: np.ndarray, layout: StateLayout, found: dict[str, int]) -> None:
+    for i, v in enumerate(layout.variables):
+        clips[i] += found.get(v.name, 0)

@@ -1,0 +1,449 @@
+"""``io.mode: shuffle``: tiles on node-local disks, one group all-to-all, no global scatter.
+
+The seed's data path (NICAM-LETKF, issue 13 item 2). Rank (m, p, q) (see
+:mod:`ensio.io.modes.shuffleplan`) reads part q of tile p of member m, file
+f = m · P + p, from the local directory where ``ensio stage in`` puts it
+(:mod:`ensio.io.node.stagemap`: ``io.local_dir`` filled with rank f and its host,
+joined with the file's name); with S = 1 that is its own directory. The
+ranks reading one file must run on its holder's host. The N_e ranks reading
+part q of tile p
+form a group (``comm.Split``, the group communicator is kept on the
+object), and one ``Alltoallv`` inside it gives each of them every member for
+1/N_e of the part. The block it returns is a
+:class:`~ensio.layout.rowsetblock.RowSetBlock`: its rows are one piece per
+latitude line and level, not a contiguous range, and the analysis takes
+them as they are. Writing is the mirror: the reverse ``Alltoallv`` brings
+each rank its own part of the analysis, and it writes its own tile in place.
+
+Validation happens before any byte is written and the same error is raised
+on every rank: a local directory or a tile file missing on one rank, a tile
+of the wrong shape, a decomposition that does not fit.
+
+The write is journaled as in ``files`` mode, with one journal per local
+directory (ranks sharing a directory, e.g. one host with a ``{host}``
+pattern, share it, and the first of them holds that directory's lock while
+the object lives): every rank saves the prior bytes of its tile first, and a
+failure anywhere rolls every local directory back. The offline driver makes
+the write one atomic step across every directory: the journals carry its
+transaction, and the run record on the global file system decides them all
+at once (:mod:`ensio.io.txn.shufflecommit`). Without a transaction (the
+benchmark) each directory's journal commits on its own once every rank has
+written.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import netCDF4
+import numpy as np
+from mpi4py import MPI
+
+from ...config.errors import ConfigError
+from ...config.schema import EnsembleSection, IOSection
+from ...errors import InputError
+from ...layout.rowsetblock import RowSetBlock
+from ...layout.state import StateLayout
+from ...layout.tiles import TileGeometry
+from ...parallel.agree import ErrorNote, agree, guard, note_error, raise_if_any, rebuild, root_call
+from ...parallel.nodes import this_host
+from ...progress import Advance, no_progress
+from ..formats.open import open_member
+from ..formats.store import VarInfo
+from ..node.stagemap import format_local_dir, holder_rank
+from ..tiles.tiled import global_layout, tile_geometry
+from ..tiles.tilefile import plan_runs, read_tile, write_tile
+from ..tiles.tilerewrite import rewrite_tile
+from ..txn import journal as journal_mod
+from ..txn.commit import journaled_write
+from ..txn.lock import EnsembleLock, command_line
+from ..txn.runrecord import sha256_file
+from ..txn.shufflecommit import ShuffleTransaction, prepare
+from .shuffleplan import ShufflePlan, shuffle_shape
+from .stats import IOStats
+
+__all__ = ["ShuffleEnsembleIO", "ShuffleTraffic"]
+
+
+@dataclass(frozen=True)
+class ShuffleTraffic:
+    """What one shuffle (read or write) moved over MPI, summed over the ranks.
+
+    ``bytes`` counts values sent to another rank (a rank's own chunk is a
+    local copy); ``partners`` is the largest number of other ranks one rank
+    exchanges with.
+    """
+
+    bytes: int
+    partners: int
+
+
+@dataclass
+class _Digest:
+    """What a rank learns from its own tile file before the geometry is known."""
+
+    source: str
+    infos: dict[str, VarInfo]
+    attrs: dict[str, object]
+    small: dict[str, np.ndarray]  # whole non-state variables no larger than one level
+
+
+def _digest(path: Path, names: list[str], keep_small: bool,
+            masks: Sequence[str] = ()) -> _Digest:  # fmt: skip
+    """What ``path`` holds; with ``keep_small`` also its small variables and ``masks`` whole."""
+    if not path.is_file():
+        raise InputError(f"{path}: tile file not found")
+    with open_member(path) as store:
+        infos = dict(store.variables())
+        for name in names:
+            if name not in infos:
+                raise InputError(f"{path}: state variable '{name}' not found")
+        shape = infos[names[0]].shape
+        if len(shape) < 2:
+            raise InputError(f"{path}: state variable '{names[0]}' has no (lat, lon) dims to tile")
+        level = shape[-2] * shape[-1]
+        small = {}
+        if keep_small:
+            for n, info in infos.items():
+                if n not in names and (info.size <= level or n in masks):
+                    small[n] = np.asarray(store.read_elements(n, 0, info.size)).reshape(info.shape)
+    with netCDF4.Dataset(path) as ds:
+        attrs = {k: ds.getncattr(k) for k in ds.ncattrs()}
+    return _Digest(str(path), infos, attrs, small)
+
+
+def _describe(ens: EnsembleSection, digests: list[_Digest]) -> tuple[TileGeometry, StateLayout]:
+    """Geometry and global layout from member 1's P tile digests (rank 0)."""
+    names = [v.name for v in ens.variables]
+    paths = [Path(d.source) for d in digests]
+    shapes = [d.infos[names[0]].shape[-2:] for d in digests]
+    geo = tile_geometry(ens, paths, shapes, [d.attrs for d in digests])
+
+    def read_tile_var(t: int, name: str) -> np.ndarray:
+        if name not in digests[t].small:
+            raise InputError(f"{digests[t].source}: variable '{name}' is larger than one "
+                             "level and cannot be a tile coordinate")  # fmt: skip
+        return digests[t].small[name]
+
+    return geo, global_layout(ens, geo, digests[0].infos, read_tile_var, digests[0].source)
+
+
+def _slice_of(part_rows: np.ndarray, values: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``values`` of ``rows``: one variable's rows are a consecutive stretch of the part's."""
+    if rows.size == 0:
+        return values[:0]
+    k = int(np.searchsorted(part_rows, rows[0]))
+    if part_rows[k + rows.size - 1] != rows[-1]:
+        raise AssertionError("a variable's rows are not consecutive in the part")
+    return values[k : k + rows.size]
+
+
+def _check_hosts(hosts: list[str], per: int) -> None:
+    """Every rank runs on the host of the rank whose local directory it reads (same error
+    on every rank)."""
+    for r, h in enumerate(hosts):
+        if h != hosts[r % per]:
+            raise ConfigError(
+                f"io.local_dir: rank {r} reads part {r // per} of the tile held by rank "
+                f"{r % per} on host {hosts[r % per]}, but runs on host {h}: with N_mpi a "
+                f"multiple of N_e x P = {per}, ranks r and r mod {per} must share a node"
+            )
+
+
+class ShuffleEnsembleIO:
+    """Collective: tiles on local disks ⇄ every rank's row set, through group all-to-alls.
+
+    Parameters
+    ----------
+    ens : EnsembleSection
+        ``{tile}`` in ``members``; the tile's file name is taken from it.
+    base : Path
+        Relative patterns (``members``, ``io.local_dir``) resolve against it.
+    io : IOSection
+        ``local_dir``, ``journal``, ``fsync``.
+    comm : MPI.Comm
+        N_e × P × S ranks; not freed (the group and disk communicators split
+        from it are, by :meth:`close`).
+    locked : Path, optional
+        The global directory whose ensemble lock the caller's run holds (the
+        offline driver's rank 0): recovery of a shuffle journal then reads
+        the run record without taking that lock.
+
+    Raises
+    ------
+    ConfigError
+        N_mpi is not a multiple of N_e × P.
+    InputError
+        On every rank: a local directory or tile missing on any rank, a tile
+        of the wrong shape or a decomposition that does not fit.
+    """
+
+    mode: ClassVar[str] = "shuffle"
+
+    def __init__(self, ens: EnsembleSection, base: Path, io: IOSection, comm: MPI.Comm, *,
+                 locked: Path | None = None) -> None:
+        if not ens.tiled:
+            raise ConfigError("io.mode: shuffle reads tiled members ({tile} in ensemble.members)")
+        self.io, self.comm, self.names = io, comm, [v.name for v in ens.variables]
+        hosts = comm.allgather(this_host())
+        host = hosts[comm.rank]
+        assert io.local_dir is not None
+        n_tiles = root_call(comm, lambda: self._tile_count(ens, base, hosts[0]))
+        per = ens.size * n_tiles
+        shuffle_shape(comm.size, ens.size, n_tiles)
+        _check_hosts(hosts, per)
+        f = comm.rank % per  # the file this rank reads; rank f holds it (io.stagemap)
+        m, p, first = f // n_tiles, f % n_tiles, comm.rank < n_tiles
+        holder = holder_rank(f, comm.size)  # = f: the staging rule
+        self.local = format_local_dir(io.local_dir, base, rank=holder, host=hosts[holder])
+        self.path = self.local / ens.tile_path(ens.numbers[m], p, base).name
+        note: ErrorNote = None
+        digest = None
+        try:
+            if not self.local.is_dir():
+                raise InputError(f"{self.local}: io.local_dir of rank {f} on host {host} "
+                                 "not found")  # fmt: skip
+            masks = [v.mask for v in ens.variables if v.mask is not None]
+            digest = _digest(self.path, self.names, keep_small=first, masks=masks)
+        except Exception as exc:  # raised on every rank below
+            note = note_error(exc)
+        raise_if_any(comm, note)
+        firsts = comm.gather(digest if first else None)
+        self.geometry, self.layout = root_call(
+            comm, lambda: _describe(ens, [d for d in firsts if d is not None])
+        )
+        self.runs = plan_runs(self.geometry, self.layout)
+        raise_if_any(comm, guard(lambda: self._check_tile(digest, p)))
+        assert digest is not None
+        self.infos = digest.infos
+        self.plan = ShufflePlan.build(self.runs, self.layout.n_rows, ens.size, comm.size,
+                                      comm.rank)  # fmt: skip
+        self.disk, self.root = self._disk_comm(host)
+        self.group = comm.Split(self.plan.group, self.plan.member)
+        # the S ranks of one file, its holder first: a chunked or compressed tile
+        # is rewritten through the library by the holder alone (io.tilerewrite)
+        self.file_comm = comm.Split(f, comm.rank)
+        self.library = any(self.infos[n].raw_offset is None for n in self.names)
+        self.host, self.holds_file = host, comm.rank < per  # one rank per file hashes it
+        self._lock: EnsembleLock | None = None
+        try:
+            self._lock_and_recover(locked)
+        except BaseException:
+            self.close()
+            raise
+        self.n_io = comm.size
+        self.stats: IOStats | None = None
+        self.traffic: ShuffleTraffic | None = None
+        self.seconds: dict[str, float] = {}
+
+    def _lock_and_recover(self, locked: Path | None) -> None:
+        """Collective: the first rank of each local directory takes its lock, then
+        recovers its journal (a shuffle journal is decided by the global record,
+        :mod:`ensio.io.txn.shufflejournal`); an error anywhere is raised on every rank."""
+        def take() -> None:
+            self._lock = EnsembleLock(self.root, command_line()).acquire()
+
+        def recover() -> None:
+            journal_mod.recover(self.root, fsync=self.io.fsync, locked=locked)
+
+        raise_if_any(self.comm, guard(take) if self.disk.rank == 0 else None)
+        raise_if_any(self.comm, guard(recover) if self.disk.rank == 0 else None)
+
+    def _tile_count(self, ens: EnsembleSection, base: Path, host: str) -> int:
+        """P: declared, or ``DOMAIN_number_total`` of rank 0's tile (tile 0 of member 1)."""
+        if ens.tiles is not None:
+            return ens.tiles.count
+        assert self.io.local_dir is not None
+        local = format_local_dir(self.io.local_dir, base, rank=0, host=host)
+        if not local.is_dir():
+            raise InputError(f"{local}: io.local_dir of rank 0 on host {host} not found")
+        first = local / ens.tile_path(ens.numbers[0], 0, base).name
+        if not first.is_file():
+            raise InputError(f"{first}: tile file not found")
+        with netCDF4.Dataset(first) as ds:
+            if "DOMAIN_number_total" not in ds.ncattrs():
+                raise InputError(f"{first}: ensemble.members has {{tile}} but no decomposition: "
+                                 "declare ensemble.tiles or give the files NEMO's DOMAIN_* "
+                                 "global attributes")  # fmt: skip
+            return int(np.asarray(ds.getncattr("DOMAIN_number_total")).ravel()[0])
+
+    def _check_tile(self, digest: _Digest | None, p: int) -> None:
+        assert digest is not None
+        box = self.geometry.boxes[p]
+        for v in self.layout.variables:
+            want = (*v.shape[:-2], *box.file_shape)
+            have = digest.infos[v.name].shape
+            if have != want:
+                raise InputError(f"{self.path}: state variable '{v.name}' has shape {have}, "
+                                 f"tile {p} needs {want}")  # fmt: skip
+
+    def _disk_comm(self, host: str) -> tuple[MPI.Comm, Path]:
+        """The ranks sharing this rank's local directory (one journal each), and its root."""
+        root = Path(os.path.abspath(self.local))
+        keys = self.comm.allgather((host, str(root)))
+        return self.comm.Split(keys.index(keys[self.comm.rank]), self.comm.rank), root
+
+    def __enter__(self) -> ShuffleEnsembleIO:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Collective: free the group and disk communicators, release the local lock."""
+        lock, self._lock = getattr(self, "_lock", None), None
+        if lock is not None:
+            lock.release()
+        for c in ("group", "disk", "file_comm"):
+            sub = getattr(self, c, None)
+            if sub is not None and sub != MPI.COMM_NULL:
+                sub.Free()
+                setattr(self, c, None)
+
+    @property
+    def n_members(self) -> int:
+        return self.plan.n_members
+
+    def _traffic(self) -> ShuffleTraffic:
+        counts = self.plan.chunk_counts
+        sent = 8 * (int(counts.sum()) - int(counts[self.plan.member]))
+        partners = int(np.count_nonzero(counts)) - (1 if counts[self.plan.member] else 0)
+        return ShuffleTraffic(int(self.comm.allreduce(sent)),
+                              int(self.comm.allreduce(partners, op=MPI.MAX)))  # fmt: skip
+
+    def read(
+        self, out: object = None, *, overlap: bool = True, progress: Advance = no_progress,
+    ) -> RowSetBlock:  # fmt: skip
+        """Collective: this rank's rows (its chunk) of every member, shape (N_e, count).
+
+        ``out`` and ``overlap`` are accepted for the interface and ignored.
+        """
+        del out, overlap
+        t0 = time.perf_counter()
+        plan = self.plan
+        values = np.empty(plan.part_rows)
+        took = {"read": 0.0}
+
+        def load() -> None:
+            t = time.perf_counter()
+            rows, vals = read_tile(self.path, self.names, self.runs[plan.tile], *plan.window,
+                                   infos=self.infos)
+            if rows.size != plan.part_rows:
+                raise InputError(f"{self.path}: {rows.size} interior rows in part "
+                                 f"{plan.part} of tile {plan.tile}, expected {plan.part_rows}")
+            values[...] = vals
+            took["read"] = time.perf_counter() - t
+
+        raise_if_any(self.comm, guard(load))
+        t1 = time.perf_counter()
+        counts = plan.chunk_counts
+        mine = int(counts[plan.member])
+        data = np.empty((plan.n_members, mine))
+        sdispl = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        recv = np.full(plan.n_members, mine)
+        self.group.Alltoallv([values, counts, sdispl, MPI.DOUBLE],
+                             [data, recv, np.arange(plan.n_members) * mine, MPI.DOUBLE])
+        t2 = time.perf_counter()
+        for _ in range(plan.n_members):
+            progress()
+        block = RowSetBlock.of(self.layout, plan.rows, data)
+        block.inactive = block.inactive_rows()
+        self.traffic = self._traffic()
+        self.seconds = {"read": took["read"], "shuffle": t2 - t1}
+        self.stats = IOStats(total_seconds=t2 - t0, read_seconds=took["read"],
+                             comm_seconds=t2 - t1).reduce(self.comm)  # fmt: skip
+        return block
+
+    def write(
+        self, block: RowSetBlock, *, overlap: bool = True, journal: bool | None = None,
+        progress: Advance = no_progress, txn: ShuffleTransaction | None = None,
+    ) -> IOStats:  # fmt: skip
+        """Collective: the reverse shuffle, then every rank writes its own part in place.
+
+        All or nothing over every rank: each journals its prior bytes in its
+        local directory's journal; if any rank fails, every local directory
+        is rolled back before the error is raised on every rank. With ``txn``
+        this is only the *prepare* phase of the run's commit
+        (:func:`ensio.io.txn.shufflecommit.prepare`): the journals stay, marked
+        with the transaction, until :func:`ensio.io.txn.shufflecommit.commit`.
+        Without it each directory's journal is committed on its own (the
+        benchmark; not atomic across directories).
+        """
+        del overlap
+        plan = self.plan
+        if block.data.shape != (plan.n_members, plan.rows.count) or not np.array_equal(
+            block.rows, plan.rows.rows
+        ):
+            raise ValueError(f"rank {self.comm.rank}: the block is not this rank's row set")
+        t0 = time.perf_counter()
+        data = block.to_write()  # inactive rows keep their (prior) bytes
+        counts = plan.chunk_counts
+        mine = int(counts[plan.member])
+        values = np.empty(plan.part_rows)
+        rdispl = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        self.group.Alltoallv([data, np.full(plan.n_members, mine),
+                              np.arange(plan.n_members) * mine, MPI.DOUBLE],
+                             [values, counts, rdispl, MPI.DOUBLE])  # fmt: skip
+        t1 = time.perf_counter()
+        rows = None
+        took = {"write": 0.0}
+
+        def one(undo: journal_mod.UndoLog | None) -> None:
+            nonlocal rows
+            t = time.perf_counter()
+            lo, hi = plan.window
+            rows = np.concatenate([r.window(lo, hi)[1] for r in self.runs[plan.tile]])
+            if self.library:  # one writer per file: the S parts go to the holder
+                parts = [(e, _slice_of(rows, values, r))
+                         for e, r in (run.window(lo, hi) for run in self.runs[plan.tile])]
+                gathered = self.file_comm.gather(parts, root=0)
+                if gathered is not None:
+                    rewrite_tile(self.path, self.names, gathered, undo, self.io.fsync)
+            else:
+                write_tile(self.path, self.names, self.runs[plan.tile], plan.window,
+                           lambda r: _slice_of(rows, values, r), undo, self.io.fsync,
+                           self.infos)
+            took["write"] = time.perf_counter() - t
+
+        journaled = self.io.journal if journal is None else journal
+        if txn is not None:  # prepare agrees over every rank after the undo logs are closed
+            prepare(self.comm, self.disk, self.root, txn, journaled,
+                    lambda undo: guard(lambda: one(undo)))
+        else:  # every rank wrote before any journal commits
+            journaled_write(self.disk, self.root, journaled, self.io.fsync,
+                            lambda undo: agree(self.comm, guard(lambda: one(undo))))
+        t2 = time.perf_counter()
+        for _ in range(plan.n_members):
+            progress()
+        self.traffic = self._traffic()
+        self.seconds = {"shuffle": t1 - t0, "write": took["write"],
+                        "journal": t2 - t1 - took["write"]}
+        self.stats = IOStats(total_seconds=t2 - t0, write_seconds=took["write"],
+                             journal_seconds=t2 - t1 - took["write"],
+                             comm_seconds=t1 - t0).reduce(self.comm)  # fmt: skip
+        return self.stats
+
+    def tile_digests(self) -> dict[str, str]:
+        """Collective: sha256 of every tile file as it is now, keyed ``host:path``.
+
+        One rank per file hashes it (local paths repeat on different hosts,
+        hence the host); the same mapping on every rank. A file that cannot be
+        read raises on every rank.
+        """
+        mine: dict[str, str] = {}
+
+        def digest() -> None:
+            if self.holds_file:
+                mine[f"{self.host}:{os.path.abspath(self.path)}"] = sha256_file(self.path)
+
+        note = guard(digest)
+        parts = self.comm.allgather((mine, note))
+        first = next((n for _, n in parts if n is not None), None)
+        if first is not None:
+            raise rebuild(first)
+        return {k: v for part, _ in parts for k, v in part.items()}

@@ -1,0 +1,158 @@
+"""Staged files of a run transaction: written beside their targets, renamed at the commit.
+
+A run (``ensio analyse``) changes the members *and* writes products (mean,
+spread, member copies, the run record). To commit them together, every new
+file is first written under a *staged* name beside its target
+(``.NAME.ensio-staged.TOKEN``, same directory, so the final rename is atomic)
+and the journal lists the (staged, target) pairs *before* any of them is
+created (``STAGED``). The journal's ``COMMITTED`` marker is the single commit
+point:
+
+* before it, recovery deletes every staged file (and the temporaries of
+  :func:`ensio.durable.replacing` a kill left beside them) and rolls the
+  members back;
+* after it, recovery renames the staged files that still exist into place
+  (rolling *forward*; a rename already done left no staged file).
+
+``TRANSACTION`` (the owner: host, pid, pid start time) marks a journal as part
+of a transaction: the ensemble writer's own commit then waits for the
+transaction's (:func:`ensio.io.txn.journal.commit`), and a recovery started by
+the owning process itself (a second ensemble-I/O object of the same run)
+leaves it alone.
+
+Standard library only (with :mod:`ensio.io.txn.lock` for the owner record).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+from collections.abc import Sequence
+from pathlib import Path
+
+from ... import faults
+from ...durable import copy_identity, fsync_path
+from .lock import Holder, process_start
+
+__all__ = ["STAGED_NAME", "TRANSACTION_NAME", "discard", "is_own", "new_token", "read_pairs",
+           "remove_temporaries", "roll_forward", "staged_path", "write_transaction"]
+
+TRANSACTION_NAME = "TRANSACTION"
+STAGED_NAME = "STAGED"
+
+
+def new_token() -> str:
+    """A fresh token naming one transaction's staged files."""
+    return secrets.token_hex(6)
+
+
+def staged_path(target: str | Path, token: str) -> Path:
+    """Where ``target`` is written until the commit (beside the file a symlink points to)."""
+    real = Path(os.path.realpath(target))
+    return real.with_name(f".{real.name}.ensio-staged.{token}")
+
+
+def _write_durable(path: Path, data: bytes, fsync: bool) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_transaction(jdir: Path, pairs: Sequence[tuple[Path, Path]], *, fsync: bool) -> None:
+    """Create the journal directory of a transaction with its owner and staged list.
+
+    Raises FileExistsError if ``jdir`` exists (an unrecovered journal).
+    """
+    os.mkdir(jdir)
+    faults.point("transaction-mkdir")
+    if fsync:
+        fsync_path(jdir.parent, directory=True)
+    listing = [[os.fsdecode(os.path.realpath(s)), os.fsdecode(os.path.realpath(t))]
+               for s, t in pairs]
+    tmp = jdir / (STAGED_NAME + ".tmp")  # a torn list must never look like one
+    _write_durable(tmp, json.dumps(listing).encode(), fsync)
+    os.replace(tmp, jdir / STAGED_NAME)
+    me = Holder.current("transaction")
+    _write_durable(jdir / TRANSACTION_NAME, me.encode(), fsync)
+    if fsync:
+        fsync_path(jdir, directory=True)
+    faults.point("transaction-begun")
+
+
+def read_pairs(jdir: Path) -> list[tuple[str, str]]:
+    """The (staged, target) pairs of the journal (none if it is not a transaction's)."""
+    try:
+        raw = json.loads((jdir / STAGED_NAME).read_text())
+    except FileNotFoundError:
+        return []
+    return [(str(s), str(t)) for s, t in raw]
+
+
+def is_own(jdir: Path) -> bool:
+    """True if ``jdir`` is the journal of a transaction this very process runs."""
+    try:
+        owner = Holder.parse((jdir / TRANSACTION_NAME).read_text())
+    except OSError:
+        return False
+    return (owner is not None and owner.is_local() and owner.pid == os.getpid()
+            and owner.pid_start == process_start(os.getpid()))
+
+
+def is_transaction(jdir: Path) -> bool:
+    """True if ``jdir`` belongs to a transaction (its commit is the transaction's)."""
+    return (jdir / TRANSACTION_NAME).exists() or (jdir / STAGED_NAME).exists()
+
+
+def roll_forward(jdir: Path, *, fsync: bool) -> int:
+    """After the commit marker: rename every staged file still there to its target.
+
+    Idempotent (a renamed file is gone from its staged name). The new file
+    takes the permission bits and owner of the file it replaces.
+    """
+    moved, dirs = 0, set[str]()
+    for staged, target in read_pairs(jdir):
+        if not os.path.exists(staged):
+            continue
+        copy_identity(target, staged)
+        if fsync:
+            fsync_path(staged)
+        os.replace(staged, target)
+        faults.point("staged-rename")
+        dirs.add(os.path.dirname(target))
+        moved += 1
+    if fsync:
+        for d in sorted(dirs):
+            fsync_path(d, directory=True)
+    return moved
+
+
+def remove_temporaries(path: str | Path) -> None:
+    """Delete the temporaries :func:`ensio.durable.replacing` left beside ``path``."""
+    path = Path(path)
+    with contextlib.suppress(FileNotFoundError):
+        for tmp in path.parent.glob(f".{_glob_escape(path.name)}.ensio-tmp.*"):
+            tmp.unlink(missing_ok=True)
+
+
+def _glob_escape(name: str) -> str:
+    return "".join(f"[{c}]" if c in "*?[" else c for c in name)
+
+
+def discard(jdir: Path) -> int:
+    """Before the commit marker: delete every staged file and its writers' temporaries."""
+    removed = 0
+    for staged, _target in read_pairs(jdir):
+        remove_temporaries(staged)
+        if os.path.exists(staged):
+            os.unlink(staged)
+            removed += 1
+    faults.point("staged-discarded")
+    return removed
