@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from store_contract import MemberStoreContract, pytest_generate_tests
-
 from ensio.io.formats.netcdf4 import NetCDF4Store
 from ensio.io.formats.store import MemberStore
+from ensio.testing import MemberStoreContract, pytest_generate_tests
 
 __all__ = ["TestNetCDF4Store", "pytest_generate_tests"]
 

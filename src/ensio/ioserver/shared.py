@@ -5,7 +5,7 @@ server to be written, which makes that server the bottleneck (memory and
 bandwidth). Instead each server owns a contiguous range of rows (the first
 horizontal dimension ``j``) and writes its rows of every record straight into
 the shared file with positional writes at the byte offsets of the classic
-layout (``io.classic.record_layout``, ``io.raw.raw_write``: the byte-range
+layout (``io.formats.record_layout``, ``io.formats.raw_write``: the byte-range
 machinery of ``io/``). No parallel netCDF, no locks, no collective call.
 
 Validity at every instant: readers (netCDF library, ``ncdump``, ``cdo``) see
@@ -37,8 +37,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..durable import fsync_path, temporary_name
-from ..io.formats.classic import RecordLayout, record_layout
-from ..io.formats.raw import raw_write
+from ..io.formats import RecordLayout, raw_write, record_layout
 from ..parallel.agree import ErrorNote, agree, note_error, rebuild, root_call
 from ..parallel.distribution import RowDistribution
 

@@ -1,3 +1,64 @@
-"""Member-file formats: the `MemberStore` contract (store), one module per format
-(netcdf4, classic), the raw byte-range path (raw), the netCDF-library path (library),
-opening by content (open). Imports no other room."""
+"""Member-file formats, the lowest room: it imports no other room of io.
+
+``store`` is the ``MemberStore`` contract, one module per format (``netcdf4``,
+with its HDF5 quick-check hooks in ``hdf5quick``; ``classic``), ``library`` the
+netCDF-library element path they share, ``raw`` the byte-range path, ``open``
+the opening by content.
+
+The names below are the room's surface for the rooms above it and for
+``ioserver`` (whose shared CDF-5 files are written record by record as byte
+ranges: it needs the record layout of a classic file, not the classic module's
+parser). They load on first access (PEP 562), so importing one light module of
+the room pulls no other in.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .classic import RecordLayout, record_layout
+    from .open import BACKENDS, detect_backend, open_member
+    from .raw import raw_read, raw_write
+    from .store import MemberStore, MetadataBytes, QuickLook, VarInfo
+
+__all__ = [
+    "BACKENDS",
+    "MemberStore",
+    "MetadataBytes",
+    "QuickLook",
+    "RecordLayout",
+    "VarInfo",
+    "detect_backend",
+    "open_member",
+    "raw_read",
+    "raw_write",
+    "record_layout",
+]
+
+#: public name -> the module that defines it
+_HOMES = {
+    "BACKENDS": ".open",
+    "detect_backend": ".open",
+    "open_member": ".open",
+    "MemberStore": ".store",
+    "MetadataBytes": ".store",
+    "QuickLook": ".store",
+    "VarInfo": ".store",
+    "raw_read": ".raw",
+    "raw_write": ".raw",
+    "RecordLayout": ".classic",
+    "record_layout": ".classic",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(home, __name__), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 import os
 import struct
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar, NamedTuple
@@ -44,16 +45,14 @@ import numpy as np
 from ...errors import InputError
 from ...layout.encoding import CONVENTION_ATTRIBUTES, Encoding
 from .library import LibraryBackedStore
-from .store import VarInfo
+from .store import MetadataBytes, VarInfo
 
 __all__ = [
     "CLASSIC_DTYPES",
-    "ClassicMetadata",
     "NUMRECS_OFFSET",
     "ClassicStore",
     "RecordLayout",
     "RecordVar",
-    "classic_metadata",
     "read_classic_header",
     "record_layout",
 ]
@@ -306,25 +305,6 @@ def _parse_header(fd: int, path: Path) -> _Parsed:
     return _Parsed(h.version, variables, record, numrecs, header_end, global_values)
 
 
-class ClassicMetadata(NamedTuple):
-    """Where a classic file's metadata is: the header, and its global attribute values in it."""
-
-    header_end: int
-    global_values: tuple[tuple[int, int], ...]
-
-
-def classic_metadata(fd: int, path: Path) -> ClassicMetadata:
-    """The header's extent and the global attribute values' byte ranges (see :mod:`.bytecheck`).
-
-    Raises
-    ------
-    InputError
-        Not a classic file, or a corrupt header (names the file).
-    """
-    parsed = _parse_header(fd, path)
-    return ClassicMetadata(parsed.header_end, parsed.global_values)
-
-
 def _recsize(record: list[tuple[str, int, int]]) -> int:
     """Bytes of one record: padded sizes, except a lone (non-empty) record variable.
 
@@ -481,3 +461,24 @@ class ClassicStore(LibraryBackedStore):
     @classmethod
     def sniff(cls, head: bytes) -> bool:
         return len(head) >= 4 and head[:3] == _MAGIC and head[3] in _VERSIONS
+
+    @classmethod
+    def metadata_bytes(
+        cls, fd: int, path: Path, infos: Mapping[str, VarInfo], compared: Collection[str] = ()
+    ) -> MetadataBytes | None:
+        """The header (it says where everything is); the global attribute values free."""
+        parsed = _parse_header(fd, path)  # InputError if corrupt
+        free = parsed.global_values
+        return MetadataBytes(((0, parsed.header_end),), (), free, len(free))
+
+    @classmethod
+    def byte_pieces(cls, path: Path, infos: Mapping[str, VarInfo]) -> dict[str, list[VarInfo]]:
+        """Fixed-size variables: one range; record variables: one per record (none: left out)."""
+        out = super().byte_pieces(path, infos)
+        record = [n for n in infos if n not in out]
+        if record:
+            layout = record_layout(path)
+            for n in record:
+                if infos[n].shape[0]:  # no records: nothing to read, no quick check
+                    out[n] = [layout.record_info(n, r) for r in range(infos[n].shape[0])]
+        return out

@@ -34,6 +34,7 @@ reuses the old space. Such writes are not confined to the variable's bytes.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import ClassVar
 
@@ -42,11 +43,11 @@ import numpy as np
 
 from ...errors import InputError
 from ...layout.encoding import CONVENTION_ATTRIBUTES, Encoding
+from .hdf5quick import hdf5_metadata_bytes
 from .library import LibraryBackedStore, one_line
-from .store import VarInfo
+from .store import MetadataBytes, QuickLook, VarInfo
 
-__all__ = ["HDF5_SIGNATURE", "MAX_CHUNKS", "NetCDF4Store", "chunk_ranges", "quick_hdf5_variables",
-           "read_hdf5_metadata"]
+__all__ = ["HDF5_SIGNATURE", "NetCDF4Store", "quick_hdf5_variables", "read_hdf5_metadata"]
 
 #: HDF5 superblock signature; it sits at 0 or, after a user block, at 512·2^k.
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
@@ -384,41 +385,6 @@ def quick_hdf5_variables(
         fid.close()
 
 
-#: At most this many chunks are located for the byte comparison (beyond: it is not used).
-MAX_CHUNKS = 100_000
-
-
-def chunk_ranges(path: Path, names: list[str]) -> list[tuple[int, int]] | None:
-    """The byte ranges ``(offset, end)`` of every stored chunk of the chunked datasets ``names``.
-
-    None if there are more than :data:`MAX_CHUNKS` or HDF5 cannot say.
-    """
-    out: list[tuple[int, int]] = []
-    fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
-    fapl.set_file_locking(False, True)
-    try:
-        fid = h5py.h5f.open(str(path).encode(), h5py.h5f.ACC_RDONLY, fapl)
-    except (OSError, ValueError):
-        return None
-    try:
-        for name in names:
-            oid = h5py.h5d.open(fid, name.encode())
-            if oid.get_create_plist().get_layout() != h5py.h5d.CHUNKED:
-                continue
-            n = oid.get_num_chunks()
-            if len(out) + n > MAX_CHUNKS:
-                return None
-            for i in range(n):
-                info = oid.get_chunk_info(i)
-                if info.byte_offset is not None and info.size:
-                    out.append((int(info.byte_offset), int(info.byte_offset + info.size)))
-    except (KeyError, OSError, ValueError, TypeError, RuntimeError):
-        return None
-    finally:
-        fid.close()
-    return out
-
-
 class NetCDF4Store(LibraryBackedStore):
     """A netCDF-4 (HDF5-based) member file.
 
@@ -442,3 +408,27 @@ class NetCDF4Store(LibraryBackedStore):
     @classmethod
     def sniff(cls, head: bytes) -> bool:
         return any(head[o : o + 8] == HDF5_SIGNATURE for o in _SIGNATURE_OFFSETS)
+
+    @classmethod
+    def metadata_bytes(
+        cls, fd: int, path: Path, infos: Mapping[str, VarInfo], compared: Collection[str] = ()
+    ) -> MetadataBytes | None:
+        """All but the data of contiguous datasets and stored chunks; root attribute values free.
+
+        See :mod:`ensio.io.formats.hdf5quick`.
+        """
+        return hdf5_metadata_bytes(fd, path, infos, compared)
+
+    @classmethod
+    def quick_look(
+        cls, path: Path, dims: Mapping[str, tuple[str, ...]], read: Collection[str] = ()
+    ) -> QuickLook | None:
+        """:func:`quick_hdf5_variables`; root-group variables only (None otherwise).
+
+        A variable in a subgroup may use dimensions of its parents, which only
+        the full scan resolves.
+        """
+        if any("/" in n for n in dims):
+            return None
+        sig, infos, values = quick_hdf5_variables(path, dict(dims), tuple(read))
+        return QuickLook(sig, infos, values)

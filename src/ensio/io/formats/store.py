@@ -20,7 +20,11 @@ What a format can do is declared once, as class attributes
 the ensemble I/O consults them, never the format's name. A new format is one
 module with a ``MemberStore`` subclass, an entry in
 :data:`ensio.io.formats.open.BACKENDS`, and a subclass of the contract test
-``tests/store_contract.py``.
+:class:`ensio.testing.MemberStoreContract`. The quick check of many small
+members (:mod:`ensio.io.scan.quickcheck`) asks a format through optional
+hooks (:meth:`MemberStore.metadata_bytes`, :meth:`MemberStore.byte_pieces`,
+:meth:`MemberStore.quick_look`) whose defaults say "not supported", so no
+code outside a format's module branches on its name.
 
 Element ranges are in flat C order of the variable as stored
 (``[lo, hi)`` of ``np.ravel(var)``).
@@ -29,7 +33,7 @@ Element ranges are in flat C order of the variable as stored
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -38,7 +42,7 @@ import numpy as np
 
 from ...layout.encoding import Encoding
 
-__all__ = ["MemberStore", "VarInfo"]
+__all__ = ["MemberStore", "MetadataBytes", "QuickLook", "VarInfo"]
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,52 @@ class VarInfo:
     @property
     def nbytes(self) -> int:
         return self.size * self.dtype.itemsize
+
+
+@dataclass(frozen=True)
+class MetadataBytes:
+    """Where a member file's metadata is (:meth:`MemberStore.metadata_bytes`).
+
+    Attributes
+    ----------
+    spans : tuple of (int, int)
+        Byte ranges ``[lo, hi)`` that hold metadata (and maybe data).
+    data : tuple of (int, int)
+        Ranges inside ``spans`` that are data: not compared.
+    free : tuple of (int, int)
+        Ranges inside ``spans`` that are metadata a member may have
+        different from the template: the values of global attributes
+        (never used by the ensemble I/O; a value of the same size changes
+        no structure).
+    attributes : int
+        Global attributes located (whose values are ``free``).
+    """
+
+    spans: tuple[tuple[int, int], ...]
+    data: tuple[tuple[int, int], ...] = ()
+    free: tuple[tuple[int, int], ...] = ()
+    attributes: int = 0
+
+
+@dataclass(frozen=True)
+class QuickLook:
+    """What :meth:`MemberStore.quick_look` found in one member.
+
+    Attributes
+    ----------
+    signature : tuple
+        What the full parse's description of the looked-at variables depends
+        on, except offsets and packing: two files with equal signatures get
+        the same dimensions, shapes and dtypes from it.
+    infos : dict of str to VarInfo
+        The looked-at variables (offsets and packing of this file).
+    values : dict of str to ndarray
+        The variables asked to be read, as stored, native byte order.
+    """
+
+    signature: tuple[object, ...]
+    infos: dict[str, VarInfo]
+    values: dict[str, np.ndarray]
 
 
 class MemberStore(abc.ABC):
@@ -144,6 +194,84 @@ class MemberStore(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Release the file (flushes library-path writes)."""
+
+    # ------------------------------------------------ optional hooks of the quick check
+    #
+    # The scan re-validates many members against one fully checked member (the
+    # template, :mod:`ensio.io.scan.quickcheck`) through these class methods. They
+    # are optional: each default says "not supported" and the member then takes
+    # the full check (open the store, :meth:`variables`). What is format-specific
+    # stays in the format's module; the scan never asks for a format by name.
+
+    @classmethod
+    def metadata_bytes(
+        cls, fd: int, path: Path, infos: Mapping[str, VarInfo], compared: Collection[str] = ()
+    ) -> MetadataBytes | None:
+        """Where the metadata of this fully checked file is, for the byte comparison.
+
+        A member with the template's size and the template's bytes in
+        ``spans`` minus ``data`` and ``free`` must describe the same variables
+        at the same offsets to every parser.
+
+        Parameters
+        ----------
+        fd : int
+            The file, open for reading (not closed here).
+        path : Path
+            The same file (messages; libraries that open by name).
+        infos : mapping of str to VarInfo
+            *All* its variables (the full check's).
+        compared : collection of str
+            Variables whose data must be compared as bytes too (chunked
+            coordinates: the template keeps their values).
+
+        Returns
+        -------
+        MetadataBytes or None
+            None: no byte comparison for this format or this file (default).
+
+        Raises
+        ------
+        OSError, InputError
+            The file cannot be read or its metadata is corrupt.
+        """
+        return None
+
+    @classmethod
+    def byte_pieces(cls, path: Path, infos: Mapping[str, VarInfo]) -> dict[str, list[VarInfo]]:
+        """How to read each of ``infos`` as byte ranges: one ``VarInfo`` per range.
+
+        Their contiguous parts, joined in order, are the variable in flat C
+        order. Variables that cannot be read so are left out. Default: the
+        variables with a ``raw_offset``, one range each (classic record
+        variables: one range per record).
+        """
+        return {n: [i] for n, i in infos.items() if i.raw_offset is not None}
+
+    @classmethod
+    def quick_look(
+        cls, path: Path, dims: Mapping[str, tuple[str, ...]], read: Collection[str] = ()
+    ) -> QuickLook | None:
+        """Describe only the variables ``dims`` (name → dimension names) of ``path``.
+
+        Cheaper than a full parse; used when the byte comparison fails (e.g.
+        a global attribute of another length). The descriptions carry the
+        dimension names given, valid only when the signature equals that of
+        a file whose full parse gave them; the caller compares. Values of
+        the variables ``read`` are returned too (coordinates).
+
+        Returns
+        -------
+        QuickLook or None
+            None: no quick look for this format or these variables (default).
+
+        Raises
+        ------
+        KeyError, OSError, ValueError, TypeError, RuntimeError
+            A missing variable or an unreadable file: the caller then takes
+            the full check, which names the problem.
+        """
+        return None
 
     def __enter__(self) -> MemberStore:
         return self

@@ -11,18 +11,24 @@ changed) is then checked by the first of these that applies:
 
 1. **bytes** (:mod:`ensio.io.scan.bytecheck`): the member's metadata bytes are the
    template's, except global attribute values. It then has the template's
-   variables at the template's offsets (netCDF-4 and classic; ~10 µs);
-2. **a lean HDF5 look** (netCDF-4: :func:`ensio.io.formats.netcdf4.quick_hdf5_variables`):
-   only the datasets the ensemble uses and their dimension scales are
-   opened, and what the full check's answer depends on is compared with the
-   template; offsets and packing are the member's own (~0.3 ms);
+   variables at the template's offsets (~10 µs);
+2. **a quick look** (:meth:`~ensio.io.formats.store.MemberStore.quick_look`;
+   netCDF-4: only the datasets the ensemble uses and their dimension scales
+   are opened through HDF5, ~0.3-0.6 ms; classic: the header): what the full
+   check's answer depends on is compared with the template; offsets and
+   packing are the member's own;
 3. the **full check**, whose messages name any problem (missing variable,
    wrong dims or dtype, corrupt file).
 
 In 1 and 2 the coordinate values are still compared with the layout's
 (:func:`ensio.io.scan.consistency.check_coordinates`, same messages), read as
-byte ranges, through HDF5 (chunked) or, for chunked netCDF-4 coordinates in
-case 1, taken from the template (their bytes were compared).
+byte ranges (:meth:`~ensio.io.formats.store.MemberStore.byte_pieces`), by the
+quick look, or, for coordinates without byte ranges in case 1, taken from
+the template (their bytes were compared).
+
+Which of 1 and 2 a format offers is its store's business (optional hooks of
+:class:`~ensio.io.formats.store.MemberStore`); this module never asks which
+format a file is, only whether it is the template's.
 """
 
 from __future__ import annotations
@@ -31,23 +37,20 @@ import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-import h5py
 import numpy as np
 
 from ...errors import InputError
 from ...layout.state import StateLayout
-from ..formats.classic import record_layout
-from ..formats.netcdf4 import NetCDF4Store, chunk_ranges, quick_hdf5_variables
-from ..formats.open import HEAD_BYTES, detect_backend
+from ..formats.open import BACKENDS, HEAD_BYTES, detect_backend
 from ..formats.raw import raw_read
-from ..formats.store import VarInfo
+from ..formats.store import MemberStore, VarInfo
 from .bytecheck import ByteTemplate, byte_template, same_bytes
 from .consistency import check_coordinates
 
 __all__ = ["Template", "make_template", "quick_check"]
 
-#: What h5py raises for files the quick look cannot handle (then: the full check).
-_H5_ERRORS = (KeyError, OSError, ValueError, TypeError, RuntimeError)
+#: What a quick look raises for files it cannot handle (then: the full check).
+_LOOK_ERRORS = (KeyError, OSError, ValueError, TypeError, RuntimeError)
 
 
 @dataclass(frozen=True)
@@ -64,18 +67,20 @@ class Template:
     bytes : ByteTemplate or None
         The byte comparison (:mod:`ensio.io.scan.bytecheck`), if it applies.
     signature : tuple or None
-        netCDF-4: :func:`~ensio.io.formats.netcdf4.quick_hdf5_variables`' signature
-        of the source, if that look applies.
+        The signature of the source's quick look
+        (:meth:`~ensio.io.formats.store.MemberStore.quick_look`), if that applies.
     pieces : dict of str to list of VarInfo
         Coordinate variables read as byte ranges: the variable, or (classic
         record variables) one range per record, at the source's offsets.
     fixed : dict of str to ndarray
-        netCDF-4 coordinates that are chunked: their values in the source.
-        Their bytes are part of the compared bytes, so a member that passes
-        the byte comparison has them too.
+        Coordinates without byte ranges (chunked netCDF-4): their values in
+        the source. Their bytes are part of the compared bytes, so a member
+        that passes the byte comparison has them too.
     library_writes : bool
         The capability of the source's format (a template exists only for
         formats with raw byte ranges).
+    store : type of MemberStore or None
+        The source's format: a member of another format takes the full check.
     """
 
     source: Path
@@ -85,6 +90,7 @@ class Template:
     pieces: dict[str, list[VarInfo]]
     fixed: dict[str, np.ndarray]
     library_writes: bool = True
+    store: type[MemberStore] | None = None
 
     @property
     def dims(self) -> dict[str, tuple[str, ...]]:
@@ -113,74 +119,38 @@ def make_template(
 ) -> Template | None:
     """The template of member ``path``, fully checked with descriptions ``infos``; or None.
 
-    ``infos`` holds *all* variables of the file (the full check's). None when
-    no quick look applies. The HDF5 look is kept only where it gives exactly
-    the full check's descriptions for this structure (a variable in a
-    subgroup, a dimension without a scale dataset: not).
+    ``infos`` holds *all* variables of the file (the full check's);
+    ``format_name`` is its store's (a key of
+    :data:`~ensio.io.formats.open.BACKENDS`). None when no quick check
+    applies. The quick look is kept only where it gives exactly the full
+    check's descriptions for this structure.
     """
+    store = BACKENDS.get(format_name)
     names = _names(layout)
-    if any(n not in infos for n in names):
+    if store is None or any(n not in infos for n in names):
         return None
     used = {n: infos[n] for n in names}
     coords = [n for n in names if n not in {v.name for v in layout.variables}]
-    chunks: list[tuple[int, int]] | None = []
-    if format_name == NetCDF4Store.format_name:  # chunked data, except the coordinates'
-        chunks = chunk_ranges(path, [n for n, i in infos.items()
-                                     if i.raw_offset is None and n not in coords])  # fmt: skip
     try:
-        raw = None if chunks is None else byte_template(path, infos.values(), format_name, chunks)
-        pieces = _pieces(path, {n: used[n] for n in coords}, format_name)
+        raw = byte_template(path, store, infos, coords)
+        pieces = store.byte_pieces(path, {n: used[n] for n in coords})
     except (OSError, InputError):
         return None
+    try:
+        look = store.quick_look(path, {n: used[n].dims for n in names},
+                                tuple(n for n in coords if n not in pieces))  # fmt: skip
+    except _LOOK_ERRORS:
+        return None
     sig, fixed = None, {}
-    if format_name == NetCDF4Store.format_name and not any("/" in n for n in names):
-        chunked = tuple(n for n in coords if n not in pieces)
-        try:
-            sig, quick, fixed = quick_hdf5_variables(path, {n: used[n].dims for n in names},
-                                                     chunked)  # fmt: skip
-        except _H5_ERRORS:
+    if look is not None:
+        if not all(_same(look.infos[n], used[n]) for n in names):
             return None
-        if not all(_same(quick[n], used[n]) for n in names):
-            return None
-        if raw is not None and not _attribute_count_agrees(path, raw):
-            try:  # the parse missed attributes: compare every metadata byte
-                raw = byte_template(path, infos.values(), format_name, chunks or (), exact=True)
-            except (OSError, InputError):
-                raw = None
-    if pieces is None or any(n not in pieces and n not in fixed for n in coords):
+        sig, fixed = look.signature, look.values
+    if any(n not in pieces and n not in fixed for n in coords):
         return None
     if raw is None and sig is None:
         return None
-    return Template(path, used, raw, sig, pieces, fixed, library_writes)
-
-
-def _pieces(
-    path: Path, coords: dict[str, VarInfo], format_name: str
-) -> dict[str, list[VarInfo]] | None:
-    """How to read each coordinate as byte ranges (classic record variables: per record)."""
-    out = {n: [i] for n, i in coords.items() if i.raw_offset is not None}
-    record = [n for n in coords if n not in out]
-    if record and format_name == "classic":
-        rl = record_layout(path)
-        for n in record:
-            if coords[n].shape[0]:  # no records: nothing to read, no quick check
-                out[n] = [rl.record_info(n, r) for r in range(coords[n].shape[0])]
-    return out
-
-
-def _attribute_count_agrees(path: Path, raw: ByteTemplate) -> bool:
-    """The byte parse found every global attribute of the root group (cross-check with HDF5)."""
-    try:
-        fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
-        fapl.set_file_locking(False, True)
-        fid = h5py.h5f.open(str(path).encode(), h5py.h5f.ACC_RDONLY, fapl)
-        try:
-            root = h5py.h5g.open(fid, b"/")
-            return bool(h5py.h5a.get_num_attrs(root) == raw.attributes)
-        finally:
-            fid.close()
-    except _H5_ERRORS:
-        return False
+    return Template(path, used, raw, sig, pieces, fixed, library_writes, store)
 
 
 def quick_check(
@@ -217,15 +187,15 @@ def _quick(
     state = {v.name for v in layout.variables}
     if template.bytes is not None and same_bytes(path, template.bytes, fd):
         infos, pieces, values = template.infos, template.pieces, dict(template.fixed)
-    elif template.signature is not None and _is_netcdf4(path):
+    elif template.signature is not None and _format(fd) is template.store:
         coords = [n for n in template.infos if n not in state]
         try:
-            sig, infos, values = quick_hdf5_variables(path, template.dims, tuple(coords))
-        except _H5_ERRORS:
+            look = template.store.quick_look(path, template.dims, tuple(coords))
+        except _LOOK_ERRORS:
             return None
-        if sig != template.signature:
+        if look is None or look.signature != template.signature:
             return None
-        pieces = {}
+        infos, pieces, values = look.infos, {}, dict(look.values)
     else:
         return None
     read = _read_pieces(fd, path, pieces, infos)
@@ -254,10 +224,10 @@ def _read_pieces(
     return out
 
 
-def _is_netcdf4(path: Path) -> bool:
+def _format(fd: int) -> type[MemberStore] | None:
+    """The format of the open file (by its first bytes), or None."""
     try:
-        with open(path, "rb") as fh:
-            head = fh.read(HEAD_BYTES)
+        head = os.pread(fd, HEAD_BYTES, 0)
     except OSError:
-        return False
-    return detect_backend(head) is NetCDF4Store
+        return None
+    return detect_backend(head)
