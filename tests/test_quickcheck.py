@@ -9,6 +9,7 @@ quick check switched off.
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -20,7 +21,9 @@ from mpi4py import MPI
 
 from ensio.config import config_from_dict
 from ensio.errors import InputError
-from ensio.io.formats.open import open_member
+from ensio.io.formats.classic import ClassicStore
+from ensio.io.formats.open import BACKENDS, open_member
+from ensio.io.formats.store import MemberStore
 from ensio.io.modes.ensemble import open_ensemble
 from ensio.io.scan import members as members_mod
 from ensio.io.scan.bytecheck import _subtract, same_bytes
@@ -269,3 +272,57 @@ def test_subtract_ranges():
     assert _subtract([(0, 100)], [(10, 20), (15, 30), (90, 120)]) == [(0, 10), (30, 90)]
     assert _subtract([(0, 10)], []) == [(0, 10)]
     assert _subtract([(0, 10)], [(0, 10)]) == []
+
+
+class _ClassicWithoutHooks(ClassicStore):
+    """netCDF classic through a store that does not override the optional quick-check hooks."""
+
+    metadata_bytes = MemberStore.__dict__["metadata_bytes"]
+    byte_pieces = MemberStore.__dict__["byte_pieces"]
+    quick_look = MemberStore.__dict__["quick_look"]
+
+
+@needs_tools
+def test_a_format_without_the_optional_hooks_takes_the_full_check(tmp_path, rng, monkeypatch):
+    """The hooks are optional: without them every member is checked fully, same matrix."""
+    paths = _ensemble(tmp_path, "cdf5", rng)
+    cfg = _config(tmp_path, len(paths))
+    fast, metas = _read(cfg, True, monkeypatch)
+    assert [m.quick for m in metas] == [False] + [True] * (len(paths) - 1)
+    monkeypatch.setitem(BACKENDS, ClassicStore.format_name, _ClassicWithoutHooks)
+    with open_member(paths[0]) as store:
+        assert type(store) is _ClassicWithoutHooks
+    layout = members_mod.layout_from_member(cfg.ensemble, paths[0])
+    assert members_mod.member_template(paths[0], layout)[1] is None
+    bare, bare_metas = _read(cfg, True, monkeypatch)
+    assert not any(m.quick for m in bare_metas)
+    assert bare.tobytes() == fast.tobytes()
+    np.testing.assert_array_equal(bare, _reference(paths))
+
+
+@needs_tools
+@pytest.mark.parametrize("kind", ["nc4", "cdf5"])
+def test_metadata_bytes_leave_out_data_and_free_the_global_attribute_values(tmp_path, rng, kind):
+    """What each format's hook says, checked against the file: data outside, globals free."""
+    path = _ensemble(tmp_path, kind, rng, n=1)[0]
+    with open_member(path) as store:
+        infos = dict(store.variables())
+        fmt = type(store)
+    blob = path.read_bytes()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        meta = fmt.metadata_bytes(fd, path, infos)
+    finally:
+        os.close(fd)
+    # :member and :shift; netCDF-C adds _NCProperties to a netCDF-4 file's root group
+    assert meta is not None and meta.attributes == (3 if kind == "nc4" else 2)
+    state = infos["state"]
+    start, stop = state.raw_offset, state.raw_offset + state.nbytes
+    inside = any(lo <= start and stop <= hi for lo, hi in meta.spans)
+    assert not inside or any(lo <= start and stop <= hi for lo, hi in meta.data)
+    with netCDF4.Dataset(path) as ds:
+        member = np.asarray(ds.getncattr("member")).astype(">i4" if kind == "cdf5" else "<i4")
+    free = [blob[lo:hi] for lo, hi in meta.free]
+    assert any(member.tobytes() in piece for piece in free)
+    for lo, hi in meta.free:  # free ranges lie inside the metadata
+        assert any(a <= lo and hi <= b for a, b in meta.spans)
