@@ -429,7 +429,7 @@ def test_cli_recover_reports_missing_files(tmp_path, capsys):
     files[0].unlink()
     assert run_cli(["recover", str(files[1])]) == 1  # a member file names its directory
     out, err = capsys.readouterr()
-    assert out == "recovered: rolled back 0 ranges (0 B) in 0 files\n"
+    assert out == "recovered: rolled back nothing (the journaled files no longer exist)\n"
     assert str(files[0]) in err
 
 

@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 from ..errors import EnsioError, file_op
-from ..io.txn.journal import JOURNAL_DIRNAME, recover
+from ..io.txn.journal import JOURNAL_DIRNAME, RecoveryReport, recover
 from ..io.txn.lock import EnsembleLock, command_line
 from .options import add_set_option
 
@@ -86,6 +86,24 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
+def _undone(report: RecoveryReport) -> str:
+    """What a roll back wrote: byte ranges, whole files put back from their copies, or
+    nothing (the bytes of whole files are not ranges, so they are named apart)."""
+    size = f"({_size(report.bytes)})"
+    ranges = f"rolled back {_plural(report.ranges, 'range')}"
+    copies = "copy" if report.whole == 1 else "copies"
+    whole = f"put back the prior {copies} of {_plural(report.whole, 'whole file')}"
+    if report.ranges and report.whole:
+        return f"{ranges} and {whole} {size} in {_plural(report.files, 'file')}"
+    if report.ranges:
+        return f"{ranges} {size} in {_plural(report.files, 'file')}"
+    if report.whole:
+        return f"{whole} {size}"
+    if report.missing:
+        return "rolled back nothing (the journaled files no longer exist)"
+    return "rolled back nothing (no prior bytes had been saved)"
+
+
 def run(args: argparse.Namespace) -> int:
     """Recover ``args.dir`` and print one line.
 
@@ -118,10 +136,7 @@ def run(args: argparse.Namespace) -> int:
         staged = f"; {_plural(report.staged, 'staged file')} deleted" * bool(report.staged)
         why = (f" (shuffle transaction {report.transaction} is not in the global run record)"
                * bool(report.transaction))
-        print(
-            f"recovered: rolled back {_plural(report.ranges, 'range')} "
-            f"({_size(report.bytes)}) in {_plural(report.files, 'file')}{staged}{why}"
-        )
+        print(f"recovered: {_undone(report)}{staged}{why}")
     for path in report.missing:
         print(f"ensio recover: warning: {path} no longer exists; not restored", file=sys.stderr)
     return 1 if report.missing else 0

@@ -138,6 +138,9 @@ class RecoveryReport:
     transaction : str
         The shuffle transaction of the journal (decided by the global run
         record), or "".
+    whole : int
+        Files put back from a whole-file backup (a library-path rewrite):
+        their bytes count in ``bytes`` but they are not ``ranges``.
     """
 
     state: Literal["clean", "rolled_back", "committed", "open"]
@@ -147,6 +150,7 @@ class RecoveryReport:
     missing: tuple[str, ...] = ()
     staged: int = 0
     transaction: str = ""
+    whole: int = 0
 
 
 def _restore_backup(backup: Path, target: str, fsync: bool) -> bool:
@@ -237,7 +241,7 @@ def _rollback(root: Path, jdir: Path, fsync: bool) -> RecoveryReport:
     # Log order is irrelevant: different tasks journal disjoint byte ranges.
     scanned = [(log, scan_log(log)) for log in sorted(jdir.glob("task-*.undo"))]
     files, dirs, missing = set[str](), set[str](), set[str]()
-    nbytes = nranges = 0
+    nbytes = nranges = nwhole = 0
     for _, records in scanned:  # backups first (newest first: the oldest wins), then
         for rec in reversed(records):  # the ranges journaled before them are replayed
             backup = jdir / rec.name
@@ -248,6 +252,7 @@ def _rollback(root: Path, jdir: Path, fsync: bool) -> RecoveryReport:
                 files.add(rec.path)
                 dirs.add(os.path.dirname(rec.path))
                 nbytes += size
+                nwhole += 1
     for log, records in scanned:
         touched, n, b = replay_log(log, records, fsync, missing)
         files |= touched
@@ -263,7 +268,7 @@ def _rollback(root: Path, jdir: Path, fsync: bool) -> RecoveryReport:
     faults.point("recover-synced")
     _remove_journal(root, jdir, fsync)
     return RecoveryReport("rolled_back", len(files), nranges, nbytes,
-                          tuple(sorted(missing - files)), staged)
+                          tuple(sorted(missing - files)), staged, whole=nwhole)
 
 
 def drop(root: Path, *, fsync: bool) -> bool:
