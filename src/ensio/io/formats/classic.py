@@ -20,10 +20,10 @@ in CDF-5; ``OFFSET`` is 32-bit in CDF-1 and 64-bit in CDF-2/5)::
 Tags and ``nc_type`` are 32-bit in every version; attribute values are padded
 to 4 bytes. A dimension of length 0 is the record (unlimited) dimension.
 Fixed-size variables are contiguous at ``begin``; record variables are
-interleaved record by record, so they get no raw offset in a ``VarInfo`` and
-use the netCDF library path. :func:`record_layout` describes that interleaving
-for code that writes record variables by byte ranges itself (the shared
-CDF-5 files of ``ioserver/``): record ``r`` of variable ``v`` starts at
+interleaved record by record, so they get no raw offset in a ``VarInfo``: they
+are written through the netCDF library and read record by record as byte
+ranges (:meth:`ClassicStore.read_elements`; also :func:`record_layout`, for the
+shared CDF-5 files of ``ioserver/``): record ``r`` of variable ``v`` starts at
 ``begin_v + r * recsize``, where ``recsize`` is the sum of the record
 variables' sizes per record, each padded to 4 bytes, except that a lone
 record variable is not padded (the classic format specification; netCDF-C
@@ -45,6 +45,7 @@ import numpy as np
 from ...errors import InputError
 from ...layout.encoding import CONVENTION_ATTRIBUTES, Encoding
 from .library import LibraryBackedStore
+from .raw import raw_read_records
 from .store import MetadataBytes, VarInfo
 
 __all__ = [
@@ -454,7 +455,20 @@ class ClassicStore(LibraryBackedStore):
         except OSError as exc:
             raise InputError(f"{self.path}: cannot read member file ({exc.strerror})") from None
         try:
-            self.version, self._vars = read_classic_header(fd, self.path)
+            parsed = _parse_header(fd, self.path)
+        finally:
+            os.close(fd)
+        self.version, self._vars = parsed.version, parsed.variables
+        self._records = {n: (begin, _recsize(parsed.record)) for n, begin, _ in parsed.record}
+
+    def read_elements(self, name: str, lo: int, hi: int) -> np.ndarray:
+        """Record variables as byte ranges, unless writable (the library holds its writes)."""
+        if name not in self._records or self.writable:
+            return super().read_elements(name, lo, hi)
+        begin, recsize = self._records[name]
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            return raw_read_records(fd, self._vars[name], begin, recsize, lo, hi, path=self.path)
         finally:
             os.close(fd)
 
@@ -469,16 +483,15 @@ class ClassicStore(LibraryBackedStore):
         """The header (it says where everything is); the global attribute values free."""
         parsed = _parse_header(fd, path)  # InputError if corrupt
         free = parsed.global_values
-        return MetadataBytes(((0, parsed.header_end),), (), free, len(free))
+        return MetadataBytes(((0, parsed.header_end),), free=free, attributes=len(free))
 
     @classmethod
     def byte_pieces(cls, path: Path, infos: Mapping[str, VarInfo]) -> dict[str, list[VarInfo]]:
         """Fixed-size variables: one range; record variables: one per record (none: left out)."""
         out = super().byte_pieces(path, infos)
-        record = [n for n in infos if n not in out]
+        record = [n for n in infos if n not in out and infos[n].shape[0]]
         if record:
-            layout = record_layout(path)
+            rl = record_layout(path)
             for n in record:
-                if infos[n].shape[0]:  # no records: nothing to read, no quick check
-                    out[n] = [layout.record_info(n, r) for r in range(infos[n].shape[0])]
+                out[n] = [rl.record_info(n, r) for r in range(infos[n].shape[0])]
         return out
