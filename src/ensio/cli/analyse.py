@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -12,11 +11,10 @@ from pathlib import Path
 from mpi4py import MPI
 
 from ..config import load_config
-from ..config.errors import ConfigError
 from ..io.txn.lock import command_line
 from ..offline import run_analysis
 from ..progress import PhaseProgress
-from .options import add_set_option
+from .options import add_members_option, add_set_option, select_members
 
 __all__ = ["add_parser", "run"]
 
@@ -41,14 +39,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("config", type=Path, metavar="CONFIG", help="YAML configuration file")
     add_set_option(p, "override a config key, e.g. --set analysis.filter=etkf (repeatable)")
     p.add_argument("--cycle", type=int, default=0, help="cycle number (keys random streams)")
-    p.add_argument(
-        "--members",
-        type=_member_list,
-        default=None,
-        metavar="LIST",
-        help="analyse only these member numbers, e.g. 1,2,4 (sets ensemble.ids and "
-        "ensemble.size; the cycle driver passes the members that succeeded)",
-    )
+    add_members_option(p, "analyse only these member numbers, e.g. 1,2,4 (sets ensemble.ids "
+                       "and ensemble.size; the cycle driver passes the members that succeeded)")
     p.add_argument(
         "--force",
         action="store_true",
@@ -59,25 +51,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _member_list(text: str) -> tuple[int, ...]:
-    try:
-        ids = tuple(int(t) for t in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated member numbers, got {text!r}"
-        ) from None
-    return ids
-
-
 def run(args: argparse.Namespace) -> int:
     comm = MPI.COMM_WORLD
     config = load_config(args.config, args.overrides)
-    if args.members is not None:
-        try:
-            ens = dataclasses.replace(config.ensemble, ids=args.members, size=len(args.members))
-        except ConfigError as exc:
-            raise ConfigError(f"--members: {exc}") from None
-        config = dataclasses.replace(config, ensemble=ens)
+    config = select_members(config, args.members)
     with PhaseProgress.for_rank(comm.rank) as progress:
         report = run_analysis(config, comm, cycle=args.cycle, force=args.force,
                               command=command_line(), progress=progress)

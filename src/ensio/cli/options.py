@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from typing import TYPE_CHECKING
 
-__all__ = ["add_set_option", "positive_int_list"]
+from ..config.errors import ConfigError
+
+if TYPE_CHECKING:
+    from ..config.schema import Config
+
+__all__ = ["add_members_option", "add_set_option", "positive_int_list", "select_members"]
 
 
 def add_set_option(
@@ -28,3 +35,34 @@ def positive_int_list(what: str):
         return out
 
     return parse
+
+
+def member_list(text: str) -> tuple[int, ...]:
+    """An argparse ``type``: comma-separated member numbers (``1,2,4``)."""
+    try:
+        ids = tuple(int(t) for t in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated member numbers, got {text!r}"
+        ) from None
+    return ids
+
+
+def add_members_option(p: argparse.ArgumentParser, help: str) -> None:
+    """``--members LIST`` into ``args.members`` (None: every member); apply it with
+    :func:`select_members`, so every command selects members the same way."""
+    p.add_argument("--members", type=member_list, default=None, metavar="LIST", help=help)
+
+
+def select_members(config: Config, members: tuple[int, ...] | None) -> Config:
+    """``config`` with only ``members`` (``ensemble.ids`` and ``ensemble.size``); None: as is.
+
+    A member the config does not allow is a :class:`ConfigError` naming ``--members``.
+    """
+    if members is None:
+        return config
+    try:
+        ens = dataclasses.replace(config.ensemble, ids=members, size=len(members))
+    except ConfigError as exc:
+        raise ConfigError(f"--members: {exc}") from None
+    return dataclasses.replace(config, ensemble=ens)

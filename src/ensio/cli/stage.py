@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .options import add_set_option
+from .options import add_members_option, add_set_option, select_members
 
 __all__ = ["add_parser", "run"]
 
@@ -25,12 +25,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "copies its ranks' files. Alone, one process stands for --ranks ranks on this "
             "host. Copies are written beside their target, verified and renamed into place "
             "only when every copy of every node succeeded; files already up to date "
-            "(same size and modification time, or same sha256 with --checksum) are skipped."
+            "(same size and modification time, or same sha256 with --checksum) are skipped. "
+            "--members stages a selection, numbered within it as the analysis of the "
+            "same selection numbers it."
         ),
     )
     p.add_argument("direction", choices=("in", "out"), help="in: global -> local; out: back")
     p.add_argument("config", type=Path, metavar="CONFIG", help="YAML configuration file")
     add_set_option(p)
+    add_members_option(p, "stage only these member numbers, e.g. 1,2,4, placed as `ensio "
+                       "analyse --members` with the same list reads them (sets ensemble.ids "
+                       "and ensemble.size)")
     p.add_argument("--checksum", action="store_true",
                    help="compare sha256 to skip, and read every copy back to verify it")
     p.add_argument("--ranks", type=int, default=None, metavar="R",
@@ -50,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from ..parallel.nodes import this_host
 
     comm = MPI.COMM_WORLD
-    config = load_config(args.config, args.overrides)
+    config = select_members(load_config(args.config, args.overrides), args.members)
     report = stage(config, args.direction, comm, host=this_host(), checksum=args.checksum,
                    threads=max(1, args.threads), n_ranks=args.ranks, fsync=not args.no_fsync)
     if comm.rank == 0:
