@@ -56,11 +56,12 @@ from ...progress import Advance, no_progress
 from ..formats.open import open_member
 from ..formats.store import VarInfo
 from ..node.stagemap import format_local_dir, holder_rank
+from ..scan.tileplace import check_local_tiles
 from ..tiles.tiled import global_layout, tile_geometry
 from ..tiles.tilefile import plan_runs, read_tile, write_tile
 from ..tiles.tilerewrite import rewrite_tile
 from ..txn import journal as journal_mod
-from ..txn.commit import journaled_write
+from ..txn.commit import journaled_write, run_of
 from ..txn.lock import EnsembleLock, command_line
 from ..txn.runrecord import sha256_file
 from ..txn.shufflecommit import ShuffleTransaction, prepare
@@ -220,6 +221,9 @@ class ShuffleEnsembleIO:
         self.runs = plan_runs(self.geometry, self.layout)
         raise_if_any(comm, guard(lambda: self._check_tile(digest, p)))
         assert digest is not None
+        # the shared scan's checks of every tile's place (coordinates, DOMAIN_*, time)
+        check_local_tiles(comm, self.path, p, self.layout, self.geometry, digest.attrs,
+                          comm.rank < per)  # fmt: skip
         self.infos = digest.infos
         self.plan = ShufflePlan.build(self.runs, self.layout.n_rows, ens.size, comm.size,
                                       comm.rank)  # fmt: skip
@@ -244,12 +248,21 @@ class ShuffleEnsembleIO:
     def _lock_and_recover(self, locked: Path | None) -> None:
         """Collective: the first rank of each local directory takes its lock, then
         recovers its journal (a shuffle journal is decided by the global record,
-        :mod:`ensio.io.txn.shufflejournal`); an error anywhere is raised on every rank."""
+        :mod:`ensio.io.txn.shufflejournal`); an error anywhere is raised on every rank.
+
+        The lock is the run's (:func:`~ensio.io.txn.commit.run_of`): a directory
+        this run already holds (the global one, when ``io.local_dir`` names it)
+        is joined, and was recovered by its holder; another live run's is
+        refused, naming that run."""
+        run = run_of(self.comm)
+
         def take() -> None:
-            self._lock = EnsembleLock(self.root, command_line()).acquire()
+            self._lock = EnsembleLock(self.root, command_line(), run=run).acquire()
 
         def recover() -> None:
-            journal_mod.recover(self.root, fsync=self.io.fsync, locked=locked)
+            assert self._lock is not None
+            if self._lock.joined is None:
+                journal_mod.recover(self.root, fsync=self.io.fsync, locked=locked)
 
         raise_if_any(self.comm, guard(take) if self.disk.rank == 0 else None)
         raise_if_any(self.comm, guard(recover) if self.disk.rank == 0 else None)
@@ -283,9 +296,14 @@ class ShuffleEnsembleIO:
                                  f"tile {p} needs {want}")  # fmt: skip
 
     def _disk_comm(self, host: str) -> tuple[MPI.Comm, Path]:
-        """The ranks sharing this rank's local directory (one journal each), and its root."""
+        """The ranks sharing this rank's local directory (one journal and one lock per
+        directory and run, whatever the ranks' count), and its root.
+
+        Keyed by the directory itself (real path), so two spellings of one
+        directory (a symlink) are one group, not two journals in one place.
+        """
         root = Path(os.path.abspath(self.local))
-        keys = self.comm.allgather((host, str(root)))
+        keys = self.comm.allgather((host, os.path.realpath(root)))
         return self.comm.Split(keys.index(keys[self.comm.rank]), self.comm.rank), root
 
     def __enter__(self) -> ShuffleEnsembleIO:

@@ -36,9 +36,9 @@ from mpi4py import MPI
 
 from ...parallel.agree import ErrorNote, agree, rebuild, root_call
 from . import journal, staging
-from .lock import EnsembleLock
+from .lock import EnsembleLock, run_id
 
-__all__ = ["DeferredInterrupt", "RunTransaction", "ensemble_lock", "journaled_write"]
+__all__ = ["DeferredInterrupt", "RunTransaction", "ensemble_lock", "journaled_write", "run_of"]
 
 
 @contextmanager
@@ -47,15 +47,23 @@ def ensemble_lock(root: Path, comm: MPI.Comm, command: str) -> Iterator[Ensemble
 
     Raises :class:`~ensio.io.txn.lock.LockError` on every rank if another run holds
     it. Yields the lock on rank 0 (``taken_over`` names a dead holder whose
-    stale lock was taken over), None elsewhere.
+    stale lock was taken over), None elsewhere. The lock records the run
+    (:func:`run_of`), so a rank of this run locking the same directory again
+    (a node-local directory that is the global one) joins it.
     """
-    lock = EnsembleLock(root, command) if comm.rank == 0 else None
+    run = run_of(comm)
+    lock = EnsembleLock(root, command, run=run) if comm.rank == 0 else None
     root_call(comm, lambda: lock.acquire() and None)
     try:
         yield lock
     finally:
         if lock is not None:
             lock.release()
+
+
+def run_of(comm: MPI.Comm) -> str:
+    """Collective: the identity of this run, rank 0's :func:`~ensio.io.lock.run_id`."""
+    return str(comm.bcast(run_id() if comm.rank == 0 else None))
 
 
 class DeferredInterrupt:

@@ -19,7 +19,14 @@ Taking the lock:
   dead file's flock while it checks the record and rewrites it, so two runs
   racing for a stale lock cannot both win (the loser's flock fails);
 * **held by another host**: never broken automatically (its process cannot be
-  checked from here); the message says how to remove it.
+  checked from here); the message says how to remove it;
+* **held by another process of the same run** (the record's ``run`` equals the
+  taker's, :func:`run_id`): *joined*, not refused. The ranks of one MPI run
+  share a directory this way (one node-local directory for all ranks of a
+  node, or a local directory that is also the global one, whose lock rank 0
+  already holds): the lock is per directory and per run, not per process, so
+  a run never reports its own rank as a foreign holder. A joined lock holds
+  nothing of its own; the first holder releases it.
 
 A flock needs a file system that supports it (local file systems, tmpfs, NFS
 via POSIX locks, Lustre with ``-o flock``); where it is unsupported the record
@@ -45,7 +52,8 @@ from pathlib import Path
 from ... import faults
 from ...errors import EnsioError, file_op
 
-__all__ = ["LOCK_NAME", "EnsembleLock", "Holder", "LockError", "held_by_me", "lock_path"]
+__all__ = ["LOCK_NAME", "EnsembleLock", "Holder", "LockError", "held_by_me", "lock_path",
+           "run_id"]
 
 LOCK_NAME = ".ensio-lock"
 _NO_LINK = {errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP}
@@ -84,9 +92,20 @@ def process_start(pid: int) -> int | None:
     return int(fields[19])
 
 
+def run_id() -> str:
+    """This process as the identity of a run: ``host:pid:start``.
+
+    An MPI run takes its rank 0's (broadcast), so every lock its ranks take
+    names the same run; unique while the process lives (the start time
+    tells a reused pid apart).
+    """
+    pid = os.getpid()
+    return f"{socket.gethostname()}:{pid}:{process_start(pid)}"
+
+
 @dataclass(frozen=True)
 class Holder:
-    """Who holds a lock (the lock file's record)."""
+    """Who holds a lock (the lock file's record); ``run``: its run (:func:`run_id`), or ""."""
 
     host: str
     pid: int
@@ -94,19 +113,21 @@ class Holder:
     boot_id: str
     started: str
     command: str
+    run: str = ""
 
     @classmethod
-    def current(cls, command: str) -> Holder:
+    def current(cls, command: str, run: str = "") -> Holder:
         pid = os.getpid()
         return cls(socket.gethostname(), pid, process_start(pid), _boot_id(),
-                   time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), command)
+                   time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), command, run)
 
     @classmethod
     def parse(cls, text: str) -> Holder | None:
         try:
             raw = json.loads(text)
             return cls(str(raw["host"]), int(raw["pid"]), raw.get("pid_start"),
-                       str(raw.get("boot_id", "")), str(raw["started"]), str(raw["command"]))
+                       str(raw.get("boot_id", "")), str(raw["started"]), str(raw["command"]),
+                       str(raw.get("run", "")))
         except (ValueError, KeyError, TypeError):
             return None
 
@@ -181,28 +202,35 @@ class EnsembleLock:
         The journal root (:func:`ensio.io.txn.journal.journal_root` of member 1).
     command : str
         What holds the lock, for the message a second run prints.
+    run : str
+        The taker's run (:func:`run_id` of its rank 0): a live holder of the
+        same run is joined instead of refused. "" (a lone process): never joins.
 
     Attributes
     ----------
     taken_over : Holder or None
         The dead holder whose stale lock :meth:`acquire` took over.
+    joined : Holder or None
+        The live holder of the same run whose lock :meth:`acquire` joined.
     """
 
-    def __init__(self, root: str | Path, command: str) -> None:
+    def __init__(self, root: str | Path, command: str, *, run: str = "") -> None:
         self.path = lock_path(root)
         self.command = command
+        self.run = run
         self.taken_over: Holder | None = None
+        self.joined: Holder | None = None
         self._fd = -1
 
     @property
     def held(self) -> bool:
-        return self._fd >= 0
+        return self._fd >= 0 or self.joined is not None
 
     def acquire(self) -> EnsembleLock:
         """Take the lock now or raise :class:`LockError` naming the holder."""
         if self.held:
             return self
-        me = Holder.current(self.command)
+        me = Holder.current(self.command, self.run)
         self._remove_dead_temporaries()
         for _ in range(16):  # each pass ends or the lock changed hands meanwhile
             with file_op("take the lock", self.path):
@@ -264,6 +292,10 @@ class EnsembleLock:
         try:
             flocked = _try_flock(fd)
             holder = _read_holder(fd)
+            if not flocked and self._ours(holder):
+                os.close(fd)
+                self.joined = holder
+                return True
             if not flocked:
                 raise LockError(self._busy(holder))
             if not _same_file(fd, self.path):
@@ -276,7 +308,11 @@ class EnsembleLock:
                 raise LockError(
                     f"{self._busy(holder)}; a lock of another host is never broken "
                     f"automatically: if that run is gone, remove it (rm {self.path})")
-            if holder.alive():
+            if holder.alive():  # a live holder without flock support
+                if self._ours(holder):
+                    os.close(fd)
+                    self.joined = holder
+                    return True
                 raise LockError(self._busy(holder))
             os.ftruncate(fd, 0)  # stale: ours now (we hold its flock)
             os.pwrite(fd, me.encode(), 0)
@@ -288,12 +324,20 @@ class EnsembleLock:
         self._fd, self.taken_over = fd, holder
         return True
 
+    def _ours(self, holder: Holder | None) -> bool:
+        """The holder is a process of this lock's own run."""
+        return bool(self.run) and holder is not None and holder.run == self.run
+
     def _busy(self, holder: Holder | None) -> str:
         who = holder.describe() if holder is not None else "another run (record being written)"
         return f"members locked by {who}: {self.path}"
 
     def release(self) -> None:
-        """Remove the lock file (if it is still ours) and drop the flock. Idempotent."""
+        """Remove the lock file (if it is still ours) and drop the flock. Idempotent.
+
+        A joined lock only forgets it: its first holder releases the file.
+        """
+        self.joined = None
         if self._fd < 0:
             return
         try:
