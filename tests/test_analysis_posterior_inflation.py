@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import yaml
 
-from ensio.analysis.filters import FILTERS, assimilate
+from ensio.analysis.api import assimilate
+from ensio.analysis.filters import FILTERS
 from ensio.analysis.inflation import inflate_anomalies, rtpp
 from ensio.config.analysis import AnalysisSection, InflationSection, LocalizationSection
 from ensio.config.load import from_plain

@@ -1,4 +1,4 @@
-"""Full analyses through ``ensio.analysis.filters.analyse`` against independent references.
+"""Full analyses through ``ensio.analysis.api.analyse`` against independent references.
 
 Every reference here is written from the papers, point by point, with numpy
 and scipy only: it shares no code with ensio's kernels (no batched GEMM, no
@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 import scipy.linalg
 
-from ensio.analysis.filters import analyse
+from ensio.analysis.api import analyse
 from ensio.analysis.transforms import obs_perturbations
 from ensio.config.analysis import AnalysisSection, InflationSection, LocalizationSection
 from ensio.obs.batch import ObsBatch

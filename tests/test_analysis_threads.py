@@ -67,7 +67,8 @@ def test_full_rank_large_ensemble_equals_pointwise(method, rng):
 @pytest.mark.parametrize("name", ["letkf", "lenkf"])
 def test_threads_key_of_the_config_reaches_the_kernel(name, rng):
     """``analysis.threads: 2`` through the public API: the same analysis, bit for bit."""
-    from ensio.analysis.filters import assimilate, make_filter
+    from ensio.analysis.api import assimilate
+    from ensio.analysis.filters import make_filter
     from ensio.config.analysis import AnalysisSection, LocalizationSection
     from ensio.obs import ObsBatch
 

@@ -9,7 +9,7 @@ import pytest
 from mpi4py import MPI
 from reference_letkf import letkf
 
-from ensio.analysis.filters import analyse
+from ensio.analysis.api import analyse
 from ensio.config.analysis import AnalysisSection
 from ensio.config.load import from_plain, load_config
 from ensio.models.moving import config_text, write_moving, write_state

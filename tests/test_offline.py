@@ -3,7 +3,7 @@
 Expected values never come from the offline path itself: the prior is read
 with the plain netCDF4 library (tests/cases.py), the observations are the
 arrays the test wrote, the row coordinates and the lon/lat grid are built
-here, and the analysis is the in-memory :func:`ensio.analysis.filters.analyse`
+here, and the analysis is the in-memory :func:`ensio.analysis.api.analyse`
 (plus the textbook Kalman formula with an H built from scratch in
 ``cases.bilinear_matrix`` for the deterministic global filters).
 """
@@ -37,7 +37,8 @@ from cases import (
 )
 from mpi4py import MPI
 
-from ensio.analysis.filters import AnalysisResult, analyse
+from ensio.analysis.api import analyse
+from ensio.analysis.result import AnalysisResult
 from ensio.config import config_from_dict
 from ensio.config.analysis import (
     AnalysisSection,

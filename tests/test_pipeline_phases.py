@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import ensio.analysis.pipeline as pipeline
-from ensio.analysis.filters import analyse
+from ensio.analysis.api import analyse
 from ensio.config.analysis import AnalysisSection, LocalizationSection, WeightInterpolationSection
 from ensio.obs import ObsBatch, RegularGrid
 

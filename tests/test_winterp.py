@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ensio.analysis.filters import analyse
+from ensio.analysis.api import analyse
 from ensio.analysis.localization import Geometry, Localization
 from ensio.analysis.obsspace import ObsSpace
 from ensio.analysis.pointwise import pointwise_kernel

@@ -19,7 +19,7 @@ __all__ = ["__version__", "assimilate"]
 
 def __getattr__(name: str) -> Any:
     if name == "assimilate":
-        from .analysis.filters import assimilate
+        from .analysis.api import assimilate
 
         return assimilate
     raise AttributeError(f"module 'ensio' has no attribute {name!r}")

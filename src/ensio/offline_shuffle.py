@@ -44,7 +44,7 @@ from .io.txn.commit import ensemble_lock
 from .io.txn.runrecord import find_run, record_line, run_key, runs_path
 from .io.txn.shufflecommit import ShuffleTransaction, commit, roll_back
 from .layout.rowsetblock import RowSetBlock
-from .offline import AnalysisReport, already_report
+from .offline_report import AnalysisReport, already_report
 from .parallel.agree import root_call
 from .progress import PhaseProgress
 

@@ -3,7 +3,7 @@
 Each run writes complete copies (``io.in_place: false``) into its own
 sub-directory of ``shared_dir``, so every parameterization starts from the same
 member files. The expected analysis is the in-memory, single-process
-:func:`ensio.analysis.filters.analyse` on the prior read with netCDF4, computed
+:func:`ensio.analysis.api.analyse` on the prior read with netCDF4, computed
 on every rank; the outputs are read back with netCDF4.
 
 N_mpi: the world communicator and every smaller prefix of it (so ``-n 4`` also
@@ -29,7 +29,7 @@ from cases import (
 )
 from mpi4py import MPI
 
-from ensio.analysis.filters import analyse
+from ensio.analysis.api import analyse
 from ensio.config import config_from_dict
 from ensio.config.analysis import AnalysisSection, InflationSection, LocalizationSection
 from ensio.obs import ObsBatch, RegularGrid

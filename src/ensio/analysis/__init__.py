@@ -8,13 +8,8 @@ is the one pipeline, given communicators explicitly. ``inputs`` is the one
 module that reads (observation) files.
 """
 
-from .filters import (
-    FILTERS,
-    analyse,
-    assimilate,
-    localization_from_config,
-    make_filter,
-)
+from .api import analyse, assimilate
+from .filters import FILTERS, localization_from_config, make_filter
 from .local import local_analysis
 from .localization import Geometry, Localization
 from .obsspace import ObsSpace

@@ -1,7 +1,7 @@
 """The one analysis pipeline: a block of rows and observations in, the analysis out.
 
 :func:`analyse_rows` is what every path into the analysis runs: the in-memory
-API (:func:`~ensio.analysis.filters.analyse`, the whole state on
+API (:func:`~ensio.analysis.api.analyse`, the whole state on
 ``MPI.COMM_SELF``), the offline and online drivers (through
 :func:`~ensio.analysis.inputs.assimilate_block`) and ``ensio bench analysis``.
 Per call:

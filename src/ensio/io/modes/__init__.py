@@ -1,4 +1,7 @@
-"""The ensemble-I/O object of each `io.mode`: the common interface and factory
-(ensemble), files mode (files, rewrite), tiled files (tiledio), shuffle mode (shuffle,
-shuffleplan), the double-buffered pipeline (pipeline), the I/O statistics (stats).
-Imports every room below."""
+"""The ensemble-I/O object of each ``io.mode`` (imports every room below).
+
+``ensemble`` (the interface and factory), ``files``/``rewrite`` (files
+mode), ``tiledio`` (tiled files), ``shuffle``/``shuffleplan`` (shuffle
+mode), ``pipeline`` (the double-buffered read/write loop), ``stats``,
+``copies`` (byte copies of members for ``io.in_place: false``).
+"""

@@ -29,12 +29,12 @@ from ...layout.block import EnsembleBlock
 from ...parallel.agree import all_call, guard, raise_if_any, root_call
 from ...parallel.distribution import RowDistribution
 from ...progress import Advance, no_progress
-from ..products.copies import copy_members
 from ..scan.tilescan import TileScan
 from ..tiles.tiled import TiledEnsemble
 from ..tiles.tilerewrite import library_tiles
 from ..txn import journal as journal_mod
 from ..txn.commit import journaled_write
+from .copies import copy_members
 from .stats import IOStats
 
 __all__ = ["TiledEnsembleIO", "copy_targets"]

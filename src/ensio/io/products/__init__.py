@@ -1,2 +1,5 @@
-"""What an analysis writes besides the members: copies of the prior (copies), mean and
-spread (products, shuffleproducts), CF metadata (cf). The top room."""
+"""What an analysis writes besides the members, the top room.
+
+``products`` (mean and spread, copies of the prior), ``shuffleproducts``
+(the same in shuffle mode), ``cf`` (CF metadata).
+"""

@@ -40,10 +40,10 @@ from ...layout.block import EnsembleBlock
 from ...layout.state import StateLayout, VariableLayout
 from ...parallel.agree import all_call, root_call
 from ...parallel.distribution import RowDistribution
+from ..modes.copies import copy_members
 from ..modes.ensemble import IOStats, open_ensemble
 from ..tiles.tileproducts import TileProducts, tile_paths
 from . import cf
-from .copies import copy_members
 
 __all__ = ["history", "partial_path", "product_paths", "statistics", "write_field_file",
            "write_member_copies", "write_products"]

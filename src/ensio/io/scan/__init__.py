@@ -1,4 +1,7 @@
-"""The metadata pass over the members before any data moves: per-member metadata and
-the layout (members), consistency across members (consistency), the quick checks
-(quickcheck, bytecheck), tiled members (tilescan), 4-D time slots (slotstates). Imports
-formats only."""
+"""The metadata pass over the members, before any data moves (imports formats).
+
+``members`` (per-member metadata, the layout), ``consistency`` (across
+members), ``quickcheck``/``bytecheck`` (the quick path for many members),
+``tilescan`` (tiled members), ``slotstates`` (4-D time slots),
+``memberfiles`` (which files an ensemble is).
+"""

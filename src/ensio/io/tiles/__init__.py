@@ -1,3 +1,6 @@
-"""Tiled members: tile geometry and the global grid (tiled), reading and writing one
-tile file (tilefile, tileread, tilerewrite), cutting tiles (tilecut), tile-shaped
-products (tileproducts). Imports formats, scan, txn."""
+"""Tiled members: tile geometry and tile files (imports formats, scan, txn).
+
+``tiled`` (the global grid of P tiles), ``tilefile``/``tileread``/
+``tilerewrite`` (one tile file), ``tilecut`` (cutting tiles),
+``tileproducts`` (tile-shaped product files).
+"""

@@ -1,4 +1,7 @@
-"""Crash safety of every writer: locks (lock), the undo log and journal (undolog,
-journal, staging), the committed write (commit), the run record (runrecord, runsfile)
-and the shuffle mode's transaction across node-local directories (shufflejournal,
-shufflecommit). Imports formats and scan."""
+"""Crash safety of every writer (imports formats and scan).
+
+``lock``, ``undolog``, ``journal``, ``staging``, ``commit`` (the committed
+write of a run), ``librarycopy`` (a journaled rewrite through a copy),
+``runrecord``/``runsfile`` (what was analysed), ``shufflejournal``/
+``shufflecommit`` (the shuffle mode's transaction across node-local directories).
+"""

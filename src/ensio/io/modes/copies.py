@@ -2,7 +2,7 @@
 
 Its own module because both the single-file copies (:mod:`ensio.io.products.products`)
 and the tiled ones (:mod:`ensio.io.modes.tiledio`) need it, and the ensemble-I/O
-modules must not import the product writer.
+modules must not import the product writer: so it lives in modes/, below products/.
 """
 
 from __future__ import annotations
