@@ -34,7 +34,15 @@ from .io.tiles.tiled import check_tiled_run
 from .io.tiles.tileproducts import TileProducts, tile_paths
 from .io.txn.commit import RunTransaction, ensemble_lock
 from .io.txn.journal import journal_root
-from .io.txn.runrecord import file_digests, find_run, record_line, run_key, runs_path, staged_runs
+from .io.txn.runrecord import (
+    file_digests,
+    find_run,
+    holds,
+    record_line,
+    run_keys,
+    runs_path,
+    staged_runs,
+)
 from .layout.block import EnsembleBlock
 from .offline_report import AnalysisReport, already_report
 from .offline_shuffle import run_shuffle_analysis
@@ -76,8 +84,9 @@ def run_analysis(
         took_over = root_call(comm, lambda: lock.taken_over and lock.taken_over.describe())
         # Built once for the read and the write of this analysis; freed on any error.
         with _opened(config, comm) as ens:
-            key = root_call(comm, lambda: run_key(config, obs_files, cycle))
-            done = None if force else _already(root, key, comm)
+            key, by_path = root_call(comm, lambda: run_keys(config, obs_files, cycle))
+            held = _held_files(config, ens)
+            done = None if force else _already(root, (key, by_path), comm, held)
             if done is not None:
                 return already_report(config, comm, cycle, done, took_over)
             with file_op("read"), bars.phase("read", n_e, "members") as advance:
@@ -126,18 +135,32 @@ def _slot_states(config: Config, block: EnsembleBlock) -> SlotStates | None:
     return SlotStates(config.ensemble, config.base_dir, block.layout, an.n_slots)
 
 
-def _already(root: Path, key: str, comm: MPI.Comm) -> dict[str, Any] | None:
-    """Collective: the record of this run if the members still hold its analysis."""
-    entry = root_call(comm, lambda: find_run(root, key))
+def _held_files(config: Config, ens: EnsembleIO) -> list[Path]:
+    """The files an analysis leaves, in the record's ``contents`` order: members (each
+    member's tiles), then the copies of ``output.members``."""
+    members = [Path(os.path.abspath(p)) for p in member_files(config.ensemble, config.base_dir)]
+    return [*members, *([] if config.io.in_place else _copy_paths(config, ens))]
+
+
+def _already(root: Path, keys: tuple[str, str], comm: MPI.Comm,
+             files: list[Path]) -> dict[str, Any] | None:  # fmt: skip
+    """Collective: the record of this run if ``files`` still hold its analysis.
+
+    By contents (:func:`~ensio.io.txn.runrecord.holds`), whatever mode or
+    paths wrote the entry; an entry from before contents were recorded: its
+    members by path.
+    """
+    entry = root_call(comm, lambda: find_run(root, *keys))
     if entry is None:
         return None
     members, products = dict(entry.get("members", {})), dict(entry.get("products", {}))
-    names = [*members, *products]
+    names = [*files, *products] if "contents" in entry else [*members, *products]
     digests = file_digests(names, comm, missing_ok=True)
-    if digests[: len(members)] != list(members.values()):
+    n = len(names) - len(products)
+    held = holds(entry, digests[:n])
+    if not (held if held is not None else digests[:n] == list(members.values())):
         return None
-    changed = [n for n, d in zip(products, digests[len(members):], strict=True)
-               if d != products[n]]
+    changed = [p for p, d in zip(products, digests[n:], strict=True) if d != products[p]]
     if changed:
         entry["note"] = f"; note: {', '.join(changed)} changed or removed since"
     return entry

@@ -41,7 +41,7 @@ from .io.tiles.tiled import check_tiled_run
 from .io.tiles.tileproducts import TileProducts
 from .io.txn import journal, staging
 from .io.txn.commit import ensemble_lock
-from .io.txn.runrecord import find_run, record_line, run_key, runs_path
+from .io.txn.runrecord import find_run, holds, record_line, run_keys, runs_path
 from .io.txn.shufflecommit import ShuffleTransaction, commit, roll_back
 from .layout.rowsetblock import RowSetBlock
 from .offline_report import AnalysisReport, already_report
@@ -103,9 +103,10 @@ def run_shuffle_analysis(
             ens = ShuffleEnsembleIO(config.ensemble, config.base_dir, config.io, comm,
                                     locked=root)
         with ens:
-            key = root_call(comm, lambda: run_key(config, obs_files, cycle,
-                                                  members=_member_files(config, ens)))
-            done = None if force else _already(root, key, ens, comm)
+            keys = root_call(comm, lambda: run_keys(config, obs_files, cycle,
+                                                    members=_member_files(config, ens)))
+            key = keys[0]
+            done = None if force else _already(root, keys, ens, comm)
             if done is not None:
                 return already_report(config, comm, cycle, done, took_over)
             with file_op("read"), bars.phase("read", n_e, "members") as advance:
@@ -134,12 +135,20 @@ def _member_files(config: Config, ens: ShuffleEnsembleIO) -> list[Path]:
     return [e.tile_path(m, t, config.base_dir) for m in e.numbers for t in range(p)]
 
 
-def _already(root: Path, key: str, ens: ShuffleEnsembleIO, comm: MPI.Comm) -> dict[str, Any] | None:
-    """Collective: the record of this run if every local tile still holds its analysis."""
-    entry = root_call(comm, lambda: find_run(root, key))
+def _already(root: Path, keys: tuple[str, str], ens: ShuffleEnsembleIO,
+             comm: MPI.Comm) -> dict[str, Any] | None:  # fmt: skip
+    """Collective: the record of this run if the local tiles still hold its analysis.
+
+    By contents, in file order (:func:`~ensio.io.txn.runrecord.holds`): an
+    entry of an ``io.mode: files`` run whose tiles were staged in counts; an
+    entry from before contents were recorded: its tiles by ``host:path``.
+    """
+    entry = root_call(comm, lambda: find_run(root, *keys))
     if entry is None:
         return None
-    if ens.tile_digests() != dict(entry.get("members", {})):
+    digests = ens.tile_digests()  # in rank order: rank f holds file f (member-major)
+    held = holds(entry, list(digests.values()))
+    if not (held if held is not None else digests == dict(entry.get("members", {}))):
         return None
     lost = root_call(comm, lambda: roll_forward(dict(entry.get("products", {}))))
     if lost:

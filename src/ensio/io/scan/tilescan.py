@@ -14,6 +14,12 @@ quick check (identical metadata bytes, or a lean HDF5 look) at a fraction of
 a full parse; anything else takes the full check. Either way its (lat, lon)
 shape is compared with its box of the decomposition.
 
+Both checks also place the tile (:mod:`ensio.io.scan.tileplace`): its
+coordinates must be its window of the global grid (the untiled members'
+:func:`~ensio.io.scan.consistency.check_coordinates`, on the tile's
+window), time equal in every tile of every member, and NEMO-style tiles'
+``DOMAIN_*`` attributes must give the tile's box, in every member.
+
 A :class:`TileScan` lives as long as the ensemble-I/O object holding it: a
 later read or write costs one ``stat`` per tile, and only tiles whose
 identity changed (the model wrote them) are checked again.
@@ -26,6 +32,7 @@ import time
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
+import numpy as np
 from mpi4py import MPI
 
 from ...errors import InputError
@@ -34,13 +41,15 @@ from ...layout.tiles import TileGeometry
 from ...parallel.agree import ErrorNote, note_error, rebuild, root_call
 from ..formats.open import open_member
 from ..formats.store import VarInfo
-from .consistency import check_distinct
-from .members import file_identity
+from .consistency import check_coordinates, check_distinct, check_times
+from .members import file_identity, read_whole
 from .quickcheck import Template, make_template, quick_check
+from .tileplace import DOMAIN_FLAG, check_domain, domain_attributes, tile_layouts
 
 __all__ = ["TileScan", "check_tile", "tile_template"]
 
 TileInfos = dict[str, VarInfo]
+Times = np.ndarray | None
 
 
 def _shape_check(path: Path, infos: Mapping[str, VarInfo], layout: StateLayout,
@@ -61,17 +70,22 @@ def _shape_check(path: Path, infos: Mapping[str, VarInfo], layout: StateLayout,
     return out
 
 
-def _no_geometry(layout: StateLayout) -> StateLayout:
-    """The layout without coordinates: a tile's coordinates are not the global ones."""
-    return dataclasses.replace(layout, geometry=None)
+def _full(path: Path, layout: StateLayout) -> tuple[dict[str, VarInfo], str, bool, bool, Times]:
+    """All variables of one tile through its store; format, capabilities, its time.
 
-
-def _full(path: Path) -> tuple[dict[str, VarInfo], str, bool, bool]:
-    """All variables of one tile through its store; format and capabilities."""
+    ``layout``: the tile's (:func:`~ensio.io.scan.tileplace.tile_layouts`),
+    whose coordinates are compared with the tile's here.
+    """
     with open_member(path) as store:
         kind = type(store)
-        return dict(store.variables()), kind.format_name, kind.raw_byte_ranges, \
-            kind.library_writes  # fmt: skip
+        infos = dict(store.variables())
+
+        def read(name: str) -> np.ndarray | None:
+            info = infos.get(name)
+            return None if info is None else read_whole(store, info)
+
+        times = check_coordinates(path, layout, read)
+        return infos, kind.format_name, kind.raw_byte_ranges, kind.library_writes, times
 
 
 def _raw_only(infos: TileInfos, raw_byte_ranges: bool) -> TileInfos:
@@ -82,29 +96,37 @@ def _raw_only(infos: TileInfos, raw_byte_ranges: bool) -> TileInfos:
 
 
 def tile_template(path: Path, layout: StateLayout) -> Template | None:
-    """Fully describe tile ``path``: the quick check's template for its tile index (or None)."""
-    infos, fmt, raw, writes = _full(path)
+    """Fully describe tile ``path``: the quick check's template for its tile index (or None).
+
+    ``layout``: the tile's, so the template reads its coordinates too.
+    """
+    infos, fmt, raw, writes, _ = _full(path, layout)
     if not raw:
         return None
-    return make_template(path, _no_geometry(layout), infos, fmt, writes)
+    return make_template(path, layout, infos, fmt, writes)
 
 
 def check_tile(
     path: Path, layout: StateLayout, geometry: TileGeometry, index: int,
-    template: Template | None,
-) -> tuple[TileInfos, bool]:  # fmt: skip
-    """One tile file checked against the layout and its box; (state infos, quick?).
+    template: Template | None, *, domain: bool = False,
+) -> tuple[TileInfos, bool, Times]:  # fmt: skip
+    """One tile file checked against its layout and its box; (state infos, quick?, time).
 
-    The quick check first (with a ``template``), then the full check, whose
-    messages name the file and the problem.
+    ``layout`` is tile ``index``'s (:func:`~ensio.io.scan.tileplace.tile_layouts`):
+    its coordinates are compared, by the quick check first (with a
+    ``template``), else by the full check, whose messages name the file and
+    the problem. With ``domain`` the tile's ``DOMAIN_*`` attributes must give
+    its box.
     """
     shape = geometry.boxes[index].file_shape
+    if domain:
+        check_domain(path, index, domain_attributes(path), geometry)
     if template is not None:
-        quick = quick_check(path, _no_geometry(layout), template)
+        quick = quick_check(path, layout, template)
         if quick is not None:
-            return _shape_check(path, quick[0], layout, shape, index), True
-    infos, _, raw, _ = _full(path)
-    return _raw_only(_shape_check(path, infos, layout, shape, index), raw), False
+            return _shape_check(path, quick[0], layout, shape, index), True, quick[1]
+    infos, _, raw, _, times = _full(path, layout)
+    return _raw_only(_shape_check(path, infos, layout, shape, index), raw), False, times
 
 
 class TileScan:
@@ -134,7 +156,8 @@ class TileScan:
     ------
     InputError
         The same on every rank (the problem of the lowest tile in member-major
-        order): a missing, corrupt or wrongly shaped tile.
+        order): a missing, corrupt or wrongly shaped tile, or one out of place
+        (:mod:`ensio.io.scan.tileplace`).
     """
 
     def __init__(
@@ -146,20 +169,29 @@ class TileScan:
         self.layout, self.geometry, self.comm = layout, geometry, comm
         self._seen: dict[int, tuple[int, ...]] = {}
         self._infos: dict[int, TileInfos] = {}
+        self._times: dict[int, Times] = {}
         self.checked, self.quick, self.seconds = 0, 0, 0.0
-        self.templates: list[Template | None] = root_call(comm, self._templates)
+        # every tile's place in the grid; the same on every rank (and the same error)
+        self.layouts = tile_layouts(layout, geometry, [str(x) for x in self.flat[: self.p]])
+        self.templates: list[Template | None]
+        self.templates, self.domain = root_call(comm, self._templates)
         self.infos: list[list[TileInfos]] = []
         self.refresh()
 
-    def _templates(self) -> list[Template | None]:
-        """Rank 0: one template per tile index, from member 1 (None where none applies)."""
+    def _templates(self) -> tuple[list[Template | None], bool]:
+        """Rank 0: one template per tile index, from member 1 (None where none applies);
+        whether the tiles carry ``DOMAIN_*`` attributes (member 1's first tile has them)."""
         out: list[Template | None] = []
-        for path in self.flat[: self.p]:
+        for path, layout in zip(self.flat[: self.p], self.layouts, strict=True):
             try:
-                out.append(tile_template(path, self.layout))
+                out.append(tile_template(path, layout))
             except Exception:  # a bad tile is reported by refresh, like any other
                 out.append(None)
-        return out
+        try:
+            domain = DOMAIN_FLAG in domain_attributes(self.flat[0])
+        except Exception:  # reported by refresh
+            domain = False
+        return out, domain
 
     def _mine(self) -> range:
         return range(self.comm.rank, len(self.flat), self.comm.size)
@@ -170,7 +202,7 @@ class TileScan:
 
     def refresh(self) -> list[list[TileInfos]]:
         """Collective: re-check the tiles whose identity changed; all tiles' infos, on all ranks."""
-        changed: dict[int, TileInfos] = {}
+        changed: dict[int, tuple[TileInfos, Times]] = {}
         bad: tuple[int, ErrorNote] | None = None
         self.checked, self.quick, self.seconds = 0, 0, 0.0
         for k in self._mine():
@@ -178,12 +210,14 @@ class TileScan:
                 ident = file_identity(self.flat[k])
                 if self._seen.get(k) != ident:
                     t0 = time.perf_counter()
-                    infos, quick = check_tile(self.flat[k], self.layout, self.geometry,
-                                              k % self.p, self.templates[k % self.p])
+                    t = k % self.p
+                    infos, quick, times = check_tile(
+                        self.flat[k], self.layouts[t], self.geometry, t, self.templates[t],
+                        domain=self.domain)  # fmt: skip
                     self.seconds += time.perf_counter() - t0
                     self.checked += 1
                     self.quick += quick
-                    changed[k] = infos
+                    changed[k] = infos, times
                     self._seen[k] = ident
             except Exception as exc:
                 bad = (k, note_error(exc))
@@ -196,9 +230,13 @@ class TileScan:
             raise rebuild(min(failed, key=lambda b: b[0])[1])  # type: ignore[arg-type]
         inodes: dict[int, tuple[int, int]] = {}
         for _, part, ids in parts:
-            self._infos.update(part)
+            for k, (infos, times) in part.items():
+                self._infos[k], self._times[k] = infos, times
             inodes.update(ids)
         check_distinct(self.flat, inodes)
+        geo = self.layout.geometry
+        name = next((c.name for c in geo.checked if c.role == "time"), "time") if geo else "time"
+        check_times(self.flat, [self._times[k] for k in range(len(self.flat))], name)
         n = len(self.flat) // self.p
         self.infos = [[self._infos[m * self.p + t] for t in range(self.p)] for m in range(n)]
         return self.infos
