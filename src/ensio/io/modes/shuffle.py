@@ -56,7 +56,6 @@ from ...progress import Advance, no_progress
 from ..formats.open import open_member
 from ..formats.store import VarInfo
 from ..node.stagemap import format_local_dir, holder_rank
-from ..scan.tileplace import check_local_tiles
 from ..tiles.tiled import global_layout, tile_geometry
 from ..tiles.tilefile import plan_runs, read_tile, write_tile
 from ..tiles.tilerewrite import rewrite_tile
@@ -221,9 +220,6 @@ class ShuffleEnsembleIO:
         self.runs = plan_runs(self.geometry, self.layout)
         raise_if_any(comm, guard(lambda: self._check_tile(digest, p)))
         assert digest is not None
-        # the shared scan's checks of every tile's place (coordinates, DOMAIN_*, time)
-        check_local_tiles(comm, self.path, p, self.layout, self.geometry, digest.attrs,
-                          comm.rank < per)  # fmt: skip
         self.infos = digest.infos
         self.plan = ShufflePlan.build(self.runs, self.layout.n_rows, ens.size, comm.size,
                                       comm.rank)  # fmt: skip
@@ -371,10 +367,15 @@ class ShuffleEnsembleIO:
             progress()
         block = RowSetBlock.of(self.layout, plan.rows, data)
         block.inactive = block.inactive_rows()
+        counts = block.count_by_variable(block.inactive)  # the report's missing-data line
+        self.comm.Allreduce(MPI.IN_PLACE, counts, op=MPI.SUM)
         self.traffic = self._traffic()
         self.seconds = {"read": took["read"], "shuffle": t2 - t1}
         self.stats = IOStats(total_seconds=t2 - t0, read_seconds=took["read"],
-                             comm_seconds=t2 - t1).reduce(self.comm)  # fmt: skip
+                             comm_seconds=t2 - t1,
+                             inactive={v.name: int(n) for v, n in zip(
+                                 self.layout.variables, counts, strict=True)}
+                             ).reduce(self.comm)  # fmt: skip
         return block
 
     def write(

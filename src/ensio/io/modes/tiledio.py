@@ -120,7 +120,11 @@ class TiledEnsembleIO:
         block = EnsembleBlock(self.layout, self.rows.start, self.rows.count, data)
         # every value decoded finite: no row is inactive (a scan costs as much as the read)
         block.inactive = block.inactive_rows() if maybe_nan[0] else np.zeros(data.shape[1], bool)
-        self.stats = _stats(time.perf_counter() - t0, self.comm)
+        # per variable over every rank, as files mode counts them (the report's missing-data line)
+        counts = block.count_by_variable(block.inactive)
+        self.comm.Allreduce(MPI.IN_PLACE, counts, op=MPI.SUM)
+        inactive = {v.name: int(n) for v, n in zip(self.layout.variables, counts, strict=True)}
+        self.stats = _stats(time.perf_counter() - t0, self.comm, inactive)
         return block
 
     def write(
@@ -191,6 +195,8 @@ def copy_targets(pattern: str, ens: EnsembleSection, count: int,
             for t in range(count)]  # fmt: skip
 
 
-def _stats(seconds: float, comm: MPI.Comm) -> IOStats:
-    """Timing only (the per-phase breakdown of ``files`` mode is not measured here)."""
-    return IOStats(total_seconds=float(comm.allreduce(seconds, op=MPI.MAX)))
+def _stats(seconds: float, comm: MPI.Comm, inactive: dict[str, int] | None = None) -> IOStats:
+    """Timing (the per-phase breakdown of ``files`` mode is not measured here) and, for a
+    read, the inactive points per variable."""
+    return IOStats(total_seconds=float(comm.allreduce(seconds, op=MPI.MAX)),
+                   inactive=inactive or {})
