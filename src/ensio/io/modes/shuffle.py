@@ -49,7 +49,7 @@ from ...config.schema import EnsembleSection, IOSection
 from ...errors import InputError
 from ...layout.rowsetblock import RowSetBlock
 from ...layout.state import StateLayout
-from ...layout.tiles import TileGeometry
+from ...layout.tiles import TileGeometry, declared_geometry
 from ...parallel.agree import ErrorNote, agree, guard, note_error, raise_if_any, rebuild, root_call
 from ...parallel.nodes import this_host
 from ...progress import Advance, no_progress
@@ -118,11 +118,18 @@ def _digest(path: Path, names: list[str], keep_small: bool,
 
 
 def _describe(ens: EnsembleSection, digests: list[_Digest]) -> tuple[TileGeometry, StateLayout]:
-    """Geometry and global layout from member 1's P tile digests (rank 0)."""
+    """Geometry and global layout from member 1's P tile digests (rank 0).
+
+    Untiled members (no ``{tile}``) are one tile each (P = 1): the whole grid,
+    no halo, so rank m reads member m's file, as the staging rule places it.
+    """
     names = [v.name for v in ens.variables]
     paths = [Path(d.source) for d in digests]
     shapes = [d.infos[names[0]].shape[-2:] for d in digests]
-    geo = tile_geometry(ens, paths, shapes, [d.attrs for d in digests])
+    if ens.tiled:
+        geo = tile_geometry(ens, paths, shapes, [d.attrs for d in digests])
+    else:
+        geo = declared_geometry(tuple(shapes[0]), 1, (1, 1), 0)
 
     def read_tile_var(t: int, name: str) -> np.ndarray:
         if name not in digests[t].small:
@@ -162,6 +169,7 @@ class ShuffleEnsembleIO:
     ----------
     ens : EnsembleSection
         ``{tile}`` in ``members``; the tile's file name is taken from it.
+        Untiled members are one tile each (P = 1).
     base : Path
         Relative patterns (``members``, ``io.local_dir``) resolve against it.
     io : IOSection
@@ -177,7 +185,7 @@ class ShuffleEnsembleIO:
     Raises
     ------
     ConfigError
-        N_mpi is not a multiple of N_e × P.
+        N_mpi is not a multiple of N_e × P; ``io.in_place`` is false (no copies).
     InputError
         On every rank: a local directory or tile missing on any rank, a tile
         of the wrong shape or a decomposition that does not fit.
@@ -187,8 +195,8 @@ class ShuffleEnsembleIO:
 
     def __init__(self, ens: EnsembleSection, base: Path, io: IOSection, comm: MPI.Comm, *,
                  locked: Path | None = None) -> None:
-        if not ens.tiled:
-            raise ConfigError("io.mode: shuffle reads tiled members ({tile} in ensemble.members)")
+        if not io.in_place:
+            raise ConfigError("io.in_place: io.mode shuffle writes the tiles in place only")
         self.io, self.comm, self.names = io, comm, [v.name for v in ens.variables]
         hosts = comm.allgather(this_host())
         host = hosts[comm.rank]
@@ -264,7 +272,10 @@ class ShuffleEnsembleIO:
         raise_if_any(self.comm, guard(recover) if self.disk.rank == 0 else None)
 
     def _tile_count(self, ens: EnsembleSection, base: Path, host: str) -> int:
-        """P: declared, or ``DOMAIN_number_total`` of rank 0's tile (tile 0 of member 1)."""
+        """P: 1 for untiled members, declared, or ``DOMAIN_number_total`` of rank 0's tile
+        (tile 0 of member 1)."""
+        if not ens.tiled:
+            return 1
         if ens.tiles is not None:
             return ens.tiles.count
         assert self.io.local_dir is not None
