@@ -2,6 +2,7 @@
 
 ``members`` (per-member metadata, the layout), ``consistency`` (across
 members), ``quickcheck``/``bytecheck`` (the quick path for many members),
-``tilescan`` (tiled members), ``slotstates`` (4-D time slots),
+``tilescan`` (tiled members), ``tileplace`` (each tile's place in the grid, in
+every member and every I/O mode), ``slotstates`` (4-D time slots),
 ``memberfiles`` (which files an ensemble is).
 """
