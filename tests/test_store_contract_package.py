@@ -10,7 +10,10 @@ format's own branches on a format's name.
 from __future__ import annotations
 
 import ast
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -99,3 +102,30 @@ def test_optional_hooks_default_to_not_supported(tmp_path, hook):
     else:
         assert Bare.quick_look(path, {"x": ("n",)}) is None
     assert Bare.byte_pieces(path, {}) == {}
+
+
+OUTSIDE = '''
+from ensio.io.formats.classic import ClassicStore
+from ensio.testing import MemberStoreContract, pytest_generate_tests, rng  # noqa: F401
+
+
+class TestAFormatOutsideEnsio(MemberStoreContract):
+    store_class = ClassicStore
+    kinds = ("cdf5",)
+    always_big_endian = True
+'''
+
+
+def test_the_contract_runs_outside_ensios_test_suite(tmp_path, rng):
+    """A test module elsewhere (no conftest of ours, ensio.testing's own rng) runs every test."""
+    (tmp_path / "test_outside.py").write_text(OUTSIDE)
+    seed = str(int(rng.integers(2**62)))
+    env = {**os.environ, "ENSIO_TEST_SEED": seed, "PYTHONDONTWRITEBYTECODE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+         "--rootdir", str(tmp_path), str(tmp_path / "test_outside.py")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    tests = len([n for n in dir(ensio.testing.MemberStoreContract) if n.startswith("test_")])
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert f"{tests} passed" in done.stdout, done.stdout[-2000:]
