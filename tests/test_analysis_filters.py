@@ -7,6 +7,7 @@ import typing
 import numpy as np
 import pytest
 
+from ensio.analysis.api import analyse, assimilate
 from ensio.analysis.filters import (
     ETKF,
     FILTERS,
@@ -15,8 +16,6 @@ from ensio.analysis.filters import (
     GlobalFilter,
     LEnKF,
     LocalFilter,
-    analyse,
-    assimilate,
     make_filter,
 )
 from ensio.analysis.local import KERNELS, ObsSpace
