@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -70,15 +70,19 @@ def _shape_check(path: Path, infos: Mapping[str, VarInfo], layout: StateLayout,
     return out
 
 
-def _full(path: Path, layout: StateLayout) -> tuple[dict[str, VarInfo], str, bool, bool, Times]:
+def _full(path: Path, layout: StateLayout, first: Callable[[TileInfos], object] | None = None,
+          ) -> tuple[dict[str, VarInfo], str, bool, bool, Times]:  # fmt: skip
     """All variables of one tile through its store; format, capabilities, its time.
 
     ``layout``: the tile's (:func:`~ensio.io.scan.tileplace.tile_layouts`),
-    whose coordinates are compared with the tile's here.
+    whose coordinates are compared with the tile's here, after ``first``
+    (the state variables' check: a tile of the wrong shape is named so).
     """
     with open_member(path) as store:
         kind = type(store)
         infos = dict(store.variables())
+        if first is not None:
+            first(infos)
 
         def read(name: str) -> np.ndarray | None:
             info = infos.get(name)
@@ -125,7 +129,8 @@ def check_tile(
         quick = quick_check(path, layout, template)
         if quick is not None:
             return _shape_check(path, quick[0], layout, shape, index), True, quick[1]
-    infos, _, raw, _, times = _full(path, layout)
+    infos, _, raw, _, times = _full(
+        path, layout, lambda found: _shape_check(path, found, layout, shape, index))
     return _raw_only(_shape_check(path, infos, layout, shape, index), raw), False, times
 
 

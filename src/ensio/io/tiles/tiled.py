@@ -12,8 +12,9 @@ bytes of every run journaled first (:class:`~ensio.io.txn.undolog.UndoLog`), as
 
 Everything is validated before the first byte is written: every tile file
 exists, has every state variable with the tile's (y, x) shape and the same
-leading dims, and (from NEMO attributes) the tiles cover the grid exactly
-once.
+leading dims, (from NEMO attributes) the tiles cover the grid exactly once,
+and every tile of every member sits at its place in the grid (the shared
+scan, :mod:`ensio.io.scan.tileplace`, in every I/O mode).
 
 :class:`TiledEnsemble` reads and writes any row range on the calling
 process; :class:`~ensio.io.modes.tiledio.TiledEnsembleIO` is its collective form
@@ -36,11 +37,12 @@ from ...config.errors import ConfigError
 from ...config.schema import Config, EnsembleSection
 from ...errors import InputError
 from ...layout.state import StateLayout, VarMeta, build_layout
-from ...layout.tiles import TileBox, TileGeometry, declared_geometry, nemo_box
+from ...layout.tiles import TileGeometry, declared_geometry, nemo_box
 from ...parallel.agree import ErrorNote, guard, rebuild
 from ..formats.open import open_member
 from ..formats.store import VarInfo
 from ..scan.memberfiles import file_exists, tile_count
+from ..scan.tilescan import TileScan
 from ..txn import journal as journal_mod
 from .tilefile import TileRuns, plan_runs, read_tile, write_tile
 from .tileproducts import check_product_patterns
@@ -265,9 +267,8 @@ class TiledEnsemble:
         self._runs = self._plan()
         if not check_tiles:  # the caller checks them (:class:`~ensio.io.scan.tilescan.TileScan`)
             return
-        for tiles in self.paths:
-            for path, box in zip(tiles, self.geometry.boxes, strict=True):
-                self._check_tile(path, box)
+        # the shared scan, on this process: shapes, each tile's place in the grid, distinct files
+        TileScan(self.paths, self.layout, self.geometry, MPI.COMM_SELF)
 
     def with_paths(self, paths: list[list[Path]]) -> TiledEnsemble:
         """The same ensemble (geometry, layout, runs) in other files, e.g. byte copies."""
@@ -292,16 +293,6 @@ class TiledEnsemble:
                 return np.asarray(store.read_elements(name, 0, info.size)).reshape(info.shape)
 
         return global_layout(ens, self.geometry, infos, read_tile_var, str(self.paths[0][0]))
-
-    def _check_tile(self, path: Path, box: TileBox) -> None:
-        infos = self._infos(path)
-        for v in self.layout.variables:
-            want = (*v.shape[:-2], *box.file_shape)
-            if infos[v.name].shape != want:
-                raise InputError(
-                    f"{path}: state variable '{v.name}' has shape {infos[v.name].shape}, "
-                    f"tile {box.index} needs {want}"
-                )
 
     def _plan(self) -> list[list[TileRuns]]:
         return plan_runs(self.geometry, self.layout)
