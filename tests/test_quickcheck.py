@@ -326,3 +326,33 @@ def test_metadata_bytes_leave_out_data_and_free_the_global_attribute_values(tmp_
     assert any(member.tobytes() in piece for piece in free)
     for lo, hi in meta.free:  # free ranges lie inside the metadata
         assert any(a <= lo and hi <= b for a, b in meta.spans)
+
+
+@needs_tools
+@pytest.mark.parametrize("kind", ["nc4", "cdf5", "classic"])
+def test_members_whose_header_moved_take_the_quick_look(tmp_path, rng, monkeypatch, kind):
+    """A global attribute of another length per member: no byte match, the format's look.
+
+    (A time stamp in ``history`` does this.) Every member but the first is still
+    quick-checked, with its own offsets, and the matrix is the full check's.
+    """
+    paths = [tmp_path / f"mem{m:03d}.nc" for m in range(1, 5)]
+    for m, p in enumerate(paths, start=1):
+        stamp = "x" * (8 * m + int(rng.integers(0, 4)))  # another padded length each
+        _write(kind, _cdl(rng, m).replace(":member = ", f':history = "{stamp}" ;\n  :member = '), p)
+    cfg = _config(tmp_path, len(paths))
+    layout = members_mod.layout_from_member(cfg.ensemble, paths[0])
+    _, tmpl = members_mod.member_template(paths[0], layout)
+    assert tmpl is not None and tmpl.signature is not None
+    assert not any(same_bytes(p, tmpl.bytes) for p in paths[1:])
+    fast, metas = _read(cfg, True, monkeypatch)
+    slow, full_metas = _read(cfg, False, monkeypatch)
+    assert [m.quick for m in metas] == [False] + [True] * (len(paths) - 1)
+    assert fast.tobytes() == slow.tobytes()
+    np.testing.assert_array_equal(fast, _reference(paths))
+    for a, b in zip(metas, full_metas, strict=True):
+        for name in ("state", "rec"):
+            assert a.infos[name].raw_offset == b.infos[name].raw_offset
+    _write(kind, _cdl(rng, 3, lat=[-50.0, -15.0, 15.0, 45.0]), paths[2])  # same message
+    msg = _error(cfg)
+    assert msg.startswith(f"{paths[2]}: coordinate 'lat' differs") and "\n" not in msg

@@ -20,10 +20,9 @@ in CDF-5; ``OFFSET`` is 32-bit in CDF-1 and 64-bit in CDF-2/5)::
 Tags and ``nc_type`` are 32-bit in every version; attribute values are padded
 to 4 bytes. A dimension of length 0 is the record (unlimited) dimension.
 Fixed-size variables are contiguous at ``begin``; record variables are
-interleaved record by record, so they get no raw offset in a ``VarInfo``: they
-are written through the netCDF library and read record by record as byte
-ranges (:meth:`ClassicStore.read_elements`; also :func:`record_layout`, for the
-shared CDF-5 files of ``ioserver/``): record ``r`` of variable ``v`` starts at
+interleaved, so they get no raw offset: written through the netCDF library, read
+as byte ranges record by record (:meth:`ClassicStore.read_elements`; and
+:func:`record_layout`, for the shared CDF-5 files of ``ioserver/``): record ``r`` of ``v`` starts at
 ``begin_v + r * recsize``, where ``recsize`` is the sum of the record
 variables' sizes per record, each padded to 4 bytes, except that a lone
 record variable is not padded (the classic format specification; netCDF-C
@@ -46,7 +45,7 @@ from ...errors import InputError
 from ...layout.encoding import CONVENTION_ATTRIBUTES, Encoding
 from .library import LibraryBackedStore
 from .raw import raw_read_records
-from .store import MetadataBytes, VarInfo
+from .store import MetadataBytes, QuickLook, VarInfo
 
 __all__ = [
     "CLASSIC_DTYPES",
@@ -222,20 +221,11 @@ class _Parsed(NamedTuple):
 
 
 def read_classic_header(fd: int, path: Path) -> tuple[int, dict[str, VarInfo]]:
-    """Parse a classic header from ``fd``.
+    """The version (1, 2 or 5) and the variables of the classic header of ``fd``.
 
-    Returns
-    -------
-    version : int
-        1, 2 or 5 (CDF-1, CDF-2, CDF-5).
-    variables : dict of str to VarInfo
-        In header order. Record variables have ``raw_offset=None`` and the
-        current number of records as first extent.
-
-    Raises
-    ------
-    InputError
-        Not a classic file, or a corrupt or truncated header (names the file).
+    Variables in header order; record variables have ``raw_offset=None`` and
+    the current number of records as first extent. ``InputError`` (naming the
+    file) if it is not a classic file or its header is corrupt or truncated.
     """
     parsed = _parse_header(fd, path)
     return parsed.version, parsed.variables
@@ -495,3 +485,15 @@ class ClassicStore(LibraryBackedStore):
             for n in record:
                 out[n] = [rl.record_info(n, r) for r in range(infos[n].shape[0])]
         return out
+
+    @classmethod
+    def quick_look(
+        cls, path: Path, dims: Mapping[str, tuple[str, ...]], read: Collection[str] = ()
+    ) -> QuickLook | None:
+        """The header parse (the full one) without the sniff; ``read`` is left to byte ranges."""
+        store = cls(path)  # InputError, KeyError: the full check names them
+        infos = {n: store._vars[n] for n in dims}
+        values = {n: store.read_elements(n, 0, infos[n].size).reshape(infos[n].shape)
+                  for n in read if n in store._records}  # record variables: no second parse
+        return QuickLook(tuple((n, i.dims, i.shape, i.dtype.str) for n, i in infos.items()),
+                         infos, values)  # fmt: skip

@@ -127,7 +127,9 @@ class QuickLook:
     infos : dict of str to VarInfo
         The looked-at variables (offsets and packing of this file).
     values : dict of str to ndarray
-        The variables asked to be read, as stored, native byte order.
+        Those of the variables asked to be read that the look read, as
+        stored, native byte order; the caller reads the others as byte
+        ranges (:meth:`MemberStore.byte_pieces`).
     """
 
     signature: tuple[object, ...]
@@ -258,7 +260,9 @@ class MemberStore(abc.ABC):
         a global attribute of another length). The descriptions carry the
         dimension names given, valid only when the signature equals that of
         a file whose full parse gave them; the caller compares. Values of
-        the variables ``read`` are returned too (coordinates).
+        the variables ``read`` (coordinates) are returned where the look
+        reads them anyway (chunked ones through the library); the caller
+        reads the others as byte ranges.
 
         Returns
         -------
@@ -267,9 +271,9 @@ class MemberStore(abc.ABC):
 
         Raises
         ------
-        KeyError, OSError, ValueError, TypeError, RuntimeError
-            A missing variable or an unreadable file: the caller then takes
-            the full check, which names the problem.
+        InputError, KeyError, OSError, ValueError, TypeError, RuntimeError
+            A missing variable, an unreadable or corrupt file: the caller then
+            takes the full check, which names the problem.
         """
         return None
 

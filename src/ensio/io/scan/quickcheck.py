@@ -14,7 +14,8 @@ changed) is then checked by the first of these that applies:
    variables at the template's offsets (~10 µs);
 2. **a quick look** (:meth:`~ensio.io.formats.store.MemberStore.quick_look`;
    netCDF-4: only the datasets the ensemble uses and their dimension scales
-   are opened through HDF5, ~0.3-0.6 ms; classic: the header): what the full
+   are opened through HDF5, ~0.3-0.6 ms; classic: the header alone, no sniff,
+   for a header that moved, e.g. a global attribute of another length): what the full
    check's answer depends on is compared with the template; offsets and
    packing are the member's own;
 3. the **full check**, whose messages name any problem (missing variable,
@@ -50,7 +51,7 @@ from .consistency import check_coordinates
 __all__ = ["Template", "make_template", "quick_check"]
 
 #: What a quick look raises for files it cannot handle (then: the full check).
-_LOOK_ERRORS = (KeyError, OSError, ValueError, TypeError, RuntimeError)
+_LOOK_ERRORS = (InputError, KeyError, OSError, ValueError, TypeError, RuntimeError)
 
 
 @dataclass(frozen=True)
@@ -195,7 +196,14 @@ def _quick(
             return None
         if look is None or look.signature != template.signature:
             return None
-        infos, pieces, values = look.infos, {}, dict(look.values)
+        infos, values = look.infos, dict(look.values)
+        rest = {n: infos[n] for n in coords if n not in values}
+        try:
+            pieces = template.store.byte_pieces(path, rest) if rest else {}
+        except (OSError, InputError):
+            return None
+        if any(n not in pieces for n in rest):
+            return None
     else:
         return None
     read = _read_pieces(fd, path, pieces, infos)
