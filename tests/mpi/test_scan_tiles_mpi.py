@@ -27,15 +27,20 @@ from ensio.offline import run_analysis
 NX, NY, NE = 11, 10, 2
 
 
-def make(root, comm, *, nemo=False):
+def make(root, comm, *, nemo=False, time=False):
     """N_e = 2 members of P = N_mpi / 2 tiles (layout 1 x P along lat, halo 1), each tile
-    copied to the local directory of rank f = m·P + t; the ``--set`` options of both modes."""
+    copied to the local directory of rank f = m·P + t; the ``--set`` options of both modes.
+    ``time``: the members get a time coordinate (one record) before they are cut."""
     p = comm.size // NE
     geo = declared_geometry((NY, NX), p, (1, p), 1)
     case = root / "case"
     if comm.rank == 0:
         assert synth_main([str(case), "--nx", str(NX), "--ny", str(NY), "--members", str(NE),
                            "--seed", "3", "--format", "cdf5"]) == 0  # fmt: skip
+        for m in range(1, NE + 1) if time else ():
+            with netCDF4.Dataset(case / f"mem{m:03d}.nc", "a") as ds:
+                ds.createDimension("time", 1)
+                ds.createVariable("time", "f8", ("time",))[:] = [40.5]
         tile_case(case, geo, NE, nemo=nemo)
         for f in range(NE * p):
             local = case / "local" / f"r{f}"
@@ -91,6 +96,18 @@ def test_shifted_tile_of_member_2(shared_dir, comm, name, change, mode) -> None:
     if comm.rank == 0:
         edit(bad, name, change)
     refused(case, comm, sets, mode, str(bad), f"'{name}'")
+
+
+@pytest.mark.parametrize("mode", ["shuffle", "files"])
+def test_time_of_one_tile(shared_dir, comm, mode) -> None:
+    """Every tile of every member at the same time (exactly), in both modes."""
+    case, geo, sets = make(shared_dir, comm, time=True)
+    p = geo.count
+    f = NE * p - 1
+    bad = local(case, f, p) if mode == "shuffle" else case / PATTERN.format(member=2, tile=p - 1)
+    if comm.rank == 0:
+        edit(bad, "time", lambda v: v + 1)
+    refused(case, comm, sets, mode, str(bad), "'time'")
 
 
 @pytest.mark.parametrize("nemo", [False, True], ids=["declared", "nemo"])
