@@ -56,6 +56,7 @@ from ...progress import Advance, no_progress
 from ..formats.open import open_member
 from ..formats.store import VarInfo
 from ..node.stagemap import format_local_dir, holder_rank
+from ..scan.tileplace import check_local_tiles
 from ..tiles.tiled import global_layout, tile_geometry
 from ..tiles.tilefile import plan_runs, read_tile, write_tile
 from ..tiles.tilerewrite import rewrite_tile
@@ -228,6 +229,9 @@ class ShuffleEnsembleIO:
         self.runs = plan_runs(self.geometry, self.layout)
         raise_if_any(comm, guard(lambda: self._check_tile(digest, p)))
         assert digest is not None
+        # the shared scan's checks of every tile's place (coordinates, DOMAIN_*, time)
+        check_local_tiles(comm, self.path, p, self.layout, self.geometry, digest.attrs,
+                          comm.rank < per)  # fmt: skip
         self.infos = digest.infos
         self.plan = ShufflePlan.build(self.runs, self.layout.n_rows, ens.size, comm.size,
                                       comm.rank)  # fmt: skip
