@@ -28,11 +28,12 @@ IO_ROOMS = ("formats", "scan", "txn", "tiles", "node", "modes", "products")
 #: What io/ may import outside io/: the packages below it (DESIGN.md: io imports
 #: layout and parallel) and the standard-library-only helpers. ``ensio`` itself
 #: is its ``__version__`` (written into products); ``faults`` is the
-#: fault-injection points of the kill tests.
+#: fault-injection points of the kill tests; ``locks`` every lock of ensio (shared
+#: with workflow/, so it sits below both).
 IO_MAY_IMPORT = (
     "ensio", "ensio.config", "ensio.layout", "ensio.parallel", "ensio.errors",
     "ensio.durable", "ensio.progress", "ensio.stopwatch", "ensio.jsonlines",
-    "ensio.faults",
+    "ensio.faults", "ensio.locks",
 )  # fmt: skip
 
 

@@ -35,7 +35,7 @@ from safety_support import (
     same_fields,
 )
 
-from ensio.io.txn.lock import LOCK_NAME, EnsembleLock, LockError, process_start
+from ensio.locks import LOCK_NAME, EnsembleLock, LockError, process_start
 
 SRC = str(Path(__file__).parents[1] / "src")
 
@@ -143,7 +143,7 @@ def test_live_or_foreign_lock_is_refused(reference, tmp_path, how):
 RACER = """
 import sys
 sys.path.insert(0, {src!r})
-from ensio.io.txn.lock import EnsembleLock, LockError
+from ensio.locks import EnsembleLock, LockError
 lock = EnsembleLock({root!r}, "racer")
 print("ready", flush=True)
 sys.stdin.readline()

@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from ensio.io.txn.lock import LOCK_NAME, EnsembleLock, Holder, LockError, run_id
+from ensio.locks import LOCK_NAME, EnsembleLock, Holder, LockError, run_id
 
 SRC = str(Path(__file__).parents[1] / "src")
 
 HOLD = """
 import sys
 sys.path.insert(0, {src!r})
-from ensio.io.txn.lock import EnsembleLock
+from ensio.locks import EnsembleLock
 lock = EnsembleLock({root!r}, {command!r}, run={run!r}).acquire()
 print("held", flush=True)
 sys.stdin.readline()

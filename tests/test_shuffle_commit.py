@@ -224,7 +224,7 @@ def test_recover_refuses_while_a_live_run_holds_the_global_lock(tmp_path):
     glob.mkdir()
     local, tile, _, new = _journaled_local(tmp_path, glob)
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from ensio.io.txn.lock import EnsembleLock; "
+        [sys.executable, "-c", "import sys; from ensio.locks import EnsembleLock; "
          f"lock = EnsembleLock({str(glob)!r}, 'ensio analyse live.yaml').acquire(); "
          "print('locked', flush=True); sys.stdin.read(); lock.release()"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env())

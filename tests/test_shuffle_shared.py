@@ -2,7 +2,7 @@
 
 A node's ``/local`` is shared by all its ranks, so ``io.local_dir`` without
 ``{rank}`` is the usual case: its lock and journal are per directory and per
-run (:mod:`ensio.io.txn.lock`: the ranks of one run join the lock its first
+run (:mod:`ensio.locks`: the ranks of one run join the lock its first
 holder took), while a directory held by another live run is refused, naming
 that run, with nothing modified.
 """
@@ -23,7 +23,7 @@ from shuffle_commit_support import make_shuffle_case
 HERE = Path(__file__).parent
 HOLD = """
 import sys
-from ensio.io.txn.lock import EnsembleLock
+from ensio.locks import EnsembleLock
 lock = EnsembleLock(sys.argv[1], "ensio analyse other.yaml", run="another-run").acquire()
 print("held", flush=True)
 sys.stdin.readline()

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from pool_support import LIGHT, PY
 
-from ensio.workflow import locks
-from ensio.workflow.locks import LockUnsupported, detect_lock_kind, make_lock
+from ensio.locks import LockUnsupported, detect_lock_kind, make_lock
+from ensio.locks import filelock as locks
 from ensio.workflow.todo import Idle, Lease, StaleLease, TodoError, TodoList
 
 
@@ -194,7 +194,7 @@ def test_create_checks_and_resume(tmp_path):
 # ---------------------------------------------------------------------- locks
 COUNTER = LIGHT + r"""
 import os, sys
-from ensio.workflow.locks import make_lock
+from ensio.locks import make_lock
 kind, base, counter, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 lock = make_lock(kind, base, stale_after=60)
 print("ready", flush=True)
@@ -241,7 +241,7 @@ def test_lock_excludes_processes_and_threads(tmp_path, kind):
 
 HOLDER = LIGHT + r"""
 import sys
-from ensio.workflow.locks import make_lock
+from ensio.locks import make_lock
 lock = make_lock(sys.argv[1], sys.argv[2])
 lock.acquire()
 print("held", flush=True)

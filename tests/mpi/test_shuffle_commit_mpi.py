@@ -23,7 +23,7 @@ from tiles_support import tile_values
 from ensio.analysis.inputs import assimilate_block, observation_sources
 from ensio.config.load import load_config
 from ensio.io.modes.ensemble import read_ensemble
-from ensio.io.txn.lock import EnsembleLock, LockError
+from ensio.locks import EnsembleLock, LockError
 from ensio.offline import run_analysis
 from ensio.parallel.nodes import this_host
 

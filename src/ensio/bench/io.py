@@ -79,7 +79,7 @@ from ..io.formats.open import open_member
 from ..io.scan.memberfiles import member_files
 from ..io.txn.commit import ensemble_lock
 from ..io.txn.journal import journal_root
-from ..io.txn.lock import command_line
+from ..locks import command_line
 from ..parallel.agree import root_call
 from .io_baselines import (
     RawRanges,

@@ -11,7 +11,7 @@ from pathlib import Path
 from mpi4py import MPI
 
 from ..config import load_config
-from ..io.txn.lock import command_line
+from ..locks import command_line
 from ..offline import run_analysis
 from ..progress import PhaseProgress
 from .options import add_members_option, add_set_option, select_members

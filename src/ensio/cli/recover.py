@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ..errors import EnsioError, file_op
 from ..io.txn.journal import JOURNAL_DIRNAME, RecoveryReport, recover
-from ..io.txn.lock import EnsembleLock, command_line
+from ..locks import EnsembleLock, command_line
 from .options import add_set_option
 
 __all__ = ["add_parser", "run"]

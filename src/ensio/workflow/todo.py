@@ -35,7 +35,7 @@ Why each rule exists:
 Assumptions, in one place: the directory is shared by all jobs with atomic
 ``rename`` and close-to-open consistency (NFS' default; not ``nocto``); node
 clocks agree to well within the lease time (NTP), since deadlines are wall
-clock; the lock kind (see :mod:`ensio.workflow.locks`) is detected when the
+clock; the lock kind (see :mod:`ensio.locks.filelock`) is detected when the
 list is created and recorded in ``NAME.lock``, and every job uses that kind.
 """
 
@@ -52,6 +52,14 @@ from typing import Any, Literal
 
 from .. import faults
 from ..durable import atomic_write
+from ..locks import (
+    LOCK_KINDS,
+    FileLock,
+    LockKind,
+    MkdirLock,
+    detect_lock_kind,
+    make_lock,
+)
 from .leases import (
     Idle,
     Lease,
@@ -59,14 +67,6 @@ from .leases import (
     Summary,
     TaskView,
     TodoError,
-)
-from .locks import (
-    LOCK_KINDS,
-    FileLock,
-    LockKind,
-    MkdirLock,
-    detect_lock_kind,
-    make_lock,
 )
 from .summary import analysis_gate, summarize
 

@@ -50,6 +50,7 @@ from ...errors import InputError
 from ...layout.rowsetblock import RowSetBlock
 from ...layout.state import StateLayout
 from ...layout.tiles import TileGeometry, declared_geometry
+from ...locks import EnsembleLock, command_line
 from ...parallel.agree import ErrorNote, agree, guard, note_error, raise_if_any, rebuild, root_call
 from ...parallel.nodes import this_host
 from ...progress import Advance, no_progress
@@ -62,7 +63,6 @@ from ..tiles.tilefile import plan_runs, read_tile, write_tile
 from ..tiles.tilerewrite import rewrite_tile
 from ..txn import journal as journal_mod
 from ..txn.commit import journaled_write, run_of
-from ..txn.lock import EnsembleLock, command_line
 from ..txn.runrecord import sha256_file
 from ..txn.shufflecommit import ShuffleTransaction, prepare
 from .shuffleplan import ShufflePlan, shuffle_shape

@@ -1,6 +1,6 @@
-"""Crash safety of every writer (imports formats and scan).
+"""Crash safety of every writer (imports formats and scan; the lock is :mod:`ensio.locks`).
 
-``lock``, ``undolog``, ``journal``, ``staging``, ``commit`` (the committed
+``undolog``, ``journal``, ``staging``, ``commit`` (the committed
 write of a run), ``librarycopy`` (a journaled rewrite through a copy),
 ``runrecord``/``runsfile`` (what was analysed), ``shufflejournal``/
 ``shufflecommit`` (the shuffle mode's transaction across node-local directories).

@@ -34,9 +34,9 @@ from pathlib import Path
 
 from mpi4py import MPI
 
+from ...locks import EnsembleLock, run_id
 from ...parallel.agree import ErrorNote, agree, rebuild, root_call
 from . import journal, staging
-from .lock import EnsembleLock, run_id
 
 __all__ = ["DeferredInterrupt", "RunTransaction", "ensemble_lock", "journaled_write", "run_of"]
 
@@ -45,7 +45,7 @@ __all__ = ["DeferredInterrupt", "RunTransaction", "ensemble_lock", "journaled_wr
 def ensemble_lock(root: Path, comm: MPI.Comm, command: str) -> Iterator[EnsembleLock | None]:
     """Collective: rank 0 holds the ensemble lock of ``root`` inside the block.
 
-    Raises :class:`~ensio.io.txn.lock.LockError` on every rank if another run holds
+    Raises :class:`~ensio.locks.LockError` on every rank if another run holds
     it. Yields the lock on rank 0 (``taken_over`` names a dead holder whose
     stale lock was taken over), None elsewhere. The lock records the run
     (:func:`run_of`), so a rank of this run locking the same directory again

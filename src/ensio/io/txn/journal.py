@@ -26,7 +26,7 @@ then leaves the commit to the transaction (``commit(..., transaction=True)``),
 which renames the staged files after the marker; recovery rolls such a
 journal back (members restored, staged files deleted) or forward (staged
 files renamed into place). Recovery runs under the ensemble lock
-(:mod:`ensio.io.txn.lock`): taken for its duration unless this process holds it.
+(:mod:`ensio.locks`): taken for its duration unless this process holds it.
 
 A *shuffle* journal (``io.mode: shuffle``, one per node-local directory)
 carries a ``SHUFFLE`` marker instead (:mod:`ensio.io.txn.shufflejournal`): it
@@ -51,8 +51,8 @@ from typing import Literal
 
 from ... import faults
 from ...durable import fsync_path
+from ...locks import EnsembleLock, command_line, held_by_me
 from . import shufflejournal, staging
-from .lock import EnsembleLock, command_line, held_by_me
 from .undolog import (
     COMMITTED_NAME,
     JOURNAL_DIRNAME,
@@ -198,7 +198,7 @@ def recover(root: Path, *, fsync: bool = True, force: bool = False,
     crash during recovery leaves a journal from which it simply runs again.
 
     Runs under the ensemble lock (taken for the recovery unless this process
-    holds it; :class:`~ensio.io.txn.lock.LockError` if a live run holds it). The
+    holds it; :class:`~ensio.locks.LockError` if a live run holds it). The
     journal of this process's own open transaction is left alone
     (``"open"``) unless ``force`` (:func:`abort`). A shuffle journal is
     decided by the global run record its marker names

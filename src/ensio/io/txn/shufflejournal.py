@@ -31,7 +31,7 @@ from pathlib import Path
 
 from ... import faults
 from ...durable import fsync_path
-from .lock import EnsembleLock, command_line, held_by_me
+from ...locks import EnsembleLock, command_line, held_by_me
 from .runsfile import read_entries
 from .undolog import JournalError
 
@@ -96,7 +96,7 @@ def committed(jdir: Path, marker: ShuffleMarker, *, locked: Path | None = None) 
 
     ``locked`` is the global directory whose lock the caller's run holds
     (taken by another rank of it). Raises :class:`JournalError` if the global
-    directory is unreachable, :class:`~ensio.io.txn.lock.LockError` if a live run
+    directory is unreachable, :class:`~ensio.locks.LockError` if a live run
     holds its lock.
     """
     root = Path(marker.global_root)

@@ -20,7 +20,7 @@ transaction's (:func:`ensio.io.txn.journal.commit`), and a recovery started by
 the owning process itself (a second ensemble-I/O object of the same run)
 leaves it alone.
 
-Standard library only (with :mod:`ensio.io.txn.lock` for the owner record).
+Standard library only (with :mod:`ensio.locks` for the owner record).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from pathlib import Path
 
 from ... import faults
 from ...durable import copy_identity, fsync_path
-from .lock import Holder, process_start
+from ...locks import Holder, process_start
 
 __all__ = ["STAGED_NAME", "TRANSACTION_NAME", "discard", "is_own", "new_token", "read_pairs",
            "remove_temporaries", "roll_forward", "staged_path", "write_transaction"]

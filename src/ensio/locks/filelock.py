@@ -1,4 +1,4 @@
-"""Inter-process locks and atomic writes on a shared file system, for the to-do list.
+"""Blocking locks between processes on a shared file system (the to-do list's).
 
 Three mechanisms, because no single one works everywhere:
 
@@ -48,8 +48,11 @@ import shutil
 import socket
 import threading
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Literal
+
+from .owner import Holder, command_line
 
 __all__ = [
     "LOCK_KINDS",
@@ -58,13 +61,14 @@ __all__ = [
     "LockUnsupported",
     "detect_lock_kind",
     "make_lock",
+    "owner_record",
 ]
 
 LockKind = Literal["flock", "lockf", "mkdir"]
 LOCK_KINDS: tuple[LockKind, ...] = ("flock", "lockf", "mkdir")
 
-#: errno values meaning "this file system does not do this kind of lock".
-_UNSUPPORTED = frozenset(
+#: errno values meaning "this file system does not do this kind of lock" (both modules).
+UNSUPPORTED = frozenset(
     {errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOLCK, errno.ENOSYS, errno.EINVAL}
 )
 
@@ -141,7 +145,7 @@ class _FcntlLock(FileLock):
             self._call(fd, fcntl.LOCK_EX)
         except OSError as exc:
             os.close(fd)
-            if exc.errno in _UNSUPPORTED:
+            if exc.errno in UNSUPPORTED:
                 raise LockUnsupported(
                     exc.errno,
                     f"{self.kind} locks are not supported on the file system of {self.path} "
@@ -183,9 +187,7 @@ class MkdirLock(FileLock):
         delay = 0.0005
         try:
             while True:
-                info = {"owner": me, "host": socket.gethostname(), "pid": os.getpid(),
-                        "time": time.time()}
-                (private / "owner").write_text(json.dumps(info))
+                (private / "owner").write_text(owner_record(me))
                 try:
                     os.rename(private, self.path)  # fails while the lock is held
                     self._me = me
@@ -243,6 +245,18 @@ class MkdirLock(FileLock):
         return self._me is not None and got is not None and got.get("owner") == self._me
 
 
+def owner_record(token: str) -> str:
+    """The ``owner`` file of a mkdir lock: the one owner record (:class:`.owner.Holder`).
+
+    Plus the holder's unique ``owner`` token (what a release or a breaker
+    compares) and ``time`` (seconds since the epoch, what staleness is judged
+    by); the keys of the older ``{owner, host, pid, time}`` record are kept,
+    so a lock directory left by an older version is still judged and broken.
+    """
+    record = asdict(Holder.current(command_line()))
+    return json.dumps({**record, "owner": token, "time": time.time()})
+
+
 def make_lock(kind: LockKind, base: str | Path, stale_after: float = 30.0) -> FileLock:
     """The lock of kind ``kind`` for the list at ``base`` (``base.lock`` / ``base.lock.d``)."""
     base = Path(base)
@@ -262,7 +276,7 @@ def detect_lock_kind(directory: str | Path) -> LockKind:
             try:
                 call(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:
-                if exc.errno in _UNSUPPORTED:
+                if exc.errno in UNSUPPORTED:
                     continue
                 if exc.errno in (errno.EAGAIN, errno.EACCES):
                     return kind  # type: ignore[return-value]  # held: supported

@@ -40,24 +40,19 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import json
 import os
 import secrets
-import socket
-import sys
-import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ... import faults
-from ...errors import EnsioError, file_op
+from .. import faults
+from ..errors import EnsioError, file_op
+from .filelock import UNSUPPORTED
+from .owner import Holder, process_start
 
-__all__ = ["LOCK_NAME", "EnsembleLock", "Holder", "LockError", "held_by_me", "lock_path",
-           "run_id"]
+__all__ = ["LOCK_NAME", "EnsembleLock", "LockError", "held_by_me", "lock_path", "read_holder"]
 
 LOCK_NAME = ".ensio-lock"
 _NO_LINK = {errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP}
-_NO_FLOCK = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.EINVAL}
 
 
 class LockError(EnsioError):
@@ -67,88 +62,6 @@ class LockError(EnsioError):
 def lock_path(root: str | Path) -> Path:
     """The lock file of the ensemble whose journal root is ``root``."""
     return Path(os.path.abspath(root)) / LOCK_NAME
-
-
-def _boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
-
-
-def process_start(pid: int) -> int | None:
-    """Start time of ``pid`` in clock ticks since boot (``/proc/PID/stat`` field 22), or None.
-
-    None if there is no such process (or no ``/proc``).
-    """
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    except OSError:
-        return None
-    # the command name (field 2) may hold spaces and parentheses: split after the last ')'
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return int(fields[19])
-
-
-def run_id() -> str:
-    """This process as the identity of a run: ``host:pid:start``.
-
-    An MPI run takes its rank 0's (broadcast), so every lock its ranks take
-    names the same run; unique while the process lives (the start time
-    tells a reused pid apart).
-    """
-    pid = os.getpid()
-    return f"{socket.gethostname()}:{pid}:{process_start(pid)}"
-
-
-@dataclass(frozen=True)
-class Holder:
-    """Who holds a lock (the lock file's record); ``run``: its run (:func:`run_id`), or ""."""
-
-    host: str
-    pid: int
-    pid_start: int | None
-    boot_id: str
-    started: str
-    command: str
-    run: str = ""
-
-    @classmethod
-    def current(cls, command: str, run: str = "") -> Holder:
-        pid = os.getpid()
-        return cls(socket.gethostname(), pid, process_start(pid), _boot_id(),
-                   time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), command, run)
-
-    @classmethod
-    def parse(cls, text: str) -> Holder | None:
-        try:
-            raw = json.loads(text)
-            return cls(str(raw["host"]), int(raw["pid"]), raw.get("pid_start"),
-                       str(raw.get("boot_id", "")), str(raw["started"]), str(raw["command"]),
-                       str(raw.get("run", "")))
-        except (ValueError, KeyError, TypeError):
-            return None
-
-    def encode(self) -> bytes:
-        return (json.dumps(asdict(self)) + "\n").encode()
-
-    def describe(self) -> str:
-        return (f"`{self.command}` (host {self.host}, pid {self.pid}, "
-                f"started {self.started})")
-
-    def is_local(self) -> bool:
-        return self.host == socket.gethostname()
-
-    def alive(self) -> bool:
-        """This host's process of the record still runs (same pid, start time and boot)."""
-        if self.boot_id and _boot_id() and self.boot_id != _boot_id():
-            return False
-        start = process_start(self.pid)
-        if start is None:
-            return False
-        return self.pid_start is None or start == self.pid_start
 
 
 def _read_holder(fd: int) -> Holder | None:
@@ -179,7 +92,7 @@ def _try_flock(fd: int) -> bool:
     except BlockingIOError:
         return False
     except OSError as exc:
-        if exc.errno not in _NO_FLOCK:
+        if exc.errno not in UNSUPPORTED:
             raise
     return True
 
@@ -203,7 +116,7 @@ class EnsembleLock:
     command : str
         What holds the lock, for the message a second run prints.
     run : str
-        The taker's run (:func:`run_id` of its rank 0): a live holder of the
+        The taker's run (:func:`.owner.run_id` of its rank 0): a live holder of the
         same run is joined instead of refused. "" (a lone process): never joins.
 
     Attributes
@@ -352,11 +265,3 @@ class EnsembleLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
-
-
-def command_line() -> str:
-    """This process's command, as recorded in a lock (``ensio analyse cfg.yaml``)."""
-    argv = [os.path.basename(sys.argv[0]) if sys.argv else "python", *sys.argv[1:]]
-    if argv[0] in ("__main__.py", "-m"):
-        argv[0] = "ensio"
-    return " ".join(argv)[:500]
