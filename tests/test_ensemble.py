@@ -192,10 +192,11 @@ def test_every_io_mode_has_an_implementation_and_a_config_value():
     from typing import get_args
 
     from ensio.config.schema import IOMode
-    from ensio.io.modes.ensemble import TILED_IO
+    from ensio.io.modes.base import EnsembleIO
 
-    # single-file members: every mode but shuffle (tiles only); tiled members: every mode
-    assert set(ENSEMBLE_IO) | {"shuffle"} == set(get_args(IOMode)) == set(TILED_IO)
+    # one registry: each mode's class decides itself how it opens tiled or untiled members
+    assert set(ENSEMBLE_IO) == set(get_args(IOMode))
+    assert all(issubclass(cls, EnsembleIO) for cls in ENSEMBLE_IO.values())
 
 
 def test_object_reads_and_writes_without_reopening(tmp_path, monkeypatch):

@@ -1,8 +1,7 @@
 """What one offline analysis reports, whatever its I/O mode: :class:`AnalysisReport`.
 
-Its own module so that every mode's driver (``offline``, ``offline_shuffle``)
-builds the same report without importing another driver: ``offline`` calls
-``offline_shuffle``, which would otherwise import ``offline`` back.
+Its own module so that the driver (:mod:`ensio.offline`) stays about the run
+and every mode's run, whatever its hooks, ends in the same report.
 """
 
 from __future__ import annotations

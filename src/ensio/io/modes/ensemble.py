@@ -1,4 +1,4 @@
-"""The ensemble-I/O object of a run, chosen by ``io.mode``, and one-call wrappers.
+"""The registry of ``io.mode``s, the factory of ensemble-I/O objects, one-call wrappers.
 
 An ensemble-I/O object is built once per run from (member paths, the layout
 or the ``ensemble`` section, the ``io`` section, the filter communicator) and
@@ -10,15 +10,15 @@ back, as often as needed, until it is closed::
         ...
         ens.write(analysis)
 
-Implementations are registered in :data:`ENSEMBLE_IO` by ``io.mode``; each
-provides the :class:`EnsembleIO` interface. ``files`` is
-:class:`~ensio.io.modes.files.FileEnsembleIO`. A new mode is one module with its
-class, one entry here and its ``Literal`` value in
-:data:`ensio.config.schema.IOMode`. Tiled members (``{tile}``) have their own
-registry, :data:`TILED_IO` (constructor ``(ensemble section, base, io, comm)``):
-``files`` is :class:`~ensio.io.modes.tiledio.TiledEnsembleIO`, ``shuffle`` the
-group all-to-all of :class:`~ensio.io.modes.shuffle.ShuffleEnsembleIO`;
-:func:`open_tiled` opens either.
+Every mode is a subclass of :class:`~ensio.io.modes.base.EnsembleIO`
+registered in :data:`ENSEMBLE_IO` by ``io.mode``: ``files`` is
+:class:`~ensio.io.modes.files.FileEnsembleIO` (which opens tiled members,
+``{tile}``, as :class:`~ensio.io.modes.tiledio.TiledEnsembleIO` itself),
+``shuffle`` is :class:`~ensio.io.modes.shufflerun.ShuffleMode`. The analysis
+driver (:func:`ensio.offline.run_analysis`) opens a run through
+:func:`mode_of` and the class's hooks, never by asking which mode it has. A
+new mode is one module with its class, one entry here and its ``Literal``
+value in :data:`ensio.config.schema.IOMode`.
 
 :func:`read_ensemble` / :func:`write_ensemble` build, use and close an object
 in one call, for callers that read or write once.
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
 
 from mpi4py import MPI
 
@@ -36,53 +35,26 @@ from ...config.errors import ConfigError
 from ...config.schema import Config, EnsembleSection, IOSection
 from ...layout.block import EnsembleBlock
 from ...layout.state import StateLayout
-from ...progress import Advance, no_progress
+from .base import EnsembleIO
 from .files import FileEnsembleIO
-from .shuffle import ShuffleEnsembleIO
+from .shufflerun import ShuffleMode
 from .stats import IOStats
-from .tiledio import TiledEnsembleIO
 
-__all__ = ["ENSEMBLE_IO", "TILED_IO", "EnsembleIO", "IOStats", "open_ensemble", "open_tiled",
+__all__ = ["ENSEMBLE_IO", "EnsembleIO", "IOStats", "mode_of", "open_ensemble",
            "read_ensemble", "write_ensemble"]
 
 
-class EnsembleIO(Protocol):
-    """What every ``io.mode`` implementation offers (see :class:`FileEnsembleIO`)."""
-
-    layout: StateLayout
-    n_io: int
-    stats: IOStats | None
-
-    def read(
-        self, out: EnsembleBlock | None = None, *, overlap: bool = True,
-        progress: Advance = no_progress,
-    ) -> EnsembleBlock:
-        """Collective: this rank's rows of every member (``progress()`` per member)."""
-
-    def write(
-        self, block: EnsembleBlock, *, overlap: bool = True, journal: bool | None = None,
-        progress: Advance = no_progress,
-    ) -> IOStats:
-        """Collective: the rows back into the members (``progress()`` per member)."""
-
-    def close(self) -> None:
-        """Collective: free the object's communicators."""
-
-    def __enter__(self) -> EnsembleIO: ...
-
-    def __exit__(self, *exc: object) -> None: ...
+#: ``io.mode`` → its class (tiled or not is the class's own choice, :meth:`EnsembleIO.open_run`).
+ENSEMBLE_IO: dict[str, type[EnsembleIO]] = {"files": FileEnsembleIO, "shuffle": ShuffleMode}
 
 
-#: ``io.mode`` → implementation (constructor ``(paths, layout_or_section, io, comm)``).
-ENSEMBLE_IO: dict[str, type[EnsembleIO]] = {"files": FileEnsembleIO}
-
-#: ``io.mode`` → implementation for tiled members (constructor ``(ens, base, io, comm)``).
-TILED_IO: dict[str, type] = {"files": TiledEnsembleIO, "shuffle": ShuffleEnsembleIO}
-
-
-def open_tiled(ens: EnsembleSection, base: Path, io: IOSection, comm: MPI.Comm) -> EnsembleIO:
-    """Collective: the ensemble-I/O object of ``io.mode`` for tiled members (``{tile}``)."""
-    return TILED_IO[io.mode](ens, base, io, comm)
+def mode_of(io: IOSection) -> type[EnsembleIO]:
+    """The class registered for ``io.mode`` (a ConfigError naming the key if none is)."""
+    try:
+        return ENSEMBLE_IO[io.mode]
+    except KeyError:
+        raise ConfigError(f"io.mode: unknown mode {io.mode!r} (one of "
+                          f"{', '.join(sorted(ENSEMBLE_IO))})") from None
 
 
 def open_ensemble(
@@ -103,10 +75,7 @@ def open_ensemble(
     comm : MPI.Comm
         The filter communicator (``MPI.COMM_SELF`` for a serial run).
     """
-    if io.mode not in ENSEMBLE_IO:
-        raise ConfigError(f"io.mode: {io.mode} reads tiled members only ({{tile}} in "
-                          "ensemble.members)")  # fmt: skip
-    return ENSEMBLE_IO[io.mode](paths, layout, io, comm)
+    return mode_of(io).from_paths(paths, layout, io, comm)
 
 
 def read_ensemble(

@@ -34,7 +34,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ... import faults
-from ...config.schema import EnsembleSection, IOSection
+from ...config.schema import Config, EnsembleSection, IOSection
 from ...errors import InputError
 from ...layout.block import EnsembleBlock, all_finite
 from ...layout.state import StateLayout
@@ -48,9 +48,11 @@ from ..formats.raw import raw_read, raw_write
 from ..scan.members import MemberScan, resolve_io_tasks, root_layout
 from ..txn import journal as journal_mod
 from ..txn.commit import journaled_write
+from .base import EnsembleIO
 from .pipeline import Scratch, run_pipeline
 from .rewrite import write_library
 from .stats import IOStats
+from .tiledio import TiledEnsembleIO
 
 __all__ = ["FileEnsembleIO"]
 
@@ -60,7 +62,7 @@ _SWAPPED_F8 = _NATIVE_F8.newbyteorder("S")
 _RESTORED = ("rolled_back", "committed")
 
 
-class FileEnsembleIO:
+class FileEnsembleIO(EnsembleIO):
     """Collective: the parallel ensemble I/O of one set of member files, built once.
 
     Parameters
@@ -130,11 +132,12 @@ class FileEnsembleIO:
 
     # ----------------------------------------------------------------- life cycle
 
-    def __enter__(self) -> FileEnsembleIO:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    @classmethod
+    def open_run(cls, config: Config, comm: MPI.Comm, root: Path) -> EnsembleIO:
+        """Collective: the member files of ``config``; tiled ones (``{tile}``) as tiles."""
+        if config.ensemble.tiled:
+            return TiledEnsembleIO.open_run(config, comm, root)
+        return cls(config.member_paths(), config.ensemble, config.io, comm)
 
     def close(self) -> None:
         """Free the I/O group communicators (collective; idempotent)."""

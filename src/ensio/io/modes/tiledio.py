@@ -9,9 +9,9 @@ unit, and ranks with disjoint rows touch disjoint bytes. This is the ``files``
 semantics (one matrix, all or nothing, recoverable) for tiles; the group
 shuffle of issue 13 item 2 is a different data path over the same geometry.
 
-Interface as :class:`~ensio.io.modes.ensemble.EnsembleIO` (``read``, ``write``,
-``close``, context manager): :func:`ensio.offline.run_analysis` opens it for
-a tiled configuration and uses it unchanged.
+A :class:`~ensio.io.modes.base.EnsembleIO`: ``files`` mode's
+:meth:`~ensio.io.modes.files.FileEnsembleIO.open_run` opens it for a tiled
+configuration, and its hooks give the driver the tile copies and products.
 """
 
 from __future__ import annotations
@@ -24,23 +24,25 @@ from typing import ClassVar
 import numpy as np
 from mpi4py import MPI
 
-from ...config.schema import EnsembleSection, IOSection
+from ...config.schema import Config, EnsembleSection, IOSection
 from ...layout.block import EnsembleBlock
 from ...parallel.agree import all_call, guard, raise_if_any, root_call
 from ...parallel.distribution import RowDistribution
 from ...progress import Advance, no_progress
 from ..scan.tilescan import TileScan
 from ..tiles.tiled import TiledEnsemble
+from ..tiles.tileproducts import TileProducts
 from ..tiles.tilerewrite import library_tiles
 from ..txn import journal as journal_mod
 from ..txn.commit import journaled_write
+from .base import EnsembleIO, ProductWriters, Stage
 from .copies import copy_members
 from .stats import IOStats
 
 __all__ = ["TiledEnsembleIO", "copy_targets"]
 
 
-class TiledEnsembleIO:
+class TiledEnsembleIO(EnsembleIO):
     """Collective: tiled members ⇄ the row-distributed ensemble matrix.
 
     Parameters
@@ -77,11 +79,26 @@ class TiledEnsembleIO:
         self.n_io = comm.size
         self.stats: IOStats | None = None
 
-    def __enter__(self) -> TiledEnsembleIO:
-        return self
+    @classmethod
+    def open_run(cls, config: Config, comm: MPI.Comm, root: Path) -> TiledEnsembleIO:
+        """Collective: the tiled members of ``config`` (``files`` mode's choice for ``{tile}``)."""
+        return cls(config.ensemble, config.base_dir, config.io, comm)
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def copy_targets(self, config: Config) -> list[Path]:
+        """``output.members`` resolved: one copy per member and tile, member-major."""
+        assert config.output.members is not None
+        return copy_targets(config.output.members, config.ensemble, self.tiled.geometry.count,
+                            config.resolve)  # fmt: skip
+
+    def tile_products(self) -> TileProducts:
+        """Products are one file per tile, shaped as member 1's tiles."""
+        return TileProducts(self.tiled.geometry, self.tiled.paths[0])
+
+    def write_output_members(self, config: Config, comm: MPI.Comm, analysis: EnsembleBlock,
+                             stage: Stage, products: ProductWriters,
+                             advance: Advance = no_progress) -> IOStats:
+        """Collective: the tile copies of ``output.members`` (:meth:`write_copies`)."""
+        return self.write_copies(analysis, [stage(p) for p in self.copy_targets(config)], advance)
 
     def close(self) -> None:
         """Nothing to free (no communicators are split)."""

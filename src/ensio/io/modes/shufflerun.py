@@ -1,0 +1,171 @@
+"""``io.mode: shuffle`` as an analysis run: its lock, rerun check and two-phase commit.
+
+:class:`ShuffleMode` is the registry's ``shuffle`` entry: the group
+all-to-all of :class:`~ensio.io.modes.shuffle.ShuffleEnsembleIO` plus the run
+hooks of :class:`~ensio.io.modes.base.EnsembleIO` that differ from ``files``
+mode. The tiles are read and written on node-local disks, but the run keeps
+the same guarantees as ``files`` mode, anchored in the *global directory*
+(where the member files live on the global file system, what ``ensio stage
+in`` copies from; :func:`global_root`): rank 0 holds its ensemble lock for
+the whole run; a rerun whose tiles all still hold this very analysis (the run
+record, :mod:`ensio.io.txn.runrecord`, by contents) is "already analysed"
+and changes nothing; and the write is one atomic step across every local
+directory, a two-phase commit whose decision is the run-record entry
+(:mod:`ensio.io.txn.shufflecommit`). A kill at any instant leaves every local
+directory on the same side once the next run or ``ensio recover LOCAL_DIR``
+has looked at its journal.
+
+Products (``output.mean``/``spread``, one file per tile) are written by one
+rank per tile under staged names, recorded in the decision's entry and
+renamed after it (:mod:`ensio.io.products.shuffleproducts`, handed in by the
+driver). A 4-D analysis (``analysis.time_slots``) is not supported on row
+sets yet and is refused before anything is read; so are copies
+(``io.in_place: false``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from mpi4py import MPI
+
+from ...config.schema import Config, ConfigError, EnsembleSection, IOSection
+from ...errors import InputError, file_op
+from ...layout.rowsetblock import RowSetBlock
+from ...layout.state import StateLayout
+from ...parallel.agree import root_call
+from ..tiles.tiled import check_tiled_run
+from ..tiles.tileproducts import TileProducts
+from ..txn import journal, staging
+from ..txn.runrecord import find_run, holds, record_line, runs_path
+from ..txn.shufflecommit import ShuffleTransaction, commit, roll_back
+from .base import EnsembleIO, ProductWriters, RunCommit
+from .shuffle import ShuffleEnsembleIO
+from .stats import IOStats
+
+__all__ = ["ShuffleMode", "global_root"]
+
+
+def global_root(config: Config) -> Path:
+    """The global directory of the ensemble: tile 0 of member 1's directory.
+
+    The same rule as ``files`` mode's journal root
+    (:func:`ensio.io.txn.journal.journal_root`), so both modes share one lock and
+    one run record.
+    """
+    ens = config.ensemble
+    return journal.journal_root(ens.tile_path(ens.numbers[0], 0, config.base_dir))
+
+
+def _check_global(root: Path) -> None:
+    if not root.is_dir():
+        raise InputError(f"{root}: global directory of ensemble.members not found (io.mode "
+                         "shuffle keeps its lock and run record there)")
+
+
+def _tidy_global(root: Path, fsync: bool) -> None:
+    """Rank 0, under the lock: an interrupted ``files`` run's journal, a torn record's temporary."""
+    journal.recover(root, fsync=fsync)
+    staging.remove_temporaries(runs_path(root))
+
+
+class ShuffleMode(ShuffleEnsembleIO, EnsembleIO):
+    """``io.mode: shuffle``: :class:`ShuffleEnsembleIO` with its analysis-run hooks."""
+
+    works_locally: ClassVar[bool] = True
+
+    @classmethod
+    def check_run(cls, config: Config) -> None:
+        """Tiled or not (untiled members are one tile each), in place, 3-D only."""
+        check_tiled_run(config)
+        if not config.io.in_place:
+            raise ConfigError("io.in_place: io.mode shuffle writes the tiles in place only")
+        if config.analysis is not None and config.analysis.time_slots is not None:
+            raise ConfigError("analysis.time_slots: not supported with io.mode shuffle yet; "
+                              "use io.mode files for a 4-D analysis")
+
+    @classmethod
+    def run_root(cls, config: Config, comm: MPI.Comm) -> Path:
+        """Collective: the global directory (:func:`global_root`), which must exist."""
+        root = global_root(config)
+        root_call(comm, lambda: _check_global(root))
+        return root
+
+    @classmethod
+    def open_run(cls, config: Config, comm: MPI.Comm, root: Path) -> ShuffleMode:
+        """Collective, under the lock: tidy the global directory, then recover every
+        local journal while opening (``locked``: the run record is read without the lock)."""
+        root_call(comm, lambda: _tidy_global(root, config.io.fsync))
+        return cls(config.ensemble, config.base_dir, config.io, comm, locked=root)
+
+    @classmethod
+    def from_paths(cls, paths: Sequence[Path], layout: StateLayout | EnsembleSection,
+                   io: IOSection, comm: MPI.Comm) -> EnsembleIO:  # fmt: skip
+        raise ConfigError(f"io.mode: {io.mode} reads tiled members only ({{tile}} in "
+                          "ensemble.members)")  # fmt: skip
+
+    def member_files(self, config: Config) -> list[Path]:
+        """Every global tile path (P from the local tiles: the global ones need not be readable)."""
+        e, p = config.ensemble, len(self.geometry.boxes)
+        return [e.tile_path(m, t, config.base_dir) for m in e.numbers for t in range(p)]
+
+    def tile_products(self) -> TileProducts:
+        """Tile p's product takes its structure from rank p's own tile (tile p of member 1)."""
+        count = len(self.geometry.boxes)
+        return TileProducts(self.geometry, [self.path] * count)  # only rank p reads entry p
+
+    def already(self, config: Config, root: Path, keys: tuple[str, str], comm: MPI.Comm,
+                products: ProductWriters) -> dict[str, Any] | None:  # fmt: skip
+        """Collective: the record of this run if the local tiles still hold its analysis.
+
+        By contents, in file order (:func:`~ensio.io.txn.runrecord.holds`): an
+        entry of an ``io.mode: files`` run whose tiles were staged in counts; an
+        entry from before contents were recorded: its tiles by ``host:path``.
+        Staged products of a decided run are renamed (rolled forward) first.
+        """
+        entry = root_call(comm, lambda: find_run(root, *keys))
+        if entry is None:
+            return None
+        digests = self.tile_digests()  # in rank order: rank f holds file f (member-major)
+        held = holds(entry, list(digests.values()))
+        if not (held if held is not None else digests == dict(entry.get("members", {}))):
+            return None
+        lost = root_call(comm, lambda: products.roll_forward(dict(entry.get("products", {}))))
+        if lost:
+            entry["note"] = f"; note: {', '.join(lost)} changed or removed since"
+        return entry
+
+    def commit(self, analysis: RowSetBlock, run: RunCommit) -> IOStats | None:  # type: ignore[override]
+        """Collective: prepare (write every tile, journaled under one transaction), then
+        the run-record entry decides for every local directory, then the journals go."""
+        config, comm = run.config, run.comm
+        t = time.perf_counter()
+        with run.bars.phase("products"):  # staged names, published after the decision
+            products = run.products.write_rows(
+                comm, analysis.plan, analysis.layout, self.tile_products(),
+                analysis.data, analysis.inactive_rows(),
+                run.products.paths(config.output, config.base_dir),
+                config.ensemble.coordinates, "ensio analyse",
+            )  # fmt: skip
+        run.seconds["products"] = time.perf_counter() - t
+        txn = ShuffleTransaction.begin(comm, run.root, fsync=config.io.fsync)
+        t = time.perf_counter()
+        with file_op("write"), run.bars.phase("write", config.ensemble.size,
+                                              "members") as advance:  # fmt: skip
+            self.write(analysis, progress=advance, txn=txn)
+        run.seconds["write"] = time.perf_counter() - t
+        t = time.perf_counter()
+        try:
+            digests = self.tile_digests()  # as committed
+        except BaseException:  # prepared but undecided: every directory back to the prior
+            roll_back(comm, self.disk, self.root, txn, config.io.journal)
+            raise
+        entry = record_line(run.key, run.cycle, run.command, digests, products,
+                            txid=txn.txid) if comm.rank == 0 else None  # fmt: skip
+        commit(comm, self.disk, self.root, txn, config.io.journal, entry)
+        run.products.publish(comm, products)
+        run.seconds["record"] = time.perf_counter() - t
+        return None
