@@ -54,6 +54,7 @@ from ...durable import atomic_write, fsync_path
 from ...errors import EnsioError, InputError
 from ...parallel.agree import all_call, root_call
 from ...parallel.nodes import NodeGroups, node_groups, this_host
+from ..txn.marker import read_marker as txn_read_marker
 from .backupworker import FORMAT, MARKER_NAME, data_dir
 from .stagecopy import Copy
 from .stagemap import PlacedFile
@@ -246,13 +247,10 @@ def ensure_cycle_backup(config: Config, comm: MPI.Comm, cycle: int,
 
 def read_marker(backup_dir: Path) -> dict[str, Any] | None:
     """The completion marker of a backup directory, or None if it has none."""
-    try:
-        marker = json.loads((backup_dir / MARKER_NAME).read_text())
-    except FileNotFoundError:
+    marker = txn_read_marker(backup_dir / MARKER_NAME, what="marker", error=InputError)
+    if marker is None:
         return None
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{backup_dir / MARKER_NAME}: unreadable marker ({exc})") from None
-    if not isinstance(marker, dict) or marker.get("format") != FORMAT:
+    if marker.get("format") != FORMAT:
         raise InputError(f"{backup_dir / MARKER_NAME}: not an ensio backup marker")
     return marker
 

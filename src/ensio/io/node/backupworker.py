@@ -31,6 +31,7 @@ from typing import Any
 
 from ... import faults
 from ...durable import atomic_write, fsync_path
+from ..txn.marker import write_marker
 from .stagecopy import Copy, commit_all, prepare_all
 
 __all__ = ["MARKER_NAME", "data_dir", "main", "run_job", "try_complete"]
@@ -112,8 +113,7 @@ def try_complete(backup_dir: Path, token: str, cycle: int, n_nodes: int, expecte
             raise RuntimeError(f"{data / f['path']}: {size} bytes, part says {f['size']}")
     marker = {"format": FORMAT, "cycle": cycle, "token": token, "nodes": n_nodes,
               "data": data.name, "files": files}
-    atomic_write(backup_dir / MARKER_NAME, json.dumps(marker, indent=1), fsync=fsync,
-                 label="backup-marker")
+    write_marker(backup_dir / MARKER_NAME, marker, fsync=fsync, label="backup-marker", indent=1)
     return True
 
 

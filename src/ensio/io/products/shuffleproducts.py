@@ -31,6 +31,7 @@ from ...layout.state import StateLayout
 from ...parallel.agree import ErrorNote, guard, raise_if_any
 from ...parallel.rowsets import RowSets
 from ..tiles.tileproducts import TileProducts, tile_paths
+from ..txn import staging
 from ..txn.runrecord import sha256_file
 from .products import history, partial_path, statistics, write_field_file
 
@@ -136,13 +137,9 @@ def roll_forward(products: Mapping[str, str]) -> list[str]:
     :func:`publish`: it is renamed now. Returns the products that hold
     neither (changed or removed since).
     """
-    lost = []
-    for target, digest in products.items():
-        final, stage = Path(target), staged(Path(target))
-        if final.is_file() and sha256_file(final) == digest:
-            continue
-        if stage.is_file() and sha256_file(stage) == digest:
-            _rename(final)
-            continue
-        lost.append(target)
-    return lost
+    def holds(path: str, target: str) -> bool:
+        return os.path.isfile(path) and sha256_file(Path(path)) == products[target]
+
+    pairs = [(staged(Path(t)), t) for t in products]
+    with file_op("roll forward"):
+        return staging.roll_forward(pairs, fsync=False, holds=holds)[1]

@@ -59,6 +59,7 @@ from .undolog import (
     REC_FILE,
     JournalError,
     UndoLog,
+    is_committed,
     replay_log,
     scan_log,
 )
@@ -109,7 +110,7 @@ def commit(root: Path, *, fsync: bool, transaction: bool = False) -> int:
     if fsync:
         fsync_path(jdir, directory=True)
         faults.point("commit-fsync")
-    moved = staging.roll_forward(jdir, fsync=fsync)
+    moved, _ = staging.roll_forward(staging.read_pairs(jdir), fsync=fsync)
     _remove_journal(root, jdir, fsync)
     return moved
 
@@ -230,8 +231,8 @@ def _recover_locked(root: Path, jdir: Path, fsync: bool, locked: Path | None) ->
             _remove_journal(root, jdir, fsync)
             return RecoveryReport("committed", transaction=marker.txid)
         return dataclasses.replace(_rollback(root, jdir, fsync), transaction=marker.txid)
-    if (jdir / COMMITTED_NAME).exists():
-        moved = staging.roll_forward(jdir, fsync=fsync)
+    if is_committed(jdir):
+        moved, _ = staging.roll_forward(staging.read_pairs(jdir), fsync=fsync)
         _remove_journal(root, jdir, fsync)
         return RecoveryReport("committed", staged=moved)
     return _rollback(root, jdir, fsync)

@@ -24,7 +24,6 @@ Standard library only (``ensio recover`` starts without MPI or netCDF).
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ from pathlib import Path
 from ... import faults
 from ...durable import fsync_path
 from ...locks import EnsembleLock, command_line, held_by_me
+from . import marker as markers
 from .runsfile import read_entries
 from .undolog import JournalError
 
@@ -58,32 +58,19 @@ def write_marker(jdir: Path, marker: ShuffleMarker, *, fsync: bool) -> None:
     Raises FileExistsError if ``jdir`` exists (recover first).
     """
     os.mkdir(jdir)
-    tmp = jdir / (MARKER_NAME + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-    try:
-        os.write(fd, json.dumps({"txid": marker.txid,
-                                 "global_root": marker.global_root}).encode())
-        if fsync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, jdir / MARKER_NAME)
+    record = {"txid": marker.txid, "global_root": marker.global_root}
+    markers.write_marker(jdir / MARKER_NAME, record, fsync=fsync, label="shuffle-marker-file")
     if fsync:
-        fsync_path(jdir, directory=True)
         fsync_path(jdir.parent, directory=True)
     faults.point("shuffle-marker")
 
 
 def read_marker(jdir: Path) -> ShuffleMarker | None:
     """The marker of the journal ``jdir``, or None (an ordinary journal)."""
-    try:
-        raw = json.loads((jdir / MARKER_NAME).read_text())
-        return ShuffleMarker(str(raw["txid"]), str(raw["global_root"]))
-    except FileNotFoundError:
-        return None
-    except (ValueError, KeyError, TypeError):
-        raise JournalError(f"{jdir / MARKER_NAME}: unreadable shuffle marker; nothing "
-                           "changed (inspect it before removing the journal)") from None
+    raw = markers.read_marker(jdir / MARKER_NAME, what="shuffle marker", error=JournalError,
+                              fields=("txid", "global_root"),
+                              hint="; nothing changed (inspect it before removing the journal)")
+    return None if raw is None else ShuffleMarker(str(raw["txid"]), str(raw["global_root"]))
 
 
 def recorded(root: Path, txid: str) -> bool:

@@ -29,7 +29,7 @@ import contextlib
 import json
 import os
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from ... import faults
@@ -111,15 +111,33 @@ def is_transaction(jdir: Path) -> bool:
     return (jdir / TRANSACTION_NAME).exists() or (jdir / STAGED_NAME).exists()
 
 
-def roll_forward(jdir: Path, *, fsync: bool) -> int:
-    """After the commit marker: rename every staged file still there to its target.
+def roll_forward(pairs: Iterable[tuple[str | Path, str | Path]], *, fsync: bool,
+                 holds: Callable[[str, str], bool] | None = None) -> tuple[int, list[str]]:
+    """After the commit point: rename every staged file still there to its target.
 
+    The one roll-forward of ensio: a journal's staged files after its
+    ``COMMITTED`` marker (``pairs``: :func:`read_pairs`), a shuffle run's
+    product tiles after its decision (:func:`ensio.io.products.shuffleproducts.roll_forward`).
     Idempotent (a renamed file is gone from its staged name). The new file
     takes the permission bits and owner of the file it replaces.
+
+    ``holds(path, target)``, if given, says whether ``path`` holds what was
+    committed for ``target`` (a recorded digest): a target that already
+    holds it is left alone, a staged file that does not is not renamed, and
+    such a target is returned as *lost* (changed or removed since). Without
+    it (staged names are unique per transaction) a staged file that exists
+    is the committed one and a missing one was renamed already.
+
+    Returns (files renamed, targets lost).
     """
-    moved, dirs = 0, set[str]()
-    for staged, target in read_pairs(jdir):
-        if not os.path.exists(staged):
+    moved, lost, dirs = 0, list[str](), set[str]()
+    for staged_name, target_name in pairs:
+        staged, target = os.fspath(staged_name), os.fspath(target_name)
+        if holds is not None and os.path.isfile(target) and holds(target, target):
+            continue
+        if not os.path.exists(staged) or (holds is not None and not holds(staged, target)):
+            if holds is not None:
+                lost.append(target)
             continue
         copy_identity(target, staged)
         if fsync:
@@ -131,7 +149,7 @@ def roll_forward(jdir: Path, *, fsync: bool) -> int:
     if fsync:
         for d in sorted(dirs):
             fsync_path(d, directory=True)
-    return moved
+    return moved, lost
 
 
 def remove_temporaries(path: str | Path) -> None:

@@ -25,9 +25,10 @@ import numpy as np
 from ... import faults
 from ...durable import fsync_path
 from ...errors import EnsioError
+from .marker import read_marker
 
 __all__ = ["COMMITTED_NAME", "JOURNAL_DIRNAME", "JournalError", "REC_FILE", "Record",
-           "UndoLog", "replay_log", "scan_log"]
+           "UndoLog", "is_committed", "replay_log", "scan_log"]
 
 JOURNAL_DIRNAME = ".ensio-journal"
 COMMITTED_NAME = "COMMITTED"
@@ -77,6 +78,11 @@ def _byte_view(prior: bytes | memoryview | np.ndarray) -> memoryview:
     return view if view.format == "B" and view.ndim == 1 else view.cast("B")
 
 
+def is_committed(jdir: Path) -> bool:
+    """True if the journal ``jdir`` holds its (empty) commit marker ``COMMITTED``."""
+    return read_marker(jdir / COMMITTED_NAME, what="commit marker", error=JournalError) is not None
+
+
 class UndoLog:
     """Append-only undo log of one I/O task for one ensemble write.
 
@@ -108,7 +114,7 @@ class UndoLog:
         if fsync:  # every task: its records must not outlive a lost directory entry
             fsync_path(root, directory=True)
         hint = f"run `ensio recover {root}`"
-        if (jdir / COMMITTED_NAME).exists():
+        if is_committed(jdir):
             raise JournalError(f"stale committed journal in {jdir}: {hint}")
         log = jdir / f"task-{task}.undo"
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC
