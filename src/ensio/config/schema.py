@@ -180,6 +180,13 @@ class EnsembleSection:
 #: ``shuffle``: tiled members on node-local disks, one tile per rank, group all-to-all.
 IOMode = Literal["files", "shuffle"]
 
+#: The modes whose analysis reads and writes node-local copies of the members
+#: (``io.local_dir``, placed by ``ensio stage in``): they need ``local_dir``, and a
+#: backup copies (and a restore puts back) those copies, not the global files.
+#: Here, not on the mode's class, because the node room (backup) and the config
+#: sit below io/modes and may not ask it.
+LOCAL_MODES: frozenset[str] = frozenset({"shuffle"})
+
 
 @dataclass(frozen=True)
 class IOSection:
@@ -204,12 +211,17 @@ class IOSection:
     def __post_init__(self) -> None:
         if self.tasks is not None and self.tasks < 1:
             raise ConfigError(f"io.tasks: must be at least 1, got {self.tasks}")
-        if self.mode == "shuffle" and not self.local_dir:
-            raise ConfigError("io.local_dir: required when io.mode is shuffle")
+        if self.works_locally and not self.local_dir:
+            raise ConfigError(f"io.local_dir: required when io.mode is {self.mode}")
         if self.backup_dir is not None and "{cycle" not in self.backup_dir:
             raise ConfigError(
                 f"io.backup_dir: pattern {self.backup_dir!r} has no {{cycle}} placeholder"
             )
+
+    @property
+    def works_locally(self) -> bool:
+        """True if the analysis reads and writes node-local copies (:data:`LOCAL_MODES`)."""
+        return self.mode in LOCAL_MODES
 
 
 @dataclass(frozen=True)

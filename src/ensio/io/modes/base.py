@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from mpi4py import MPI
 
@@ -97,8 +97,6 @@ class EnsembleIO(abc.ABC):
     layout: StateLayout
     n_io: int
     stats: IOStats | None
-    #: True if the analysis reads and writes node-local copies (what a backup copies).
-    works_locally: ClassVar[bool] = False
 
     # ------------------------------------------------------------------ the I/O
     @abc.abstractmethod

@@ -28,7 +28,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from mpi4py import MPI
 
@@ -74,8 +74,6 @@ def _tidy_global(root: Path, fsync: bool) -> None:
 
 class ShuffleMode(ShuffleEnsembleIO, EnsembleIO):
     """``io.mode: shuffle``: :class:`ShuffleEnsembleIO` with its analysis-run hooks."""
-
-    works_locally: ClassVar[bool] = True
 
     @classmethod
     def check_run(cls, config: Config) -> None:

@@ -78,8 +78,9 @@ def backup_dir_for(config: Config, cycle: int) -> Path:
 
 
 def works_locally(config: Config) -> bool:
-    """True if the analysis reads and writes the node-local copies (``io.mode: shuffle``)."""
-    return str(config.io.mode) == "shuffle"
+    """True if the analysis reads and writes the node-local copies (``io.mode: shuffle``,
+    :data:`ensio.config.schema.LOCAL_MODES`)."""
+    return config.io.works_locally
 
 
 def _working_path(config: Config, p: PlacedFile) -> Path:

@@ -33,7 +33,6 @@ import netCDF4
 import numpy as np
 from mpi4py import MPI
 
-from ...config.errors import ConfigError
 from ...config.schema import Config, EnsembleSection
 from ...errors import InputError
 from ...layout.state import StateLayout, VarMeta, build_layout
@@ -138,16 +137,13 @@ def check_tiled_run(config: Config) -> None:
     (``output.members`` when ``io.in_place`` is false) and products
     (``output.mean`` / ``spread``): those names need ``{tile}`` exactly when
     the members' do (:func:`~ensio.io.tiles.tileproducts.check_product_patterns`).
-    ``io.mode: shuffle`` does not write copies yet.
+    What a mode cannot do besides is its own
+    :meth:`~ensio.io.modes.base.EnsembleIO.check_run`.
     """
     out = config.output
     named = {"members": None if config.io.in_place else out.members, "mean": out.mean,
              "spread": out.spread}  # fmt: skip
     check_product_patterns(named, config.ensemble.tiled)
-    if not config.ensemble.tiled or config.io.mode != "shuffle":
-        return
-    if not config.io.in_place:
-        raise ConfigError("io.in_place: io.mode shuffle writes the tiles in place only")
 
 
 def tile_geometry(
