@@ -77,3 +77,35 @@ def test_roll_forward_with_and_without_recorded_contents(tmp_path):
     assert (moved, lost) == (1, [str(targets[2]), str(targets[3])])
     assert [t.read_text() for t in targets] == ["w", "x", "c", "d"]
     assert staged[2].read_text() == "not y"
+
+
+def test_one_temporary_name_scheme_made_and_recognised(tmp_path):
+    from ensio.durable import temporary_name, temporary_of
+    from ensio.io.products.products import partial_path
+
+    target = tmp_path / "mem001.nc"
+    tmp = temporary_name(target)
+    assert tmp.parent == tmp_path and temporary_of(tmp.name)[:2] == ("mem001.nc", "tmp")
+    assert temporary_name(target) != tmp  # unique per call
+    staged = staging.staged_path(target, "abc123")
+    assert temporary_of(staged.name) == ("mem001.nc", "staged", "abc123")
+    assert temporary_of(partial_path(target).name) == ("mem001.nc", "partial", "")
+    # the names on disk are those of earlier versions: what an older run left is recognised
+    for old, kind in ((".mem001.nc.ensio-tmp.4242.0a1b2c3d", "tmp"),
+                      (".mem001.nc.ensio-staged.0123456789ab", "staged"),
+                      (".mem001.nc.ensio-partial", "partial")):
+        assert temporary_of(old)[:2] == ("mem001.nc", kind)
+    # a writer's temporary of a staged file belongs to the staged file
+    inner = temporary_name(staged)
+    assert temporary_of(inner.name)[:2] == (staged.name, "tmp")
+    for name in ("mem001.nc", ".hidden", ".ensio-tmp.1", ".mem001.nc.ensio-other.1"):
+        assert temporary_of(name) is None
+    with pytest.raises(ValueError, match="unknown temporary kind"):
+        temporary_name(target, "scratch")
+    # remove_temporaries removes exactly the writers' temporaries of one file
+    keep = [target, staged, tmp_path / ".mem002.nc.ensio-tmp.1.ff", partial_path(target)]
+    gone = [temporary_name(target), tmp_path / ".mem001.nc.ensio-tmp.77.00ff00ff"]
+    for p in keep + gone:
+        p.write_text("x")
+    staging.remove_temporaries(target)
+    assert all(p.exists() for p in keep) and not any(p.exists() for p in gone)

@@ -24,7 +24,18 @@ from pathlib import Path
 
 from . import faults
 
-__all__ = ["atomic_write", "copy_identity", "fsync_path", "replacing", "temporary_name"]
+__all__ = ["TEMPORARY_KINDS", "atomic_write", "copy_identity", "fsync_path", "replacing",
+           "temporary_name", "temporary_of"]
+
+#: Every temporary sibling ensio writes is ``.NAME.ensio-KIND[.TOKEN]``, beside ``NAME``
+#: (same directory: the final rename is atomic), made by :func:`temporary_name` and
+#: recognised by :func:`temporary_of`. ``tmp``: a write-then-rename in progress (token
+#: ``PID.HEX``; the transfer interposer's C daemon spells the same name); ``staged``: a
+#: run transaction's new file until its commit (io/txn/staging.py, token: the
+#: transaction's); ``partial``: a member copy or shuffle product tile until its rename
+#: (io/products, no token: a rerun reuses it). The spellings on disk are those of
+#: earlier versions, so what an older run left is recognised and recovered alike.
+TEMPORARY_KINDS = ("tmp", "staged", "partial")
 
 
 def fsync_path(path: str | Path, *, directory: bool = False) -> None:
@@ -41,16 +52,42 @@ def fsync_path(path: str | Path, *, directory: bool = False) -> None:
         os.close(fd)
 
 
-def temporary_name(path: str | Path) -> Path:
-    """A hidden, unique sibling of ``path`` (same directory, so the rename is atomic).
+def temporary_name(path: str | Path, kind: str = "tmp", token: str | None = None) -> Path:
+    """A hidden sibling of ``path`` of kind ``kind`` (:data:`TEMPORARY_KINDS`).
 
-    Unique per process and call, so two writers (or a writer whose lock was
+    Same directory, so the rename is atomic. ``tmp`` without a token is
+    unique per process and call, so two writers (or a writer whose lock was
     broken) never mix their bytes in one temporary file.
     """
+    if kind not in TEMPORARY_KINDS:
+        raise ValueError(f"unknown temporary kind {kind!r} (one of {TEMPORARY_KINDS})")
     path = Path(path)
-    # os.urandom(4).hex() is secrets.token_hex(4) without importing secrets (hmac, random)
-    # into every process that writes a file (start-up time, issue 24)
-    return path.with_name(f".{path.name}.ensio-tmp.{os.getpid()}.{os.urandom(4).hex()}")
+    if token is None and kind == "tmp":
+        # os.urandom(4).hex() is secrets.token_hex(4) without importing secrets (hmac,
+        # random) into every process that writes a file (start-up time, issue 24)
+        token = f"{os.getpid()}.{os.urandom(4).hex()}"
+    return path.with_name(f".{path.name}.ensio-{kind}" + (f".{token}" if token else ""))
+
+
+def temporary_of(name: str) -> tuple[str, str, str] | None:
+    """``(target name, kind, token)`` if ``name`` is one of ensio's temporaries, else None.
+
+    The inverse of :func:`temporary_name` (``token`` "" when it has none); the
+    one place that tells a temporary from a user's file, for every cleaner
+    and recovery, whichever version of ensio left it.
+    """
+    if not name.startswith("."):
+        return None
+    for kind in TEMPORARY_KINDS:  # the last mark counts: a temporary of a temporary
+        mark = f".ensio-{kind}"
+        if name.endswith(mark):
+            at, token = len(name) - len(mark), ""
+        else:
+            at = name.rfind(mark + ".")
+            token = name[at + len(mark) + 1 :]
+        if at > 1 and (token or name.endswith(mark)):
+            return name[1:at], kind, token
+    return None
 
 
 def copy_identity(existing: str | Path, new: str | Path) -> None:

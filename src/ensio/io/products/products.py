@@ -34,7 +34,7 @@ from mpi4py import MPI
 from ... import __version__
 from ...config.analysis import OutputSection
 from ...config.schema import ConfigError, Coordinates, IOSection
-from ...durable import copy_identity, replacing
+from ...durable import copy_identity, replacing, temporary_name
 from ...errors import FileOpError, file_op, os_error_reason
 from ...layout.block import EnsembleBlock
 from ...layout.state import StateLayout, VariableLayout
@@ -165,7 +165,7 @@ def _write_state_variable(
 
 def partial_path(target: Path) -> Path:
     """Where a member copy is written before it is renamed to ``target``."""
-    return target.parent / f".{target.name}.ensio-partial"
+    return temporary_name(target, "partial")
 
 
 def write_member_copies(

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from ... import faults
-from ...durable import copy_identity, fsync_path
+from ...durable import copy_identity, fsync_path, temporary_name, temporary_of
 from ...locks import Holder, process_start
 
 __all__ = ["STAGED_NAME", "TRANSACTION_NAME", "discard", "is_own", "new_token", "read_pairs",
@@ -50,8 +50,7 @@ def new_token() -> str:
 
 def staged_path(target: str | Path, token: str) -> Path:
     """Where ``target`` is written until the commit (beside the file a symlink points to)."""
-    real = Path(os.path.realpath(target))
-    return real.with_name(f".{real.name}.ensio-staged.{token}")
+    return temporary_name(os.path.realpath(target), "staged", token)
 
 
 def _write_durable(path: Path, data: bytes, fsync: bool) -> None:
@@ -156,12 +155,10 @@ def remove_temporaries(path: str | Path) -> None:
     """Delete the temporaries :func:`ensio.durable.replacing` left beside ``path``."""
     path = Path(path)
     with contextlib.suppress(FileNotFoundError):
-        for tmp in path.parent.glob(f".{_glob_escape(path.name)}.ensio-tmp.*"):
-            tmp.unlink(missing_ok=True)
-
-
-def _glob_escape(name: str) -> str:
-    return "".join(f"[{c}]" if c in "*?[" else c for c in name)
+        for entry in os.scandir(path.parent):
+            found = temporary_of(entry.name)
+            if found is not None and found[:2] == (path.name, "tmp"):
+                Path(entry.path).unlink(missing_ok=True)
 
 
 def discard(jdir: Path) -> int:
