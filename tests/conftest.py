@@ -49,6 +49,7 @@ def pytest_runtest_setup(item):
         require_slurm()
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest -p no:xdist has no such hook
 def pytest_xdist_make_scheduler(config, log):
     """``--dist loadfile``/``loadgroup``: by file, SLURM files on one worker, longest
     first (tests/xdist_schedule.py says why)."""
