@@ -1,7 +1,7 @@
 """Member-file backends: format-specific cases beyond the generic contract.
 
 The tests every format must pass (metadata, raw byte ranges, library path,
-sniffing, closing, capability flags) live in ``store_contract.py`` and run
+sniffing, closing, capability flags) live in ``ensio.testing`` (src/ensio/testing/store_contract.py) and run
 from ``test_store_contract_*.py``, one module per format. Here: plain HDF5
 files, bad and truncated files, the classic header parser, ``flat_boxes``.
 
@@ -21,7 +21,6 @@ import h5py
 import netCDF4
 import numpy as np
 import pytest
-from store_contract import DIMS, NRECS, make_member, random_ranges
 
 from ensio.errors import InputError
 from ensio.io import open_member
@@ -29,6 +28,7 @@ from ensio.io.formats.classic import ClassicStore
 from ensio.io.formats.library import flat_boxes
 from ensio.io.formats.netcdf4 import NetCDF4Store
 from ensio.io.formats.raw import raw_read
+from ensio.testing import DIMS, NRECS, make_member, random_ranges
 
 # --------------------------------------------------------------------------- metadata
 
