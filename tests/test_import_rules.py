@@ -33,7 +33,7 @@ IO_ROOMS = ("formats", "scan", "txn", "tiles", "node", "modes", "products")
 IO_MAY_IMPORT = (
     "ensio", "ensio.config", "ensio.layout", "ensio.parallel", "ensio.errors",
     "ensio.durable", "ensio.progress", "ensio.stopwatch", "ensio.jsonlines",
-    "ensio.faults", "ensio.locks",
+    "ensio.faults", "ensio.locks", "ensio.lazyexports",
 )  # fmt: skip
 
 

@@ -1,9 +1,10 @@
 """Member-file backends: format-specific cases beyond the generic contract.
 
 The tests every format must pass (metadata, raw byte ranges, library path,
-sniffing, closing, capability flags) live in ``ensio.testing`` (src/ensio/testing/store_contract.py) and run
-from ``test_store_contract_*.py``, one module per format. Here: plain HDF5
-files, bad and truncated files, the classic header parser, ``flat_boxes``.
+sniffing, closing, capability flags) live in ``ensio.testing`` (its
+store_contract.py) and run from ``test_store_contract_*.py``, one module per
+format. Here: plain HDF5 files, bad and truncated files, the classic header
+parser, ``flat_boxes``.
 
 Every expected value comes from an independent reader (netCDF4-python, or
 h5py for the plain-HDF5 case), never from the code under test. Files are
