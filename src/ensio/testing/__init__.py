@@ -10,28 +10,7 @@ imports it (``tests/test_store_contract_package.py``).
 
 from __future__ import annotations
 
-from .store_contract import (
-    CASES,
-    DIMS,
-    NRECS,
-    MemberStoreContract,
-    make_member,
-    nc_attrs,
-    nc_vars,
-    pytest_generate_tests,
-    random_ranges,
-    rng,
-)
+from . import store_contract
+from .store_contract import *  # noqa: F403 (the contract's names, listed once there)
 
-__all__ = [
-    "CASES",
-    "DIMS",
-    "NRECS",
-    "MemberStoreContract",
-    "make_member",
-    "nc_attrs",
-    "nc_vars",
-    "pytest_generate_tests",
-    "random_ranges",
-    "rng",
-]
+__all__ = list(store_contract.__all__)
