@@ -131,7 +131,8 @@ def test_config_keys() -> None:
                              "io": {"mode": "shuffle", "local_dir": "/l"}})  # fmt: skip
     from mpi4py import MPI
 
-    with pytest.raises(ConfigError, match=r"^io.mode: shuffle reads tiled members only"):
+    with pytest.raises(ConfigError, match=r"^io.mode: shuffle reads the node-local copies "
+                                          r"of io.local_dir, not a list of member paths"):
         open_ensemble([Path("m1.nc")], flat.ensemble, flat.io, MPI.COMM_SELF)
 
 

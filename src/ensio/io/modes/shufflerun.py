@@ -102,8 +102,9 @@ class ShuffleMode(ShuffleEnsembleIO, EnsembleIO):
     @classmethod
     def from_paths(cls, paths: Sequence[Path], layout: StateLayout | EnsembleSection,
                    io: IOSection, comm: MPI.Comm) -> EnsembleIO:  # fmt: skip
-        raise ConfigError(f"io.mode: {io.mode} reads tiled members only ({{tile}} in "
-                          "ensemble.members)")  # fmt: skip
+        raise ConfigError(f"io.mode: {io.mode} reads the node-local copies of "
+                          "io.local_dir, not a list of member paths (run it through "
+                          "ensio analyse)")  # fmt: skip
 
     def member_files(self, config: Config) -> list[Path]:
         """Every global tile path (P from the local tiles: the global ones need not be readable)."""
