@@ -33,10 +33,6 @@ NAMES = ("ps", "ts", "sst", "q", "tk", "h")
 TOOLS = ("ncpdq", "ncap2", "ncatted", "ncks", "nccopy")
 
 
-def tools_missing() -> list[str]:
-    return [t for t in TOOLS if shutil.which(t) is None]
-
-
 def _run(*cmd: str) -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     if proc.returncode != 0:
