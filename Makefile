@@ -1,5 +1,6 @@
 # Two entry points on a fresh machine: `make demo` and `make test`.
-# Both build ./.venv (Python >= 3.11, no system MPI needed: MPI comes from the mpich wheel).
+# Both build ./.venv (Python >= 3.11, no system MPI needed: MPI comes from the mpich wheel;
+# the extra veros brings the ocean model of `ensio example veros` and its tests).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -19,7 +20,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,veros]'
 	@test -x $(MPIEXEC) || (echo "error: $(MPIEXEC) missing: the mpich wheel did not install" >&2; exit 1)
 	@# numba compiles the analysis kernels once here, into its cache (src/ensio/analysis/__pycache__),
 	@# not inside the first test, member job or timed benchmark that calls them (issue 24)
