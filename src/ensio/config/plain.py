@@ -86,7 +86,9 @@ def _dataclass(tp: Any, value: Any, key: str, skip: set[str] | None) -> Any:
     if not isinstance(value, Mapping):
         raise ConfigError(f"{where}: expected a mapping, got {value!r}")
     hints = typing.get_type_hints(tp)
-    fields = {f.name: f for f in dataclasses.fields(tp) if f.init and f.name not in (skip or ())}
+    # a field's config key is its name, or metadata["key"] where the name is a keyword
+    fields = {f.metadata.get("key", f.name): f for f in dataclasses.fields(tp)
+              if f.init and f.name not in (skip or ())}
     for k in value:
         if k not in fields:
             dotted = f"{key}.{k}" if key else str(k)
@@ -95,7 +97,7 @@ def _dataclass(tp: Any, value: Any, key: str, skip: set[str] | None) -> Any:
     for name, f in fields.items():
         sub = f"{key}.{name}" if key else name
         if name in value:
-            kwargs[name] = from_plain(hints[name], value[name], sub)
+            kwargs[f.name] = from_plain(hints[f.name], value[name], sub)
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ConfigError(f"{sub}: required config key is missing")
     try:

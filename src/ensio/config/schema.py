@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Literal
 
 from .analysis import AnalysisSection, ObservationFile, OutputSection
+from .axes import TimeLevel, check_axes
 from .errors import ConfigError
 from .plain import SHORT_FORMS
 from .workflow import WorkflowSection
@@ -29,10 +30,20 @@ class VariableSpec:
         Name of a variable (in the first member file, same dims as ``name`` or
         its trailing horizontal dims) whose non-zero entries select the grid
         points that enter the state vector, e.g. a land mask for soil moisture.
+        With ``ensemble.grid`` it is read from the grid file, and may have
+        any subset of the variable's interior dims in any order.
+    dims : tuple of str or None
+        Names of the variable's stored axes, in storage order, for files that
+        do not name them (plain HDF5: phony dims); default ``ensemble.dims``.
+    also : tuple of str
+        Other variables of the same shape that receive the same increment,
+        computed once (NEMO's ``tb`` for ``tn``).
     """
 
     name: str
     mask: str | None = None
+    dims: tuple[str, ...] | None = None
+    also: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -104,6 +115,15 @@ class EnsembleSection:
     ids: tuple[int, ...] | None = None
     tiles: TilesSpec | None = None
     slots: str | None = None
+    #: Names of the stored axes of every state variable, storage order (:mod:`.axes`).
+    dims: tuple[str, ...] | None = None
+    #: Ghost cells on each side of these dims: not in the state.
+    halo: dict[str, int] = field(default_factory=dict)
+    #: Dims whose halo is rewritten with copies of the opposite interior cells.
+    cyclic: tuple[str, ...] = ()
+    time_level: TimeLevel | None = None
+    #: A netCDF file (relative to the config) holding coordinates and masks.
+    grid: str | None = None
 
     def __post_init__(self) -> None:
         if self.slots is not None and not ("{member" in self.slots and "{slot" in self.slots):
@@ -138,6 +158,39 @@ class EnsembleSection:
             raise ConfigError(
                 f"ensemble.members: pattern {self.members!r} has no {{member}} placeholder"
             )
+        self._check_axes(names)
+
+    def _check_axes(self, names: list[str]) -> None:
+        """The axis keys (:mod:`.axes`), ``also``, and what tiled members cannot do."""
+        check_axes(self.dims, [(v.name, v.dims) for v in self.variables], self.halo,
+                   self.cyclic, self.time_level)
+        seen: dict[str, str] = {}
+        for i, v in enumerate(self.variables):
+            for a in v.also:
+                if a in names:
+                    raise ConfigError(
+                        f"ensemble.variables[{i}].also: {a!r} is a state variable itself"
+                    )
+                if a in seen:
+                    raise ConfigError(
+                        f"ensemble.variables[{i}].also: {a!r} already receives the increment "
+                        f"of {seen[a]!r}"
+                    )
+                seen[a] = v.name
+        if self.tiled and self.selects_elements:
+            raise ConfigError(
+                f"ensemble.{self.selects_elements[0]}: not supported with tiled members "
+                f"({{tile}} in ensemble.members {self.members!r})"
+            )
+
+    @property
+    def selects_elements(self) -> list[str]:
+        """The keys set that choose stored elements or rewrite others (halo, levels, ...)."""
+        keys = [k for k in ("dims", "grid", "time_level") if getattr(self, k) is not None]
+        keys += [k for k in ("halo", "cyclic") if getattr(self, k)]
+        keys += [f"variables[{i}].{k}" for i, v in enumerate(self.variables)
+                 for k in ("dims", "also") if getattr(v, k)]
+        return keys
 
     @property
     def tiled(self) -> bool:
@@ -186,6 +239,11 @@ IOMode = Literal["files", "shuffle"]
 #: Here, not on the mode's class, because the node room (backup) and the config
 #: sit below io/modes and may not ask it.
 LOCAL_MODES: frozenset[str] = frozenset({"shuffle"})
+
+#: The modes whose read/write plan carries the layout's element selection and its
+#: write-back companions (``ensemble.halo``, ``time_level``, ``grid``, ``also``, ...);
+#: the shuffle mode moves tiles of whole variables. A table here for the reason above.
+SELECTING_MODES: frozenset[str] = frozenset({"files"})
 
 
 @dataclass(frozen=True)
@@ -237,6 +295,12 @@ class Config:
     base_dir: Path = field(default=Path("."), compare=False)
 
     def __post_init__(self) -> None:
+        keys = self.ensemble.selects_elements
+        if keys and self.io.mode not in SELECTING_MODES:
+            raise ConfigError(
+                f"ensemble.{keys[0]}: not supported with io.mode {self.io.mode} (use io.mode "
+                f"{' or '.join(sorted(SELECTING_MODES))})"
+            )
         if not self.io.in_place and self.output.members is None:
             raise ConfigError("output.members: required when io.in_place is false")
         an = self.analysis
