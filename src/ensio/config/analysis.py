@@ -367,22 +367,33 @@ class OutputSection:
     """``output:`` — where analysis products go (relative to the config file).
 
     ``members`` (a pattern with ``{member}``) is used when ``io.in_place`` is
-    false; ``mean`` and ``spread`` are written when given.
+    false; ``mean`` and ``spread`` are written when given. ``diagnostics``:
+    the observation-space diagnostics file of every analysis (O−B, O−A,
+    spreads, QC per observation; statistics per type); a path (``{cycle}``
+    allowed), ``false`` for none, unset or ``true`` for ``diag_CCC.nc``
+    (CCC the cycle) beside ``output.mean``, else in the config's directory.
     """
 
     members: str | None = None
     mean: str | None = None
     spread: str | None = None
+    diagnostics: str | bool | None = None
 
     def __post_init__(self) -> None:
         if self.members is not None and "{member" not in self.members:
             raise ConfigError(
                 f"output.members: pattern {self.members!r} has no {{member}} placeholder"
             )
-        for name in ("members", "mean", "spread"):
+        for name in ("members", "mean", "spread", "diagnostics"):
             v = getattr(self, name)
-            if v is not None and not v.strip():
+            if isinstance(v, str) and not v.strip():
                 raise ConfigError(f"output.{name}: must not be empty")
+        if isinstance(self.diagnostics, str):
+            try:
+                self.diagnostics.format(cycle=0)
+            except (KeyError, IndexError, ValueError):
+                raise ConfigError(f"output.diagnostics: {self.diagnostics!r}: only {{cycle}} "
+                                  "is allowed as a placeholder") from None
 
 
 SHORT_FORMS[ObservationFile] = "file"  # ``observations: [obs.nc]``
