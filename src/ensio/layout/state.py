@@ -16,6 +16,7 @@ import numpy as np
 
 from ..config.schema import Coordinates, VariableSpec
 from ..errors import InputError
+from .companions import Companion
 from .coords import StateGeometry, build_geometry
 from .encoding import Encoding
 
@@ -83,6 +84,9 @@ class VariableLayout:
     encoding : Encoding or None
         Packing and missing-data conventions in the first member (each
         member's own are in its metadata: packed members may differ).
+    companions : tuple of Companion
+        Stored elements outside the rows that the write-back keeps
+        consistent with them (:mod:`ensio.layout.companions`).
     """
 
     name: str
@@ -93,6 +97,7 @@ class VariableLayout:
     size: int
     active: np.ndarray | None = None
     encoding: Encoding | None = None
+    companions: tuple[Companion, ...] = ()
 
     @property
     def n_elements(self) -> int:
