@@ -40,6 +40,7 @@ from .io.scan.slotstates import SlotStates
 from .io.txn.commit import ensemble_lock
 from .io.txn.runrecord import run_keys
 from .layout.block import EnsembleBlock
+from .obsdiag_file import diagnostics_path, write_run_diagnostics
 from .offline_report import AnalysisReport, already_report
 from .parallel.agree import root_call
 from .progress import PhaseProgress
@@ -99,6 +100,14 @@ def run_analysis(
                     block, obs_sources, config.analysis, comm, cycle=cycle, seconds=seconds,
                     slots=_slot_states(config, block),
                 )
+            # before the commit: a rerun after a crash recomputes and rewrites it
+            diag_path = diagnostics_path(config.output, config.base_dir, cycle)
+            t_diag = time.perf_counter()
+            write_run_diagnostics(
+                diag_path, result.observations, [v.name for v in block.layout.variables], comm,
+                cycle=cycle, members=n_e, command=command, four_d=config.analysis.n_slots > 1,
+            )  # fmt: skip
+            seconds["diagnostics"] = time.perf_counter() - t_diag
             analysis = dataclasses.replace(block, data=result.ensemble)
             written = ens.commit(analysis, RunCommit(
                 config, comm, root, keys[0], cycle, command, PRODUCTS, seconds, bars))
@@ -116,6 +125,7 @@ def run_analysis(
         clipped=written.clipped if written is not None else {},
         four_d=config.analysis.n_slots > 1,
         backup=backup,
+        diagnostics=diag_path,
     )
 
 

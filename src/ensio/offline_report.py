@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from mpi4py import MPI
@@ -41,6 +42,8 @@ class AnalysisReport:
     four_d: bool = False
     #: The background copy to ``io.backup_dir`` (started when it is set; ``wait()`` joins it).
     backup: BackupHandle | None = None
+    #: The observation-space diagnostics file written (``output.diagnostics``), if any.
+    diagnostics: Path | None = None
 
     def _backup_lines(self) -> list[str]:
         if self.backup is None:
@@ -81,8 +84,11 @@ class AnalysisReport:
             if any(counts.values()):
                 per = ", ".join(f"{k} {v}" for k, v in counts.items() if v)
                 out.append(f"{label}: {sum(counts.values())} {what} ({per})")
+        if self.diagnostics is not None:
+            out.append(f"diagnostics: {self.diagnostics} (O-B, O-A, spread, QC per observation)")
         out += self._backup_lines()
-        order = ("read", "obs", "analysis", "write", "products", "record", "total")
+        order = ("read", "obs", "analysis", "diagnostics", "write", "products", "record",
+                 "total")
         out.append(
             "timing: "
             + "  ".join(f"{k} {self.seconds[k]:.3f} s" for k in order if k in self.seconds)

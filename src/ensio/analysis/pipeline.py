@@ -31,7 +31,7 @@ from threadpoolctl import threadpool_limits
 
 from ..config.analysis import AnalysisSection
 from ..layout.block import EnsembleBlock
-from ..obs import ObsBatch, ObsOperator, QCCounts, RegularGrid, build_operator, quality_control
+from ..obs import ObsBatch, ObsOperator, QCCounts, RegularGrid, build_operator, quality_flags
 from ..stopwatch import Stopwatch
 from .distributed import (
     RowPlan,
@@ -44,6 +44,7 @@ from .distributed import (
 )
 from .filters import localization_from_config, make_filter
 from .localization import as_coords
+from .obsdiag import observation_diagnostics
 from .obsspace import ObsSpace
 from .placement import block_row_coordinates, obs_coordinates, state_grid
 from .result import AnalysisResult
@@ -91,6 +92,10 @@ class _Observed(NamedTuple):
 
     op: ObsOperator
     ok: np.ndarray  # accepted, over this rank's observations
+    own: np.ndarray  # owned by this rank, over this rank's observations
+    flags: np.ndarray  # quality-control codes (QC_FLAGS), over this rank's observations
+    hx_all: np.ndarray  # (k, m) H of the prior, over this rank's observations
+    observations: ObsBatch  # this rank's observations
     own_ok: np.ndarray  # owned by this rank, over the accepted ones
     own_counts: QCCounts  # quality control of the owned observations
     accepted: ObsBatch
@@ -120,25 +125,17 @@ def _observed(
     if missing is not None:
         hx[:, missing] = np.nan
     own = observation_owners(op, inside, observations.ids, dist) == comm.rank
-    max_sigma = cfg.qc.max_sigma
-    ok, _ = quality_control(
+    flags = quality_flags(
         observations.values,
         observations.errors,
         hx,
-        max_sigma=max_sigma,
+        max_sigma=cfg.qc.max_sigma,
         inside=inside,
         missing=missing,
         in_window=in_window,
     )
-    _, own_counts = quality_control(
-        observations.values[own],
-        observations.errors[own],
-        hx[:, own],
-        max_sigma=max_sigma,
-        inside=inside[own],
-        missing=None if missing is None else missing[own],
-        in_window=None if in_window is None else in_window[own],
-    )
+    ok = flags == 0
+    own_counts = QCCounts.of_flags(flags[own])
     obs = observations.subset(ok)
     hx_ok = hx[:, ok]
     rows = block_row_coordinates(cfg, block, settings.coords)
@@ -157,7 +154,8 @@ def _observed(
         coords=obs_coords[keep],
         ids=obs.ids[keep],
     )
-    return _Observed(op, ok, own[ok], own_counts, obs, hx_ok, space, rows)
+    return _Observed(op, ok, own, flags, hx, observations, own[ok], own_counts, obs, hx_ok,
+                     space, rows)
 
 
 def _given(prior: SlotPrior, k: int, m: int) -> np.ndarray:
@@ -301,10 +299,16 @@ def analyse_rows(
         res = _filter_rows(X, seen, settings, inactive, fsw, wgrid)
     sw.merge(fsw)
     with sw("posterior"):
-        hx_post = observe(res.ensemble, dist, seen.op, comm)[:, seen.ok]
+        hx_all = observe(res.ensemble, dist, seen.op, comm)
+        hx_post = hx_all[:, seen.ok]
         values = seen.accepted.values
         prior = innovation_stats(values, seen.hx, seen.own_ok, comm)
         posterior = innovation_stats(values, hx_post, seen.own_ok, comm)
+        own = seen.own
+        diagnostics = observation_diagnostics(
+            seen.observations.subset(own), seen.flags[own], seen.hx_all[:, own],
+            hx_all[:, own], [v.offset for v in block.layout.variables],
+        )
     return dataclasses.replace(
         res,
         qc=sum_counts(seen.own_counts, comm),
@@ -312,4 +316,5 @@ def analyse_rows(
         posterior=posterior,
         n_local_obs=len(seen.space),
         timings=sw.as_dict(),
+        observations=diagnostics,
     )

@@ -11,10 +11,14 @@ read the same attribute names.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..obs import QCCounts
+
+if TYPE_CHECKING:
+    from .obsdiag import ObsDiagnostics
 
 __all__ = ["AnalysisResult", "InnovationStats"]
 
@@ -71,6 +75,10 @@ class AnalysisResult:
     dRd, trace, weight_sum : ndarray, shape (n,), or None
         ``Σρd²/σ²``, ``Σρ var(HX)/σ²``, ``Σρ`` at each row: the inputs of the
         adaptive inflation estimate (kernel level).
+    observations : ObsDiagnostics or None
+        O−B, O−A, spreads and QC flags of the observations this rank owns
+        (pipeline; :func:`~ensio.analysis.obsdiag.gather_diagnostics` joins
+        them over the ranks).
     """
 
     ensemble: np.ndarray
@@ -84,6 +92,7 @@ class AnalysisResult:
     dRd: np.ndarray | None = None
     trace: np.ndarray | None = None
     weight_sum: np.ndarray | None = None
+    observations: ObsDiagnostics | None = None
 
     @classmethod
     def from_diagnostics(cls, ensemble: np.ndarray, diag: np.ndarray) -> AnalysisResult:

@@ -2,7 +2,7 @@
 
 from .batch import ObsBatch
 from .operators import Locator, ObsOperator, RegularGrid, bilinear_operator, build_operator
-from .qc import QCCounts, quality_control
+from .qc import QC_FLAGS, QCCounts, quality_control, quality_flags
 from .read import read_obs_netcdf
 from .sources import ObsSource, read_source
 from .stategrid import StateGrid
@@ -16,8 +16,10 @@ __all__ = [
     "StateGrid",
     "bilinear_operator",
     "build_operator",
+    "QC_FLAGS",
     "QCCounts",
     "quality_control",
+    "quality_flags",
     "read_obs_netcdf",
     "read_source",
 ]

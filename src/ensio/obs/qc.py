@@ -6,7 +6,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["QCCounts", "quality_control"]
+__all__ = ["QC_FLAGS", "QCCounts", "quality_control", "quality_flags"]
+
+#: The per-observation quality-control flag: its value is the position here
+#: (0 accepted, then the reasons in the order they are checked, each observation
+#: flagged with the first that rejects it). The observation-space diagnostics
+#: file writes these as the CF ``flag_values`` / ``flag_meanings`` of ``qc``.
+QC_FLAGS = ("accepted", "bad_value", "bad_error", "outside", "missing_state",
+            "outside_window", "bad_prior", "gross")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -49,6 +56,12 @@ class QCCounts:
     def rejected(self) -> int:
         return self.total - self.accepted
 
+    @staticmethod
+    def of_flags(flags: np.ndarray) -> QCCounts:
+        """The counts of per-observation flags (:data:`QC_FLAGS` codes)."""
+        n = np.bincount(np.asarray(flags, dtype=np.int64), minlength=len(QC_FLAGS))
+        return QCCounts(int(n.sum()), *(int(x) for x in n[: len(QC_FLAGS)]))
+
     def __add__(self, other: QCCounts) -> QCCounts:
         return QCCounts(*(a + b for a, b in zip(_astuple(self), _astuple(other), strict=True)))
 
@@ -69,6 +82,30 @@ def quality_control(
     in_window: np.ndarray | None = None,
 ) -> tuple[np.ndarray, QCCounts]:
     """Accept/reject observations and count the reasons.
+
+    The checks and parameters of :func:`quality_flags`.
+
+    Returns
+    -------
+    accepted : ndarray of bool, shape (m,)
+    counts : QCCounts
+    """
+    flags = quality_flags(values, errors, hx, max_sigma=max_sigma, inside=inside,
+                          missing=missing, in_window=in_window)  # fmt: skip
+    return flags == 0, QCCounts.of_flags(flags)
+
+
+def quality_flags(
+    values: np.ndarray,
+    errors: np.ndarray,
+    hx: np.ndarray | None = None,
+    *,
+    max_sigma: float | None = None,
+    inside: np.ndarray | None = None,
+    missing: np.ndarray | None = None,
+    in_window: np.ndarray | None = None,
+) -> np.ndarray:
+    """Per observation: 0 accepted, else the code of the first check that rejects it.
 
     The gross-error check compares the innovation with its expected spread
     ``sqrt(σ_o² + σ_b²)`` (σ_b² the ensemble variance of the observed prior,
@@ -92,27 +129,25 @@ def quality_control(
 
     Returns
     -------
-    accepted : ndarray of bool, shape (m,)
-    counts : QCCounts
+    ndarray of int8, shape (m,)
+        Codes of :data:`QC_FLAGS`.
     """
     values = np.asarray(values, dtype=float)
     errors = np.asarray(errors, dtype=float)
     m = values.size
-    ok = np.ones(m, dtype=bool)
-    counts: dict[str, int] = {}
+    flags = np.zeros(m, dtype=np.int8)
 
     def reject(name: str, bad: np.ndarray) -> None:
-        nonlocal ok
-        new = ok & bad
-        counts[name] = int(new.sum())
-        ok = ok & ~bad
+        flags[(flags == 0) & bad] = QC_FLAGS.index(name)
 
     reject("bad_value", ~np.isfinite(values))
     reject("bad_error", ~(np.isfinite(errors) & (errors > 0)))
-    reject("outside", np.zeros(m, bool) if inside is None else ~np.asarray(inside, bool))
-    reject("missing_state", np.zeros(m, bool) if missing is None else np.asarray(missing, bool))
-    reject("outside_window",
-           np.zeros(m, bool) if in_window is None else ~np.asarray(in_window, bool))
+    if inside is not None:
+        reject("outside", ~np.asarray(inside, bool))
+    if missing is not None:
+        reject("missing_state", np.asarray(missing, bool))
+    if in_window is not None:
+        reject("outside_window", ~np.asarray(in_window, bool))
     if hx is not None:
         hx = np.asarray(hx, dtype=float)
         reject("bad_prior", ~np.all(np.isfinite(hx), axis=0))
@@ -122,4 +157,4 @@ def quality_control(
                 var_b = hx.var(axis=0, ddof=1) if hx.shape[0] > 1 else np.zeros(m)
                 spread = np.sqrt(errors**2 + var_b)
                 reject("gross", ~(np.abs(values - mean) <= max_sigma * spread))
-    return ok, QCCounts(total=m, accepted=int(ok.sum()), **counts)
+    return flags
