@@ -39,6 +39,7 @@ COMMANDS = (
     "run",
     "transfer",
     "stage",
+    "example",
 )
 
 
