@@ -49,6 +49,9 @@ def config_from_dict(raw: Mapping[str, Any], base_dir: str | Path = ".") -> Conf
         raise ConfigError("base_dir: not a config key")
     cfg = from_plain(Config, data, "", skip={"base_dir"})
     cfg = dataclasses.replace(cfg, base_dir=Path(base_dir))
+    if cfg.ensemble.grid is not None:  # relative to the config, resolved once
+        grid = str(cfg.resolve(cfg.ensemble.grid))
+        cfg = dataclasses.replace(cfg, ensemble=dataclasses.replace(cfg.ensemble, grid=grid))
     if cfg.workflow is not None and cfg.workflow.transfer is not None:
         check_transfer_file(cfg.resolve(cfg.workflow.transfer))
     return cfg

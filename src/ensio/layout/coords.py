@@ -166,6 +166,11 @@ class VariableAxes:
     extra : tuple of str
         Further dimensions of length > 1: observations cannot be placed on
         this variable by lon/lat (its rows are still placed horizontally).
+    start : tuple of int
+        Per stored dimension, the stored index of grid index 0 (a halo's
+        width, the state's time level: :mod:`ensio.layout.view`); ``()``:
+        all 0. Grid indices (coordinates, masks, observations) are interior
+        indices; :meth:`elements` turns them into stored elements.
     """
 
     y: int | None
@@ -173,6 +178,21 @@ class VariableAxes:
     vertical: int | None = None
     level: CoordVar | None = None
     extra: tuple[str, ...] = ()
+    start: tuple[int, ...] = ()
+
+    def offset(self, k: int) -> int:
+        """Stored index of grid index 0 along stored dimension ``k``."""
+        return self.start[k] if self.start else 0
+
+    def elements(self, idx: Sequence[np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
+        """Flat stored elements of the grid indices ``idx`` (one array per stored dim).
+
+        Dimensions other than y/x/vertical take index 0, i.e. the state's
+        time level (``start``); ``shape`` is the stored shape.
+        """
+        if self.start:
+            idx = [np.asarray(i) + s for i, s in zip(idx, self.start, strict=True)]
+        return np.ravel_multi_index(tuple(idx), shape)
 
 
 @dataclass(frozen=True, eq=False)

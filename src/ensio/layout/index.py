@@ -87,7 +87,7 @@ def state_index(
     idx[ax.y], idx[ax.x] = j[:, 0], i[:, 0]  # type: ignore[index]
     if ax.vertical is not None:
         idx[ax.vertical][:] = _level(geo.source, v, ax, level, level_index)
-    rows = element_rows(v, np.ravel_multi_index(tuple(idx), v.shape))
+    rows = element_rows(v, ax.elements(idx, v.shape))
     return rows.reshape(lon_b.shape)
 
 

@@ -17,8 +17,10 @@ import numpy as np
 from ..config.schema import Coordinates, VariableSpec
 from ..errors import InputError
 from .companions import Companion
-from .coords import StateGeometry, build_geometry
+from .coords import StateGeometry
 from .encoding import Encoding
+from .geometry import check_roles, view_geometry
+from .view import AxisRoles, GridSource, VariableView, align_mask, interior_of, resolve_view
 
 __all__ = ["Segment", "StateLayout", "VariableLayout", "VarMeta", "build_layout",
            "check_state_dtype"]
@@ -97,6 +99,7 @@ class VariableLayout:
     size: int
     active: np.ndarray | None = None
     encoding: Encoding | None = None
+    view: VariableView | None = None
     companions: tuple[Companion, ...] = ()
 
     @property
@@ -182,9 +185,10 @@ class StateLayout:
             flat = v.element_indices(seg.row_lo - v.offset, seg.row_hi - v.offset)
             pos = np.unravel_index(flat, v.shape)
             part = slice(seg.row_lo - lo, seg.row_hi - lo)
-            out["lon"][part], out["lat"][part] = grid.lonlat(pos[ax.y], pos[ax.x])
+            j, i = pos[ax.y] - ax.offset(ax.y), pos[ax.x] - ax.offset(ax.x)  # type: ignore[index]
+            out["lon"][part], out["lat"][part] = grid.lonlat(j, i)
             if ax.level is not None and ax.vertical is not None:
-                out["level"][part] = ax.level.values[pos[ax.vertical]]
+                out["level"][part] = ax.level.values[pos[ax.vertical] - ax.offset(ax.vertical)]
         return out
 
 
@@ -197,6 +201,8 @@ def build_layout(
     read_var: ReadVar,
     coordinates: Coordinates,
     source: str,
+    roles: AxisRoles | None = None,
+    grid: GridSource | None = None,
 ) -> StateLayout:
     """Build the layout from the first member's metadata.
 
@@ -212,7 +218,13 @@ def build_layout(
         Names of the coordinate variables.
     source : str
         File name for error messages.
+    roles : AxisRoles, optional
+        Dimension names, halo and time level (:mod:`ensio.layout.view`):
+        the rows are the interior elements at the state's level.
+    grid : GridSource, optional
+        ``ensemble.grid``: coordinates and masks come from this file.
     """
+    roles = roles if roles is not None else AxisRoles()
     variables: list[VariableLayout] = []
     offset = 0
     for spec in specs:
@@ -222,28 +234,54 @@ def build_layout(
         check_state_dtype(meta, source)
         if len(meta.shape) < 1:
             raise InputError(f"{source}: state variable '{spec.name}' is a scalar")
-        active = None
-        size = int(np.prod(meta.shape, dtype=np.int64))
+        view = resolve_view(spec.name, meta.dims, meta.shape, spec.dims, roles, source)
+        active = None if view.whole else view.box_elements()
         if spec.mask is not None:
-            active = _mask_indices(spec, meta, metas, read_var, source)
-            size = int(active.size)
+            keep = _mask(spec, view, metas, read_var, source, grid).ravel()
+            active = np.flatnonzero(keep).astype(np.int64) if active is None else active[keep]
+            if active.size == 0:
+                raise InputError(f"{source}: mask '{spec.mask}' selects no point of "
+                                 f"'{spec.name}'")
+        size = int(np.prod(meta.shape, dtype=np.int64)) if active is None else int(active.size)
         variables.append(
             VariableLayout(
                 name=spec.name,
-                dims=meta.dims,
+                dims=view.dims,
                 shape=meta.shape,
                 dtype=np.dtype(meta.dtype).newbyteorder("="),
                 offset=offset,
                 size=size,
                 active=active,
                 encoding=meta.encoding,
+                view=view,
             )
         )
         offset += size
-    geometry = build_geometry(
-        [(v.name, v.dims, v.shape) for v in variables], metas, read_var, coordinates, source
-    )
+    views = [v.view for v in variables if v.view is not None]
+    check_roles(roles, views, source)
+    geometry = view_geometry(views, [v.name for v in variables], metas, read_var, coordinates,
+                             source, roles, grid)
     return StateLayout(variables=tuple(variables), n_rows=offset, geometry=geometry)
+
+
+def _mask(spec: VariableSpec, view: VariableView, metas: Mapping[str, VarMeta],
+          read_var: ReadVar, source: str, grid: GridSource | None) -> np.ndarray:
+    """The mask of ``spec`` on the variable's state box (bool, the box's shape)."""
+    name = spec.mask or ""
+    if grid is not None:
+        gmeta = grid.metas.get(name)
+        if gmeta is None:
+            raise InputError(f"{grid.path}: mask variable '{name}' not found (ensemble.grid, "
+                             f"ensemble.variables[].mask of '{spec.name}')")
+        where = f"{grid.path} (ensemble.grid) and {source}"
+        return align_mask(grid.read_var(name), tuple(gmeta.dims), view, where, spec.name, name)
+    mmeta = metas.get(name)
+    if mmeta is None:
+        raise InputError(f"{source}: mask variable '{name}' not found")
+    rename = dict(zip(view.file_dims, view.dims, strict=True))
+    dims = tuple(rename.get(d, d) for d in mmeta.dims)
+    values = interior_of(np.asarray(read_var(name)), dims, [view])
+    return align_mask(values, dims, view, source, spec.name, name)
 
 
 def check_state_dtype(meta: VarMeta, source: str) -> None:
@@ -264,27 +302,3 @@ def check_state_dtype(meta: VarMeta, source: str) -> None:
         f"{what}; state variables must be float32/float64 or integers packed with "
         "scale_factor/add_offset"
     )
-
-
-def _mask_indices(
-    spec: VariableSpec,
-    meta: VarMeta,
-    metas: Mapping[str, VarMeta],
-    read_var: ReadVar,
-    source: str,
-) -> np.ndarray:
-    mmeta = metas.get(spec.mask or "")
-    if mmeta is None:
-        raise InputError(f"{source}: mask variable '{spec.mask}' not found")
-    k = len(mmeta.dims)
-    if mmeta.dims != meta.dims[len(meta.dims) - k :]:
-        raise InputError(
-            f"{source}: mask '{spec.mask}' dims {mmeta.dims} are not the trailing dims "
-            f"of '{spec.name}' {meta.dims}"
-        )
-    mask = np.asarray(read_var(spec.mask or "")) != 0
-    full = np.broadcast_to(mask, meta.shape)
-    active = np.flatnonzero(full).astype(np.int64)
-    if active.size == 0:
-        raise InputError(f"{source}: mask '{spec.mask}' selects no point of '{spec.name}'")
-    return active

@@ -21,7 +21,9 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import InputError
+from ...layout.geometry import LEVEL_ROLE
 from ...layout.state import StateLayout
+from ...layout.view import check_time_level
 
 __all__ = ["REL_TOL", "check_coordinates", "check_distinct"]
 
@@ -65,6 +67,9 @@ def check_coordinates(
     time = None
     for c in geo.checked:
         got = read(c.name)
+        if c.role == LEVEL_ROLE:  # ensemble.time_level.from: an integer, exactly
+            check_time_level(path, geo.source, c.name, got, c.values)
+            continue
         if got is None:
             raise InputError(
                 f"{path}: coordinate variable '{c.name}' not found (the first member "

@@ -29,11 +29,13 @@ from mpi4py import MPI
 
 from ...config.schema import ConfigError, EnsembleSection, IOSection
 from ...errors import InputError
+from ...layout.companions import attach_companions, companion_sources
 from ...layout.state import StateLayout, VarMeta, build_layout, check_state_dtype
 from ...parallel.agree import ErrorNote, note_error, rebuild, root_call
 from ..formats.open import open_member
 from ..formats.raw import raw_read
 from ..formats.store import MemberStore, VarInfo
+from .axisroles import axis_roles, open_grid
 from .consistency import check_coordinates, check_distinct, check_times
 from .quickcheck import Template, make_template, quick_check
 
@@ -100,15 +102,24 @@ def read_whole(store: MemberStore, info: VarInfo) -> np.ndarray:
 
 
 def layout_from_member(ensemble: EnsembleSection, path: Path) -> StateLayout:
-    """Build the state layout of the ``ensemble`` section from one member file (normally 1)."""
-    with open_member(path) as store:
+    """Build the state layout of the ``ensemble`` section from one member file (normally 1).
+
+    The rows are the interior elements at the state's time level
+    (``ensemble.halo``, ``time_level``; :mod:`ensio.layout.view`), with
+    coordinates and masks from ``ensemble.grid`` if set; the write-back
+    companions (``cyclic``, ``time_level.increment``, ``also``) are attached.
+    """
+    with open_member(path) as store, open_grid(ensemble) as grid:
         infos = store.variables()
         metas = {n: VarMeta(n, i.dims, i.shape, i.dtype, i.encoding) for n, i in infos.items()}
 
         def read_var(name: str) -> np.ndarray:
             return read_whole(store, infos[name])
 
-        return build_layout(ensemble.variables, metas, read_var, ensemble.coordinates, str(path))
+        roles = axis_roles(ensemble, infos, read_var, str(path))
+        layout = build_layout(ensemble.variables, metas, read_var, ensemble.coordinates,
+                              str(path), roles, grid)
+        return attach_companions(layout, ensemble, metas, str(path))
 
 
 def root_layout(ensemble: EnsembleSection, first: Path, comm: MPI.Comm) -> StateLayout:
@@ -132,7 +143,13 @@ def check_member(
 
 
 def quick_member(path: Path, layout: StateLayout, template: Template) -> MemberMeta | None:
-    """The quick check of :mod:`ensio.io.scan.quickcheck`; None: take the full check."""
+    """The quick check of :mod:`ensio.io.scan.quickcheck`; None: take the full check.
+
+    A layout with ``also`` variables takes the full check: the quick one
+    describes the state and coordinate variables only.
+    """
+    if companion_sources(layout):
+        return None
     quick = quick_check(path, layout, template)
     if quick is None:
         return None
@@ -174,10 +191,11 @@ def _check_variables(
         info = infos.get(v.name)
         if info is None:
             raise InputError(f"{path}: state variable '{v.name}' not found")
-        if info.dims != v.dims or info.shape != v.shape:
+        dims = v.dims if v.view is None else v.view.file_dims  # as the file names them
+        if info.dims != dims or info.shape != v.shape:
             raise InputError(
                 f"{path}: variable '{v.name}' has dims {_dims(info.dims, info.shape)}, "
-                f"expected {_dims(v.dims, v.shape)} as in the first member"
+                f"expected {_dims(dims, v.shape)} as in the first member"
             )
         if info.dtype.newbyteorder("=") != v.dtype:
             raise InputError(
@@ -187,6 +205,16 @@ def _check_variables(
         check_state_dtype(VarMeta(v.name, info.dims, info.shape, info.dtype, info.encoding),
                           str(path))
         out[v.name] = info
+    for name, source in companion_sources(layout).items():  # ``also``: written, not read
+        info = infos.get(name)
+        if info is None:
+            raise InputError(f"{path}: variable '{name}' (the also of '{source}') not found")
+        if info.shape != layout.variable(source).shape:
+            raise InputError(
+                f"{path}: variable '{name}' (the also of '{source}') has shape {info.shape}, "
+                f"expected {layout.variable(source).shape} as '{source}'"
+            )
+        out[name] = info
     return out
 
 
