@@ -26,6 +26,7 @@ import pytest
 from ensio.errors import InputError
 from ensio.io import open_member
 from ensio.io.formats.classic import ClassicStore
+from ensio.io.formats.hdf5 import HDF5Store
 from ensio.io.formats.library import flat_boxes
 from ensio.io.formats.netcdf4 import NetCDF4Store
 from ensio.io.formats.raw import raw_read
@@ -67,8 +68,9 @@ def test_plain_hdf5_with_user_block(tmp_path: Path, rng: np.random.Generator) ->
         f.create_dataset("b", data=b)
         f.create_dataset("scalar", data=2.5)
     head = path.read_bytes()[:4096]
-    assert NetCDF4Store.sniff(head) and not ClassicStore.sniff(head)
+    assert HDF5Store.sniff(head) and not NetCDF4Store.sniff(head) and not ClassicStore.sniff(head)
     with netCDF4.Dataset(path) as ds, open_member(path) as store:
+        assert type(store) is HDF5Store
         table = store.variables()
         for name, var in ds.variables.items():
             assert table[name].dims == var.dimensions

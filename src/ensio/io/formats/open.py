@@ -5,7 +5,11 @@ often called ``restart.0001`` or ``*.nc`` whatever their format, and a
 netCDF-4 file renamed or produced by another tool must still take the fast
 path. Each backend's :meth:`~ensio.io.formats.store.MemberStore.sniff` looks at the
 first :data:`HEAD_BYTES` bytes (enough for an HDF5 signature after a user
-block of up to 2 KiB).
+block of up to 2 KiB); the backend that accepts them may then hand the file on
+after a look at its content (:meth:`~ensio.io.formats.store.MemberStore.claimed_by`:
+netCDF-4 and plain HDF5 share their first bytes, and netCDF-C's marks may sit
+beyond them). :func:`backend_of` is the one decision, for opening and for the
+quick check alike.
 """
 
 from __future__ import annotations
@@ -15,10 +19,11 @@ from pathlib import Path
 
 from ...errors import InputError
 from .classic import ClassicStore
+from .hdf5 import HDF5Store
 from .netcdf4 import NetCDF4Store
 from .store import MemberStore
 
-__all__ = ["BACKENDS", "HEAD_BYTES", "detect_backend", "open_member"]
+__all__ = ["BACKENDS", "HEAD_BYTES", "backend_of", "detect_backend", "open_member"]
 
 #: Bytes read to recognise a format.
 HEAD_BYTES = 4096
@@ -27,6 +32,7 @@ HEAD_BYTES = 4096
 BACKENDS: dict[str, type[MemberStore]] = {
     NetCDF4Store.format_name: NetCDF4Store,
     ClassicStore.format_name: ClassicStore,
+    HDF5Store.format_name: HDF5Store,
 }
 
 
@@ -38,6 +44,12 @@ def detect_backend(head: bytes) -> type[MemberStore] | None:
         if backend.sniff(head):
             return backend
     return None
+
+
+def backend_of(path: Path, head: bytes) -> type[MemberStore] | None:
+    """The backend of the file ``path`` that starts with ``head``: sniffed, then claimed."""
+    backend = detect_backend(head)
+    return None if backend is None else backend.claimed_by(path)
 
 
 def open_member(path: str | os.PathLike[str], writable: bool = False) -> MemberStore:
@@ -52,8 +64,9 @@ def open_member(path: str | os.PathLike[str], writable: bool = False) -> MemberS
     Returns
     -------
     MemberStore
-        A :class:`~ensio.io.formats.netcdf4.NetCDF4Store` or
-        :class:`~ensio.io.formats.classic.ClassicStore`; use it as a context manager.
+        A :class:`~ensio.io.formats.netcdf4.NetCDF4Store`,
+        :class:`~ensio.io.formats.classic.ClassicStore` or
+        :class:`~ensio.io.formats.hdf5.HDF5Store`; use it as a context manager.
 
     Raises
     ------
@@ -71,7 +84,7 @@ def open_member(path: str | os.PathLike[str], writable: bool = False) -> MemberS
         raise InputError(f"{p}: not a netCDF file (it is a directory)") from None
     except OSError as exc:
         raise InputError(f"{p}: cannot read member file ({exc.strerror or exc})") from None
-    backend = detect_backend(head)
+    backend = backend_of(p, head)
     if backend is None:
         raise InputError(f"{p}: not a netCDF file")
     return backend(p, writable)

@@ -173,6 +173,17 @@ class MemberStore(abc.ABC):
     def sniff(cls, head: bytes) -> bool:
         """True if a file starting with ``head`` (≥ 8 bytes; up to 4 KiB) is this format."""
 
+    @classmethod
+    def claimed_by(cls, path: Path) -> type[MemberStore]:
+        """The backend that opens ``path``, a file whose first bytes this format's sniff accepted.
+
+        This one, by default. A format whose first bytes another shares (plain HDF5
+        and netCDF-4) may hand the file on after a look at its content
+        (:func:`ensio.io.formats.open.backend_of`); the handed-to backend must
+        accept the file as it is.
+        """
+        return cls
+
     @abc.abstractmethod
     def variables(self) -> Mapping[str, VarInfo]:
         """All variables of the file, by name."""
