@@ -42,7 +42,7 @@ import numpy as np
 
 from ...errors import InputError
 from ...layout.state import StateLayout
-from ..formats.open import BACKENDS, HEAD_BYTES, detect_backend
+from ..formats.open import BACKENDS, HEAD_BYTES, backend_of
 from ..formats.raw import raw_read
 from ..formats.store import MemberStore, VarInfo
 from .bytecheck import ByteTemplate, byte_template, same_bytes
@@ -188,7 +188,7 @@ def _quick(
     state = {v.name for v in layout.variables}
     if template.bytes is not None and same_bytes(path, template.bytes, fd):
         infos, pieces, values = template.infos, template.pieces, dict(template.fixed)
-    elif template.signature is not None and _format(fd) is template.store:
+    elif template.signature is not None and _format(fd, path) is template.store:
         coords = [n for n in template.infos if n not in state]
         try:
             look = template.store.quick_look(path, template.dims, tuple(coords))
@@ -232,10 +232,10 @@ def _read_pieces(
     return out
 
 
-def _format(fd: int) -> type[MemberStore] | None:
-    """The format of the open file (by its first bytes), or None."""
+def _format(fd: int, path: Path) -> type[MemberStore] | None:
+    """The format of the open file ``path`` (as :func:`open_member` decides), or None."""
     try:
         head = os.pread(fd, HEAD_BYTES, 0)
     except OSError:
         return None
-    return detect_backend(head)
+    return backend_of(path, head)
