@@ -30,13 +30,15 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from ..errors import InputError
+from .encoding import Encoding
 
 if TYPE_CHECKING:
     from ..config.schema import EnsembleSection
     from .state import StateLayout, VariableLayout, VarMeta
 
-__all__ = ["Companion", "attach_companions", "build_companions", "companion_variables",
-           "cyclic_targets", "level_targets"]
+__all__ = ["Companion", "attach_companions", "build_companions", "changed_bytes",
+           "companion_sources", "companion_variables", "cyclic_targets", "level_targets",
+           "needs_companions", "write_back"]
 
 CompanionKind = Literal["copy", "increment"]
 
@@ -303,3 +305,86 @@ def needs_companions(ensemble: EnsembleSection) -> str | None:
         if getattr(s, "also", ()):
             return f"variables[{i}].also"
     return None
+
+
+# ------------------------------------------------------------------ the write-back itself
+def changed_bytes(new: np.ndarray, old: np.ndarray) -> np.ndarray:
+    """Bool per element: the stored bytes differ (NaN == NaN, -0.0 != 0.0)."""
+    width = np.dtype(f"u{new.dtype.itemsize}")
+    return new.view(width) != old.view(width)
+
+
+def write_back(
+    stored: Mapping[str, np.ndarray],
+    encodings: Mapping[str, Encoding],
+    name: str,
+    rows_at: np.ndarray,
+    rows: np.ndarray,
+    companions: Sequence[Companion],
+) -> int:
+    """The analysis into the stored values of its rows, then the companions; the clips.
+
+    Pure: every array is modified in place, nothing is read or written.
+
+    Parameters
+    ----------
+    stored : mapping of str to numpy.ndarray
+        Per written variable, a flat array of stored (on-disk dtype) values
+        holding the prior: the whole variable, or a buffer of some ranges.
+    encodings : mapping of str to Encoding
+        Each written variable's packing in this file.
+    name : str
+        The source variable.
+    rows_at : numpy.ndarray
+        int64 (r,), index in ``stored[name]`` of each row.
+    rows : numpy.ndarray
+        float64 (r,), the physical analysis of the rows (NaN: keep the prior).
+    companions : sequence of Companion
+        With ``target_elements`` indexing ``stored[target]`` and
+        ``source_rows`` indexing ``rows``.
+
+    Notes
+    -----
+    A row's stored value takes the packed analysis, or keeps its bytes where
+    the analysis is not finite or (packed) leaves it unchanged
+    (:meth:`Encoding.keep_prior`). Only where the row's bytes changed:
+    a ``copy`` target takes exactly the row's new bytes, an ``increment``
+    target its own physical value plus analysis − prior, packed with its own
+    encoding (a missing target value stays missing).
+    """
+    enc = encodings[name]
+    buf = stored[name]
+    prior = buf[rows_at]
+    new = np.empty_like(prior)
+    clips = int(enc.encode(rows, new))
+    enc.keep_prior(prior, rows, new)
+    changed = changed_bytes(new, prior)
+    buf[rows_at] = new
+    inc = None
+    for c in companions:
+        target = stored[c.target]
+        if c.kind == "copy":
+            take = changed[c.source_rows]
+            target[c.target_elements[take]] = new[c.source_rows[take]]
+            continue
+        if inc is None:
+            before = np.empty(prior.shape, dtype=np.float64)
+            enc.decode(prior, before)
+            inc = rows - before
+        clips += _increment(target, c.target_elements, encodings[c.target],
+                            inc[c.source_rows], changed[c.source_rows])
+    return clips
+
+
+def _increment(stored: np.ndarray, at: np.ndarray, enc: Encoding, inc: np.ndarray,
+               changed: np.ndarray) -> int:
+    """``stored[at]`` := its physical value + ``inc`` where ``changed``, packed; the clips."""
+    old = stored[at]
+    phys = np.empty(old.shape, dtype=np.float64)
+    enc.decode(old, phys)
+    x = np.where(changed & np.isfinite(inc), phys + inc, np.nan)
+    out = np.empty_like(old)
+    clips = int(enc.encode(x, out))
+    enc.keep_prior(old, x, out)
+    stored[at] = out
+    return clips

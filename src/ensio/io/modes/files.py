@@ -49,6 +49,7 @@ from ..scan.members import MemberScan, resolve_io_tasks, root_layout
 from ..txn import journal as journal_mod
 from ..txn.commit import journaled_write
 from .base import EnsembleIO
+from .companionwrite import check_companion_paths, companion_plan
 from .pipeline import Scratch, run_pipeline
 from .rewrite import write_library
 from .stats import IOStats
@@ -124,6 +125,7 @@ class FileEnsembleIO(EnsembleIO):
         self.group_rows = self.rows.span(tasks.start, tasks.stop)
         lo = self.group_rows.offset
         self.segments = layout.segments(lo, lo + self.group_rows.n_rows)
+        self._companions = companion_plan(layout, self.rows, tasks.starts, self.groups)
         self.stats: IOStats | None = None
         self._clips = np.zeros(len(layout.variables), dtype=np.int64)  # of the current write
         self._fresh = True  # the scan is current: the first call need not stat again
@@ -386,6 +388,7 @@ class FileEnsembleIO(EnsembleIO):
 
         The metadata is the same on every rank, so every rank raises alike.
         """
+        check_companion_paths(self.paths, self.scan.metas, self.layout)
         for path, meta in zip(self.paths, self.scan.metas, strict=True):
             if meta.library_writes:
                 continue
@@ -465,6 +468,11 @@ class FileEnsembleIO(EnsembleIO):
                     continue
                 info = meta.infos[name]
                 rows = src[seg.row_lo - lo : seg.row_hi - lo]
+                if seg.var in self._companions.segments:  # rows with their companions
+                    clips, t = self._companions.write_segment(fd, path, meta, seg.var, rows, undo)
+                    self._clips[seg.var] += clips
+                    t_journal += t
+                    continue
                 merge = info.encoding.packed or not all_finite(rows)
                 prior = None
                 if undo is not None or seg.select is not None or merge:

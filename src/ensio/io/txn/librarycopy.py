@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from ...durable import replacing
+from ...layout.companions import Companion, changed_bytes, write_back
 from ...layout.encoding import Encoding
 from ...layout.state import StateLayout
 from ..formats.open import open_member
-from ..formats.store import MemberStore
 from . import journal
 
 __all__ = ["rewrite_copy", "rewrite_elements"]
@@ -37,11 +37,13 @@ def rewrite_copy(
     """Write library-path variables into a copy of ``path`` and rename it into place.
 
     ``values`` are physical (NaN: keep the prior value) state rows of the
-    layout's variables (:func:`rewrite_elements` with their active elements).
+    layout's variables (:func:`rewrite_elements` with their active elements
+    and their write-back companions).
     """
     return rewrite_elements(
         path, {name: (layout.variable(name).active, full) for name, full in values.items()},
         undo, fsync, encodings,
+        companions={name: layout.variable(name).companions for name in values},
     )  # fmt: skip
 
 
@@ -51,47 +53,46 @@ def rewrite_elements(
     undo: journal.UndoLog | None,
     fsync: bool,
     encodings: Mapping[str, Encoding] | None = None,
+    companions: Mapping[str, Sequence[Companion]] | None = None,
 ) -> dict[str, int]:
     """Variables' elements ``values[name] = (elements, physical values)`` via a copy of ``path``.
 
     ``elements``: flat indices into the variable (None: all of it). Values
     are physical (NaN: keep the prior value), packed with the file's
-    ``encodings`` (default: its own). Returns the clips per variable. The
-    copy replaces the file itself: a symlinked member stays a link to the
-    rewritten file, and the copy keeps the file's permission bits and owner
+    ``encodings`` (default: its own); ``companions[name]``: the elements that
+    follow those (:func:`ensio.layout.companions.write_back`, whose
+    ``source_rows`` index ``values[name][1]``). Returns the clips per variable.
+
+    The new values are computed from the file as it is; if no stored byte
+    changes (an analysis that changes nothing) the file is left untouched,
+    byte-identical, with no copy and no journal entry. Otherwise only the
+    variables that change are written, into a copy that replaces the file
+    itself: a symlinked member stays a link to the rewritten file, and the
+    copy keeps the file's permission bits and owner
     (:func:`ensio.durable.replacing`). The journal backs up that same file.
     """
     path = Path(os.path.realpath(path))
+    companions = companions or {}
+    with open_member(path) as store:
+        infos = store.variables()
+        written = {name for name in values} | {c.target for name in values
+                                               for c in companions.get(name, ())}
+        encs = {name: (encodings or {}).get(name) or infos[name].encoding for name in written}
+        stored = {name: store.read_elements(name, 0, infos[name].size) for name in written}
+    before = {name: cur.copy() for name, cur in stored.items()}
+    clips: dict[str, int] = {}
+    for name, (elements, full) in values.items():
+        rows_at = (np.arange(full.size, dtype=np.int64) if elements is None
+                   else np.asarray(elements, dtype=np.int64))  # fmt: skip
+        clips[name] = write_back(stored, encs, name, rows_at, full, companions.get(name, ()))
+    changed = [name for name in stored if changed_bytes(stored[name], before[name]).any()]
+    if not changed:
+        return clips
     if undo is not None:
         undo.save_file(path)
-    clips: dict[str, int] = {}
     with replacing(path, fsync=fsync, label="library") as tmp:
         shutil.copyfile(path, tmp)
         with open_member(tmp, writable=True) as store:
-            infos = store.variables()
-            for name, (elements, full) in values.items():
-                enc = (encodings or {}).get(name) or infos[name].encoding
-                clips[name] = _store_elements(store, name, infos[name].size, elements, full, enc)
-    return clips
-
-
-def _store_elements(
-    store: MemberStore, name: str, size: int, elements: np.ndarray | None, full: np.ndarray,
-    enc: Encoding,
-) -> int:  # fmt: skip
-    """``full`` into ``elements`` (None: all ``size``) of the variable, packed; the clips.
-
-    Elements not listed (masked points, a tile's halo), NaN values (inactive
-    rows) and unchanged packed values keep their stored values.
-    """
-    cur = store.read_elements(name, 0, size)
-    prior = cur if elements is None else cur[elements]
-    new = np.empty_like(prior)
-    clips = enc.encode(full, new)
-    enc.keep_prior(prior, full, new)
-    if elements is None:
-        cur = new
-    else:
-        cur[elements] = new
-    store.write_elements(name, 0, cur)
+            for name in changed:
+                store.write_elements(name, 0, stored[name])
     return clips
