@@ -225,8 +225,7 @@ def build_layout(
         ``ensemble.grid``: coordinates and masks come from this file.
     """
     roles = roles if roles is not None else AxisRoles()
-    variables: list[VariableLayout] = []
-    offset = 0
+    views = []
     for spec in specs:
         meta = metas.get(spec.name)
         if meta is None:
@@ -234,7 +233,12 @@ def build_layout(
         check_state_dtype(meta, source)
         if len(meta.shape) < 1:
             raise InputError(f"{source}: state variable '{spec.name}' is a scalar")
-        view = resolve_view(spec.name, meta.dims, meta.shape, spec.dims, roles, source)
+        views.append(resolve_view(spec.name, meta.dims, meta.shape, spec.dims, roles, source))
+    check_roles(roles, views, source)  # before the masks: a misnamed dim is the first problem
+    variables: list[VariableLayout] = []
+    offset = 0
+    for spec, view in zip(specs, views, strict=True):
+        meta = metas[spec.name]
         active = None if view.whole else view.box_elements()
         if spec.mask is not None:
             keep = _mask(spec, view, metas, read_var, source, grid).ravel()
@@ -257,8 +261,6 @@ def build_layout(
             )
         )
         offset += size
-    views = [v.view for v in variables if v.view is not None]
-    check_roles(roles, views, source)
     geometry = view_geometry(views, [v.name for v in variables], metas, read_var, coordinates,
                              source, roles, grid)
     return StateLayout(variables=tuple(variables), n_rows=offset, geometry=geometry)
