@@ -140,7 +140,8 @@ def test_coordinates_and_mask_from_the_member_cut_to_the_interior(tmp_path):
         ds.createVariable("y", "f8", ("y",))[:] = lat
         ds.createVariable("z", "f8", ("z",))[:] = depth
         ds.createVariable("tmask", "i1", ("y", "x"))[:] = mask
-        ds.createVariable("tn", "f8", ("t", "z", "y", "x"))[:] = rng.normal(size=(2, nz, ny + 2 * h, nx + 2 * h))
+        tn = ds.createVariable("tn", "f8", ("t", "z", "y", "x"))
+        tn[:] = rng.normal(size=(2, nz, ny + 2 * h, nx + 2 * h))
     ens = config_from_dict({"ensemble": {
         "members": str(tmp_path / "r{member:02d}.nc"), "size": 1, "halo": {"x": h, "y": h},
         "time_level": {"dim": "t", "index": lev}, "variables": [{"name": "tn", "mask": "tmask"}],
