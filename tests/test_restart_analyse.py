@@ -184,3 +184,75 @@ def test_malformed_restart_is_one_line_exit_2_nothing_modified(tmp_path, overrid
     assert key in r.stderr and where in r.stderr, r.stderr
     assert case.bytes() == before
     assert not [p for p in tmp_path.rglob("*") if "ensio" in p.name and p.suffix != ".yaml"]
+
+
+def test_veros_like_restarts_with_cyclic_halo(tmp_path):
+    """Plain HDF5 restarts as Veros writes them (chunked, gzip), grid file, cyclic x."""
+    import h5py
+    from veros_like import grid_axes, write_grid_file, write_veros_like
+
+    rng = np.random.default_rng(draw_seed("veros-like analyse"))
+    nx, ny, nz, h, k = 8, 6, 3, 2, 5
+    tau = int(rng.integers(0, 3))
+    land = rng.random((nx, ny, nz)) < 0.2
+    paths = [tmp_path / f"acc_{m:02d}.h5" for m in range(1, k + 1)]
+    for p in paths:
+        write_veros_like(p, nx=nx, ny=ny, nz=nz, halo=h, tau=tau, land=land,
+                         seed=int(rng.integers(1 << 30)))
+    write_grid_file(tmp_path / "grid.nc", nx=nx, ny=ny, nz=nz, land=land)
+    xt, yt, _ = grid_axes(nx, ny, nz)
+
+    def read(name):
+        out = []
+        for p in paths:
+            with h5py.File(p, "r") as f:
+                out.append(f[name][...])
+        return np.stack(out)
+
+    before = read("core/temp")
+    X = np.stack([a[h:-h, h:-h, :, tau][~land] for a in before])
+    i, j, _ = np.nonzero(~land)
+    lonlat = np.stack([xt[i], yt[j]], axis=1)
+    n, m = X.shape[1], 20
+    rows = rng.choice(n, m, replace=False)
+    y = X[:, rows].mean(axis=0) + rng.normal(0.0, 1.0, m)
+    sigma = rng.uniform(0.5, 1.0, m)
+    with Dataset(tmp_path / "obs.nc", "w") as ds:
+        ds.createDimension("obs", m)
+        for name, v in (("lon", lonlat[rows, 0]), ("lat", lonlat[rows, 1]), ("value", y),
+                        ("error", sigma)):
+            ds.createVariable(name, "f8", ("obs",))[:] = v
+        ds.createVariable("index", "i8", ("obs",))[:] = rows
+    config = {
+        "ensemble": {
+            "members": "acc_{member:02d}.h5", "size": k, "dims": ["xt", "yt", "zt", "level"],
+            "halo": {"xt": h, "yt": h}, "cyclic": ["xt"], "grid": "grid.nc",
+            "time_level": {"dim": "level", "from": "core/tau"},
+            "coordinates": {"lon": "xt", "lat": "yt", "level": "zt"},
+            "variables": [{"name": "core/temp", "mask": "maskT"}],
+        },
+        "observations": [{"file": "obs.nc", "variable": "core/temp"}],
+        "analysis": {"filter": "letkf", "localization": {"radius_km": RADIUS_KM}},
+    }
+    (tmp_path / "ensio.yaml").write_text(yaml.safe_dump(config))
+    others = {name: read(name) for name in ("core/salt", "core/tau", "averages/temp")}
+    H = np.zeros((m, n))
+    H[np.arange(m), rows] = 1.0
+    want = ref.letkf(X, lonlat, np.ones(n, bool), H, y, sigma, lonlat[rows], RADIUS_KM)
+    r = _ensio("analyse", str(tmp_path / "ensio.yaml"))
+    assert r.returncode == 0, r.stderr
+    after = read("core/temp")
+    got = np.stack([a[h:-h, h:-h, :, tau][~land] for a in after])
+    assert np.max(np.abs(got - want)) <= 1e-10 * np.max(np.abs(want))
+    # expected file contents: the prior, the analysis at the state rows, the cyclic x halo
+    # of the interior y rows at level tau copied from the opposite interior columns
+    expect = before.copy()
+    for a, x in zip(expect, got, strict=True):
+        inner = a[h:-h, h:-h, :, tau]
+        inner[~land] = x
+        a[h:-h, h:-h, :, tau] = inner
+        a[:h, h:-h, :, tau] = a[nx:nx + h, h:-h, :, tau]
+        a[nx + h:, h:-h, :, tau] = a[h:2 * h, h:-h, :, tau]
+    assert np.array_equal(after.view(np.uint64), expect.view(np.uint64))
+    for name, values in others.items():
+        assert np.array_equal(read(name), values), name
