@@ -273,10 +273,12 @@ class Columns:
         return DeferredTransform(C, rhs[..., 0], rho, has, self.k, Qk, self.T is not None, eigh, sw)
 
 
-def _tile(cols: Columns, cand, loc, pts_pre, obs_pre, tile, rho, diag, sw: Stopwatch):
+def _tile(cols: Columns, cand, loc, pts_pre, obs_pre, tile, rho, diag, sw: Stopwatch, levels=None):
     """Transforms of one tile's points from its candidate observations ``cand``.
 
-    Writes the tile's rows of ``diag``; ``pts_pre`` and ``rho`` are the tile's.
+    Writes the tile's rows of ``diag``; ``pts_pre``, ``rho`` and the first of
+    ``levels`` (points' and all observations' levels, vertical localization
+    only) are the tile's.
     """
     obs, k = cols.obs, cols.k
     G: np.ndarray | FactoredTransform = prior_transform(rho, k)
@@ -284,7 +286,8 @@ def _tile(cols: Columns, cand, loc, pts_pre, obs_pre, tile, rho, diag, sw: Stopw
     if not cand.size:
         return G
     reg = (obs.var[cand], obs.errors[cand] ** 2) if loc.regulated else None
-    Wt, n_obs, used = tile_weights(loc, pts_pre, obs_pre[cand], obs.rinv[cand], rho, reg)
+    lev = None if levels is None else (levels[0], levels[1][cand])
+    Wt, n_obs, used = tile_weights(loc, pts_pre, obs_pre[cand], obs.rinv[cand], rho, reg, lev)
     has = n_obs > 0
     if not has.any():
         sw.lap("weights")
@@ -357,6 +360,8 @@ def batched_kernel(
 ) -> np.ndarray:
     """Transforms of all points ``pts`` (p, d), tile by tile, handed to ``apply``.
 
+    With ``loc.vertical`` the last column of ``pts`` and of ``obs.coords``
+    is the level (:meth:`~ensio.analysis.localization.Localization.split`).
     ``tile_extent``: a tile's largest extent as a fraction of the support radius.
 
     Returns
@@ -365,10 +370,14 @@ def batched_kernel(
         Per point: observations used, ``Σρd²/σ²``, ``Σρ var/σ²``, ``Σρ``.
     """
     tile_points = min(tile_points, tile_point_cap(obs.k))
+    # vertical localization: tiles and candidates are horizontal (the vertical
+    # taper only lowers weights), the levels enter the weights
+    pts, pt_lev = loc.split(pts)
+    obs_xy, obs_lev = loc.split(obs.coords)
     tiles = make_tiles(loc.geometry, pts, max_points=tile_points,
                        max_extent=tile_extent * loc.radius)  # fmt: skip
-    pts_pre, obs_pre = prepare(loc.geometry, pts), prepare(loc.geometry, obs.coords)
-    finder = CandidateFinder(loc.geometry, obs.coords, loc.radius)
+    pts_pre, obs_pre = prepare(loc.geometry, pts), prepare(loc.geometry, obs_xy)
+    finder = CandidateFinder(loc.geometry, obs_xy, loc.radius)
     cols = Columns(obs, variant, T)
     diag = np.zeros((pts.shape[0], 4))
     sw.lap("select")
@@ -379,7 +388,8 @@ def batched_kernel(
         tsw = Stopwatch(sw.enabled)
         for tile in chunk:
             cand = finder(pts[tile])
-            G = _tile(cols, cand, loc, pts_pre[tile], obs_pre, tile, rho[tile], diag, tsw)
+            lev = None if pt_lev is None else (pt_lev[tile], obs_lev)
+            G = _tile(cols, cand, loc, pts_pre[tile], obs_pre, tile, rho[tile], diag, tsw, lev)
             apply(tile, G)
             tsw.lap("update")
         return tsw

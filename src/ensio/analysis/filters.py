@@ -34,7 +34,7 @@ from ..config.filters import local_name
 from ..stopwatch import Stopwatch
 from .inflation import adaptive_inflation_update, inflate_anomalies, rtpp, rtps
 from .local import run_local
-from .localization import Geometry, Localization
+from .localization import Geometry, Localization, VerticalLocalization
 from .obsspace import ObsSpace
 from .result import AnalysisResult, InnovationStats
 from .transforms import apply_transform, obs_perturbations, random_rotation, rotate
@@ -249,7 +249,8 @@ def localization_from_config(section: LocalizationSection) -> Localization:
     """Build a :class:`Localization` from ``analysis.localization``.
 
     ``radius_km`` → great-circle distances on lon/lat; ``radius`` with
-    ``periodic: N`` → 1-D periodic with period N; ``radius`` alone → Euclidean.
+    ``periodic: N`` → 1-D periodic with period N; ``radius`` alone → Euclidean;
+    ``vertical`` → a vertical taper (coordinates end with the level).
     """
     if section.radius_km is not None:
         geometry = Geometry("lonlat")
@@ -257,11 +258,13 @@ def localization_from_config(section: LocalizationSection) -> Localization:
         geometry = Geometry("periodic", float(section.periodic))
     else:
         geometry = Geometry("euclidean")
+    v = section.vertical
     return Localization(
         geometry=geometry,
         taper=section.taper,
         radius=section.support_radius,
         regulated=section.regulated,
+        vertical=None if v is None else VerticalLocalization(v.taper, float(v.radius)),
     )
 
 

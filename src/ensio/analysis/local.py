@@ -44,7 +44,7 @@ from ..stopwatch import Stopwatch
 from .basis import FactoredTransform
 from .batched import batched_kernel
 from .deferred import VECTOR_MAX_ROWS, DeferredTransform
-from .localization import Localization, as_coords
+from .localization import Localization
 from .obsspace import ObsSpace
 from .pointwise import pointwise_kernel
 from .result import AnalysisResult
@@ -84,7 +84,9 @@ def local_analysis(
     X : ndarray, shape (k, n)
         Prior ensemble rows (member-major).
     row_coords : ndarray, shape (n, d) or (n,)
-        Location of each row in ``loc.geometry``.
+        Location of each row in ``loc.geometry``; with ``loc.vertical`` one
+        more column, the level (non-finite: none). Rows at one location and
+        level share a transform.
     obs : ObsSpace
         Must contain every observation within ``loc.radius`` of the rows.
     loc : Localization
@@ -147,7 +149,7 @@ def run_local(
     k, n = X.shape
     if obs.k != k:
         raise ValueError(f"observed ensemble has {obs.k} members, state has {k}")
-    coords = as_coords(row_coords, loc.geometry)
+    coords = loc.coords(row_coords)
     if coords.shape[0] != n:
         raise ValueError(f"{coords.shape[0]} row coordinates for {n} rows")
     if kernel not in KERNELS:

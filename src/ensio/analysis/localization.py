@@ -14,6 +14,13 @@ Coordinates are ``(n, d)`` float arrays whose meaning depends on the geometry:
 * ``periodic``: one column, a position on a circle of circumference ``period``
   (e.g. the grid index of a Lorenz-96 variable with period 40).
 * ``euclidean``: any number of columns, straight-line distance.
+
+With vertical localization (:class:`VerticalLocalization`) the coordinates
+carry one more column, the **last**: the level, in the units of the level
+coordinate (e.g. metres of depth). The horizontal geometry never sees it;
+the vertical taper of ``|level_a - level_b|`` multiplies the horizontal one.
+A non-finite level (a 2-D variable's row, a surface observation of one)
+means "no level": its vertical weight is 1 against everything.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ __all__ = [
     "TaperName",
     "Geometry",
     "Localization",
+    "VerticalLocalization",
     "as_coords",
     "unit_vectors",
     "distances",
@@ -74,6 +82,45 @@ class Geometry:
 
 
 @dataclass(frozen=True)
+class VerticalLocalization:
+    """The vertical taper, multiplied with the horizontal one.
+
+    Attributes
+    ----------
+    taper : {"gaspari-cohn", "gaussian", "exponential", "step"}
+    radius : float
+        Support radius in the units of the level coordinate (metres for a
+        depth in metres): weight 0 at and beyond it, as horizontally.
+    """
+
+    taper: TaperName = "gaspari-cohn"
+    radius: float = np.inf
+
+    def __post_init__(self) -> None:
+        if not self.radius > 0:
+            raise ValueError(f"vertical localization radius must be > 0, got {self.radius}")
+        if self.taper not in TAPERS:
+            raise ValueError(f"unknown taper {self.taper!r}")
+
+    def weights(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Vertical weights ``(p, c)`` of levels ``a`` (p,) against levels ``b`` (c,).
+
+        1 where either level is non-finite (no level). Each pair's weight is
+        a function of the two levels alone (the taper of their distinct values,
+        then gathered: levels repeat, pairs of levels are few), so it does not
+        depend on which other points or observations are in the call.
+        """
+        ua, ia = np.unique(a, return_inverse=True)
+        ub, ib = np.unique(b, return_inverse=True)
+        dz = np.abs(np.subtract.outer(ua, ub))
+        none = ~np.isfinite(dz)  # either level missing (NaN or inf)
+        dz[none] = 0.0
+        table = TAPERS[self.taper](dz, self.radius)
+        table[none] = 1.0
+        return table[ia.ravel()][:, ib.ravel()]
+
+
+@dataclass(frozen=True)
 class Localization:
     """Observation localization: geometry, taper and support radius.
 
@@ -87,12 +134,16 @@ class Localization:
         for every observation), which makes LETKF identical to ETKF.
     regulated : bool
         Use the regulated weights of Nerger et al. (2012), see :func:`regulate`.
+    vertical : VerticalLocalization or None
+        Vertical taper; coordinates then end with a level column (module
+        docstring). ``None``: horizontal only.
     """
 
     geometry: Geometry = Geometry()
     taper: TaperName = "gaspari-cohn"
     radius: float = np.inf
     regulated: bool = False
+    vertical: VerticalLocalization | None = None
 
     def __post_init__(self) -> None:
         if not self.radius > 0:
@@ -103,6 +154,28 @@ class Localization:
     def weights(self, dist: np.ndarray) -> np.ndarray:
         """Taper weights in [0, 1] for distances ``dist`` (any shape)."""
         return TAPERS[self.taper](dist, self.radius)
+
+    def coords(self, coords: np.ndarray) -> np.ndarray:
+        """:func:`as_coords` of coordinates with the level column when :attr:`vertical`.
+
+        The level column's non-finite values become ``inf`` (NaN never equals
+        itself, so rows without a level would not share an analysis point).
+        """
+        if self.vertical is None:
+            return as_coords(coords, self.geometry)
+        c = np.array(coords, dtype=float)
+        if c.ndim != 2 or c.shape[1] < 2:
+            raise ValueError(f"coordinates with a level column must be (n, d + 1), got {c.shape}")
+        as_coords(c[:, :-1], self.geometry)
+        lev = c[:, -1]
+        lev[~np.isfinite(lev)] = np.inf
+        return c
+
+    def split(self, coords: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """``(horizontal (n, d), levels (n,) or None)`` of coordinates from :meth:`coords`."""
+        if self.vertical is None:
+            return coords, None
+        return coords[:, :-1], coords[:, -1]
 
 
 def as_coords(coords: np.ndarray, geometry: Geometry) -> np.ndarray:

@@ -33,6 +33,7 @@ from ..config.analysis import AnalysisSection
 from ..layout.block import EnsembleBlock
 from ..obs import ObsBatch, ObsOperator, QCCounts, RegularGrid, build_operator, quality_flags
 from ..stopwatch import Stopwatch
+from . import vertical
 from .distributed import (
     RowPlan,
     innovation_stats,
@@ -138,7 +139,8 @@ def _observed(
     own_counts = QCCounts.of_flags(flags[own])
     obs = observations.subset(ok)
     hx_ok = hx[:, ok]
-    rows = block_row_coordinates(cfg, block, settings.coords)
+    given, given_levels = vertical.split_given(cfg, settings.coords)
+    rows = block_row_coordinates(cfg, block, given)
     obs_coords = obs_coordinates(cfg, obs, rows, settings.obs_at_rows)
     if cfg.localization is None:
         keep = np.ones(len(obs), dtype=bool)
@@ -146,7 +148,15 @@ def _observed(
         geometry = localization_from_config(cfg.localization).geometry
         rows = as_coords(rows, geometry)
         radius = selection_radius(cfg.localization.support_radius, wgrid)
-        keep = observations_near(geometry, rows, obs_coords, radius)
+        keep = observations_near(geometry, rows, obs_coords, radius)  # horizontal
+    if vertical.vertical_on(cfg):  # coordinates end with the level from here on
+        obs_levels = (
+            given_levels[obs.index]  # type: ignore[index]
+            if settings.obs_at_rows and given_levels is not None
+            else vertical.observation_levels(obs, block.layout)
+        )
+        rows = vertical.with_level(rows, vertical.row_levels(block, given_levels))
+        obs_coords = vertical.with_level(obs_coords, obs_levels)
     space = ObsSpace(
         hx=hx_ok[:, keep],
         values=obs.values[keep],

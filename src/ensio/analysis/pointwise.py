@@ -40,13 +40,16 @@ def pointwise_kernel(
     Yq = obs.Y if T is None else T.T @ obs.Y
     D = variant.innovations(obs)  # (s, m)
     diag = np.zeros((pts.shape[0], 4))
-    pts_pre, obs_pre = prepare(loc.geometry, pts), prepare(loc.geometry, obs.coords)
+    pts, pt_lev = loc.split(pts)
+    obs_xy, obs_lev = loc.split(obs.coords)
+    pts_pre, obs_pre = prepare(loc.geometry, pts), prepare(loc.geometry, obs_xy)
     reg = (obs.var, obs.errors**2) if loc.regulated else None
     for p in range(pts.shape[0]):
         one = np.array([p])
         G = empty_transform(rho[one], k)
         if len(obs):
-            taper = taper_weights(loc, pts_pre[one], obs_pre, rho[one], reg)[0]
+            lev = None if pt_lev is None else (pt_lev[one], obs_lev)
+            taper = taper_weights(loc, pts_pre[one], obs_pre, rho[one], reg, lev)[0]
             sel = np.nonzero(taper)[0]
             sw.lap("weights")
             if sel.size:

@@ -181,6 +181,7 @@ def taper_weights(
     obs_pre: np.ndarray,
     rho: np.ndarray,
     regulated: tuple[np.ndarray, np.ndarray] | None = None,
+    levels: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> np.ndarray:
     """Localization weights ``(p, c)`` of points ``pts`` against observations ``obs_pre``.
 
@@ -188,14 +189,21 @@ def taper_weights(
     ----------
     loc : Localization
     pts, obs_pre : ndarray
-        Coordinates passed through :func:`~ensio.analysis.localization.prepare`.
+        Horizontal coordinates passed through
+        :func:`~ensio.analysis.localization.prepare`.
     rho : ndarray, shape (p,)
         Forgetting factor of each point (regulated localization only).
     regulated : (ndarray, ndarray), optional
         Observed ensemble variance and σ_o² of the observations, for
         ``loc.regulated``.
+    levels : (ndarray, ndarray), optional
+        Levels of the points (p,) and of the observations (c,), for
+        ``loc.vertical``: the vertical taper multiplies the horizontal one
+        (before regulation, which sees the product).
     """
     taper = loc.weights(prepared_distances(loc.geometry, pts, obs_pre))
+    if levels is not None and loc.vertical is not None:
+        taper *= loc.vertical.weights(*levels)
     if regulated is not None:
         var, err2 = regulated
         inside = taper > 0
@@ -212,12 +220,13 @@ def tile_weights(
     rinv: np.ndarray,
     rho: np.ndarray,
     regulated: tuple[np.ndarray, np.ndarray] | None = None,
+    levels: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A tile's GEMM weights ``taper · R⁻¹`` with per-point counts and used candidates.
 
     Computed in blocks of :data:`TAPER_BLOCK` pairs; every value is
     element-wise (per row for the regulated weights), so the blocking
-    changes nothing.
+    changes nothing. ``levels``: see :func:`taper_weights`.
 
     Returns
     -------
@@ -231,15 +240,19 @@ def tile_weights(
     out = np.empty((p, c))
     n_obs = np.empty(p, dtype=np.int64)
     used = np.zeros(c, dtype=bool)
+    vertical = levels is not None and loc.vertical is not None
     if regulated is None and loc.taper == "gaspari-cohn" and loc.geometry.kind == "lonlat":
         from .taperfused import lonlat_gc_weights  # numba: loaded only by the analyses using it
 
-        lonlat_gc_weights(pts, obs_pre, rinv, loc.radius, out, n_obs, used)  # bit for bit
+        vw = loc.vertical.weights(*levels) if vertical else None  # type: ignore[union-attr,misc]
+        lonlat_gc_weights(pts, obs_pre, rinv, loc.radius, out, n_obs, used, vw)  # bit for bit
         return out, n_obs, used
     step = max(1, TAPER_BLOCK // max(c, 1))
     for i in range(0, p, step):
-        w = taper_weights(loc, pts[i : i + step], obs_pre, rho[i : i + step], regulated)
-        n_obs[i : i + step] = np.count_nonzero(w, axis=1)
+        part = slice(i, i + step)
+        lev = (levels[0][part], levels[1]) if vertical else None  # type: ignore[index]
+        w = taper_weights(loc, pts[part], obs_pre, rho[part], regulated, lev)
+        n_obs[part] = np.count_nonzero(w, axis=1)
         used |= w.any(axis=0)
-        np.multiply(w, rinv, out=out[i : i + step])
+        np.multiply(w, rinv, out=out[part])
     return out, n_obs, used

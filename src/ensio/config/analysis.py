@@ -24,6 +24,7 @@ __all__ = [
     "ObsDistribution",
     "ObsDistributionSection",
     "LocalizationSection",
+    "VerticalLocalizationSection",
     "InflationSection",
     "QCSection",
     "WeightInterpolationSection",
@@ -98,6 +99,29 @@ class ObsDistributionSection:
 
 
 @dataclass(frozen=True)
+class VerticalLocalizationSection:
+    """``analysis.localization.vertical`` — a vertical taper times the horizontal one.
+
+    ``radius`` is the support radius in the units of the state's level
+    coordinate (``ensemble.coordinates.level``, e.g. metres of depth): the
+    weight of an observation at level z_o for a row at level z is
+    ``taper(|z - z_o|)``, 0 at and beyond ``radius``; ``taper`` is one of the
+    horizontal ones. A row without a level (a 2-D variable) or an
+    observation without one (of a 2-D variable, or of a variable without a
+    level coordinate) gets vertical weight 1.
+    """
+
+    radius: float
+    taper: TaperName = "gaspari-cohn"
+
+    def __post_init__(self) -> None:
+        if not self.radius > 0:
+            raise ConfigError(
+                f"analysis.localization.vertical.radius: must be > 0, got {self.radius}"
+            )
+
+
+@dataclass(frozen=True)
 class LocalizationSection:
     """``analysis.localization`` — taper and support radius.
 
@@ -105,7 +129,8 @@ class LocalizationSection:
     or ``radius`` (coordinate units; with ``periodic: N`` a 1-D periodic
     domain of N points whose coordinate is the grid index). The radius is the
     *support* radius: the taper is 0 at and beyond it. ``.inf`` is allowed
-    and means no localization.
+    and means no localization. ``vertical`` adds a vertical taper
+    (:class:`VerticalLocalizationSection`).
     """
 
     taper: TaperName = "gaspari-cohn"
@@ -113,6 +138,7 @@ class LocalizationSection:
     radius: float | None = None
     periodic: int | None = None
     regulated: bool = False
+    vertical: VerticalLocalizationSection | None = None
 
     def __post_init__(self) -> None:
         key = "analysis.localization"
@@ -298,6 +324,11 @@ class AnalysisSection:
             raise ConfigError(f"{key}: needs a local filter with localization.radius_km (lon/lat)")
         if self.inflation.adaptive:
             raise ConfigError(f"{key}: not available with analysis.inflation.adaptive")
+        if loc.vertical is not None:
+            raise ConfigError(
+                f"{key}: not available with analysis.localization.vertical (the transforms "
+                "are interpolated horizontally, one per column)"
+            )
 
     @property
     def n_slots(self) -> int:

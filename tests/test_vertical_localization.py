@@ -1,0 +1,158 @@
+"""Vertical localization (issue 26, item 2): 3-D states, profiles and surface observations.
+
+The offline analysis on member files (``ensio.offline.run_analysis``) must
+equal the independent point-by-point LETKF of ``tests/vertical_case.py``
+(≤ 1e-10) for every vertical taper, both kernels, threads, a regulated-free
+configuration with inflation; the unit tests check the taper's conventions
+and that a row or an observation without a level gets vertical weight 1.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+from seeds import draw_seed
+from vertical_case import (
+    DEPTH,
+    make_case,
+    reference_letkf,
+    rel,
+    vertical_taper,
+)
+
+from ensio.analysis.localization import TAPERS, Geometry, Localization, VerticalLocalization
+from ensio.config import config_from_dict
+from ensio.errors import ConfigError
+from ensio.offline import run_analysis
+
+TAPER_NAMES = sorted(TAPERS)
+
+
+@pytest.fixture()
+def case(tmp_path):
+    return make_case(tmp_path / "ens", np.random.default_rng(draw_seed("vertical case")))
+
+
+def analysed(case, vertical, **analysis) -> np.ndarray:
+    cfg = config_from_dict(case.config(vertical, **analysis))
+    run_analysis(cfg, MPI.COMM_SELF)
+    return case.read_state()
+
+
+@pytest.mark.parametrize("taper", TAPER_NAMES)
+def test_equals_the_pointwise_reference_for_every_taper(case, taper):
+    vertical = {"radius": 250.0, "taper": taper}
+    want = reference_letkf(case, vertical)
+    got = analysed(case, vertical)
+    assert rel(got, want) <= 1e-10, rel(got, want)
+    # and the vertical taper matters: horizontal-only is a different analysis
+    assert rel(reference_letkf(case, None), want) > 1e-3
+
+
+@pytest.mark.parametrize(
+    "analysis",
+    [
+        {"kernel": "pointwise"},
+        {"threads": 2, "tile_points": 16},
+        {"inflation": {"forget": 0.8}},
+    ],
+    ids=["pointwise", "threads", "forget"],
+)
+def test_other_paths_equal_the_reference(case, analysis):
+    vertical = {"radius": 120.0}
+    forget = analysis.get("inflation", {}).get("forget", 1.0)
+    want = reference_letkf(case, vertical, forget=forget)
+    got = analysed(case, vertical, **analysis)
+    assert rel(got, want) <= 1e-10, rel(got, want)
+
+
+@pytest.mark.parametrize("taper", ["gaussian", "step"])
+def test_other_horizontal_tapers_with_the_vertical_one(case, taper):
+    """Not the fused lon/lat Gaspari–Cohn path: the numpy weights times the vertical."""
+    vertical = {"radius": 300.0, "taper": "exponential"}
+    want = reference_letkf(case, vertical, taper=taper)
+    got = analysed(case, vertical, taper=taper)
+    assert rel(got, want) <= 1e-10, rel(got, want)
+
+
+def test_regulated_batched_equals_pointwise(case, tmp_path):
+    """Regulated weights see the product of both tapers, the same in both kernels."""
+    import shutil
+
+    twin = tmp_path / "twin"
+    shutil.copytree(case.root, twin)
+    vertical = {"radius": 200.0}
+    cfg = case.config(vertical)
+    cfg["analysis"]["localization"]["regulated"] = True
+    run_analysis(config_from_dict(cfg), MPI.COMM_SELF)
+    batched = case.read_state()
+    text = str(case.root)
+    cfg2 = case.config(vertical, kernel="pointwise")
+    cfg2["analysis"]["localization"]["regulated"] = True
+    cfg2["ensemble"]["members"] = cfg2["ensemble"]["members"].replace(text, str(twin))
+    cfg2["observations"] = [{**o, "file": o["file"].replace(text, str(twin))}
+                            for o in cfg2["observations"]]  # fmt: skip
+    run_analysis(config_from_dict(cfg2), MPI.COMM_SELF)
+    case.root = twin
+    pointwise = case.read_state()
+    assert rel(batched, pointwise) <= 1e-12
+    assert rel(batched, reference_letkf(case, vertical)) > 1e-6  # regulation did something
+
+
+def test_without_vertical_key_equals_the_horizontal_reference(case):
+    got = analysed(case, None)
+    assert rel(got, reference_letkf(case, None)) <= 1e-10
+
+
+def test_infinite_vertical_radius_is_horizontal_only(case):
+    want = reference_letkf(case, None)
+    got = analysed(case, {"radius": float("inf")})
+    assert rel(got, want) <= 1e-10
+
+
+def test_vertical_weights_conventions():
+    v = VerticalLocalization("gaspari-cohn", 200.0)
+    a = np.array([0.0, 100.0, np.nan, np.inf, 50.0])
+    b = np.array([0.0, 100.0, 200.0, np.nan])
+    w = v.weights(a, b)
+    assert w.shape == (5, 4)
+    assert w[0, 0] == 1.0 and w[0, 2] == 0.0  # support radius: 0 at it
+    assert w[0, 1] == pytest.approx(5.0 / 24.0)  # GC at half the support radius
+    assert np.all(w[2] == 1.0) and np.all(w[3] == 1.0) and np.all(w[:, 3] == 1.0)  # no level
+    for name in TAPER_NAMES:
+        got = VerticalLocalization(name, 300.0).weights(DEPTH, DEPTH)
+        want = vertical_taper(name, np.abs(DEPTH[:, None] - DEPTH[None, :]), 300.0)
+        np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-15)
+
+
+def test_localization_coords_keep_rows_without_level_together():
+    loc = Localization(Geometry("lonlat"), radius=100.0, vertical=VerticalLocalization(radius=5.0))
+    c = loc.coords(np.array([[1.0, 2.0, np.nan], [1.0, 2.0, np.nan], [1.0, 2.0, 3.0]]))
+    assert np.unique(c, axis=0).shape[0] == 2
+    h, lev = loc.split(c)
+    assert h.shape == (3, 2) and lev[0] == np.inf and lev[2] == 3.0
+    with pytest.raises(ValueError, match="lon/lat coordinates"):
+        loc.coords(np.zeros((3, 2)))
+
+
+def test_config_keys_and_errors():
+    base = {"ensemble": {"members": "m{member}.nc", "size": 2, "variables": ["t"]}}
+
+    def cfg(loc, **extra):
+        return config_from_dict({**base, "analysis": {"filter": "letkf", "localization": loc,
+                                                      **extra}})  # fmt: skip
+
+    c = cfg({"radius_km": 500.0, "vertical": {"radius": 300.0, "taper": "step"}})
+    v = c.analysis.localization.vertical
+    assert (v.radius, v.taper) == (300.0, "step")
+    v = cfg({"radius_km": 500.0, "vertical": {"radius": 30.0}}).analysis.localization.vertical
+    assert v.taper == "gaspari-cohn"
+    with pytest.raises(ConfigError, match=r"analysis\.localization\.vertical\.radius: must be > 0"):
+        cfg({"radius_km": 500.0, "vertical": {"radius": -1.0}})
+    with pytest.raises(ConfigError, match=r"analysis\.localization\.vertical"):
+        cfg({"radius_km": 500.0, "vertical": {"radius": 1.0, "taper": "boxcar"}})
+    with pytest.raises(ConfigError, match=r"analysis\.localization\.vertical"):
+        cfg({"radius_km": 500.0, "vertical": {"taper": "step"}})
+    with pytest.raises(ConfigError, match=r"weight_interpolation\.stride.*vertical"):
+        cfg({"radius_km": 500.0, "vertical": {"radius": 1.0}}, weight_interpolation={"stride": 2})
