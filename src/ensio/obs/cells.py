@@ -16,7 +16,9 @@ Two kinds of horizontal grid (:class:`~ensio.layout.coords.HorizontalGrid`):
 
 Both return, per observation, the (y, x) indices of the 4 corners in the
 order (j0, i0), (j0, i1), (j1, i0), (j1, i1), their weights and whether the
-observation lies inside the grid. Pure functions of arrays.
+observation lies inside the grid. Fractions within :data:`SNAP` of 0 or 1
+are snapped, so a corner the observation does not touch has weight exactly
+0 on either kind of grid (and cannot reject it). Pure functions of arrays.
 """
 
 from __future__ import annotations
@@ -27,7 +29,14 @@ import numpy as np
 
 from ..layout.coords import HorizontalGrid, unit_vectors
 
-__all__ = ["Cells", "curvilinear_cells", "lon_periodic", "rectilinear_cells"]
+__all__ = [
+    "SNAP",
+    "Cells",
+    "curvilinear_cells",
+    "lon_periodic",
+    "rectilinear_cells",
+    "snap_fraction",
+]
 
 
 class Cells(NamedTuple):
@@ -39,7 +48,25 @@ class Cells(NamedTuple):
     inside: np.ndarray  # (m,) bool
 
 
+#: Cell fractions within this of 0 or 1 are exactly 0 or 1. Why: an
+#: observation exactly on a grid point (or edge) of a curvilinear grid gets
+#: its fractions from Newton's method in a projection, about 1e-16 off, so the
+#: corners it does not touch got weights of 1e-16 — and a land corner with
+#: such a weight rejected an ocean observation next to the coast. The inverse
+#: map is accurate to a few 1e-16 of a cell; 1e-12 of a cell moves H by less
+#: than the rounding of the state's values.
+SNAP = 1e-12
+
+
+def snap_fraction(t: np.ndarray) -> np.ndarray:
+    """``t`` with values within :data:`SNAP` of 0 or 1 set to exactly 0 or 1."""
+    t = np.where(np.abs(t) <= SNAP, 0.0, t)
+    return np.where(np.abs(1.0 - t) <= SNAP, 1.0, t)
+
+
 def _corners(j0, j1, i0, i1, tx, ty, inside) -> Cells:
+    """The 4 corners and their bilinear weights; a weight zero to rounding is exactly 0."""
+    tx, ty = snap_fraction(tx), snap_fraction(ty)
     j = np.stack([j0, j0, j1, j1], axis=1)
     i = np.stack([i0, i1, i0, i1], axis=1)
     w = np.stack([(1 - tx) * (1 - ty), tx * (1 - ty), (1 - tx) * ty, tx * ty], axis=1)

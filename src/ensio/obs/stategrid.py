@@ -7,9 +7,10 @@ levels, ascending or descending; outside their range: not inside) or a
 ``level_index``. Horizontally it is interpolated bilinearly in the cell
 around it (:mod:`ensio.obs.cells`: rectilinear or curvilinear). Dimensions
 of length 1 (a ``time`` record dimension) take index 0. So an observation
-reads up to 4 corners × 2 levels = 8 state rows; on a masked variable all 4
-corners must be state rows, else the observation is not inside (rejected and
-counted as ``outside`` by quality control).
+reads up to 4 corners × 2 levels = 8 state rows; on a masked variable every
+corner of non-zero weight must be a state row, else the observation is not
+inside (rejected and counted as ``outside`` by quality control). A corner of
+weight exactly 0 (an observation on a grid point or edge) reads nothing.
 """
 
 from __future__ import annotations
@@ -120,8 +121,10 @@ class StateGrid:
             w.append(cells.w * wk[:, None])
         R = np.concatenate(rows, axis=1)
         W = np.concatenate(w, axis=1)
-        inside = cells.inside & vin & np.all(R >= 0, axis=1)
-        R = np.where(inside[:, None], R, 0)
+        # a masked corner (no state row) rejects the observation only if it weighs
+        # something: one exactly on an ocean point next to land reads no land
+        inside = cells.inside & vin & np.all((R >= 0) | (W == 0.0), axis=1)
+        R = np.where(inside[:, None] & (R >= 0), R, 0)
         return R, np.where(inside[:, None], W, 0.0), inside
 
     def _cells(self, grid, obs: ObsBatch) -> Cells:
