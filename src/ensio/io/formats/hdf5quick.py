@@ -18,6 +18,20 @@ messages and the checksum of each of its chunks (which covers them). Where the
 parse does not apply (a user block, superblock version 0/1, attributes in
 dense storage: the parse then finds fewer attributes than HDF5 counts) every
 metadata byte must be equal.
+
+Members whose global attributes differ in *length* (a time stamp in
+``history``, a title per member) defeat that comparison: HDF5 then gives the
+root group's object header other chunks (a longer message no longer fits, a
+chunk is moved to a free gap, its continuation message points elsewhere), so
+bytes move although no variable does. :func:`hdf5_root_header` is the hook
+for them (:meth:`~ensio.io.formats.store.MemberStore.movable_bytes`): the
+root group's header chunks, wherever each file has them, are left out of the
+byte comparison, and what of them is not a global attribute (the chunk-0
+prefix; the link, link-info, group-info and attribute-info messages: the
+root's variables and where their headers are) must be equal as a key. Every
+other byte (the superblock, every variable's header, the chunk indexes,
+dense attribute storage) is still compared, so the variables are the
+template's at the template's offsets.
 """
 
 from __future__ import annotations
@@ -26,17 +40,30 @@ import os
 import struct
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 import h5py
 
-from .store import MetadataBytes, VarInfo
+from .store import MetadataBytes, MovableBytes, VarInfo
 
-__all__ = ["MAX_CHUNKS", "chunk_ranges", "hdf5_metadata_bytes"]
+__all__ = ["MAX_CHUNKS", "chunk_ranges", "hdf5_metadata_bytes", "hdf5_root_header"]
 
 _HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 _UNDEFINED = 0xFFFFFFFFFFFFFFFF
+_NIL_MESSAGE = 0x00
 _ATTRIBUTE_MESSAGE = 0x0C
 _CONTINUATION_MESSAGE = 0x10
+#: Messages that are not part of the root header's key (:func:`hdf5_root_header`).
+_UNKEYED = (_NIL_MESSAGE, _ATTRIBUTE_MESSAGE, _CONTINUATION_MESSAGE)
+#: First read of an object header chunk (a longer one is read again, whole).
+_FIRST_READ = 1024
+#: :func:`hdf5_root_header` reads the file's first bytes at once (netCDF-C puts the
+#: root group's header chunks there); chunks beyond take a read each.
+_WINDOW = 32768
+#: A version-2 header message: type, size of its data, flags (then maybe a creation order).
+_MESSAGE_HEAD = struct.Struct("<BHB")
+#: At most this many chunks in the root group's object header (beyond: not parsed).
+_MAX_HEADER_CHUNKS = 64
 
 #: At most this many chunks are located for the byte comparison (beyond: it is not used).
 MAX_CHUNKS = 100_000
@@ -118,38 +145,88 @@ def chunk_ranges(path: Path, names: Collection[str]) -> list[tuple[int, int]] | 
 Reader = Callable[[int, int], bytes]
 
 
+def hdf5_root_header(fd: int, size: int) -> MovableBytes | None:
+    """:meth:`~ensio.io.formats.store.MemberStore.movable_bytes` of a netCDF-4/HDF5 file.
+
+    The byte ranges of the root group's object header chunks, and their key:
+    the chunk-0 prefix and every message that is not nil, a (global)
+    attribute or a continuation, as (type, flags, data), in a canonical
+    order. None where :func:`_root_chunks` does not parse the file.
+    """
+    window = os.pread(fd, min(size, _WINDOW), 0)
+
+    def read(off: int, n: int) -> bytes:
+        return window[off : off + n] if off + n <= len(window) else os.pread(fd, n, off)
+
+    chunks = _root_chunks(read, size)
+    if chunks is None:
+        return None
+    ranges, keyed = [], []
+    for at, blob, _start, end, messages in chunks:
+        ranges.append((at, at + end + 4))
+        keyed += [(kind, flags, blob[lo:hi])
+                  for kind, flags, lo, hi in messages if kind not in _UNKEYED]  # fmt: skip
+    first = chunks[0]
+    key = (first[1][: first[2]], tuple(sorted(keyed)))
+    return MovableBytes(tuple(sorted(ranges)), key)
+
+
+class _Chunk(NamedTuple):
+    """One chunk of a version-2 object header.
+
+    ``at``: where it lies in the file (its signature; the chunk ends with
+    the checksum after ``end``); ``blob``: its bytes from ``at``;
+    ``start``/``end``: its messages' part of ``blob``; ``messages``: (type,
+    flags, data start, data end) in ``blob``.
+    """
+
+    at: int
+    blob: bytes
+    start: int
+    end: int
+    messages: list[tuple[int, int, int, int]]
+
+
 def _root_attributes(read: Reader, size: int, counted: list[int]) -> list[tuple[int, int]] | None:
     """Attribute message data and chunk checksums of the root group's object header.
 
+    ``counted[0]`` is set to the number of attribute messages. None where
+    :func:`_root_chunks` does not parse the file.
+    """
+    chunks = _root_chunks(read, size)
+    if chunks is None:
+        return None
+    allowed = []
+    counted[0] = 0
+    for c in chunks:
+        for kind, _flags, lo, hi in c.messages:
+            if kind == _ATTRIBUTE_MESSAGE:
+                allowed.append((c.at + lo, c.at + hi))
+                counted[0] += 1
+        allowed.append((c.at + c.end, c.at + c.end + 4))  # the checksum of the chunk
+    return sorted(allowed)
+
+
+def _root_chunks(read: Reader, size: int) -> list[_Chunk] | None:
+    """The chunks of the root group's object header, chunk 0 first.
+
     None unless the superblock (at 0: no user block) is version 2/3 with base
-    address 0 and the root object header is a version-2 ``OHDR``.
+    address 0 and the root object header is a version-2 ``OHDR`` whose chunks
+    lie in the file. Chunk 0 follows the ``OHDR`` prefix; continuation
+    messages (type 0x10: address, length) point to ``OCHK`` chunks, parsed
+    the same way.
     """
     sb = read(0, 48)
-    if sb[:8] != _HDF5_SIGNATURE or len(sb) < 48 or sb[8] not in (2, 3):
+    if len(sb) < 48 or sb[:8] != _HDF5_SIGNATURE or sb[8] not in (2, 3):
         return None
-    width = sb[9]
-    if width not in (4, 8):
+    width, lengths = sb[9], sb[10]
+    if width not in (4, 8) or lengths not in (4, 8):
         return None
     code = "I" if width == 4 else "Q"
     base, _ext, _eof, root = struct.unpack_from("<" + code * 4, sb, 12)
     if base != 0 or root in (0, _UNDEFINED, 0xFFFFFFFF) or root + 16 > size:
         return None
-    lengths = sb[10]
-    if lengths not in (4, 8):
-        return None
-    return _ohdr_attributes(read, root, size, width, lengths, counted)
-
-
-def _ohdr_attributes(
-    read: Reader, at: int, size: int, offsets: int, lengths: int, counted: list[int]
-) -> list[tuple[int, int]] | None:
-    """The allowed ranges of a version-2 object header: every chunk's attributes and checksum.
-
-    Chunk 0 follows the ``OHDR`` prefix; continuation messages (type 0x10:
-    address, length) point to ``OCHK`` chunks, parsed the same way.
-    ``counted[0]`` is set to the number of attribute messages.
-    """
-    blob = read(at, min(size - at, 1 << 16))
+    blob = read(root, min(size - root, _FIRST_READ))
     if blob[:4] != b"OHDR" or len(blob) < 8 or blob[4] != 2:
         return None
     flags = blob[5]
@@ -157,35 +234,37 @@ def _ohdr_attributes(
     nsize = 1 << (flags & 0x03)
     length = int.from_bytes(blob[pos : pos + nsize], "little")
     pos += nsize
-    allowed: list[tuple[int, int]] = []
-    counted[0] = 0
-    chunks = [(at, blob, pos, pos + length)]
-    while chunks:
-        base, data, start, end = chunks.pop()
-        found = _chunk_messages(data, start, end, 6 if flags & 0x04 else 4)
-        if found is None:
+    if root + pos + length + 4 > size:
+        return None
+    if pos + length + 4 > len(blob):
+        blob = read(root, pos + length + 4)
+    head = 6 if flags & 0x04 else 4
+    pending = [(root, blob, pos, pos + length)]
+    out: list[_Chunk] = []
+    while pending:
+        at, data, start, end = pending.pop(0)
+        found = _chunk_messages(data, start, end, head)
+        if found is None or len(out) >= _MAX_HEADER_CHUNKS:
             return None
-        for kind, lo, hi in found:
-            if kind == _ATTRIBUTE_MESSAGE:
-                allowed.append((base + lo, base + hi))
-                counted[0] += 1
-            elif kind == _CONTINUATION_MESSAGE:
-                where = int.from_bytes(data[lo : lo + offsets], "little")
-                n = int.from_bytes(data[lo + offsets : lo + offsets + lengths], "little")
-                if where + n > size or n < 8:
-                    return None
-                more = read(where, n)
-                if more[:4] != b"OCHK":
-                    return None
-                chunks.append((where, more, 4, n - 4))
-        allowed.append((base + end, base + end + 4))  # the checksum of the chunk
-    return sorted(allowed)
+        out.append(_Chunk(at, data, start, end, found))
+        for kind, _flags, lo, _hi in found:
+            if kind != _CONTINUATION_MESSAGE:
+                continue
+            where = int.from_bytes(data[lo : lo + width], "little")
+            n = int.from_bytes(data[lo + width : lo + width + lengths], "little")
+            if where + n > size or n < 8:
+                return None
+            more = read(where, n)
+            if more[:4] != b"OCHK":
+                return None
+            pending.append((where, more, 4, n - 4))
+    return out
 
 
 def _chunk_messages(
     blob: bytes, pos: int, end: int, head: int
-) -> list[tuple[int, int, int]] | None:
-    """(type, data start, data end) of the messages of one chunk; None if they overrun it.
+) -> list[tuple[int, int, int, int]] | None:
+    """(type, flags, data start, data end) of the messages of one chunk; None if they overrun it.
 
     ``head``: bytes of a message header (type, size, flags [, creation order]);
     a tail shorter than one is a gap.
@@ -193,12 +272,12 @@ def _chunk_messages(
     if end + 4 > len(blob):
         return None
     out = []
+    unpack = _MESSAGE_HEAD.unpack_from
     while pos + head <= end:
-        kind = blob[pos]
-        length = int.from_bytes(blob[pos + 1 : pos + 3], "little")
+        kind, length, flags = unpack(blob, pos)
         pos += head
         if pos + length > end:
             return None
-        out.append((kind, pos, pos + length))
+        out.append((kind, flags, pos, pos + length))
         pos += length
     return out

@@ -22,9 +22,10 @@ module with a ``MemberStore`` subclass, an entry in
 :data:`ensio.io.formats.open.BACKENDS`, and a subclass of the contract test
 :class:`ensio.testing.MemberStoreContract`. The quick check of many small
 members (:mod:`ensio.io.scan.quickcheck`) asks a format through optional
-hooks (:meth:`MemberStore.metadata_bytes`, :meth:`MemberStore.byte_pieces`,
-:meth:`MemberStore.quick_look`) whose defaults say "not supported", so no
-code outside a format's module branches on its name.
+hooks (:meth:`MemberStore.metadata_bytes`, :meth:`MemberStore.movable_bytes`,
+:meth:`MemberStore.byte_pieces`, :meth:`MemberStore.quick_look`) whose
+defaults say "not supported", so no code outside a format's module branches
+on its name.
 
 Element ranges are in flat C order of the variable as stored
 (``[lo, hi)`` of ``np.ravel(var)``).
@@ -42,7 +43,7 @@ import numpy as np
 
 from ...layout.encoding import Encoding
 
-__all__ = ["MemberStore", "MetadataBytes", "QuickLook", "VarInfo"]
+__all__ = ["MemberStore", "MetadataBytes", "MovableBytes", "QuickLook", "VarInfo"]
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,24 @@ class MetadataBytes:
     data: tuple[tuple[int, int], ...] = ()
     free: tuple[tuple[int, int], ...] = ()
     attributes: int = 0
+
+
+@dataclass(frozen=True)
+class MovableBytes:
+    """Metadata a member may hold elsewhere than the template (:meth:`MemberStore.movable_bytes`).
+
+    Attributes
+    ----------
+    ranges : tuple of (int, int)
+        Where it lies in this file: left out of the byte comparison, in the
+        template and in the member alike.
+    key : object
+        What of it must equal the template's (compared with ``==``): all of
+        it but global attributes and its own placement.
+    """
+
+    ranges: tuple[tuple[int, int], ...]
+    key: object
 
 
 @dataclass(frozen=True)
@@ -247,6 +266,38 @@ class MemberStore(abc.ABC):
         ------
         OSError, InputError
             The file cannot be read or its metadata is corrupt.
+        """
+        return None
+
+    @classmethod
+    def movable_bytes(cls, fd: int, size: int) -> MovableBytes | None:
+        """Metadata of this file that may lie elsewhere in a member, for the byte comparison.
+
+        Called on the template and on every member: a member is accepted
+        by bytes when its key equals the template's and every byte of
+        :meth:`metadata_bytes`'s spans outside both files' ``ranges`` (and
+        outside ``data`` and ``free``) is the template's. Meant for metadata
+        that only global attributes of another length move (netCDF-4: the
+        root group's object header chunks); it must be cheap, since every
+        member pays it.
+
+        Parameters
+        ----------
+        fd : int
+            The file, open for reading (not closed here).
+        size : int
+            Its size in bytes.
+
+        Returns
+        -------
+        MovableBytes or None
+            None: nothing movable (default), or this file not parsed; the
+            member then needs every byte equal.
+
+        Raises
+        ------
+        OSError
+            The file cannot be read.
         """
         return None
 

@@ -18,6 +18,18 @@ may differ, as long as every other byte, including each attribute's name,
 type and size, is the same. Global attributes are never used by the files
 mode, and a value of fixed size changes no structure.
 
+A second exception for global attributes of another *length* (a time stamp
+in ``history``): they may make the format place some metadata elsewhere
+(netCDF-4: the root group's object header chunks) while no variable moves.
+A format that can say where that metadata is in each file answers
+:meth:`~ensio.io.formats.store.MemberStore.movable_bytes`: those ranges, in
+the template and in the member, are left out, and the key the format gives
+(what of them is not a global attribute) must be equal. Every other
+metadata byte is still compared, and a member's movable ranges may not
+reach into the template's data ranges. It is asked only when the plain
+comparison fails, and costs a parse of a few hundred bytes (~20 µs) instead
+of opening the file through the library (~0.6 ms).
+
 Which bytes are metadata, and where the global attribute values are, only
 the format knows: its store answers through the optional hook
 :meth:`~ensio.io.formats.store.MemberStore.metadata_bytes` (netCDF-4:
@@ -55,11 +67,26 @@ class ByteTemplate:
     attributes : int
         Global attributes whose values may differ (0: every metadata byte
         must be equal).
+    movable : type of MemberStore or None
+        The format whose :meth:`~ensio.io.formats.store.MemberStore.movable_bytes`
+        a member answers when ``ranges`` differ (None: nothing movable).
+    key : object
+        The template's movable key (what a member's must equal).
+    loose : tuple of (int, bytes)
+        ``ranges`` without the template's movable ranges: compared, outside
+        the member's movable ranges, when ``ranges`` differ.
+    data : tuple of (int, int)
+        The template's data ranges, which a member's movable ranges may not
+        overlap.
     """
 
     size: int
     ranges: tuple[tuple[int, bytes], ...]
     attributes: int = 0
+    movable: type[MemberStore] | None = None
+    key: object = None
+    loose: tuple[tuple[int, bytes], ...] = ()
+    data: tuple[tuple[int, int], ...] = ()
 
     @property
     def nbytes(self) -> int:
@@ -77,7 +104,14 @@ def same_bytes(path: Path, template: ByteTemplate, fd: int | None = None) -> boo
             fd = os.open(path, os.O_RDONLY)
         if os.fstat(fd).st_size != template.size:
             return False
-        return all(os.pread(fd, len(want), off) == want for off, want in template.ranges)
+        if all(os.pread(fd, len(want), off) == want for off, want in template.ranges):
+            return True
+        if template.movable is None:
+            return False
+        moved = template.movable.movable_bytes(fd, template.size)
+        if moved is None or moved.key != template.key or _overlap(moved.ranges, template.data):
+            return False
+        return _equal_outside(fd, template.loose, sorted(moved.ranges))
     except OSError:
         return False
     finally:
@@ -116,11 +150,33 @@ def byte_template(
         meta = store.metadata_bytes(fd, path, infos, compared)
         if meta is None:
             return None
+        size = os.fstat(fd).st_size
         keep = _subtract(meta.spans, sorted(meta.data + meta.free))
         ranges = tuple((lo, _pread(fd, lo, hi - lo)) for lo, hi in keep)
-        return ByteTemplate(os.fstat(fd).st_size, ranges, meta.attributes)
+        moved = store.movable_bytes(fd, size)
+        if moved is None or _overlap(moved.ranges, meta.data):
+            return ByteTemplate(size, ranges, meta.attributes)
+        holes = sorted(meta.data + meta.free + moved.ranges)
+        loose = tuple((lo, _pread(fd, lo, hi - lo)) for lo, hi in _subtract(meta.spans, holes))
+        return ByteTemplate(size, ranges, meta.attributes, store, moved.key, loose, meta.data)
     finally:
         os.close(fd)
+
+
+def _equal_outside(
+    fd: int, ranges: Sequence[tuple[int, bytes]], holes: Sequence[tuple[int, int]]
+) -> bool:
+    """Whether the file has the template's ``ranges`` except inside the (sorted) ``holes``."""
+    for off, want in ranges:
+        for lo, hi in _subtract(((off, off + len(want)),), holes):
+            if os.pread(fd, hi - lo, lo) != want[lo - off : hi - off]:
+                return False
+    return True
+
+
+def _overlap(a: Sequence[tuple[int, int]], b: Sequence[tuple[int, int]]) -> bool:
+    """Whether any range of ``a`` intersects one of ``b``."""
+    return any(lo < h1 and h0 < hi for lo, hi in a for h0, h1 in b)
 
 
 def _pread(fd: int, off: int, n: int) -> bytes:
