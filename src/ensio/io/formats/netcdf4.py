@@ -31,7 +31,7 @@ reuses the old space. Such writes are not confined to the variable's bytes.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import ClassVar
 
@@ -48,9 +48,9 @@ from .hdf5meta import (
     raw_offset,
     read_hdf5_metadata,
 )
-from .hdf5quick import hdf5_metadata_bytes, hdf5_root_header
+from .hdf5quick import hdf5_metadata_bytes
 from .library import LibraryBackedStore
-from .store import MetadataBytes, MovableBytes, QuickLook, VarInfo
+from .store import MetadataBytes, QuickLook, VarInfo
 
 __all__ = ["NetCDF4Store", "quick_hdf5_variables"]
 
@@ -77,10 +77,28 @@ def _signature(ds: H5Dataset) -> tuple[object, ...]:
             ds.is_scale, ds.is_pure_dim)  # fmt: skip
 
 
+def _scale_path(dataset: Callable[[str], H5Dataset], group: str, dim: str) -> str:
+    """The dataset of dimension ``dim`` seen from ``group``: there, else the nearest parent.
+
+    netCDF's scoping: a variable uses a dimension of its own group or of an
+    ancestor. Which one it is (its ``_Netcdf4Dimid``) is in the signature, so a
+    member whose variable uses another is not accepted by the quick look.
+    """
+    parts = group.split("/") if group else []
+    for k in range(len(parts), -1, -1):
+        path = "/".join([*parts[:k], dim])
+        try:
+            dataset(path)
+        except KeyError:
+            continue
+        return path
+    raise KeyError(f"no dataset of dimension {dim!r} from group {group!r}")
+
+
 def quick_hdf5_variables(
     path: Path, dims: dict[str, tuple[str, ...]], read: tuple[str, ...] = ()
 ) -> tuple[tuple[object, ...], dict[str, VarInfo], dict[str, np.ndarray]]:
-    """Describe only the root-group variables ``dims`` (name → dimension names) of ``path``.
+    """Describe only the variables ``dims`` (path → dimension names) of ``path``.
 
     Returns the file's signature (equal for two files means the full scan
     gives both the same dimensions, shapes and dtypes for these variables),
@@ -121,8 +139,10 @@ def quick_hdf5_variables(
                 fill_value=None if fill is None or fill.size != 1 else fill[0].item(),
                 encoding=Encoding.from_attributes(ds.dtype, conventions(ds)),
             )
-        for dim in sorted({d for names in dims.values() for d in names}):
-            sig.append((dim, _signature(dataset(dim))))
+        scales = {_scale_path(dataset, name.rpartition("/")[0], d)
+                  for name, names in dims.items() for d in names}  # fmt: skip
+        for scale in sorted(scales):
+            sig.append((scale, _signature(dataset(scale))))
         values = {}
         for name in read:
             ds = dataset(name)
@@ -170,23 +190,10 @@ class NetCDF4Store(LibraryBackedStore):
         return hdf5_metadata_bytes(fd, path, infos, compared)
 
     @classmethod
-    def movable_bytes(cls, fd: int, size: int) -> MovableBytes | None:
-        """The root group's object header chunks (global attributes of another length move them).
-
-        See :func:`ensio.io.formats.hdf5quick.hdf5_root_header`.
-        """
-        return hdf5_root_header(fd, size)
-
-    @classmethod
     def quick_look(
         cls, path: Path, dims: Mapping[str, tuple[str, ...]], read: Collection[str] = ()
     ) -> QuickLook | None:
-        """:func:`quick_hdf5_variables`; root-group variables only (None otherwise).
-
-        A variable in a subgroup may use dimensions of its parents, which only
-        the full scan resolves.
-        """
-        if any("/" in n for n in dims):
-            return None
+        """:func:`quick_hdf5_variables`: variables in groups too (dimensions of a parent group
+        found by netCDF's scoping, and checked by their ids in the signature)."""
         sig, infos, values = quick_hdf5_variables(path, dict(dims), tuple(read))
         return QuickLook(sig, infos, values)
