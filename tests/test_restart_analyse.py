@@ -129,12 +129,19 @@ def test_analysis_equals_independent_letkf_on_the_interior(tmp_path):
     H[np.arange(case.obs_rows.size), case.obs_rows] = 1.0
     want = ref.letkf(X, case.lonlat, np.ones(n, bool), H, case.y, case.sigma,
                      case.lonlat[case.obs_rows], RADIUS_KM)
-    r = _ensio("analyse", str(case.cfg_path))
+    r = _ensio("analyse", str(case.cfg_path), "--set", "output.mean=an/mean.nc")
     assert r.returncode == 0, r.stderr
     after_temp = case.read()
     got = case.state(after_temp)
     assert np.max(np.abs(got - want)) <= 1e-10 * np.max(np.abs(want))
     assert np.max(np.abs(got - X)) > 1e-3  # the analysis did something
+    # the mean product: the members' group and dimension names, fill outside the state
+    with Dataset(tmp_path / "an" / "mean.nc") as ds:
+        mean = ds["core/temp"][...]
+        assert ds["core/temp"].dimensions == DIMS
+    inner = mean[case.h:-case.h, case.h:-case.h, :, case.tau]
+    np.testing.assert_allclose(inner[case.ocean], got.mean(axis=0), rtol=1e-12)
+    assert mean.count() == got.shape[1]
     # every other element of temp (halo, other levels, land) bit for bit
     h, tau = case.h, case.tau
     state = np.zeros(before_temp.shape[1:], bool)

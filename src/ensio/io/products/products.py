@@ -117,15 +117,30 @@ def write_field_file(
             coord_names = [n for n in (coordinates.lon, coordinates.lat, coordinates.level) if n]
             carried = cf.referenced_variables(src.variables, [*state, *coord_names])
             carried = [n for n in src.variables if n in carried or n in coord_names]
-            needed = {d for n in [*state, *carried] for d in src[n].dimensions}
-            for name, dim in src.dimensions.items():
-                if name in needed:
-                    dst.createDimension(name, None if dim.isunlimited() else len(dim))
+            _copy_dimensions(src, dst, [*state, *carried])
             for name in carried:
                 _copy_variable(src[name], dst)
             for v in layout.variables:
                 _write_state_variable(src[v.name], dst, v, rows[v.offset : v.offset + v.size],
                                       statistic, ddof)
+
+
+def _copy_dimensions(src: netCDF4.Dataset, dst: netCDF4.Dataset, names: Sequence[str]) -> None:
+    """The dimensions variables ``names`` use, each in its group (``core/temp``'s in ``core``).
+
+    In the template's order of dimensions within a group, as before groups
+    were read (the root group's order is what a reader sees first).
+    """
+    needed: dict[str, set[str]] = {}
+    for n in names:
+        for dim in src[n].get_dims():
+            needed.setdefault(dim.group().path, set()).add(dim.name)
+    for path, dims in needed.items():
+        g = src if path == "/" else src[path]
+        out = dst if path == "/" else dst.createGroup(path)
+        for name, dim in g.dimensions.items():
+            if name in dims:
+                out.createDimension(name, None if dim.isunlimited() else len(dim))
 
 
 def _copy_variable(var: netCDF4.Variable, dst: netCDF4.Dataset) -> None:
@@ -150,7 +165,8 @@ def _write_state_variable(
     attrs = {a: var.getncattr(a) for a in var.ncattrs()}
     enc = cf.field_encoding(var.dtype, attrs)
     fill = enc.dtype.type(enc.fill) if enc.fill_attribute else None
-    out = dst.createVariable(v.name, enc.dtype, v.dims, fill_value=fill)
+    # the template's dimension names: ``v.dims`` may be ``ensemble.dims`` renaming them
+    out = dst.createVariable(v.name, enc.dtype, var.dimensions, fill_value=fill)
     out.setncatts(cf.product_attributes(attrs, v.name, enc, statistic, ddof))
     field = np.full(v.n_elements, np.nan)
     if v.active is None:
