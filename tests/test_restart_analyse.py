@@ -246,11 +246,14 @@ def test_veros_like_restarts_with_cyclic_halo(tmp_path):
     H = np.zeros((m, n))
     H[np.arange(m), rows] = 1.0
     want = ref.letkf(X, lonlat, np.ones(n, bool), H, y, sigma, lonlat[rows], RADIUS_KM)
-    r = _ensio("analyse", str(tmp_path / "ensio.yaml"))
+    r = _ensio("analyse", str(tmp_path / "ensio.yaml"), "--set", "output.spread=spread.nc")
     assert r.returncode == 0, r.stderr
     after = read("core/temp")
     got = np.stack([a[h:-h, h:-h, :, tau][~land] for a in after])
     assert np.max(np.abs(got - want)) <= 1e-10 * np.max(np.abs(want))
+    with Dataset(tmp_path / "spread.nc") as ds:  # a netCDF-4 product of plain HDF5 members
+        spread = ds["core/temp"][...][h:-h, h:-h, :, tau]
+    np.testing.assert_allclose(spread[~land], got.std(axis=0, ddof=1), rtol=1e-10)
     # expected file contents: the prior, the analysis at the state rows, the cyclic x halo
     # of the interior y rows at level tau copied from the opposite interior columns
     expect = before.copy()
