@@ -59,7 +59,7 @@ def test_same_files_for_any_ranks_and_io_tasks(chunked, comm, shared_dir):
     if comm.rank == 0:
         _write(serial, layout, increments, 1, MPI.COMM_SELF)
     want = comm.bcast(_digests(serial) if comm.rank == 0 else None)
-    for tasks in sorted({1, 2, comm.size}):
+    for tasks in sorted({1, min(2, comm.size), comm.size}):
         paths = copy(f"tasks{tasks}")
         _write(paths, layout, increments, tasks, comm)
         comm.Barrier()
