@@ -116,7 +116,7 @@ class StateGrid:
         for kk, wk in ((k0, 1.0 - w1), (k1, w1)):
             if ax.vertical is not None:
                 idx[ax.vertical] = np.broadcast_to(np.where(vin, kk, 0)[:, None], (m, 4))
-            elems = np.ravel_multi_index(tuple(idx), v.shape)
+            elems = ax.elements(idx, v.shape)  # grid (interior) indices -> stored elements
             rows.append(element_rows(v, elems))
             w.append(cells.w * wk[:, None])
         R = np.concatenate(rows, axis=1)
