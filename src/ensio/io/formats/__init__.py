@@ -1,9 +1,11 @@
 """Member-file formats, the lowest room: it imports no other room of io.
 
 ``store`` is the ``MemberStore`` contract, one module per format (``netcdf4``,
-with its HDF5 quick-check hooks in ``hdf5quick``; ``classic``), ``library`` the
-netCDF-library element path they share, ``raw`` the byte-range path, ``open``
-the opening by content.
+with its HDF5 quick-check hooks in ``hdf5quick``; ``classic``; ``hdf5``, plain
+HDF5 through h5py), ``hdf5meta`` the HDF5 metadata scan of both HDF5-based
+formats (netCDF-C's names: group paths, phony dimensions), ``library`` the
+netCDF-library element path, ``raw`` the byte-range path, ``open`` the opening
+by content.
 
 The names below are the room's surface for the rooms above it and for
 ``ioserver`` (whose shared CDF-5 files are written record by record as byte
