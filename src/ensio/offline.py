@@ -29,18 +29,19 @@ import time
 from mpi4py import MPI
 
 from .analysis.inputs import assimilate_block, observation_sources
+from .analysis.obsdiag import gathered_tables
 from .config.schema import Config, ConfigError
 from .errors import file_op
 from .io.modes.base import ProductWriters, RunCommit
 from .io.modes.ensemble import mode_of
 from .io.node.backup import start_cycle_backup
+from .io.products.obsdiag import diagnostics_path, write_run_diagnostics
 from .io.products.products import product_paths, write_member_copies, write_products
 from .io.products.shuffleproducts import publish, roll_forward, write_shuffle_products
 from .io.scan.slotstates import SlotStates
 from .io.txn.commit import ensemble_lock
 from .io.txn.runrecord import run_keys
 from .layout.block import EnsembleBlock
-from .obsdiag_file import diagnostics_path, write_run_diagnostics
 from .offline_report import AnalysisReport, already_report
 from .parallel.agree import root_call
 from .progress import PhaseProgress
@@ -102,12 +103,15 @@ def run_analysis(
                 )
             # before the commit: a rerun after a crash recomputes and rewrites it
             diag_path = diagnostics_path(config.output, config.base_dir, cycle)
-            t_diag = time.perf_counter()
-            write_run_diagnostics(
-                diag_path, result.observations, [v.name for v in block.layout.variables], comm,
-                cycle=cycle, members=n_e, command=command, four_d=config.analysis.n_slots > 1,
-            )  # fmt: skip
-            seconds["diagnostics"] = time.perf_counter() - t_diag
+            if diag_path is not None:
+                t_diag = time.perf_counter()
+                names = [v.name for v in block.layout.variables]
+                write_run_diagnostics(
+                    diag_path, gathered_tables(result.observations, names, comm), comm,
+                    cycle=cycle, members=n_e, command=command,
+                    four_d=config.analysis.n_slots > 1,
+                )  # fmt: skip
+                seconds["diagnostics"] = time.perf_counter() - t_diag
             analysis = dataclasses.replace(block, data=result.ensemble)
             written = ens.commit(analysis, RunCommit(
                 config, comm, root, keys[0], cycle, command, PRODUCTS, seconds, bars))

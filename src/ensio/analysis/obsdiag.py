@@ -8,8 +8,9 @@ from those two ensembles (means and spreads, not the members), so no second
 pass over the members is made. :func:`gather_diagnostics` brings the owned
 pieces to one rank in global-id order, so the file and every statistic
 (:func:`type_statistics`, computed from the gathered, sorted observations)
-is the same for any number of ranks. Writing the file is not the
-analysis's business (it knows no files): :mod:`ensio.obsdiag_file`.
+is the same for any number of ranks. :func:`diagnostics_tables` turns them
+into the plain columns and rows the file holds; writing the file is not the
+analysis's business (it knows no files): :mod:`ensio.io.products.obsdiag`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 from mpi4py import MPI
@@ -26,10 +28,14 @@ from .result import InnovationStats
 
 __all__ = [
     "ObsDiagnostics",
+    "DiagTables",
     "TypeStats",
+    "diagnostics_tables",
     "gather_diagnostics",
+    "gathered_tables",
     "observation_diagnostics",
     "observed_variable",
+    "TYPE_FIELDS",
     "type_statistics",
 ]
 
@@ -247,3 +253,53 @@ def type_statistics(diag: ObsDiagnostics, names: Sequence[str]) -> list[TypeStat
     out = [_stats(name, diag.subset(diag.variable == k))
            for k, name in enumerate(names) if np.any(diag.variable == k)]  # fmt: skip
     return out + [_stats("all", diag)]
+
+
+#: The per-type statistics as the file names them, in the order ``ensio report`` shows them.
+TYPE_FIELDS = ("n_obs", "n_used", "omb_mean", "omb_rms", "oma_mean", "oma_rms",
+               "spread_b_rms", "spread_a_rms", "error_rms", "consistency")  # fmt: skip
+
+
+def _row(s: TypeStats) -> dict[str, Any]:
+    """``type`` then :data:`TYPE_FIELDS`, in that order (the file's variable order)."""
+    return {
+        "type": s.name, "n_obs": s.total, "n_used": s.count,
+        "omb_mean": s.omb.mean, "omb_rms": s.omb.rms, "oma_mean": s.oma.mean,
+        "oma_rms": s.oma.rms, "spread_b_rms": s.spread_b, "spread_a_rms": s.spread_a,
+        "error_rms": s.error, "consistency": s.consistency,
+    }  # fmt: skip
+
+
+class DiagTables(NamedTuple):
+    """What the diagnostics file holds, as plain data (the io room may not import this one).
+
+    ``columns``: per-observation file variable -> (m,) array; ``rows``: per type,
+    ``type`` then :data:`TYPE_FIELDS` (the last row is ``all``); ``names``: the
+    state variables ``obs_type`` indexes; ``qc_flags``: the meaning of each ``qc``.
+    """
+
+    columns: dict[str, np.ndarray]
+    rows: list[dict[str, Any]]
+    names: tuple[str, ...]
+    qc_flags: tuple[str, ...]
+
+
+def diagnostics_tables(diag: ObsDiagnostics, names: Sequence[str]) -> DiagTables:
+    """Pure: the diagnostics file's contents (:class:`DiagTables`)."""
+    columns = {
+        "obs_id": diag.ids, "lon": diag.lon, "lat": diag.lat, "level": diag.level,
+        "level_index": diag.level_index, "obs_type": diag.variable, "value": diag.value,
+        "error": diag.error, "qc": diag.qc, "omb": diag.omb, "oma": diag.oma,
+        "spread_b": diag.spread_b, "spread_a": diag.spread_a,
+    }  # fmt: skip
+    rows = [_row(s) for s in type_statistics(diag, names)]
+    return DiagTables(columns, rows, tuple(names), QC_FLAGS)
+
+
+def gathered_tables(
+    local: ObsDiagnostics | None, names: Sequence[str], comm: MPI.Comm
+) -> DiagTables | None:
+    """Collective: :func:`diagnostics_tables` of every rank's observations, on rank 0
+    (None elsewhere, and everywhere when ``local`` is None on rank 0)."""
+    diag = gather_diagnostics(local if local is not None else _empty(), comm)
+    return None if diag is None or local is None else diagnostics_tables(diag, names)

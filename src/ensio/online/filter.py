@@ -26,6 +26,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..analysis.inputs import assimilate_block, observation_sources
+from ..analysis.obsdiag import gathered_tables
 from ..analysis.result import AnalysisResult
 from ..config.schema import Config, ConfigError
 from ..layout.block import EnsembleBlock
@@ -70,6 +71,7 @@ def run_filter(
         The analysis of this rank's rows, and seconds per phase
         (``obs``, ``analysis``, ``write``, ``products``), maximum over ranks.
     """
+    from ..io.products.obsdiag import diagnostics_path, write_run_diagnostics
     from ..io.products.products import product_paths, write_member_copies, write_products
 
     if config.analysis is None:
@@ -78,6 +80,11 @@ def run_filter(
     prior = EnsembleBlock(layout, start, X.shape[1], X)
     obs_files = observation_sources(config.observations, config.resolve)
     result = assimilate_block(prior, obs_files, config.analysis, comm, cycle=cycle, seconds=seconds)
+    diag_path = diagnostics_path(config.output, config.base_dir, cycle)
+    if diag_path is not None:  # as ensio analyse: O-B, O-A, spreads per observation
+        names = [v.name for v in layout.variables]
+        write_run_diagnostics(diag_path, gathered_tables(result.observations, names, comm), comm,
+                              cycle=cycle, members=X.shape[0], command="ensio online")
     t = time.perf_counter()
     if not config.io.in_place:
         assert config.output.members is not None

@@ -50,6 +50,7 @@ from .rundir import (
     analysis_config_path,
     analysis_pattern,
     cycle_dir,
+    diagnostics_path,
     done_marker,
     forecast_pattern,
     restart_pattern,
@@ -112,6 +113,9 @@ def _analysis_config(
         "members": analysis_pattern(workdir, cycle),
         "mean": str(cdir / "analysis" / "mean.nc"),
         "spread": str(cdir / "analysis" / "spread.nc"),
+        # output.diagnostics: false turns them off; any path the user gave is the cycle's
+        "diagnostics": (False if (raw.get("output") or {}).get("diagnostics") is False
+                        else str(diagnostics_path(workdir, cycle))),
     }
     return out
 

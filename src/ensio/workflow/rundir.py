@@ -5,6 +5,7 @@
     DIR/cycle_CCC/analysis.yaml            the analysis config of the cycle
     DIR/cycle_CCC/forecast/memMMM.nc       member forecasts
     DIR/cycle_CCC/analysis/memMMM.nc       analysis members (+ mean.nc, spread.nc)
+    DIR/cycle_CCC/diag.nc                  observation-space diagnostics (O-B, O-A, ...)
     DIR/cycle_CCC/.done                    the cycle is complete
 
 The offline driver (:mod:`ensio.workflow.cycle`), the online driver
@@ -24,6 +25,7 @@ __all__ = [
     "analysis_config_path",
     "analysis_pattern",
     "cycle_dir",
+    "diagnostics_path",
     "done_marker",
     "forecast_pattern",
     "restart_pattern",
@@ -54,6 +56,12 @@ def restart_pattern(workdir: Path, cycle: int, initial: str) -> str:
     if cycle == 1:
         return initial if Path(initial).is_absolute() else str(Path(workdir) / initial)
     return analysis_pattern(workdir, cycle - 1)
+
+
+def diagnostics_path(workdir: Path, cycle: int) -> Path:
+    """``DIR/cycle_CCC/diag.nc``, the cycle's observation-space diagnostics
+    (``output.diagnostics`` of its analysis; ``ensio report`` reads them)."""
+    return cycle_dir(workdir, cycle) / "diag.nc"
 
 
 def analysis_config_path(workdir: Path, cycle: int) -> Path:
