@@ -75,8 +75,10 @@ def rewrite_elements(
     companions = companions or {}
     with open_member(path) as store:
         infos = store.variables()
-        written = {name for name in values} | {c.target for name in values
-                                               for c in companions.get(name, ())}
+        # in a fixed order: the order of the writes decides where HDF5 puts the chunks,
+        # so a set (hash order varies per process) would make the bytes vary with N_mpi
+        written = list(dict.fromkeys([*values, *(c.target for name in values
+                                                 for c in companions.get(name, ()))]))
         encs = {name: (encodings or {}).get(name) or infos[name].encoding for name in written}
         stored = {name: store.read_elements(name, 0, infos[name].size) for name in written}
     before = {name: cur.copy() for name, cur in stored.items()}
