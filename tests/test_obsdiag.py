@@ -213,3 +213,48 @@ def test_report_of_a_broken_diag_file_is_one_line(tmp_path):
     err = out.stderr.strip().splitlines()
     assert len(err) == 1 and "cycle_001/diag.nc" in err[0], err
     shutil.rmtree(work)
+
+
+SYNTHETIC = Path(__file__).parents[1] / "examples" / "synthetic" / "cycle.yaml"
+
+
+@pytest.mark.mpi
+def test_cycle_writes_a_diag_file_per_cycle_in_both_modes(tmp_path):
+    """``ensio cycle`` (offline pool and coupled online) writes DIR/cycle_CCC/diag.nc; the two
+    modes' files agree; ``ensio report DIR`` shows every cycle's types."""
+    fast = [
+        "--set", "ensemble.size=4", "--set", "workflow.jobs=2",
+        "--set", "workflow.analysis_ranks=1",
+        "--set", "workflow.member_command=ensio model synthrun --init {analysis} "
+                 "--out {forecast} --shift 3",
+        "--set", "workflow.online.command=ensio model synthetic-coupled --workdir {workdir} "
+                 "--first {first} --cycles {cycles} --initial {initial} "
+                 "--tasks-per-member {tasks_per_member} --shift 3",
+        "--set", "workflow.online.tasks_per_member=2",
+    ]  # fmt: skip
+    runs = {}
+    for mode in ("offline", "online"):
+        workdir = tmp_path / mode
+        cmd = [*ENSIO, "cycle", str(SYNTHETIC), "--mode", mode, "--workdir", str(workdir),
+               "--cycles", "2", *fast]  # fmt: skip
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, res.stderr[-3000:]
+        runs[mode] = workdir
+    for cycle in (1, 2):
+        files = [runs[m] / f"cycle_{cycle:03d}" / "diag.nc" for m in ("offline", "online")]
+        with xr.open_dataset(files[0]) as a, xr.open_dataset(files[1]) as b:
+            assert int(a.attrs["cycle"]) == cycle and a.sizes["obs"] > 0
+            assert int((a["qc"] == 0).sum()) > 0
+            for name in ("omb", "oma", "spread_b", "spread_a", "omb_rms", "consistency"):
+                np.testing.assert_allclose(a[name].values, b[name].values, rtol=1e-10,
+                                           atol=1e-12, err_msg=f"cycle {cycle} {name}")
+            np.testing.assert_array_equal(a["qc"].values, b["qc"].values)
+            # the analysis fits the observations better than the forecast did
+            assert float(a["oma_rms"][-1]) < float(a["omb_rms"][-1])
+    out = subprocess.run([*ENSIO, "report", str(runs["offline"]), "--json",
+                          str(tmp_path / "r.json")], capture_output=True, text=True)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert [c["cycle"] for c in doc["diagnostics"]] == [1, 2]
+    assert doc["timing"]  # the records' table is still there
+    assert "cycle 1" in out.stdout and "cycle 2" in out.stdout and "all" in out.stdout
