@@ -267,3 +267,26 @@ def test_kill_mid_write_rolls_back_rows_and_companions(tmp_path, rng):
         assert [digest(p) for p in members.paths] != before  # some bytes were written
         assert recover(tmp_path).state == "rolled_back"
         assert [digest(p) for p in members.paths] == before
+
+
+# ------------------------------------------------- modes that cannot write them
+@pytest.mark.parametrize("keys", [
+    {"halo": {"x": 2}, "cyclic": ["x"]},
+    {"time_level": {"dim": "level", "index": 1, "increment": "all"}},
+    {"variables": [{"name": "temp", "also": ["tb"]}]},
+])
+@pytest.mark.parametrize("where", ["shuffle", "tiled"])
+def test_modes_without_companions_refuse_the_config(keys, where):
+    """io.mode shuffle and tiled members move whole variables: one ConfigError by key."""
+    from ensio.config import config_from_dict
+    from ensio.config.schema import ConfigError
+
+    ens = {"members": "m{member:02d}.nc", "size": 2, "dims": list(DIMS),
+           "variables": [{"name": "temp"}], **keys}
+    d = {"ensemble": ens}
+    if where == "shuffle":
+        d["io"] = {"mode": "shuffle", "local_dir": "/tmp/x"}
+    else:
+        ens["members"] = "m{member:02d}_{tile}.nc"
+    with pytest.raises(ConfigError, match=r"^ensemble\.\S+: not supported with "):
+        config_from_dict(d)

@@ -37,8 +37,7 @@ if TYPE_CHECKING:
     from .state import StateLayout, VariableLayout, VarMeta
 
 __all__ = ["Companion", "attach_companions", "build_companions", "changed_bytes",
-           "companion_sources", "companion_variables", "cyclic_targets", "level_targets",
-           "needs_companions", "write_back"]
+           "companion_sources", "cyclic_targets", "level_targets", "write_back"]
 
 CompanionKind = Literal["copy", "increment"]
 
@@ -273,38 +272,11 @@ def _check_also(metas: Mapping[str, VarMeta], var: VariableLayout, name: str, ke
         )
 
 
-def companion_variables(layout: StateLayout) -> list[str]:
-    """Variables the write-back writes that are not state variables (``also``), in order."""
-    state = {v.name for v in layout.variables}
-    out: list[str] = []
-    for v in layout.variables:
-        for c in v.companions:
-            if c.target not in state and c.target not in out:
-                out.append(c.target)
-    return out
-
-
 def companion_sources(layout: StateLayout) -> dict[str, str]:
     """``also`` variable → the state variable whose increment it receives."""
     state = {v.name for v in layout.variables}
     return {c.target: v.name for v in layout.variables for c in v.companions
             if c.target not in state}
-
-
-def needs_companions(ensemble: EnsembleSection) -> str | None:
-    """The first ``ensemble`` key that asks for a write-back companion, or None.
-
-    For modes that cannot write companions, to refuse the config by name.
-    """
-    if getattr(ensemble, "cyclic", ()):
-        return "cyclic"
-    level = getattr(ensemble, "time_level", None)
-    if level is not None and level.increment == "all":
-        return "time_level.increment"
-    for i, s in enumerate(ensemble.variables):
-        if getattr(s, "also", ()):
-            return f"variables[{i}].also"
-    return None
 
 
 # ------------------------------------------------------------------ the write-back itself
