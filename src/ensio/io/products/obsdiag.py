@@ -155,7 +155,7 @@ def _observations(ds: netCDF4.Dataset, columns: Mapping[str, np.ndarray],
     _var(ds, "obs_id", np.asarray(c["obs_id"], np.int64), "obs")
     _var(ds, "lon", c["lon"], "obs", standard_name="longitude", units="degrees_east")
     _var(ds, "lat", c["lat"], "obs", standard_name="latitude", units="degrees_north")
-    _var(ds, "level", c["level"], "obs", axis="Z")
+    _var(ds, "level", c["level"], "obs")
     _var(ds, "level_index", np.asarray(c["level_index"], np.int32), "obs",
          missing_value=np.int32(-1))  # fmt: skip
     _var(ds, "obs_type", np.asarray(c["obs_type"], np.int32), "obs",
