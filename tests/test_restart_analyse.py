@@ -266,3 +266,23 @@ def test_veros_like_restarts_with_cyclic_halo(tmp_path):
     assert np.array_equal(after.view(np.uint64), expect.view(np.uint64))
     for name, values in others.items():
         assert np.array_equal(read(name), values), name
+
+
+def test_two_ranks_write_the_same_bytes(tmp_path):
+    """mpiexec -n 2 with io.tasks 2 leaves the members bit for bit as one rank does."""
+    import shutil
+
+    import needs
+
+    mpiexec = str(needs.mpiexec())
+    (tmp_path / "one").mkdir()
+    one = Case(tmp_path / "one", "restart ranks")
+    two = tmp_path / "two"
+    shutil.copytree(one.root, two)
+    r = _ensio("analyse", str(one.cfg_path), "--set", "io.tasks=1")
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([mpiexec, "-n", "2", *ENSIO, "analyse", str(two / "ensio.yaml"),
+                        "--set", "io.tasks=2"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    for p in one.paths:
+        assert p.read_bytes() == (two / p.relative_to(one.root)).read_bytes(), p
