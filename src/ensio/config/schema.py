@@ -106,6 +106,10 @@ class EnsembleSection:
     ``slots`` is the pattern of each member's state at each time slot of a
     4-D analysis (``analysis.time_slots``), with ``{member}`` and ``{slot}``
     (1-based, slot 1 the earliest), e.g. the model's history files.
+
+    ``dims``, ``halo``, ``cyclic``, ``time_level`` and ``grid`` describe model
+    restarts that store more than the state (:mod:`.axes`): the rows are the
+    interior elements at the state's time level, placed by the grid file.
     """
 
     members: str
