@@ -1,4 +1,4 @@
-"""netCDF-4 members whose global attributes differ in length: still checked by bytes.
+"""netCDF-4 members whose global attributes differ in length: checked without the HDF5 look.
 
 A model that stamps each restart with its own ``history`` (a time of another
 length, a title per member) writes files whose variables sit at the same
@@ -12,6 +12,10 @@ Members are written here by netCDF4-python, global attributes after the
 variables, as a model's restart writer does; the reference matrix is read
 with netCDF4-python, and the full check is the same ensemble-I/O object with
 the quick check switched off.
+
+Written *before* the variables, such attributes move every offset: there the
+header keys (:mod:`ensio.io.formats.hdf5headers`) compare each variable's
+object header wherever it lies.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from mpi4py import MPI
 
 from ensio.config import config_from_dict
 from ensio.errors import InputError
+from ensio.io.formats.hdf5headers import hdf5_header_keys
 from ensio.io.formats.hdf5quick import hdf5_root_header
 from ensio.io.formats.netcdf4 import NetCDF4Store
 from ensio.io.modes.ensemble import open_ensemble
@@ -39,31 +44,45 @@ LAT = np.linspace(-75.0, 75.0, NLAT)
 
 
 def _member(path: Path, rng: np.random.Generator, member: int, history: int,
-            name: str = "state", lat: np.ndarray = LAT, units: str = "K") -> None:  # fmt: skip
-    """One member; its ``history`` holds a stamp and ``history`` more characters."""
+            name: str = "state", lat: np.ndarray = LAT, units: str = "K",
+            first: bool = False, aux: bool = False, aux_first: bool = False) -> None:  # fmt: skip
+    """One member; its ``history`` holds a stamp and ``history`` more characters.
+
+    ``first``: the global attributes are written before the variables (as
+    netCDF-C in define mode does): every offset then moves with their length.
+    ``aux``: a variable ``aux`` with ``state``'s header follows it (``aux_first``: precedes it).
+    """
     with netCDF4.Dataset(path, "w", format="NETCDF4") as ds:
+        stamp = {"history": "2026-11-28T17:30:00.123456 model run " + "x" * history,
+                 "title": f"member {member}", "member": member}  # fmt: skip
+        if first:
+            ds.setncatts(stamp)
         ds.createDimension("lat", NLAT)
         ds.createDimension("lon", NLON)
         la = ds.createVariable("lat", "f8", ("lat",))
         la.units = "degrees_north"
         lo = ds.createVariable("lon", "f8", ("lon",))
         lo.units = "degrees_east"
-        st = ds.createVariable(name, "f8", ("lat", "lon"))
-        st.units = units
+        order = ["aux", name] if aux_first else [name, "aux"] if aux else [name]
+        made = {v: ds.createVariable(v, "f8", ("lat", "lon")) for v in order}
+        for v in made.values():
+            v.units = units
         la[:] = lat
         lo[:] = np.arange(NLON) * 45.0
-        st[:] = rng.normal(size=(NLAT, NLON))
-        ds.history = "2026-11-28T17:30:00.123456 model run " + "x" * history
-        ds.title = f"member {member}"
-        ds.member = member
+        made[name][:] = rng.normal(size=(NLAT, NLON))
+        if "aux" in made:
+            made["aux"][:] = rng.normal(size=(NLAT, NLON))
+        if not first:
+            ds.setncatts(stamp)
 
 
-def _ensemble(tmp: Path, rng: np.random.Generator, n: int = 5) -> list[Path]:
+def _ensemble(tmp: Path, rng: np.random.Generator, n: int = 5, first: bool = False,
+              aux: bool = False) -> list[Path]:  # fmt: skip
     """``n`` members whose ``history`` lengths are all different (0-29 more characters)."""
     lengths = rng.choice(30, size=n, replace=False)
     paths = [tmp / f"mem{m:03d}.nc" for m in range(1, n + 1)]
     for m, (p, k) in enumerate(zip(paths, lengths, strict=True), start=1):
-        _member(p, rng, m, int(k))
+        _member(p, rng, m, int(k), first=first, aux=aux)
     return paths
 
 
@@ -178,3 +197,87 @@ def test_coordinates_are_compared_on_the_moved_path_too(tmp_path, rng, monkeypat
         _read(_config(tmp_path, len(paths)), True, monkeypatch)
     msg = str(err.value)
     assert msg.startswith(f"{paths[2]}: coordinate 'lat' differs") and "\n" not in msg
+
+
+def _keys(path: Path, names=("lat", "lon", "state")):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return hdf5_header_keys(fd, os.fstat(fd).st_size, names)
+    finally:
+        os.close(fd)
+
+
+def _no_look(monkeypatch: pytest.MonkeyPatch, template: Path) -> list[Path]:
+    """The paths the HDF5 quick look is asked about but the template's (made with it)."""
+    asked: list[Path] = []
+    look = NetCDF4Store.quick_look.__func__
+
+    def counted(cls, path, *args, **kwargs):
+        if Path(path) != template:
+            asked.append(Path(path))
+        return look(cls, path, *args, **kwargs)
+
+    monkeypatch.setattr(NetCDF4Store, "quick_look", classmethod(counted))
+    return asked
+
+
+def test_members_whose_offsets_moved_are_checked_by_header_keys(tmp_path, rng, monkeypatch):
+    paths = _ensemble(tmp_path, rng, first=True)
+    slow, full_metas = _read(_config(tmp_path, len(paths)), False, monkeypatch)
+    offsets = [m.infos["state"].raw_offset for m in full_metas]
+    assert len(set(offsets)) > 1  # the case: the data moved with the attributes' length
+    asked = _no_look(monkeypatch, paths[0])
+    fast, metas = _read(_config(tmp_path, len(paths)), True, monkeypatch)
+    assert [m.quick for m in metas] == [False] + [True] * (len(paths) - 1)
+    assert asked == []
+    assert fast.tobytes() == slow.tobytes()
+    np.testing.assert_array_equal(fast, _reference(paths))
+    assert [m.infos["state"].raw_offset for m in metas] == offsets
+
+
+def test_header_keys_name_each_variable_by_its_link(tmp_path, rng, monkeypatch):
+    """``aux``, with ``state``'s very header, defined first: equal keys, the right bytes read."""
+    paths = _ensemble(tmp_path, rng, n=3, first=True, aux=True)
+    _member(paths[1], rng, 2, 4, first=True, aux_first=True)
+    keys = [_keys(p) for p in paths]
+    assert keys[0].variables["state"][0] == keys[1].variables["state"][0]
+    asked = _no_look(monkeypatch, paths[0])
+    fast, metas = _read(_config(tmp_path, len(paths)), True, monkeypatch)
+    assert all(m.quick for m in metas[1:]) and asked == []
+    np.testing.assert_array_equal(fast, _reference(paths))
+    with NetCDF4Store(paths[1]) as store:
+        assert metas[1].infos["state"].raw_offset == store.variables()["state"].raw_offset
+
+
+def test_header_keys_keep_what_describes_a_variable(tmp_path, rng):
+    paths = _ensemble(tmp_path, rng, n=2, first=True)
+    base = _keys(paths[0])
+    assert base is not None and _keys(paths[1]).variables == {
+        n: (k, _keys(paths[1]).variables[n][1]) for n, (k, _) in base.variables.items()
+    }
+    _member(paths[1], rng, 2, 3, first=True, units="J")  # an attribute value
+    assert _keys(paths[1]).variables["state"][0] != base.variables["state"][0]
+    assert _keys(paths[1]).variables["lat"][0] == base.variables["lat"][0]
+    _member(paths[1], rng, 2, 3, first=True, name="statf")  # a link name
+    assert _keys(paths[1], ("lat", "lon")).names != base.names
+    assert _keys(paths[1]) is None  # no dataset 'state'
+
+
+def test_a_renamed_variable_among_moved_members_is_refused_by_name(tmp_path, rng, monkeypatch):
+    paths = _ensemble(tmp_path, rng, n=3, first=True)
+    _member(paths[2], rng, 3, 9, first=True, name="statf")
+    with pytest.raises(InputError) as err:
+        _read(_config(tmp_path, len(paths)), True, monkeypatch)
+    msg = str(err.value)
+    assert str(paths[2]) in msg and "'state'" in msg and "\n" not in msg
+
+
+def test_coordinates_are_compared_among_moved_members(tmp_path, rng, monkeypatch):
+    paths = _ensemble(tmp_path, rng, n=3, first=True)
+    _member(paths[1], rng, 2, 21, first=True, lat=LAT[::-1].copy())
+    asked = _no_look(monkeypatch, paths[0])
+    with pytest.raises(InputError) as err:
+        _read(_config(tmp_path, len(paths)), True, monkeypatch)
+    msg = str(err.value)
+    assert msg.startswith(f"{paths[1]}: coordinate 'lat' differs") and "\n" not in msg
+    assert asked == []

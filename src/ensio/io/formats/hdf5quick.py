@@ -46,7 +46,16 @@ import h5py
 
 from .store import MetadataBytes, MovableBytes, VarInfo
 
-__all__ = ["MAX_CHUNKS", "chunk_ranges", "hdf5_metadata_bytes", "hdf5_root_header"]
+__all__ = [
+    "MAX_CHUNKS",
+    "Chunk",
+    "Reader",
+    "chunk_ranges",
+    "hdf5_metadata_bytes",
+    "hdf5_root_header",
+    "header_chunks",
+    "superblock",
+]
 
 _HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 _UNDEFINED = 0xFFFFFFFFFFFFFFFF
@@ -171,7 +180,7 @@ def hdf5_root_header(fd: int, size: int) -> MovableBytes | None:
     return MovableBytes(tuple(sorted(ranges)), key)
 
 
-class _Chunk(NamedTuple):
+class Chunk(NamedTuple):
     """One chunk of a version-2 object header.
 
     ``at``: where it lies in the file (its signature; the chunk ends with
@@ -207,14 +216,22 @@ def _root_attributes(read: Reader, size: int, counted: list[int]) -> list[tuple[
     return sorted(allowed)
 
 
-def _root_chunks(read: Reader, size: int) -> list[_Chunk] | None:
+def _root_chunks(read: Reader, size: int) -> list[Chunk] | None:
     """The chunks of the root group's object header, chunk 0 first.
 
     None unless the superblock (at 0: no user block) is version 2/3 with base
     address 0 and the root object header is a version-2 ``OHDR`` whose chunks
-    lie in the file. Chunk 0 follows the ``OHDR`` prefix; continuation
-    messages (type 0x10: address, length) point to ``OCHK`` chunks, parsed
-    the same way.
+    lie in the file (:func:`superblock`, :func:`header_chunks`).
+    """
+    sb = superblock(read, size)
+    return None if sb is None else header_chunks(read, sb[2], size, sb[0], sb[1])
+
+
+def superblock(read: Reader, size: int) -> tuple[int, int, int] | None:
+    """(size of offsets, size of lengths, root object header address) of a version-2/3 superblock.
+
+    None for anything else: a user block, superblock version 0/1, a base
+    address other than 0.
     """
     sb = read(0, 48)
     if len(sb) < 48 or sb[:8] != _HDF5_SIGNATURE or sb[8] not in (2, 3):
@@ -226,7 +243,18 @@ def _root_chunks(read: Reader, size: int) -> list[_Chunk] | None:
     base, _ext, _eof, root = struct.unpack_from("<" + code * 4, sb, 12)
     if base != 0 or root in (0, _UNDEFINED, 0xFFFFFFFF) or root + 16 > size:
         return None
-    blob = read(root, min(size - root, _FIRST_READ))
+    return width, lengths, root
+
+
+def header_chunks(read: Reader, at: int, size: int, width: int, lengths: int) -> list[Chunk] | None:
+    """The chunks of the version-2 object header at ``at``, chunk 0 first (None: not one).
+
+    Chunk 0 follows the ``OHDR`` prefix; continuation messages (type 0x10:
+    address, length) point to ``OCHK`` chunks, parsed the same way.
+    """
+    if at + 16 > size:
+        return None
+    blob = read(at, min(size - at, _FIRST_READ))
     if blob[:4] != b"OHDR" or len(blob) < 8 or blob[4] != 2:
         return None
     flags = blob[5]
@@ -234,50 +262,34 @@ def _root_chunks(read: Reader, size: int) -> list[_Chunk] | None:
     nsize = 1 << (flags & 0x03)
     length = int.from_bytes(blob[pos : pos + nsize], "little")
     pos += nsize
-    if root + pos + length + 4 > size:
+    if at + pos + length + 4 > size:
         return None
     if pos + length + 4 > len(blob):
-        blob = read(root, pos + length + 4)
+        blob = read(at, pos + length + 4)
     head = 6 if flags & 0x04 else 4
-    pending = [(root, blob, pos, pos + length)]
-    out: list[_Chunk] = []
-    while pending:
-        at, data, start, end = pending.pop(0)
-        found = _chunk_messages(data, start, end, head)
-        if found is None or len(out) >= _MAX_HEADER_CHUNKS:
-            return None
-        out.append(_Chunk(at, data, start, end, found))
-        for kind, _flags, lo, _hi in found:
-            if kind != _CONTINUATION_MESSAGE:
-                continue
-            where = int.from_bytes(data[lo : lo + width], "little")
-            n = int.from_bytes(data[lo + width : lo + width + lengths], "little")
-            if where + n > size or n < 8:
-                return None
-            more = read(where, n)
-            if more[:4] != b"OCHK":
-                return None
-            pending.append((where, more, 4, n - 4))
-    return out
-
-
-def _chunk_messages(
-    blob: bytes, pos: int, end: int, head: int
-) -> list[tuple[int, int, int, int]] | None:
-    """(type, flags, data start, data end) of the messages of one chunk; None if they overrun it.
-
-    ``head``: bytes of a message header (type, size, flags [, creation order]);
-    a tail shorter than one is a gap.
-    """
-    if end + 4 > len(blob):
-        return None
-    out = []
+    pending = [(at, blob, pos, pos + length)]
+    out: list[Chunk] = []
     unpack = _MESSAGE_HEAD.unpack_from
-    while pos + head <= end:
-        kind, length, flags = unpack(blob, pos)
-        pos += head
-        if pos + length > end:
+    while pending:  # one pass over each chunk's messages: it runs for every member
+        where, data, pos, end = pending.pop(0)
+        if end + 4 > len(data) or len(out) >= _MAX_HEADER_CHUNKS:
             return None
-        out.append((kind, flags, pos, pos + length))
-        pos += length
+        start, found = pos, []
+        while pos + head <= end:  # a tail shorter than a message header is a gap
+            kind, n, mflags = unpack(data, pos)
+            pos += head
+            if pos + n > end:
+                return None
+            found.append((kind, mflags, pos, pos + n))
+            if kind == _CONTINUATION_MESSAGE:
+                to = int.from_bytes(data[pos : pos + width], "little")
+                more = int.from_bytes(data[pos + width : pos + width + lengths], "little")
+                if to + more > size or more < 8:
+                    return None
+                block = read(to, more)
+                if block[:4] != b"OCHK":
+                    return None
+                pending.append((to, block, 4, more - 4))
+            pos += n
+        out.append(Chunk(where, data, start, end, found))
     return out

@@ -39,6 +39,7 @@ import h5py
 import numpy as np
 
 from ...layout.encoding import Encoding
+from .hdf5headers import hdf5_header_keys
 from .hdf5meta import (
     H5Dataset,
     conventions,
@@ -48,9 +49,9 @@ from .hdf5meta import (
     raw_offset,
     read_hdf5_metadata,
 )
-from .hdf5quick import hdf5_metadata_bytes
+from .hdf5quick import hdf5_metadata_bytes, hdf5_root_header
 from .library import LibraryBackedStore
-from .store import MetadataBytes, QuickLook, VarInfo
+from .store import HeaderKeys, MetadataBytes, MovableBytes, QuickLook, VarInfo
 
 __all__ = ["NetCDF4Store", "quick_hdf5_variables"]
 
@@ -188,6 +189,22 @@ class NetCDF4Store(LibraryBackedStore):
         See :mod:`ensio.io.formats.hdf5quick`.
         """
         return hdf5_metadata_bytes(fd, path, infos, compared)
+
+    @classmethod
+    def movable_bytes(cls, fd: int, size: int) -> MovableBytes | None:
+        """The root group's object header chunks (global attributes of another length move them).
+
+        See :func:`ensio.io.formats.hdf5quick.hdf5_root_header`.
+        """
+        return hdf5_root_header(fd, size)
+
+    @classmethod
+    def header_keys(cls, fd: int, size: int, names: Collection[str]) -> HeaderKeys | None:
+        """Every root dataset's object header but its place (members whose offsets moved).
+
+        See :mod:`ensio.io.formats.hdf5headers`.
+        """
+        return hdf5_header_keys(fd, size, names)
 
     @classmethod
     def quick_look(

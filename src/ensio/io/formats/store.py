@@ -23,9 +23,9 @@ module with a ``MemberStore`` subclass, an entry in
 :class:`ensio.testing.MemberStoreContract`. The quick check of many small
 members (:mod:`ensio.io.scan.quickcheck`) asks a format through optional
 hooks (:meth:`MemberStore.metadata_bytes`, :meth:`MemberStore.movable_bytes`,
-:meth:`MemberStore.byte_pieces`, :meth:`MemberStore.quick_look`) whose
-defaults say "not supported", so no code outside a format's module branches
-on its name.
+:meth:`MemberStore.header_keys`, :meth:`MemberStore.byte_pieces`,
+:meth:`MemberStore.quick_look`) whose defaults say "not supported", so no
+code outside a format's module branches on its name.
 
 Element ranges are in flat C order of the variable as stored
 (``[lo, hi)`` of ``np.ravel(var)``).
@@ -43,7 +43,7 @@ import numpy as np
 
 from ...layout.encoding import Encoding
 
-__all__ = ["MemberStore", "MetadataBytes", "MovableBytes", "QuickLook", "VarInfo"]
+__all__ = ["HeaderKeys", "MemberStore", "MetadataBytes", "MovableBytes", "QuickLook", "VarInfo"]
 
 
 @dataclass(frozen=True)
@@ -131,6 +131,27 @@ class MovableBytes:
 
     ranges: tuple[tuple[int, int], ...]
     key: object
+
+
+@dataclass(frozen=True)
+class HeaderKeys:
+    """What :meth:`MemberStore.header_keys` found in one file.
+
+    Attributes
+    ----------
+    key : object
+        What of the file's structure is not a variable's (compared with ``==``).
+    names : tuple of str
+        Every variable of the file (compared).
+    variables : dict of str to (object, int or None)
+        Per variable asked for: the key of everything its description
+        depends on but its place, and its raw offset in this file (None:
+        none, or not allocated).
+    """
+
+    key: object
+    names: tuple[str, ...]
+    variables: dict[str, tuple[object, int | None]]
 
 
 @dataclass(frozen=True)
@@ -293,6 +314,39 @@ class MemberStore(abc.ABC):
         MovableBytes or None
             None: nothing movable (default), or this file not parsed; the
             member then needs every byte equal.
+
+        Raises
+        ------
+        OSError
+            The file cannot be read.
+        """
+        return None
+
+    @classmethod
+    def header_keys(cls, fd: int, size: int, names: Collection[str]) -> HeaderKeys | None:
+        """Keys of the variables ``names`` (and of the file around them), wherever they lie.
+
+        For members whose metadata moved (a global attribute of another
+        length written before the variables shifts every offset): a member
+        whose keys equal the template's has the template's descriptions of
+        these variables, with its own raw offsets. Must be cheap (every such
+        member pays it) and must give None rather than a key that leaves out
+        something the full check's description depends on.
+
+        Parameters
+        ----------
+        fd : int
+            The file, open for reading (not closed here).
+        size : int
+            Its size in bytes.
+        names : collection of str
+            The variables whose descriptions the caller needs (state
+            variables, coordinates and their dimensions' variables).
+
+        Returns
+        -------
+        HeaderKeys or None
+            None: not supported (default), or this file not parsed.
 
         Raises
         ------

@@ -12,22 +12,27 @@ changed) is then checked by the first of these that applies:
 1. **bytes** (:mod:`ensio.io.scan.bytecheck`): the member's metadata bytes are the
    template's, except global attribute values. It then has the template's
    variables at the template's offsets (~10 µs);
-2. **a quick look** (:meth:`~ensio.io.formats.store.MemberStore.quick_look`;
+2. **header keys** (:meth:`~ensio.io.formats.store.MemberStore.header_keys`;
+   netCDF-4: :mod:`ensio.io.formats.hdf5headers`, ~40 µs): for members whose
+   metadata moved (a global attribute of another length written before the
+   variables shifts every offset), each variable's header, wherever it lies,
+   must equal the template's but for its place; offsets are the member's own;
+3. **a quick look** (:meth:`~ensio.io.formats.store.MemberStore.quick_look`;
    netCDF-4: only the datasets the ensemble uses and their dimension scales
    are opened through HDF5, ~0.3-0.6 ms; classic: the header alone, no sniff,
    for a header that moved, e.g. a global attribute of another length): what the full
    check's answer depends on is compared with the template; offsets and
    packing are the member's own;
-3. the **full check**, whose messages name any problem (missing variable,
+4. the **full check**, whose messages name any problem (missing variable,
    wrong dims or dtype, corrupt file).
 
-In 1 and 2 the coordinate values are still compared with the layout's
+In 1 to 3 the coordinate values are still compared with the layout's
 (:func:`ensio.io.scan.consistency.check_coordinates`, same messages), read as
 byte ranges (:meth:`~ensio.io.formats.store.MemberStore.byte_pieces`), by the
 quick look, or, for coordinates without byte ranges in case 1, taken from
 the template (their bytes were compared).
 
-Which of 1 and 2 a format offers is its store's business (optional hooks of
+Which of 1 to 3 a format offers is its store's business (optional hooks of
 :class:`~ensio.io.formats.store.MemberStore`); this module never asks which
 format a file is, only whether it is the template's.
 """
@@ -35,7 +40,7 @@ format a file is, only whether it is the template's.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -44,7 +49,7 @@ from ...errors import InputError
 from ...layout.state import StateLayout
 from ..formats.open import BACKENDS, HEAD_BYTES, backend_of
 from ..formats.raw import raw_read
-from ..formats.store import MemberStore, VarInfo
+from ..formats.store import HeaderKeys, MemberStore, VarInfo
 from .bytecheck import ByteTemplate, byte_template, same_bytes
 from .consistency import check_coordinates
 
@@ -82,6 +87,10 @@ class Template:
         formats with raw byte ranges).
     store : type of MemberStore or None
         The source's format: a member of another format takes the full check.
+    headers : HeaderKeys or None
+        The source's header keys
+        (:meth:`~ensio.io.formats.store.MemberStore.header_keys`), if they
+        give its raw offsets.
     """
 
     source: Path
@@ -92,6 +101,7 @@ class Template:
     fixed: dict[str, np.ndarray]
     library_writes: bool = True
     store: type[MemberStore] | None = None
+    headers: HeaderKeys | None = None
 
     @property
     def dims(self) -> dict[str, tuple[str, ...]]:
@@ -149,9 +159,27 @@ def make_template(
         sig, fixed = look.signature, look.values
     if any(n not in pieces and n not in fixed for n in coords):
         return None
-    if raw is None and sig is None:
+    headers = _headers(path, store, used)
+    if raw is None and sig is None and headers is None:
         return None
-    return Template(path, used, raw, sig, pieces, fixed, library_writes, store)
+    return Template(path, used, raw, sig, pieces, fixed, library_writes, store, headers)
+
+
+def _headers(path: Path, store: type[MemberStore], used: dict[str, VarInfo]) -> HeaderKeys | None:
+    """The template's header keys (its variables and their dimensions'), if they agree with it."""
+    wanted = sorted(set(used) | {d for i in used.values() for d in i.dims})
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            keys = store.header_keys(fd, os.fstat(fd).st_size, wanted)
+        finally:
+            os.close(fd)
+    except OSError:
+        return None
+    if keys is None or any(i.raw_offset not in (None, keys.variables[n][1])
+                           for n, i in used.items()):  # fmt: skip
+        return None
+    return keys
 
 
 def quick_check(
@@ -188,6 +216,8 @@ def _quick(
     state = {v.name for v in layout.variables}
     if template.bytes is not None and same_bytes(path, template.bytes, fd):
         infos, pieces, values = template.infos, template.pieces, dict(template.fixed)
+    elif template.headers is not None and (moved := _by_headers(fd, path, template)):
+        infos, pieces, values = *moved, {}
     elif template.signature is not None and _format(fd, path) is template.store:
         coords = [n for n in template.infos if n not in state]
         try:
@@ -212,6 +242,35 @@ def _quick(
     values.update(read)
     times = check_coordinates(path, layout, values.get)
     return {n: infos[n] for n in infos if n in state}, times
+
+
+def _by_headers(
+    fd: int, path: Path, template: Template
+) -> tuple[dict[str, VarInfo], dict[str, list[VarInfo]]] | None:
+    """Descriptions and coordinate pieces from the member's header keys; None if they differ.
+
+    Equal keys: the template's descriptions, with the member's raw offsets.
+    """
+    want = template.headers
+    assert want is not None and template.store is not None
+    try:
+        keys = template.store.header_keys(fd, os.fstat(fd).st_size, tuple(want.variables))
+    except OSError:
+        return None
+    if keys is None or keys.key != want.key or keys.names != want.names:
+        return None
+    if any(keys.variables[n][0] != key for n, (key, _) in want.variables.items()):
+        return None
+    infos = {n: i if i.raw_offset is None else replace(i, raw_offset=keys.variables[n][1])
+             for n, i in template.infos.items()}  # fmt: skip
+    coords = {n: infos[n] for n in template.pieces}
+    try:
+        pieces = template.store.byte_pieces(path, coords) if coords else {}
+    except (OSError, InputError):
+        return None
+    if len(pieces) != len(coords) or template.fixed:
+        return None
+    return infos, pieces
 
 
 def _read_pieces(

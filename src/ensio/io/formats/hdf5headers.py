@@ -1,0 +1,249 @@
+"""The netCDF-4 format's header keys: every root dataset's object header, wherever it lies.
+
+Why: a model that writes its global attributes before its variables (netCDF-C
+in define mode, ncgen, most Fortran models) gives each member a root-group
+header of another length when a ``history`` or ``title`` differs in length;
+every object after it, and every data offset, moves by as much. The byte
+comparison (:mod:`ensio.io.scan.bytecheck`) then fails, and each member took
+the HDF5 quick look (H5Fopen and per dataset a dozen attribute reads through
+h5py, 0.6-0.9 ms). Here the same answer comes from a parse of a few hundred
+bytes per dataset (:meth:`~ensio.io.formats.store.MemberStore.header_keys`).
+
+For the root group (its link names, its messages but links and global
+attributes) and for every dataset asked for (the variables a run reads, their
+coordinates and their dimensions' scales), a **key** is built from its
+object header: every message as (type, flags,
+data), in a canonical order, without what only says *where* things are: the
+continuation messages, the contiguous layout's address (returned as the raw
+offset) and the object references of ``DIMENSION_LIST``/``REFERENCE_LIST``.
+Two files whose keys are equal therefore hold the same datasets, named the
+same, with the same shapes, types, fill values and attributes (values
+included), so the full scan (:mod:`ensio.io.formats.hdf5meta`) describes
+them alike but for their offsets. Its one answer that follows a reference,
+a variable's dimensions from ``DIMENSION_LIST``, is excluded: a variable
+asked for must take its dimensions from ``_Netcdf4Coordinates`` ids that
+are each the ``_Netcdf4Dimid`` of one scale asked for, or be a
+one-dimensional scale. Datasets not asked for are compared by name only,
+as the HDF5 quick look does (it opens only the datasets it describes).
+
+Anything this parse does not cover gives None and the caller takes the
+next check: a superblock other than version 2/3, links in dense storage
+(more than 8 in a netCDF-C group) or other than hard links, a link to a
+group, a shared message, attributes in dense storage, chunked or external
+storage, a header that is not version 2.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Collection
+
+import numpy as np
+
+from .hdf5quick import Chunk, header_chunks, superblock
+from .store import HeaderKeys
+
+__all__ = ["hdf5_header_keys"]
+
+_LINK_INFO, _LINK, _LAYOUT, _EXTERNAL = 0x02, 0x06, 0x08, 0x07
+_DATASPACE, _ATTRIBUTE, _ATTRIBUTE_INFO = 0x01, 0x0C, 0x15
+_NIL, _CONTINUATION = 0x00, 0x10
+#: Message flag: the message is shared (stored elsewhere).
+_SHARED = 0x02
+#: Attributes whose data are object references (addresses): keyed without them.
+_REFERENCES = (b"DIMENSION_LIST", b"REFERENCE_LIST")
+_COORDINATES, _DIMID, _CLASS = b"_Netcdf4Coordinates", b"_Netcdf4Dimid", b"CLASS"
+#: The first bytes read at once (netCDF-C writes all headers of a small file there).
+_WINDOW = 65536
+
+
+def hdf5_header_keys(fd: int, size: int, names: Collection[str]) -> HeaderKeys | None:
+    """:meth:`~ensio.io.formats.store.MemberStore.header_keys` of a netCDF-4/HDF5 file.
+
+    None where the parse does not apply, or the bytes are not what it expects.
+    """
+    try:
+        return _header_keys(fd, size, names)
+    except (IndexError, ValueError, struct.error):
+        return None
+
+
+def _header_keys(fd: int, size: int, names: Collection[str]) -> HeaderKeys | None:
+    window = os.pread(fd, min(size, _WINDOW), 0)
+
+    def read(off: int, n: int) -> bytes:
+        return window[off : off + n] if off + n <= len(window) else os.pread(fd, n, off)
+
+    sb = superblock(read, size)
+    if sb is None:
+        return None
+    width, lengths, root = sb
+    chunks = header_chunks(read, root, size, width, lengths)
+    links = None if chunks is None else _links(chunks, width)
+    if links is None:
+        return None
+    datasets = {}
+    for name in names:
+        at = links.get(name)
+        parsed = None if at is None else header_chunks(read, at, size, width, lengths)
+        found = None if parsed is None else _Dataset.parse(parsed, width, lengths)
+        if found is None:
+            return None
+        datasets[name] = found
+    scales = [d.ints(_DIMID) for d in datasets.values() if d.scale]
+    dimids = [ids[0] for ids in scales if ids is not None and len(ids) == 1]
+    if not all(d.own_dimensions(dimids) for d in datasets.values()):
+        return None
+    out = {n: (d.key, d.offset) for n, d in datasets.items()}
+    return HeaderKeys(_root_key(chunks), tuple(sorted(links)), out)
+
+
+def _root_key(chunks: list[Chunk]) -> tuple[object, ...]:
+    """The root header's messages but links, attributes, continuations (and its prefix)."""
+    skip = (_NIL, _CONTINUATION, _ATTRIBUTE, _LINK)
+    kept = sorted((k, f, c.blob[lo:hi]) for c in chunks
+                  for k, f, lo, hi in c.messages if k not in skip)  # fmt: skip
+    return (_prefix(chunks[0]), tuple(kept))
+
+
+def _prefix(chunk: Chunk) -> bytes:
+    """Chunk 0's prefix (version, flags, times, attribute phase change) without its size."""
+    return chunk.blob[: chunk.start - (1 << (chunk.blob[5] & 0x03))]
+
+
+def _links(chunks: list[Chunk], width: int) -> dict[str, int] | None:
+    """Name → object header address of the group's hard links (None: not all compact)."""
+    undefined = (1 << (8 * width)) - 1
+    out: dict[str, int] = {}
+    for c in chunks:
+        for kind, flags, lo, hi in c.messages:
+            data = c.blob[lo:hi]
+            if flags & _SHARED:
+                return None
+            if kind == _LINK_INFO:
+                pos = 2 + (8 if data[1] & 0x01 else 0)
+                if int.from_bytes(data[pos : pos + width], "little") != undefined:
+                    return None  # dense link storage (a fractal heap)
+            elif kind == _LINK:
+                link = _link(data, width)
+                if link is None:
+                    return None
+                out[link[0]] = link[1]
+    return out
+
+
+def _link(data: bytes, width: int) -> tuple[str, int] | None:
+    """(name, address) of a hard link message; None for any other link."""
+    if len(data) < 3 or data[0] != 1:
+        return None
+    flags, pos = data[1], 2
+    if flags & 0x08:
+        if data[pos] != 0:
+            return None  # soft or external
+        pos += 1
+    pos += (8 if flags & 0x04 else 0) + (1 if flags & 0x10 else 0)
+    nsize = 1 << (flags & 0x03)
+    n = int.from_bytes(data[pos : pos + nsize], "little")
+    pos += nsize
+    if pos + n + width > len(data):
+        return None
+    try:
+        name = data[pos : pos + n].decode()
+    except UnicodeDecodeError:
+        return None
+    return name, int.from_bytes(data[pos + n : pos + n + width], "little")
+
+
+class _Dataset:
+    """One dataset's key, raw offset and the few facts the dimension rule needs."""
+
+    def __init__(self, key: tuple[object, ...], offset: int | None, rank: int,
+                 attrs: dict[bytes, bytes]) -> None:  # fmt: skip
+        self.key, self.offset, self.rank, self.attrs = key, offset, rank, attrs
+
+    @property
+    def scale(self) -> bool:
+        label = self.attrs.get(_CLASS)
+        return self.rank == 1 and label is not None and label.startswith(b"DIMENSION_SCALE")
+
+    def ints(self, name: bytes) -> list[int] | None:
+        """A 32-bit integer attribute (as netCDF-C writes its ids), or None."""
+        raw = self.attrs.get(name)
+        if raw is None or len(raw) % 4:
+            return None
+        return [int(v) for v in np.frombuffer(raw, dtype="<i4")]
+
+    def own_dimensions(self, dimids: list[int]) -> bool:
+        """Whether the full scan names its dimensions without following a reference."""
+        if self.scale and _COORDINATES not in self.attrs:
+            return _REFERENCES[0] not in self.attrs
+        ids = self.ints(_COORDINATES)
+        return (ids is not None and len(ids) == self.rank
+                and all(dimids.count(i) == 1 for i in ids))  # fmt: skip
+
+    @classmethod
+    def parse(cls, chunks: list[Chunk], width: int, lengths: int) -> _Dataset | None:
+        undefined = (1 << (8 * width)) - 1
+        items: list[tuple[int, int, bytes]] = []
+        offset, rank, layout = None, -1, False
+        attrs: dict[bytes, bytes] = {}
+        for c in chunks:
+            for kind, flags, lo, hi in c.messages:
+                data = c.blob[lo:hi]
+                if flags & _SHARED or kind in (_EXTERNAL, _LINK_INFO):
+                    return None  # shared, external storage, a group
+                if kind in (_NIL, _CONTINUATION):
+                    continue
+                if kind == _LAYOUT:
+                    if len(data) < 2 or data[0] not in (3, 4) or data[1] not in (0, 1):
+                        return None  # chunked, virtual, an old version
+                    layout = True
+                    if data[1] == 1:
+                        at = int.from_bytes(data[2 : 2 + width], "little")
+                        offset = None if at == undefined else at
+                        data = data[:2] + data[2 + width : 2 + width + lengths]
+                elif kind == _DATASPACE:
+                    rank = data[1] if len(data) > 1 else -1
+                elif kind == _ATTRIBUTE_INFO:
+                    pos = 2 + (2 if data[1] & 0x01 else 0)
+                    if int.from_bytes(data[pos : pos + width], "little") != undefined:
+                        return None  # dense attribute storage
+                elif kind == _ATTRIBUTE:
+                    parsed = _attribute(data)
+                    if parsed is None:
+                        return None
+                    name, start = parsed
+                    attrs[name] = data[start:]
+                    if name in _REFERENCES:
+                        data = data[:start]
+                items.append((kind, flags, data))
+        if not layout or rank < 0:
+            return None
+        return cls((_prefix(chunks[0]), tuple(sorted(items))), offset, rank, attrs)
+
+
+_ATTRIBUTE_HEAD = struct.Struct("<BBHHH")
+
+
+def _attribute(data: bytes) -> tuple[bytes, int] | None:
+    """(name, where its data start) of an attribute message (versions 1-3)."""
+    if len(data) < 8:
+        return None
+    version, flags, nsize, tsize, ssize = _ATTRIBUTE_HEAD.unpack_from(data)
+    if version == 1:
+
+        def pad(n: int) -> int:
+            return (n + 7) & ~7
+
+        pos, sizes = 8, (pad(nsize), pad(tsize), pad(ssize))
+    elif version in (2, 3):
+        if flags & 0x03:
+            return None  # a shared datatype or dataspace
+        pos, sizes = 8 + (version == 3), (nsize, tsize, ssize)
+    else:
+        return None
+    start = pos + sum(sizes)
+    if start > len(data) or nsize < 1:
+        return None
+    return data[pos : pos + nsize].rstrip(b"\0"), start
