@@ -21,7 +21,7 @@ from ...config.schema import EnsembleSection
 from ...errors import InputError
 from ...layout.view import AxisRoles, GridSource
 from ..formats.open import open_member
-from ..formats.store import VarInfo
+from ..formats.store import MemberStore, VarInfo
 
 __all__ = ["axis_roles", "open_grid"]
 
@@ -65,11 +65,15 @@ def _level_value(name: str, infos: Mapping[str, VarInfo],
 
 
 @contextlib.contextmanager
-def open_grid(ensemble: EnsembleSection) -> Iterator[GridSource | None]:
+def open_grid(
+    ensemble: EnsembleSection, read_whole: Callable[[MemberStore, VarInfo], np.ndarray]
+) -> Iterator[GridSource | None]:
     """``ensemble.grid`` opened for the layout builder (``None`` without one).
 
     Relative paths were resolved against the config's directory when it was
-    loaded (:func:`ensio.config.load.config_from_dict`).
+    loaded (:func:`ensio.config.load.config_from_dict`). ``read_whole`` reads
+    a whole variable of an open store (the members' reader, handed in by
+    :mod:`.members`, which imports this module).
 
     Raises
     ------
@@ -82,8 +86,6 @@ def open_grid(ensemble: EnsembleSection) -> Iterator[GridSource | None]:
     path = Path(ensemble.grid)
     if not path.is_file():
         raise InputError(f"{path}: grid file not found (ensemble.grid)")
-    from .members import read_whole  # the one whole-variable reader (members imports us)
-
     try:
         store = open_member(path)
     except InputError as exc:

@@ -109,7 +109,7 @@ def layout_from_member(ensemble: EnsembleSection, path: Path) -> StateLayout:
     coordinates and masks from ``ensemble.grid`` if set; the write-back
     companions (``cyclic``, ``time_level.increment``, ``also``) are attached.
     """
-    with open_member(path) as store, open_grid(ensemble) as grid:
+    with open_member(path) as store, open_grid(ensemble, read_whole) as grid:
         infos = store.variables()
         metas = {n: VarMeta(n, i.dims, i.shape, i.dtype, i.encoding) for n, i in infos.items()}
 
