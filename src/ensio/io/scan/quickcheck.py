@@ -176,8 +176,9 @@ def _headers(path: Path, store: type[MemberStore], used: dict[str, VarInfo]) -> 
             os.close(fd)
     except OSError:
         return None
-    if keys is None or any(i.raw_offset not in (None, keys.variables[n][1])
-                           for n, i in used.items()):  # fmt: skip
+    if keys is None or any(n not in keys.variables for n in wanted):
+        return None
+    if any(i.raw_offset not in (None, keys.variables[n][1]) for n, i in used.items()):
         return None
     return keys
 
@@ -259,7 +260,7 @@ def _by_headers(
         return None
     if keys is None or keys.key != want.key or keys.names != want.names:
         return None
-    if any(keys.variables[n][0] != key for n, (key, _) in want.variables.items()):
+    if any(keys.variables.get(n, (None,))[0] != key for n, (key, _) in want.variables.items()):
         return None
     infos = {n: i if i.raw_offset is None else replace(i, raw_offset=keys.variables[n][1])
              for n, i in template.infos.items()}  # fmt: skip
