@@ -122,6 +122,18 @@ def test_mask_in_any_axis_order_or_on_a_subset(tmp_path):
                              tmp_path / "m01.h5")
     elems, *_ = _expected(nx, ny, nz, h, tau, np.repeat(~surface[:, :, None], nz, axis=2))
     np.testing.assert_array_equal(got.variables[0].active, elems)
+    # as model output has it: (Time, zt, yt, xt) with a record dimension of length 1
+    xt, yt, zt = grid_axes(nx, ny, nz)
+    with Dataset(tmp_path / "snapshot.nc", "w") as ds:
+        for d, values in (("xt", xt), ("yt", yt), ("zt", zt)):
+            ds.createDimension(d, len(values))
+            ds.createVariable(d, "f8", (d,))[:] = values
+        ds.createDimension("Time", None)
+        ds.createVariable("maskT", "i1", ("Time", "zt", "yt", "xt"))[:] = (
+            np.transpose(~land, (2, 1, 0))[None].astype(np.int8))
+    got = layout_from_member(_ensemble(tmp_path, halo={"xt": h, "yt": h},
+                                       grid=str(tmp_path / "snapshot.nc")), tmp_path / "m01.h5")
+    np.testing.assert_array_equal(got.variables[0].active, want.variables[0].active)
 
 
 def test_coordinates_and_mask_from_the_member_cut_to_the_interior(tmp_path):

@@ -212,7 +212,8 @@ def align_mask(
     """Mask values (``mask_dims``, interior lengths) as a bool array of the box's shape.
 
     Its dims are matched by name to the variable's: any order, any subset
-    (broadcast over the others).
+    (broadcast over the others); a dimension of length 1 the variable lacks
+    (the record dimension of model output, ``Time``) is dropped.
 
     Raises
     ------
@@ -220,6 +221,12 @@ def align_mask(
         A mask dim the variable has not, or of another length than the
         variable's interior; naming ``where`` (the file(s)) and the mask.
     """
+    mask = np.asarray(mask)
+    drop = tuple(k for k, (d, n) in enumerate(zip(mask_dims, mask.shape, strict=True))
+                 if n == 1 and d not in view.dims)
+    if drop:
+        mask = mask.reshape([n for k, n in enumerate(mask.shape) if k not in drop])
+        mask_dims = [d for k, d in enumerate(mask_dims) if k not in drop]
     pos = []
     for d, n in zip(mask_dims, mask.shape, strict=True):
         if d not in view.dims:
