@@ -1,4 +1,4 @@
-/* ensio transfer interposer: stat, access, unlink, rename of transferred names.
+/* ensio transfer interposer: stat, access, chmod, unlink, link, rename of transferred names.
  *
  * A transferred file the daemon holds answers stat from its memory (the daemon's
  * read-only descriptor, or this process's own while it writes the file): size and
@@ -302,6 +302,47 @@ EXPORT int unlinkat(int dirfd, const char *path, int flags)
         return real_unlinkat(dirfd, path, flags);
     if (ondisk) real_unlinkat(dirfd, path, flags);
     return 0;
+}
+
+/* ---- link ------------------------------------------------------------------------- */
+
+/* A hard link to a held file cannot exist: its memory belongs to no file system, so link
+ * answers EXDEV, as between two file systems, and programs that back a file up by linking
+ * it (ensio's undo journal before a rewrite, cp -l, rsync --link-dest) copy it instead. A
+ * new name the daemon holds is an existing file (EEXIST). Returns 1 when answered (-1 and
+ * errno in *rc), 0 when the real call decides (names not held: real files). */
+static int link_held(int od, const char *old, int nd, const char *new, int flags, int *rc)
+{
+    int fd;
+    mode_t mode;
+    int want = EI_CONSUMER | EI_PRODUCER;
+    *rc = -1;
+    int h = empty(old, flags) ? 0 : held(od, old, &fd, &mode, NULL, want);
+    if (h > 0) {
+        ei_real.close(fd);
+        errno = EXDEV;
+    }
+    if (h != 0) return 1;
+    h = held(nd, new, &fd, &mode, NULL, want);
+    if (h > 0) {
+        ei_real.close(fd);
+        errno = EEXIST;
+    }
+    return h != 0;
+}
+
+EXPORT int link(const char *old, const char *new)
+{
+    REAL(int (*)(const char *, const char *), link);
+    int rc;
+    return link_held(AT_FDCWD, old, AT_FDCWD, new, 0, &rc) ? rc : real_link(old, new);
+}
+
+EXPORT int linkat(int od, const char *old, int nd, const char *new, int flags)
+{
+    REAL(int (*)(int, const char *, int, const char *, int), linkat);
+    int rc;
+    return link_held(od, old, nd, new, flags, &rc) ? rc : real_linkat(od, old, nd, new, flags);
 }
 
 /* ---- rename ----------------------------------------------------------------------- */
