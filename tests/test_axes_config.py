@@ -95,3 +95,22 @@ def test_shuffle_mode_refused():
     d["io"] = {"mode": "shuffle", "local_dir": "/tmp/x"}
     with pytest.raises(ConfigError, match=r"^ensemble.dims: not supported with io.mode shuffle"):
         config_from_dict(d)
+
+
+def test_grid_is_relative_to_the_config_also_in_a_cycle(tmp_path):
+    """ensio cycle writes each cycle's analysis.yaml elsewhere: the grid stays the user's."""
+    import yaml
+
+    from ensio.config.load import load_config
+    from ensio.workflow.cycle import write_analysis_config
+
+    raw = copy.deepcopy(BASE)
+    raw["workflow"] = {"member_command": "true {analysis} {forecast}"}
+    raw["analysis"] = {"filter": "letkf", "localization": {"radius_km": 500.0}}
+    (tmp_path / "sub").mkdir()
+    path = tmp_path / "sub" / "cycle.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    config = load_config(path)
+    assert config.ensemble.grid == str(tmp_path / "sub" / "grid.nc")
+    out = write_analysis_config(raw, config, tmp_path / "run", 1)
+    assert load_config(out).ensemble.grid == str(tmp_path / "sub" / "grid.nc")

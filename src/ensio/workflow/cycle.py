@@ -98,6 +98,8 @@ def _analysis_config(
     cdir = cycle_dir(workdir, cycle)
     out = {k: v for k, v in raw.items() if k != "workflow"}
     out["ensemble"] = {**raw["ensemble"], "members": forecast_pattern(workdir, cycle)}
+    if config.ensemble.grid is not None:  # resolved against the user's config, not this one's
+        out["ensemble"]["grid"] = config.ensemble.grid
     obs = []
     for entry in config.observations:
         try:
