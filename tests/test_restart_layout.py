@@ -228,3 +228,22 @@ def test_malformed_restarts_name_file_and_key(tmp_path):
     assert str(m1) in msg and str(m2) in msg and "ensemble.time_level.from" in msg
     assert "core/tau" in msg
 
+
+
+def test_a_2d_variable_with_its_own_dims(tmp_path):
+    """core/psi (x, y, level) beside core/temp: its own ``dims``, the same halo and level."""
+    nx, ny, nz, h, tau, land = _case(tmp_path, "veros psi")
+    ens = _ensemble(tmp_path, halo={"xt": h, "yt": h}, variables=[
+        {"name": "core/temp", "mask": "maskT"},
+        {"name": "core/psi", "dims": ["xt", "yt", "level"]}])
+    layout = layout_from_member(ens, tmp_path / "m01.h5")
+    temp, psi = layout.variables
+    elems, *_ = _expected(nx, ny, nz, h, tau, land)
+    assert temp.size == elems.size and psi.offset == elems.size
+    xt, yt, _ = grid_axes(nx, ny, nz)
+    want = [((i + h) * (ny + 2 * h) + j + h) * 3 + tau for i in range(nx) for j in range(ny)]
+    np.testing.assert_array_equal(psi.element_indices(0, psi.size), want)
+    c = layout.coordinates(psi.offset, psi.offset + psi.size)
+    np.testing.assert_array_equal(c["lon"], np.repeat(xt, ny))
+    np.testing.assert_array_equal(c["lat"], np.tile(yt, nx))
+    assert np.isnan(c["level"]).all()
