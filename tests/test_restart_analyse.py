@@ -168,7 +168,7 @@ def test_analysis_equals_independent_letkf_on_the_interior(tmp_path):
 @pytest.mark.parametrize(
     "override, key, where",
     [
-        (["ensemble.variables=[{name: ocean/temp, mask: maskT}]"], "'ocean/temp'", "m01"),
+        (["ensemble.variables=[{name: ocean/temp, mask: maskT}]"], "ensemble.variables", "m01"),
         (["ensemble.halo.xt=6"], "ensemble.halo.xt", "m01"),
         (["ensemble.time_level.from=core/tau_now"], "ensemble.time_level.from", "m01"),
         (["ensemble.time_level.from=core/tau_far"], "ensemble.time_level.from", "m01"),

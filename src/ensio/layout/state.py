@@ -229,7 +229,8 @@ def build_layout(
     for spec in specs:
         meta = metas.get(spec.name)
         if meta is None:
-            raise InputError(f"{source}: state variable '{spec.name}' not found")
+            raise InputError(f"{source}: state variable '{spec.name}' not found "
+                             "(ensemble.variables)")
         check_state_dtype(meta, source)
         if len(meta.shape) < 1:
             raise InputError(f"{source}: state variable '{spec.name}' is a scalar")
