@@ -37,6 +37,7 @@ from ensio.io.formats.netcdf4 import NetCDF4Store
 from ensio.io.modes.ensemble import open_ensemble
 from ensio.io.scan import members as members_mod
 from ensio.io.scan.bytecheck import same_bytes
+from ensio.io.scan.quickcheck import quick_check
 
 SELF = MPI.COMM_SELF
 NLAT, NLON = 6, 8
@@ -281,3 +282,22 @@ def test_coordinates_are_compared_among_moved_members(tmp_path, rng, monkeypatch
     msg = str(err.value)
     assert msg.startswith(f"{paths[1]}: coordinate 'lat' differs") and "\n" not in msg
     assert asked == []
+
+
+@pytest.mark.parametrize("first", [False, True])
+def test_coordinates_stored_as_the_template_are_its_values_for_its_layout_only(
+    tmp_path, rng, monkeypatch, first
+):
+    """The bytes shortcut stands for the template's check against *its* layout."""
+    paths = _ensemble(tmp_path, rng, n=3, first=first)
+    cfg = _config(tmp_path, len(paths))
+    layout = members_mod.layout_from_member(cfg.ensemble, paths[0])
+    _, tmpl = members_mod.member_template(paths[0], layout)
+    assert tmpl.coordinates is not None and tmpl.coordinates[0] is layout
+    assert quick_check(paths[1], layout, tmpl) is not None
+    other = tmp_path / "other.nc"
+    _member(other, rng, 9, 0, lat=LAT + 2.0, first=first)
+    moved = members_mod.layout_from_member(cfg.ensemble, other)
+    with pytest.raises(InputError) as err:
+        quick_check(paths[1], moved, tmpl)
+    assert str(err.value).startswith(f"{paths[1]}: coordinate 'lat' differs")
