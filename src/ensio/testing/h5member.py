@@ -13,7 +13,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from .store_contract import DIMS, NRECS
+from .shape import DIMS, NRECS
 
 __all__ = ["make_hdf5_member"]
 

@@ -43,6 +43,8 @@ from ..errors import InputError
 from ..io import MemberStore, VarInfo, open_member
 from ..io.formats.open import BACKENDS, HEAD_BYTES, detect_backend
 from ..io.formats.raw import raw_read, raw_write
+from .h5member import make_hdf5_member
+from .shape import DIMS, NRECS
 
 __all__ = [
     "CASES",
@@ -71,8 +73,6 @@ CASES: dict[str, tuple[str, str]] = {
     "h5-default": ("HDF5", "default"),
     "h5-zlib": ("HDF5", "zlib"),
 }
-DIMS = {"time": None, "lev": 3, "lat": 5, "lon": 7, "nv": 2}
-NRECS = 4
 
 
 def sha(path: Path) -> str:
@@ -91,8 +91,6 @@ def make_member(path: Path, case: str, rng: np.random.Generator) -> Path:
     """A member file with 2-D/3-D, big/little-endian, integer, record and coordinate variables."""
     fmt, kind = CASES[case]
     if fmt == "HDF5":
-        from .h5member import make_hdf5_member  # imports this module's DIMS
-
         return make_hdf5_member(path, kind, rng)
     nc4 = fmt == "NETCDF4"
     with netCDF4.Dataset(path, "w", format=fmt) as ds:
