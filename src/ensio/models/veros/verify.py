@@ -91,6 +91,17 @@ def diag_stats(cycle_dir: Path, kinds: Sequence[tuple[str, int]],
     return out, {"omb": omb[ok], "oma": oma[ok], "kind": kind[ok]}
 
 
+def _analysis_phases(logs: Path, cycle: int) -> dict[str, float]:
+    """The last ``timing:`` line ``ensio analyse`` printed into the cycle's job logs."""
+    found: dict[str, float] = {}
+    for log in sorted(logs.glob(f"ensio-c{cycle:03d}*")):
+        for line in log.read_text(errors="replace").splitlines():
+            if line.startswith("timing: "):
+                words = line[len("timing: "):].split()
+                found = {words[i]: float(words[i + 1]) for i in range(0, len(words) - 2, 3)}
+    return found
+
+
 def timing_split(records: Path) -> dict[int, dict[str, float]]:
     """Per cycle: ``cycle``, ``members``, ``queue_wait``, ``io``, ``analysis`` seconds.
 
@@ -98,7 +109,10 @@ def timing_split(records: Path) -> dict[int, dict[str, float]]:
     first member start to the last member end; ``queue_wait`` = first task start − first
     submission; ``io`` = the analysis task's reported ensemble I/O seconds (read, write,
     products); ``analysis`` = the analysis task's run time minus ``io`` (start-up, observation
-    reading, the filter). Tasks that did not finish as ``done`` are left out.
+    reading, the filter). Tasks that did not finish as ``done`` are left out. From the
+    analysis's own ``timing:`` line in the job logs (``logs/`` beside ``records``), also
+    ``analysis_phases`` (its read, obs, analysis, diagnostics, write, products, record, total)
+    and ``analysis_startup`` (task run time − its total: interpreter and imports).
     """
     by_cycle: dict[int, list[Mapping[str, Any]]] = {}
     if not records.exists():
@@ -135,4 +149,8 @@ def timing_split(records: Path) -> dict[int, dict[str, float]]:
             "io": io,
             "analysis": max(run - io, 0.0),
         }
+        phases = _analysis_phases(records.parent / "logs", c)
+        if phases:
+            out[c]["analysis_phases"] = phases
+            out[c]["analysis_startup"] = max(run - phases.get("total", run), 0.0)
     return out
