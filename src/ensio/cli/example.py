@@ -41,8 +41,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     v.add_argument("--spinup-days", type=float, default=360.0,
                    help="spin-up from rest before the ensemble is drawn (default 360, "
                         "at least 10)")
-    v.add_argument("--spacing-days", type=float, default=5.0,
-                   help="days between the spin-up states of the members (default 5)")
+    v.add_argument("--spacing-days", type=float, default=6.0,
+                   help="days between the spin-up states of the members, a multiple of 1.5 "
+                        "so that all are at the same Veros time level (default 6)")
     v.add_argument("--jobs", type=int, default=2,
                    help="member runs at a time (workflow.jobs; default 2)")
     v.add_argument("--seed", type=int, default=1, help="random seed (default 1)")

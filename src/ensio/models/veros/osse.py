@@ -59,7 +59,7 @@ class OsseOptions:
     cycles: int = 20
     days: float = 5.0
     spinup_days: float = 360.0
-    spacing_days: float = 5.0
+    spacing_days: float = 6.0
     seed: int = 1
     jobs: int = 2
     amp_temp: float = 0.5
@@ -78,6 +78,10 @@ class OsseOptions:
             if not value > 0 or not math.isfinite(value) or (value * 2) % 1:
                 raise ConfigError(f"{key}: a positive multiple of half a day (acc's time "
                                   f"step), got {value}")
+        if (self.spacing_days * 2) % 3:
+            raise ConfigError(f"--spacing-days: a multiple of 1.5 days (3 time steps), so every "
+                              f"member is at the same time level core/tau (Veros rotates its 3 "
+                              f"levels every step), got {self.spacing_days}")
         if self.spinup_days < 10:
             raise ConfigError(f"--spinup-days: at least 10 (acc writes its first snapshot, "
                               f"which gives the grid, at day 10), got {self.spinup_days}")

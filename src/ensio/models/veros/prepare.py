@@ -69,13 +69,31 @@ def copy_setup(root: Path) -> Path:
     return setup
 
 
+def _chain(setup: Path, start: Path, outs: list[Path], days: float, work: Path) -> None:
+    """``len(outs)`` runs of ``days`` each, run k from run k−1's restart (``start`` first).
+
+    Chained runs rather than one run with ``restart_frequency``: Veros writes periodic
+    restarts at multiples of the frequency in *model time*, not from the run's start, so
+    they would not fall on the analysis times. Runs whose restart exists are skipped.
+    """
+    prev = start
+    for out in outs:
+        if not out.exists():
+            tmp = out.with_name(f".{out.name}.tmp")
+            run_veros(veros_argv(setup, restart_in=prev, restart_out=tmp, seconds=days * DAY),
+                      work / "run", work / f"{out.stem}.log")
+            check_restart(tmp)
+            tmp.replace(out)
+        prev = out
+
+
 def spin_up(setup: Path, root: Path, days: float, states: int, spacing: float,
             log: Log) -> tuple[list[Path], Path]:
     """Spin up, then ``states`` restarts ``spacing`` days apart; (their paths, the snapshot).
 
-    Two runs in ``ROOT/spinup``: ``a/`` from the initial conditions for ``days`` (its
-    snapshot gives the grid), ``b/`` from ``a``'s restart writing one restart every
-    ``spacing`` days. Both are skipped when their results exist.
+    In ``ROOT/spinup``: one run from the initial conditions for ``days`` (its snapshot
+    gives the grid), then ``states`` chained runs of ``spacing`` days. Skipped when their
+    results exist.
     """
     if days < SNAPSHOT_DAYS:
         raise ValueError(f"--spinup-days: at least {SNAPSHOT_DAYS:g} (acc writes its first "
@@ -84,25 +102,17 @@ def spin_up(setup: Path, root: Path, days: float, states: int, spacing: float,
     spun, snapshot = base / "spun.h5", base / "acc.snapshot.nc"
     if not (spun.exists() and snapshot.exists()):
         log(f"spin-up: acc from rest for {days:g} days")
+        base.mkdir(exist_ok=True)
         run_veros(veros_argv(setup, restart_in=None, restart_out=base / "a.h5",
                              seconds=days * DAY), base / "a", base / "a.log")
         check_restart(base / "a.h5")
         shutil.copyfile(base / "a" / "acc.snapshot.nc", snapshot)
         (base / "a.h5").replace(spun)
-    out = sorted((base / "states").glob("state_*.h5"))
-    if len(out) != states:
+    out = [base / "states" / f"state_{k:03d}.h5" for k in range(1, states + 1)]
+    if not all(p.exists() for p in out):
         log(f"spin-up: {states} states {spacing:g} days apart")
-        shutil.rmtree(base / "states", ignore_errors=True)
-        (base / "states").mkdir()
-        run_veros(veros_argv(setup, restart_in=spun,
-                             restart_out=base / "states" / "state_{itt:0>6d}.h5",
-                             seconds=states * spacing * DAY, restart_every=spacing * DAY),
-                  base / "b", base / "b.log")
-        out = sorted((base / "states").glob("state_*.h5"))
-        if len(out) != states:  # the final forced write may repeat the last periodic one
-            raise VerosFailed(f"{base / 'b.log'}: expected {states} restarts, found {len(out)}")
-        for p in out:
-            check_restart(p)
+        (base / "states").mkdir(exist_ok=True)
+        _chain(setup, spun, out, spacing, base / "states")
     return out, snapshot
 
 
@@ -202,25 +212,13 @@ def make_ensemble(states: list[Path], root: Path, members: int, seed: int,
 
 def run_truth(setup: Path, truth0: Path, root: Path, cycles: int, days: float,
               log: Log) -> list[Path]:
-    """The truth: one run of ``cycles`` × ``days`` with a restart at every analysis time.
+    """The truth: ``cycles`` chained runs of ``days``, as the members are run.
 
     Returns ``ROOT/truth/truth_CCC.h5`` for c = 1..cycles (c = 0 is the initial state).
     """
     base = root / "truth"
     want = [base / f"truth_{c:03d}.h5" for c in range(1, cycles + 1)]
-    if all(p.exists() for p in want):
-        return want
-    log(f"truth: {cycles} × {days:g} days")
-    shutil.rmtree(base / "restarts", ignore_errors=True)
-    (base / "restarts").mkdir()
-    run_veros(veros_argv(setup, restart_in=truth0,
-                         restart_out=base / "restarts" / "truth_{itt:0>6d}.h5",
-                         seconds=cycles * days * DAY, restart_every=days * DAY),
-              base / "run", base / "run.log")
-    got = sorted((base / "restarts").glob("truth_*.h5"))
-    if len(got) != cycles:
-        raise VerosFailed(f"{base / 'run.log'}: expected {cycles} restarts, found {len(got)}")
-    for src, dst in zip(got, want, strict=True):
-        check_restart(src)
-        src.replace(dst)
+    if not all(p.exists() for p in want):
+        log(f"truth: {cycles} × {days:g} days")
+        _chain(setup, truth0, want, days, base)
     return want
