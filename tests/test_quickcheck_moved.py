@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pickle
 from pathlib import Path
 
 import netCDF4
@@ -36,6 +37,7 @@ from ensio.io.formats.hdf5quick import hdf5_root_header
 from ensio.io.formats.netcdf4 import NetCDF4Store
 from ensio.io.modes.ensemble import open_ensemble
 from ensio.io.scan import members as members_mod
+from ensio.io.scan import quickcheck as quickcheck_mod
 from ensio.io.scan.bytecheck import same_bytes
 from ensio.io.scan.quickcheck import quick_check
 
@@ -200,6 +202,10 @@ def test_coordinates_are_compared_on_the_moved_path_too(tmp_path, rng, monkeypat
     assert msg.startswith(f"{paths[2]}: coordinate 'lat' differs") and "\n" not in msg
 
 
+def _never(*args, **kwargs):
+    raise AssertionError("coordinates decoded and compared again")
+
+
 def _keys(path: Path, names=("lat", "lon", "state")):
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -293,8 +299,13 @@ def test_coordinates_stored_as_the_template_are_its_values_for_its_layout_only(
     cfg = _config(tmp_path, len(paths))
     layout = members_mod.layout_from_member(cfg.ensemble, paths[0])
     _, tmpl = members_mod.member_template(paths[0], layout)
-    assert tmpl.coordinates is not None and tmpl.coordinates[0] is layout
+    assert tmpl.coordinates is not None
     assert quick_check(paths[1], layout, tmpl) is not None
+    # the scan's other ranks get the template pickled: the shortcut holds there too
+    sent = pickle.loads(pickle.dumps(tmpl))
+    with monkeypatch.context() as mp:
+        mp.setattr(quickcheck_mod, "check_coordinates", _never)
+        assert quick_check(paths[1], layout, sent) is not None
     other = tmp_path / "other.nc"
     _member(other, rng, 9, 0, lat=LAT + 2.0, first=first)
     moved = members_mod.layout_from_member(cfg.ensemble, other)

@@ -95,9 +95,10 @@ class Template:
         (:meth:`~ensio.io.formats.store.MemberStore.header_keys`), if they
         give its raw offsets.
     coordinates : tuple or None
-        ``(layout, bytes, time)``: the coordinates' stored bytes per piece of
-        ``pieces``, the time coordinate the source's check against
-        ``layout`` gave, and that layout (None: no shortcut).
+        ``(checked, bytes, time)``: what of the layout the coordinate check
+        compares with (:func:`_checked`), the coordinates' stored bytes per
+        piece of ``pieces``, and the time coordinate the source's check gave
+        (None: no shortcut).
     """
 
     source: Path
@@ -109,7 +110,7 @@ class Template:
     library_writes: bool = True
     store: type[MemberStore] | None = None
     headers: HeaderKeys | None = None
-    coordinates: tuple[StateLayout, dict[str, tuple[bytes, ...]], np.ndarray | None] | None = None
+    coordinates: tuple[object, dict[str, tuple[bytes, ...]], np.ndarray | None] | None = None
 
     @property
     def dims(self) -> dict[str, tuple[str, ...]]:
@@ -180,7 +181,7 @@ def _stored_coordinates(
     infos: dict[str, VarInfo],
     pieces: dict[str, list[VarInfo]],
     fixed: dict[str, np.ndarray],
-) -> tuple[StateLayout, dict[str, tuple[bytes, ...]], np.ndarray | None] | None:
+) -> tuple[object, dict[str, tuple[bytes, ...]], np.ndarray | None] | None:
     """:attr:`Template.coordinates` of the template ``path`` (None if its check fails)."""
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -200,7 +201,20 @@ def _stored_coordinates(
         time = check_coordinates(path, layout, values.get)
     except InputError:
         return None
-    return layout, stored, time
+    return _checked(layout), stored, time
+
+
+def _checked(layout: StateLayout) -> tuple[object, ...]:
+    """What :func:`~ensio.io.scan.consistency.check_coordinates` compares a member with.
+
+    By value, not identity: a template crosses ranks pickled (the scan's
+    rank 0 makes it), its layout then is another object.
+    """
+    geo = layout.geometry
+    if geo is None:
+        return ()
+    return tuple((c.role, c.name, np.asarray(c.values).dtype.str, np.shape(c.values),
+                  np.asarray(c.values).tobytes()) for c in geo.checked)  # fmt: skip
 
 
 def _headers(path: Path, store: type[MemberStore], used: dict[str, VarInfo]) -> HeaderKeys | None:
@@ -292,18 +306,19 @@ def _stored_as_template(
     fd: int, layout: StateLayout, pieces: dict[str, list[VarInfo]], template: Template
 ) -> bool:
     """Whether the coordinates in ``pieces`` hold the template's bytes, checked with ``layout``."""
-    if template.coordinates is None or template.coordinates[0] is not layout:
+    if template.coordinates is None:
         return False
-    stored = template.coordinates[1]
+    checked, stored, _ = template.coordinates
     if pieces.keys() != stored.keys():
         return False
     try:
-        return all(len(parts) == len(stored[n])
+        same = all(len(parts) == len(stored[n])
                    and all(os.pread(fd, len(want), i.raw_offset) == want
                            for i, want in zip(parts, stored[n], strict=True))
                    for n, parts in pieces.items())  # fmt: skip
     except OSError:
         return False
+    return same and _checked(layout) == checked
 
 
 def _by_headers(
