@@ -169,6 +169,20 @@ def _same_products(a: Path, b: Path) -> None:
             assert np.array_equal(x[v][...], y[v][...], equal_nan=True), (a, v)
 
 
+def _restart(path: Path) -> bool:
+    """Whether ``path`` is a Veros restart: an HDF5 file with ``core/tau`` (the products
+    mean.nc and spread.nc have core/temp and core/salt only)."""
+    import h5py
+
+    if not path.is_file() or path.is_symlink():
+        return False
+    with open(path, "rb") as f:
+        if f.read(8) != b"\x89HDF\r\n\x1a\n":
+            return False
+    with h5py.File(path, "r") as f:
+        return "core/tau" in f
+
+
 def _both_runs(host: Host, config: Path) -> None:
     """The cycle with and without transfer: bitwise equal analyses, no restart on disk."""
     files, memory = host.work / "files", host.work / "memory"
@@ -204,6 +218,11 @@ def _both_runs(host: Host, config: Path) -> None:
     for n in names:
         assert (dirs[last, "analysis"] / n).read_bytes() == \
             (files / f"cycle_{last:03d}" / "analysis" / n).read_bytes(), n
+    # and nowhere under the run directory (member work directories included) is there any
+    # other restart
+    restarts = sorted(str(p.relative_to(memory)) for p in memory.rglob("*") if _restart(p))
+    assert restarts == [f"cycle_{last:03d}/analysis/{n}" for n in names], restarts
+    assert len([p for p in files.rglob("*") if _restart(p)]) == 2 * CYCLES * NE
     # the analysis changed the members (their forecast is not their analysis)
     assert (files / f"cycle_{last:03d}" / "analysis" / names[0]).read_bytes() != \
         (files / f"cycle_{last:03d}" / "forecast" / names[0]).read_bytes()
