@@ -15,15 +15,19 @@ from mpi4py import MPI
 from seeds import draw_seed
 from vertical_case import (
     DEPTH,
+    letkf_rows,
     make_case,
     reference_letkf,
     rel,
     vertical_taper,
 )
 
+from ensio.analysis import analyse
 from ensio.analysis.localization import TAPERS, Geometry, Localization, VerticalLocalization
 from ensio.config import config_from_dict
+from ensio.config.analysis import AnalysisSection, LocalizationSection, VerticalLocalizationSection
 from ensio.errors import ConfigError
+from ensio.obs import ObsBatch
 from ensio.offline import run_analysis
 
 TAPER_NAMES = sorted(TAPERS)
@@ -156,3 +160,31 @@ def test_config_keys_and_errors():
         cfg({"radius_km": 500.0, "vertical": {"taper": "step"}})
     with pytest.raises(ConfigError, match=r"weight_interpolation\.stride.*vertical"):
         cfg({"radius_km": 500.0, "vertical": {"radius": 1.0}}, weight_interpolation={"stride": 2})
+
+
+def test_in_memory_api_with_a_level_column():
+    """``ensio.analysis.analyse``: Euclidean ``radius``, the level as the last column of
+    ``coords``, observations at the rows they index (with their level); rows without a
+    level (NaN) weigh every observation by the horizontal taper alone."""
+    rng = np.random.default_rng(draw_seed("vertical api"))
+    k, ncol = 7, 25
+    x = rng.uniform(0.0, 20.0, ncol)
+    levels = np.array([0.0, 40.0, 90.0, np.nan])  # the last: a 2-D field's rows
+    coords = np.array([[xi, lv] for lv in levels for xi in x])  # (n, 2): x, level
+    n = coords.shape[0]
+    X = rng.standard_normal((k, n)) + np.linspace(0, 3, n)
+    idx = rng.choice(n, 30, replace=False)
+    err = rng.uniform(0.5, 1.0, idx.size)
+    y = X.mean(0)[idx] + rng.standard_normal(idx.size)
+    obs = ObsBatch(y, err, np.zeros(idx.size), np.zeros(idx.size), index=idx)
+    loc = LocalizationSection(radius=6.0, vertical=VerticalLocalizationSection(radius=70.0))
+    got = analyse(X, obs, AnalysisSection("letkf", localization=loc), coords=coords).ensemble
+    H = np.zeros((idx.size, n))
+    H[np.arange(idx.size), idx] = 1.0
+    dist = np.abs(coords[:, None, 0] - coords[None, idx, 0])
+    dz = np.abs(coords[:, None, 1] - coords[None, idx, 1])
+    wv = vertical_taper("gaspari-cohn", dz, 70.0)
+    wv[np.isnan(dz)] = 1.0
+    w = vertical_taper("gaspari-cohn", dist, 6.0) * wv
+    want = letkf_rows(X, H, y, err, w)
+    assert rel(got, want) <= 1e-10, rel(got, want)

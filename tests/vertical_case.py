@@ -203,7 +203,7 @@ def reference_letkf(
 
     ``taper``: the horizontal one; ``vertical``: ``{radius, taper}`` or None.
     """
-    X, k = case.X, case.k
+    X = case.X
     H = np.concatenate([o.H for o in case.obs])
     y = np.concatenate([o.value for o in case.obs])
     sig = np.concatenate([o.error for o in case.obs])
@@ -211,10 +211,6 @@ def reference_letkf(
     olat = np.concatenate([o.lat for o in case.obs])
     olev = np.concatenate([o.level for o in case.obs])
     row_ll, row_lev = case.row_lonlat_level()
-    HX = X @ H.T
-    ybar = HX.mean(0)
-    Yb = (HX - ybar).T  # (m, k)
-    d = y - ybar
     dist = great_circle_km(row_ll[:, None, 0], row_ll[:, None, 1], olon[None, :], olat[None, :])
     w = vertical_taper(taper, dist, RADIUS_KM)
     if vertical is not None:
@@ -222,6 +218,19 @@ def reference_letkf(
         wv = vertical_taper(vertical.get("taper", "gaspari-cohn"), dz, vertical["radius"])
         wv[np.isnan(dz)] = 1.0  # a row or an observation without a level
         w = w * wv
+    return letkf_rows(X, H, y, sig, w, forget)
+
+
+def letkf_rows(
+    X: np.ndarray, H: np.ndarray, y: np.ndarray, sig: np.ndarray, w: np.ndarray,
+    forget: float = 1.0,
+) -> np.ndarray:  # fmt: skip
+    """Hunt et al. (2007) for every row i with localization weights ``w[i]`` (n, m)."""
+    k = X.shape[0]
+    HX = X @ H.T
+    ybar = HX.mean(0)
+    Yb = (HX - ybar).T  # (m, k)
+    d = y - ybar
     out = X.copy()
     for i in range(X.shape[1]):
         sel = w[i] > 0

@@ -67,6 +67,9 @@ def analyse(
         for ``periodic`` (default ``0..n-1``); any coordinates otherwise
         (observations then sit at the coordinates of the row they index).
         Defaults to ``grid.coords()`` when the grid covers the whole state.
+        With ``analysis.localization.vertical`` one more, last column: the
+        row's level (NaN: none); observations take the level of the row they
+        index, else their ``level`` (NaN or none: vertical weight 1).
     grid : RegularGrid, optional
         For observations without an index (bilinear H).
     cycle : int

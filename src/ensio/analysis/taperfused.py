@@ -24,21 +24,16 @@ __all__ = ["lonlat_gc_weights"]
 
 def lonlat_gc_weights(
     pts: np.ndarray, obs: np.ndarray, rinv: np.ndarray, radius: float, out: np.ndarray,
-    n_obs: np.ndarray, used: np.ndarray, vertical: np.ndarray | None = None,
+    n_obs: np.ndarray, used: np.ndarray,
 ) -> None:  # fmt: skip
     """GC weights × R⁻¹ of unit vectors ``pts`` (p, 3) against ``obs`` (c, 3), into ``out``.
 
     ``out`` (p, c) gets ``taper · rinv``; ``n_obs`` (p,) the non-zero
     tapers per point; ``used`` (c,) is or-ed with "non-zero at some point".
-    ``vertical`` (p, c), optional: the vertical weights, multiplied with the
-    horizontal taper before R⁻¹ (the order of
-    :func:`~ensio.analysis.tiles.taper_weights`).
     """
     _half_chords(pts, np.ascontiguousarray(obs.T), out)
     np.arcsin(out, out=out)
-    has_v = vertical is not None
-    vw = vertical if has_v else np.ones((1, 1))
-    _finish(out, rinv, 2.0 * EARTH_RADIUS_KM, float(radius), n_obs, used, vw, has_v)
+    _finish(out, rinv, 2.0 * EARTH_RADIUS_KM, float(radius), n_obs, used)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -64,7 +59,7 @@ def _half_chords(a, bT, out):  # pragma: no cover (compiled)
 
 
 @njit(cache=True, nogil=True)
-def _finish(out, rinv, scale, radius, n_obs, used, vw, has_v):  # pragma: no cover (compiled)
+def _finish(out, rinv, scale, radius, n_obs, used):  # pragma: no cover (compiled)
     """Arcsines → distances → Gaspari–Cohn (the numpy expression's order) × R⁻¹, counted."""
     k = 2.0 / radius
     for i in range(out.shape[0]):
@@ -97,8 +92,6 @@ def _finish(out, rinv, scale, radius, n_obs, used, vw, has_v):  # pragma: no cov
                 w *= r
                 w += 4.0
                 w -= (2.0 / 3.0) / r
-            if has_v and w > 0.0:
-                w = w * vw[i, j]
             if w > 0.0:
                 cnt += 1
                 used[j] = True

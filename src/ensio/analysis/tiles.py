@@ -204,13 +204,55 @@ def taper_weights(
     taper = loc.weights(prepared_distances(loc.geometry, pts, obs_pre))
     if levels is not None and loc.vertical is not None:
         taper *= loc.vertical.weights(*levels)
-    if regulated is not None:
-        var, err2 = regulated
-        inside = taper > 0
-        cnt = inside.sum(axis=1)
-        state_var = (inside @ var) / np.maximum(cnt, 1) / rho
-        taper = regulate(taper, err2, state_var)
-    return taper
+    return _regulated(taper, rho, regulated)
+
+
+def _regulated(
+    taper: np.ndarray, rho: np.ndarray, regulated: tuple[np.ndarray, np.ndarray] | None
+) -> np.ndarray:
+    """The regulated weights of ``taper`` (p, c) (:func:`taper_weights`), or ``taper``."""
+    if regulated is None:
+        return taper
+    var, err2 = regulated
+    inside = taper > 0
+    cnt = inside.sum(axis=1)
+    state_var = (inside @ var) / np.maximum(cnt, 1) / rho
+    return regulate(taper, err2, state_var)
+
+
+def _fused(loc: Localization, regulated) -> bool:
+    """Whether the compiled lon/lat Gaspari–Cohn weights apply (bit for bit the numpy ones)."""
+    return regulated is None and loc.taper == "gaspari-cohn" and loc.geometry.kind == "lonlat"
+
+
+def _horizontal(loc: Localization, pts: np.ndarray, obs_pre: np.ndarray, fused: bool):
+    """The horizontal taper ``(p, c)`` alone (no R⁻¹), compiled when ``fused``."""
+    if not fused:
+        return loc.weights(prepared_distances(loc.geometry, pts, obs_pre))
+    from .taperfused import lonlat_gc_weights  # numba: loaded only by the analyses using it
+
+    c = obs_pre.shape[0]
+    out = np.empty((pts.shape[0], c))
+    # R⁻¹ = 1: the compiled loop's ``w * 1.0`` is the taper itself
+    lonlat_gc_weights(pts, obs_pre, np.ones(c), loc.radius, out,
+                      np.empty(pts.shape[0], np.int64), np.zeros(c, bool))  # fmt: skip
+    return out
+
+
+def _vertical_tile(loc, pts, obs_pre, rinv, rho, regulated, levels):
+    """:func:`tile_weights` with vertical localization.
+
+    Why apart: a tile's points are (column, level) pairs and the levels of
+    one column share its horizontal taper, so it is computed once per
+    distinct column and gathered, then multiplied by the vertical weights
+    (the operations, in the order, of :func:`taper_weights`: equal to the
+    pointwise kernel's weights bit for bit).
+    """
+    cols, inv = np.unique(pts, axis=0, return_inverse=True)
+    taper = _horizontal(loc, cols, obs_pre, _fused(loc, regulated))[inv.ravel()]
+    taper *= loc.vertical.weights(*levels)
+    taper = _regulated(taper, rho, regulated)
+    return taper * rinv, np.count_nonzero(taper, axis=1), taper.any(axis=0)
 
 
 def tile_weights(
@@ -236,23 +278,21 @@ def tile_weights(
     used : ndarray of bool, shape (c,)
         Candidates with a non-zero weight at some point.
     """
+    if levels is not None and loc.vertical is not None:
+        return _vertical_tile(loc, pts, obs_pre, rinv, rho, regulated, levels)
     p, c = pts.shape[0], obs_pre.shape[0]
     out = np.empty((p, c))
     n_obs = np.empty(p, dtype=np.int64)
     used = np.zeros(c, dtype=bool)
-    vertical = levels is not None and loc.vertical is not None
-    if regulated is None and loc.taper == "gaspari-cohn" and loc.geometry.kind == "lonlat":
+    if _fused(loc, regulated):
         from .taperfused import lonlat_gc_weights  # numba: loaded only by the analyses using it
 
-        vw = loc.vertical.weights(*levels) if vertical else None  # type: ignore[union-attr,misc]
-        lonlat_gc_weights(pts, obs_pre, rinv, loc.radius, out, n_obs, used, vw)  # bit for bit
+        lonlat_gc_weights(pts, obs_pre, rinv, loc.radius, out, n_obs, used)  # bit for bit
         return out, n_obs, used
     step = max(1, TAPER_BLOCK // max(c, 1))
     for i in range(0, p, step):
-        part = slice(i, i + step)
-        lev = (levels[0][part], levels[1]) if vertical else None  # type: ignore[index]
-        w = taper_weights(loc, pts[part], obs_pre, rho[part], regulated, lev)
-        n_obs[part] = np.count_nonzero(w, axis=1)
+        w = taper_weights(loc, pts[i : i + step], obs_pre, rho[i : i + step], regulated)
+        n_obs[i : i + step] = np.count_nonzero(w, axis=1)
         used |= w.any(axis=0)
-        np.multiply(w, rinv, out=out[part])
+        np.multiply(w, rinv, out=out[i : i + step])
     return out, n_obs, used

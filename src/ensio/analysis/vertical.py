@@ -64,23 +64,31 @@ def split_given(
     return c[:, :-1], c[:, -1]
 
 
+#: Rows between two wanted ones below which :func:`levels_of_rows` spans the gap
+#: in one :meth:`StateLayout.coordinates` call (a call costs about as much as
+#: the coordinates of a few hundred rows).
+SPAN_GAP = 256
+
+
 def levels_of_rows(layout: StateLayout, rows: np.ndarray) -> np.ndarray:
     """Level of each of the increasing state ``rows`` (NaN: none), shape (len(rows),).
 
-    One :meth:`StateLayout.coordinates` call per run of consecutive rows.
+    One :meth:`StateLayout.coordinates` call per run of rows, runs less than
+    :data:`SPAN_GAP` apart joined (scattered observed rows: few calls).
     """
     rows = np.asarray(rows, dtype=np.int64)
     out = np.full(rows.size, np.nan)
     if layout.geometry is None or rows.size == 0:
         return out
     starts, stops = runs_of(rows)
-    at = 0
-    for a, b in zip(starts, stops, strict=True):
-        n = int(b - a)
+    join = starts[1:] - stops[:-1] < SPAN_GAP
+    first = np.concatenate([[0], np.flatnonzero(~join) + 1])
+    last = np.concatenate([np.flatnonzero(~join), [starts.size - 1]])
+    for a, b in zip(starts[first], stops[last], strict=True):
         lev = layout.coordinates(int(a), int(b)).get("level")
         if lev is not None:
-            out[at : at + n] = lev
-        at += n
+            sel = slice(*np.searchsorted(rows, [a, b]))
+            out[sel] = lev[rows[sel] - a]
     return out
 
 
