@@ -248,3 +248,37 @@ def test_link_of_a_held_file_is_a_cross_device_link(host: Host):
     assert (w / "fc" / "mem002.nc").read_text() == "on disk"
     c = host.run(config, "post", "cat", str(w / "fc" / "mem001.nc"))
     assert c.returncode == 0 and c.stdout == "held", c.stderr
+
+
+REMOVE = r"""
+import ctypes, errno, json, os
+libc = ctypes.CDLL(None, use_errno=True)
+def remove(p):
+    return 0 if libc.remove(os.fsencode(p)) == 0 else errno.errorcode[ctypes.get_errno()]
+with open("fc/mem001.nc", "wb") as f:
+    f.write(b"held")
+with open("fc/mem002.nc", "wb") as f:
+    f.write(b"held too")
+res = {"held": remove("fc/mem001.nc"), "exists": os.path.exists("fc/mem001.nc"),
+       "again": remove("fc/mem001.nc"), "on_disk": remove("fc/mem003.nc"),
+       "dir": remove("fc/sub")}
+print(json.dumps(res, sort_keys=True))
+"""
+
+
+def test_remove_of_a_held_file_forgets_it_as_unlink_does(host: Host):
+    """C's remove() (HDF5's H5Fdelete, programs deleting a file) unlinks inside glibc, past
+    the interposer: it is interposed as unlink. Names not held are real files (and
+    directories: remove is rmdir there)."""
+    w = host.work
+    (w / "fc" / "sub").mkdir(parents=True)
+    (w / "fc" / "mem003.nc").write_text("a real file")
+    config = write_config(w / "t.yaml", [str(w / "fc" / "mem*.nc")])
+    p = host.run(config, "model", PY, "-c", REMOVE)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout) == {"held": 0, "exists": False, "again": "ENOENT",
+                                    "on_disk": 0, "dir": 0}
+    assert list((w / "fc").iterdir()) == []
+    assert {s.path for s in host.status()} == {str(w / "fc" / "mem002.nc")}
+    c = host.run(config, "post", "cat", str(w / "fc" / "mem001.nc"))
+    assert c.returncode != 0 and "No such file" in c.stderr

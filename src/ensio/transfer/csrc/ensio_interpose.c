@@ -1,12 +1,12 @@
 /* ensio transfer interposer: the interposed glibc functions.
  *
  * Only path-level calls are interposed (open/creat and their 64-bit and fortify
- * variants, fopen, the stat family, access, chmod, unlink, link, rename) plus the calls
- * that end a descriptor's life (close, fclose, dup2 onto it) and the ones that copy it
- * (dup, fcntl F_DUPFD). read, write, pread, fstat, mmap, lseek, ftruncate, flock work on
- * the memory file directly and are not touched, except for a partial file (serve_partial:
- * a file still arriving from another host, ensio_interpose_partial.c) whose reads wait for
- * their bytes.
+ * variants, fopen, the stat family, access, chmod, unlink, remove, link, rename) plus
+ * the calls that end a descriptor's life (close, fclose, dup2 onto it) and the ones that
+ * copy it (dup, fcntl F_DUPFD). read, write, pread, fstat, mmap, lseek, ftruncate, flock
+ * work on the memory file directly and are not touched, except for a partial file
+ * (serve_partial: a file still arriving from another host, ensio_interpose_partial.c)
+ * whose reads wait for their bytes.
  *
  * A matching path of a connection this component produces: the open returns a memfd
  * registered with the daemon (CREATE); when the last descriptor of it in this process

@@ -2,7 +2,7 @@
  *
  *   ensio_interpose.c         open, fopen, close, dup: the descriptors of transferred files
  *   ensio_interpose_consume.c a consumer's open (OPEN, and the wait for a file being written)
- *   ensio_interpose_names.c   stat, access, chmod, unlink, link, rename: the names of
+ *   ensio_interpose_names.c   stat, access, chmod, unlink/remove, link, rename: the names of
  *                             transferred files
  *   ensio_interpose_stdio.c   fopen, fclose
  *   ensio_interpose_writes.c  write, pwrite, writev, ftruncate, mmap: async dirty ranges

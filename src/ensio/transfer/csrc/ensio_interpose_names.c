@@ -1,4 +1,5 @@
-/* ensio transfer interposer: stat, access, chmod, unlink, link, rename of transferred names.
+/* ensio transfer interposer: stat, access, chmod, unlink/remove, link, rename of transferred
+ * names.
  *
  * A transferred file the daemon holds answers stat from its memory (the daemon's
  * read-only descriptor, or this process's own while it writes the file): size and
@@ -301,6 +302,17 @@ EXPORT int unlinkat(int dirfd, const char *path, int flags)
     if ((flags & AT_REMOVEDIR) || unlink_held(dirfd, path, &ondisk) == 0)
         return real_unlinkat(dirfd, path, flags);
     if (ondisk) real_unlinkat(dirfd, path, flags);
+    return 0;
+}
+
+/* glibc's remove() unlinks through an internal call the interposer never sees (HDF5's
+ * H5Fdelete, and C programs deleting a file, call remove) */
+EXPORT int remove(const char *path)
+{
+    REAL(int (*)(const char *), remove);
+    int ondisk = 0;
+    if (unlink_held(AT_FDCWD, path, &ondisk) == 0) return real_remove(path);
+    if (ondisk) ei_real.unlink(path);
     return 0;
 }
 
