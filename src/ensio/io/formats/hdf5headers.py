@@ -118,15 +118,14 @@ def _links(chunks: list[Chunk], width: int) -> dict[str, int] | None:
     out: dict[str, int] = {}
     for c in chunks:
         for kind, flags, lo, hi in c.messages:
-            data = c.blob[lo:hi]
             if flags & _SHARED:
                 return None
             if kind == _LINK_INFO:
-                pos = 2 + (8 if data[1] & 0x01 else 0)
-                if int.from_bytes(data[pos : pos + width], "little") != undefined:
+                pos = lo + 2 + (8 if c.blob[lo + 1] & 0x01 else 0)
+                if int.from_bytes(c.blob[pos : pos + width], "little") != undefined:
                     return None  # dense link storage (a fractal heap)
             elif kind == _LINK:
-                link = _link(data, width)
+                link = _link(c.blob[lo:hi], width)
                 if link is None:
                     return None
                 out[link[0]] = link[1]
@@ -184,66 +183,75 @@ class _Dataset:
 
     @classmethod
     def parse(cls, chunks: list[Chunk], width: int, lengths: int) -> _Dataset | None:
+        """The dataset of this object header; None where the parse does not apply.
+
+        The key is each chunk's message bytes, in order, with the placement
+        fields cut out (a member written by the same program has its
+        messages at the same places of its chunks).
+        """
         undefined = (1 << (8 * width)) - 1
-        items: list[tuple[int, int, bytes]] = []
         offset, rank, layout = None, -1, False
         attrs: dict[bytes, bytes] = {}
+        key: list[bytes] = [_prefix(chunks[0])]
         for c in chunks:
+            blob, cur = c.blob, c.start
             for kind, flags, lo, hi in c.messages:
-                data = c.blob[lo:hi]
                 if flags & _SHARED or kind in (_EXTERNAL, _LINK_INFO):
                     return None  # shared, external storage, a group
-                if kind in (_NIL, _CONTINUATION):
-                    continue
-                if kind == _LAYOUT:
-                    if len(data) < 2 or data[0] not in (3, 4) or data[1] not in (0, 1):
-                        return None  # chunked, virtual, an old version
-                    layout = True
-                    if data[1] == 1:
-                        at = int.from_bytes(data[2 : 2 + width], "little")
-                        offset = None if at == undefined else at
-                        data = data[:2] + data[2 + width : 2 + width + lengths]
-                elif kind == _DATASPACE:
-                    rank = data[1] if len(data) > 1 else -1
-                elif kind == _ATTRIBUTE_INFO:
-                    pos = 2 + (2 if data[1] & 0x01 else 0)
-                    if int.from_bytes(data[pos : pos + width], "little") != undefined:
-                        return None  # dense attribute storage
-                elif kind == _ATTRIBUTE:
-                    parsed = _attribute(data)
+                if kind == _ATTRIBUTE:
+                    parsed = _attribute(blob, lo, hi)
                     if parsed is None:
                         return None
-                    name, start = parsed
-                    attrs[name] = data[start:]
-                    if name in _REFERENCES:
-                        data = data[:start]
-                items.append((kind, flags, data))
+                    name, at = parsed
+                    if name in _KEPT:
+                        attrs[name] = blob[at:hi]
+                        if name in _REFERENCES:  # object addresses: left out
+                            key.append(blob[cur:at])
+                            cur = hi
+                elif kind == _CONTINUATION or kind == _NIL:  # where, and a gap's old bytes
+                    key.append(blob[cur:lo])
+                    cur = hi if kind == _NIL else lo + width
+                elif kind == _LAYOUT:
+                    if hi - lo < 2 or blob[lo] not in (3, 4) or blob[lo + 1] not in (0, 1):
+                        return None  # chunked, virtual, an old version
+                    layout = True
+                    if blob[lo + 1] == 1:
+                        at = int.from_bytes(blob[lo + 2 : lo + 2 + width], "little")
+                        offset = None if at == undefined else at
+                        key.append(blob[cur : lo + 2])
+                        cur = lo + 2 + width
+                elif kind == _DATASPACE:
+                    rank = blob[lo + 1] if hi - lo > 1 else -1
+                elif kind == _ATTRIBUTE_INFO:
+                    pos = lo + 2 + (2 if blob[lo + 1] & 0x01 else 0)
+                    if int.from_bytes(blob[pos : pos + width], "little") != undefined:
+                        return None  # dense attribute storage
+            key.append(blob[cur : c.end])
         if not layout or rank < 0:
             return None
-        return cls((_prefix(chunks[0]), tuple(sorted(items))), offset, rank, attrs)
+        return cls(tuple(key), offset, rank, attrs)
 
 
+#: The attributes whose values the dimension rule reads.
+_KEPT = frozenset((*_REFERENCES, _COORDINATES, _DIMID, _CLASS))
 _ATTRIBUTE_HEAD = struct.Struct("<BBHHH")
 
 
-def _attribute(data: bytes) -> tuple[bytes, int] | None:
-    """(name, where its data start) of an attribute message (versions 1-3)."""
-    if len(data) < 8:
+def _attribute(blob: bytes, lo: int, hi: int) -> tuple[bytes, int] | None:
+    """(name, where its data start in ``blob``) of the attribute message at ``lo:hi``."""
+    if hi - lo < 8:
         return None
-    version, flags, nsize, tsize, ssize = _ATTRIBUTE_HEAD.unpack_from(data)
+    version, flags, nsize, tsize, ssize = _ATTRIBUTE_HEAD.unpack_from(blob, lo)
     if version == 1:
-
-        def pad(n: int) -> int:
-            return (n + 7) & ~7
-
-        pos, sizes = 8, (pad(nsize), pad(tsize), pad(ssize))
+        pos = lo + 8
+        start = pos + ((nsize + 7) & ~7) + ((tsize + 7) & ~7) + ((ssize + 7) & ~7)
     elif version in (2, 3):
         if flags & 0x03:
             return None  # a shared datatype or dataspace
-        pos, sizes = 8 + (version == 3), (nsize, tsize, ssize)
+        pos = lo + 8 + (version == 3)
+        start = pos + nsize + tsize + ssize
     else:
         return None
-    start = pos + sum(sizes)
-    if start > len(data) or nsize < 1:
+    if start > hi or nsize < 1:
         return None
-    return data[pos : pos + nsize].rstrip(b"\0"), start
+    return blob[pos : pos + nsize].rstrip(b"\0"), start
