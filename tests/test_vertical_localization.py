@@ -15,11 +15,14 @@ from mpi4py import MPI
 from seeds import draw_seed
 from vertical_case import (
     DEPTH,
+    kalman_gain_rows,
     letkf_rows,
     make_case,
     reference_letkf,
     rel,
+    stacked,
     vertical_taper,
+    weights,
 )
 
 from ensio.analysis import analyse
@@ -102,6 +105,27 @@ def test_regulated_batched_equals_pointwise(case, tmp_path):
     pointwise = case.read_state()
     assert rel(batched, pointwise) <= 1e-12
     assert rel(batched, reference_letkf(case, vertical)) > 1e-6  # regulation did something
+
+
+def test_lestkf_equals_the_letkf_reference(case):
+    """ESTKF and ETKF give the same analysis (Nerger et al. 2012): the same reference."""
+    vertical = {"radius": 150.0, "taper": "gaussian"}
+    got = analysed(case, vertical, filter="lestkf")
+    assert rel(got, reference_letkf(case, vertical)) <= 1e-10
+
+
+def test_lenkf_equals_the_local_kalman_gain_update(case):
+    """The stochastic local EnKF with the same 3-D weights; ε from the documented
+    streams (seed, cycle, member, global id), centred over the members, times σ_o."""
+    from ensio.analysis.transforms import obs_perturbations
+
+    vertical = {"radius": 150.0}
+    H, y, sig = stacked(case)
+    z = obs_perturbations(5, 0, np.arange(case.k), np.arange(y.size))
+    eps = (z - z.mean(0)) * sig
+    want = kalman_gain_rows(case.X, H, y, sig, weights(case, vertical), eps)
+    got = analysed(case, vertical, filter="lenkf", seed=5)
+    assert rel(got, want) <= 1e-10, rel(got, want)
 
 
 def test_without_vertical_key_equals_the_horizontal_reference(case):

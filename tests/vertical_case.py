@@ -203,10 +203,20 @@ def reference_letkf(
 
     ``taper``: the horizontal one; ``vertical``: ``{radius, taper}`` or None.
     """
-    X = case.X
+    H, y, sig = stacked(case)
+    return letkf_rows(case.X, H, y, sig, weights(case, vertical, taper), forget)
+
+
+def stacked(case: Case) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """H (m, n), y, σ_o of all observations in file order (their global ids)."""
     H = np.concatenate([o.H for o in case.obs])
     y = np.concatenate([o.value for o in case.obs])
     sig = np.concatenate([o.error for o in case.obs])
+    return H, y, sig
+
+
+def weights(case: Case, vertical: dict | None, taper: str = "gaspari-cohn") -> np.ndarray:
+    """Localization weights (n, m): horizontal taper × vertical taper (1 without a level)."""
     olon = np.concatenate([o.lon for o in case.obs])
     olat = np.concatenate([o.lat for o in case.obs])
     olev = np.concatenate([o.level for o in case.obs])
@@ -218,7 +228,32 @@ def reference_letkf(
         wv = vertical_taper(vertical.get("taper", "gaspari-cohn"), dz, vertical["radius"])
         wv[np.isnan(dz)] = 1.0  # a row or an observation without a level
         w = w * wv
-    return letkf_rows(X, H, y, sig, w, forget)
+    return w
+
+
+def kalman_gain_rows(
+    X: np.ndarray, H: np.ndarray, y: np.ndarray, sig: np.ndarray, w: np.ndarray,
+    eps: np.ndarray,
+) -> np.ndarray:  # fmt: skip
+    """The local perturbed-observation EnKF (Burgers et al. 1998), row by row.
+
+    ``x_j^a = x_j + K_i (y + ε_j − H x_j)`` with ``K_i = P_xy (P_yy + R_i)⁻¹``,
+    ``R_i = diag(σ_o² / w[i])`` over the observations of non-zero weight.
+    """
+    k = X.shape[0]
+    hx = X @ H.T
+    Yp = hx - hx.mean(0)
+    out = X.copy()
+    for i in range(X.shape[1]):
+        sel = w[i] > 0
+        if not sel.any():
+            continue
+        xp = X[:, i] - X[:, i].mean()
+        Pxy = xp @ Yp[:, sel] / (k - 1)
+        Pyy = Yp[:, sel].T @ Yp[:, sel] / (k - 1)
+        K = np.linalg.solve(Pyy + np.diag(sig[sel] ** 2 / w[i, sel]), Pxy)
+        out[:, i] = X[:, i] + (y[sel][None, :] + eps[:, sel] - hx[:, sel]) @ K
+    return out
 
 
 def letkf_rows(
