@@ -239,3 +239,34 @@ def test_threads_do_not_change_the_result(rng):
     assert np.array_equal(one.ensemble, two.ensemble)
     assert np.array_equal(one.n_obs, two.n_obs)
     assert tm["gemm_flops"] > 0 and tm["transform"] > 0
+
+
+@pytest.mark.parametrize("method", ["etkf", "estkf", "enkf"])
+@pytest.mark.parametrize("kernel", ["batched", "pointwise"])
+def test_points_no_observation_reaches_keep_their_prior_bit_for_bit(method, kernel, rng):
+    """Without inflation a point outside every observation's support is its prior exactly.
+
+    An analysis that changes nothing must leave the member files byte-identical
+    (issue 26's round trip); x̄ + (x − x̄) is not x in floating point.
+    """
+    X, pts, obs = lonlat_case(rng)
+    if method == "enkf":
+        obs = ObsSpace(
+            obs.hx, obs.values, obs.errors, obs.coords, obs.ids, rng.standard_normal(obs.hx.shape)
+        )
+    X = X * 1e3 + 0.1  # magnitudes at which x̄ + (x − x̄) is seldom x
+    loc = Localization(LONLAT, "gaspari-cohn", 1500.0)
+    forget = np.ones(X.shape[1])
+    forget[::7] = 0.9  # inflated points without observations are changed: not a copy
+    a = local_analysis(
+        X, pts, obs, loc, method=method, forget=forget, kernel=kernel, tile_points=16
+    )
+    free = a.n_obs == 0
+    plain = free & (forget == 1.0)
+    assert plain.any() and (free & (forget < 1.0)).any()
+    assert np.array_equal(a.ensemble[:, plain], X[:, plain])
+    inflated = free & (forget < 1.0)
+    dev = X[:, inflated] - X[:, inflated].mean(axis=0)
+    expect = X[:, inflated].mean(axis=0) + dev / np.sqrt(forget[inflated])
+    assert rel(a.ensemble[:, inflated], expect) <= 1e-12
+    assert not np.array_equal(a.ensemble[:, a.n_obs > 0], X[:, a.n_obs > 0])

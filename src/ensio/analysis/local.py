@@ -172,6 +172,12 @@ def run_local(
         threads=threads,
     )
     d = diag[inv]
+    # A row no observation reaches, without inflation, keeps its prior bit for
+    # bit: x̄ + (x − x̄) differs from x in the last bit, and an analysis that
+    # changes nothing must leave the member files byte-identical.
+    keep = (d[:, 0] == 0) & (rho[inv] == 1.0)
+    if keep.any():
+        out[:, keep] = X[:, keep]
     return AnalysisResult.from_diagnostics(out, d)
 
 
