@@ -15,6 +15,8 @@ from mpi4py import MPI
 from seeds import draw_seed
 from vertical_case import (
     DEPTH,
+    LAT,
+    LON,
     kalman_gain_rows,
     letkf_rows,
     make_case,
@@ -212,3 +214,30 @@ def test_in_memory_api_with_a_level_column():
     w = vertical_taper("gaspari-cohn", dist, 6.0) * wv
     want = letkf_rows(X, H, y, err, w)
     assert rel(got, want) <= 1e-10, rel(got, want)
+
+
+def test_levels_of_rows_and_observations(case):
+    """Scattered rows (a row set, the observed rows) get the levels of the layout's
+    coordinates; observations their level value, else the level at their level_index,
+    else their row's; none on a 2-D variable whatever their file says."""
+    from ensio.analysis.vertical import levels_of_rows, observation_levels
+    from ensio.io.scan.members import layout_from_member
+
+    cfg = config_from_dict(case.config({"radius": 100.0}))
+    layout = layout_from_member(cfg.ensemble, case.root / "mem001.nc")
+    full = layout.coordinates(0, layout.n_rows)["level"]
+    rng = np.random.default_rng(draw_seed("levels of rows"))
+    for size in (1, 7, 300, layout.n_rows):
+        rows = np.sort(rng.choice(layout.n_rows, size, replace=False))
+        np.testing.assert_array_equal(levels_of_rows(layout, rows), full[rows])  # NaN == NaN
+    nh = LAT.size * LON.size
+    obs = ObsBatch(
+        np.zeros(6), np.ones(6), np.zeros(6), np.zeros(6),
+        index=np.array([-1, -1, -1, -1, 3 * nh + 5, DEPTH.size * nh + 2]),
+        variable=np.array([0, 0, 1, 0, -1, -1]),
+        level=np.array([123.0, np.nan, 50.0, 77.0, np.nan, np.nan]),
+        level_index=np.array([-1, 2, -1, 4, -1, -1]),
+    )  # fmt: skip
+    got = observation_levels(obs, layout)
+    want = [123.0, DEPTH[2], np.nan, DEPTH[4], DEPTH[3], np.nan]
+    np.testing.assert_array_equal(got, want)
