@@ -8,7 +8,9 @@ QC flags and the per-type statistics are computed here with numpy.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -25,13 +27,16 @@ from cases import (
     make_obs_case,
     reference_matrix,
     row_lonlat,
+    sha256,
     write_observations,
 )
 from mpi4py import MPI
 from seeds import draw_seed
 
+from ensio import faults
 from ensio.config import config_from_dict
 from ensio.config.errors import ConfigError
+from ensio.errors import FileOpError
 from ensio.obs import QC_FLAGS
 from ensio.offline import run_analysis
 
@@ -258,3 +263,28 @@ def test_cycle_writes_a_diag_file_per_cycle_in_both_modes(tmp_path):
     assert [c["cycle"] for c in doc["diagnostics"]] == [1, 2]
     assert doc["timing"]  # the records' table is still there
     assert "cycle 1" in out.stdout and "cycle 2" in out.stdout and "all" in out.stdout
+
+
+def test_a_failed_diag_write_rolls_the_analysis_back(tmp_path):
+    """The diagnostics file joins the run's transaction: when writing it fails (the disk
+    fills after its bytes were written) the members, already written in place, are rolled
+    back, no diag file or temporary is left, and the error is one line naming it."""
+    paths, _, _, raw = _case(tmp_path)
+    raw["output"] = {"diagnostics": "diag.nc"}
+    before = {p: sha256(p) for p in paths}
+    seen = []
+
+    def full_disk(label: str) -> None:
+        seen.append(label)
+        if label == "diagnostics-written":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with faults.hooked(full_disk), pytest.raises(FileOpError) as err:
+        run_analysis(config_from_dict(raw, base_dir=tmp_path), MPI.COMM_SELF, cycle=1)
+    at = seen.index("diagnostics-written")
+    assert "data-write" in seen[:at]  # the members were written in place before it
+    assert "restore-range" in seen[at:]  # and restored after it
+    assert str(tmp_path / "diag.nc") in str(err.value) and "\n" not in str(err.value)
+    assert {p: sha256(p) for p in paths} == before
+    assert not (tmp_path / "diag.nc").exists()
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]

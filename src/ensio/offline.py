@@ -25,17 +25,20 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 from mpi4py import MPI
 
 from .analysis.inputs import assimilate_block, observation_sources
 from .analysis.obsdiag import gathered_tables
+from .analysis.result import AnalysisResult
 from .config.schema import Config, ConfigError
 from .errors import file_op
 from .io.modes.base import ProductWriters, RunCommit
 from .io.modes.ensemble import mode_of
 from .io.node.backup import start_cycle_backup
-from .io.products.obsdiag import diagnostics_path, write_run_diagnostics
+from .io.products.obsdiag import diagnostics_path, write_diagnostics
 from .io.products.products import product_paths, write_member_copies, write_products
 from .io.products.shuffleproducts import publish, roll_forward, write_shuffle_products
 from .io.scan.slotstates import SlotStates
@@ -101,20 +104,11 @@ def run_analysis(
                     block, obs_sources, config.analysis, comm, cycle=cycle, seconds=seconds,
                     slots=_slot_states(config, block),
                 )
-            # before the commit: a rerun after a crash recomputes and rewrites it
             diag_path = diagnostics_path(config.output, config.base_dir, cycle)
-            if diag_path is not None:
-                t_diag = time.perf_counter()
-                names = [v.name for v in block.layout.variables]
-                write_run_diagnostics(
-                    diag_path, gathered_tables(result.observations, names, comm), comm,
-                    cycle=cycle, members=n_e, command=command,
-                    four_d=config.analysis.n_slots > 1,
-                )  # fmt: skip
-                seconds["diagnostics"] = time.perf_counter() - t_diag
+            extra = _diagnostics(diag_path, result, block, config, comm, cycle, command)
             analysis = dataclasses.replace(block, data=result.ensemble)
             written = ens.commit(analysis, RunCommit(
-                config, comm, root, keys[0], cycle, command, PRODUCTS, seconds, bars))
+                config, comm, root, keys[0], cycle, command, PRODUCTS, seconds, bars, extra))
     seconds["total"] = time.perf_counter() - t0
     seconds = {k: float(comm.allreduce(v, op=MPI.MAX)) for k, v in seconds.items()}
     # committed and unlocked: copy the files to io.backup_dir in the background
@@ -131,6 +125,26 @@ def run_analysis(
         backup=backup,
         diagnostics=diag_path,
     )
+
+
+def _diagnostics(
+    path: Path | None, result: AnalysisResult, block: EnsembleBlock, config: Config,
+    comm: MPI.Comm, cycle: int, command: str,
+) -> tuple[tuple[Path, Callable[[Path], None]], ...]:  # fmt: skip
+    """Collective: the observation-space diagnostics gathered on rank 0, as the commit's extra
+    file (written into the run's transaction: it commits, or rolls back, with the members)."""
+    if path is None:
+        return ()
+    names = [v.name for v in block.layout.variables]
+    tables = gathered_tables(result.observations, names, comm)
+    assert config.analysis is not None
+    four_d = config.analysis.n_slots > 1
+
+    def write(at: Path) -> None:
+        write_diagnostics(path, tables, at=at, cycle=cycle, members=config.ensemble.size,
+                          command=command, four_d=four_d)  # fmt: skip
+
+    return ((path, write),)
 
 
 def _slot_states(config: Config, block: EnsembleBlock) -> SlotStates | None:

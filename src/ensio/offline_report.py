@@ -87,8 +87,7 @@ class AnalysisReport:
         if self.diagnostics is not None:
             out.append(f"diagnostics: {self.diagnostics} (O-B, O-A, spread, QC per observation)")
         out += self._backup_lines()
-        order = ("read", "obs", "analysis", "diagnostics", "write", "products", "record",
-                 "total")
+        order = ("read", "obs", "analysis", "write", "products", "record", "total")
         out.append(
             "timing: "
             + "  ".join(f"{k} {self.seconds[k]:.3f} s" for k in order if k in self.seconds)

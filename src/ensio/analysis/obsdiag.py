@@ -262,12 +262,9 @@ TYPE_FIELDS = ("n_obs", "n_used", "omb_mean", "omb_rms", "oma_mean", "oma_rms",
 
 def _row(s: TypeStats) -> dict[str, Any]:
     """``type`` then :data:`TYPE_FIELDS`, in that order (the file's variable order)."""
-    return {
-        "type": s.name, "n_obs": s.total, "n_used": s.count,
-        "omb_mean": s.omb.mean, "omb_rms": s.omb.rms, "oma_mean": s.oma.mean,
-        "oma_rms": s.oma.rms, "spread_b_rms": s.spread_b, "spread_a_rms": s.spread_a,
-        "error_rms": s.error, "consistency": s.consistency,
-    }  # fmt: skip
+    values = (s.total, s.count, s.omb.mean, s.omb.rms, s.oma.mean, s.oma.rms, s.spread_b,
+              s.spread_a, s.error, s.consistency)  # fmt: skip
+    return {"type": s.name, **dict(zip(TYPE_FIELDS, values, strict=True))}
 
 
 class DiagTables(NamedTuple):

@@ -89,6 +89,10 @@ class RunCommit:
     products: ProductWriters
     seconds: dict[str, float]  # the phases' seconds, filled in
     bars: PhaseProgress
+    #: Files of the run besides members and products (the observation-space diagnostics):
+    #: ``(target, write)``; ``write(path)`` runs on rank 0 and writes the file at ``path``,
+    #: the target's staged name, so the file commits (or rolls back) with the run.
+    extra: Sequence[tuple[Path, Callable[[Path], None]]] = ()
 
 
 class EnsembleIO(abc.ABC):
@@ -218,7 +222,8 @@ class EnsembleIO(abc.ABC):
                                    else [pattern])]  # fmt: skip
         copies = [] if config.io.in_place else self.copy_targets(config)
         runs = runs_path(root)
-        with RunTransaction(root, comm, [*copies, *product_files, runs],
+        extra = [target for target, _ in run.extra]
+        with RunTransaction(root, comm, [*copies, *product_files, *extra, runs],
                             fsync=config.io.fsync) as txn:  # fmt: skip
             t = time.perf_counter()
             with file_op("write"), run.bars.phase("write", config.ensemble.size,
@@ -238,6 +243,8 @@ class EnsembleIO(abc.ABC):
                     products, config.ensemble.coordinates, stage=txn.path,
                     inactive=analysis.inactive_rows(), tiles=tiles,
                 )  # fmt: skip
+            for target, write in run.extra:
+                root_call(comm, lambda p=target, w=write: w(txn.path(p)))
             txn.checkpoint()
             run.seconds["products"] = time.perf_counter() - t
             t = time.perf_counter()

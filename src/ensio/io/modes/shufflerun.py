@@ -142,6 +142,8 @@ class ShuffleMode(ShuffleEnsembleIO, EnsembleIO):
         the run-record entry decides for every local directory, then the journals go."""
         config, comm = run.config, run.comm
         t = time.perf_counter()
+        for target, write in run.extra:  # before the decision, in place (a rerun rewrites them)
+            root_call(comm, lambda p=target, w=write: w(p))
         with run.bars.phase("products"):  # staged names, published after the decision
             products = run.products.write_rows(
                 comm, analysis.plan, analysis.layout, self.tile_products(),

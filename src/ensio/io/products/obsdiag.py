@@ -37,6 +37,7 @@ from ...config.analysis import OutputSection
 from ...durable import replacing
 from ...errors import InputError, file_op
 from ...parallel.agree import root_call
+from .products import _write_product  # one home for "cannot write X: <reason>, disk full"
 
 __all__ = [
     "diagnostics_path",
@@ -110,9 +111,11 @@ def _var(ds: netCDF4.Dataset, name: str, data: np.ndarray, dim: str, **attrs: An
 
 
 def write_diagnostics(
-    path: Path, tables: Any, *, cycle: int, members: int, command: str, four_d: bool = False,
+    path: Path, tables: Any, *, at: Path | None = None, cycle: int, members: int,
+    command: str, four_d: bool = False,
 ) -> None:  # fmt: skip
-    """Write the file atomically (a crash leaves the old file or the new one).
+    """Write the file ``path`` atomically at ``at`` (default ``path``; a run's transaction
+    gives the staged name): a crash leaves the old file or the new one.
 
     ``tables`` (:class:`ensio.analysis.obsdiag.DiagTables`): ``columns``, the
     per-observation variables (see the module docstring), each (m,);
@@ -120,30 +123,39 @@ def write_diagnostics(
     variable of dimension ``type``; ``names``, the state variables
     ``obs_type`` indexes; ``qc_flags``, the meaning of each ``qc`` value.
     """
+    at = path if at is None else at
+    with file_op("write", path):  # the directory, the rename
+        at.parent.mkdir(parents=True, exist_ok=True)
+        with replacing(at, label="diagnostics") as tmp:
+            _write_product(path, tmp, lambda out: _write(
+                out, tables, cycle=cycle, members=members, command=command, four_d=four_d))
+
+
+def _write(out: Path, tables: Any, *, cycle: int, members: int, command: str,
+           four_d: bool) -> None:  # fmt: skip
+    """The file's contents into ``out`` (see :func:`write_diagnostics`)."""
     columns: Mapping[str, np.ndarray] = tables.columns
     names: Sequence[str] = tables.names
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with file_op("write", path), replacing(path, label="diagnostics") as tmp:
-        with netCDF4.Dataset(tmp, "w", format="NETCDF4") as ds:
-            _observations(ds, columns, names, tables.qc_flags, four_d)
-            _types(ds, tables.rows)
-            ds.setncatts({
-                "Conventions": "CF-1.8",
-                "featureType": "point",
-                "title": "ensio observation-space diagnostics",
-                "source": f"ensio {__version__}",
-                "history": command,
-                "cycle": np.int32(cycle),
-                "ensemble_size": np.int32(members),
-                "state_variables": " ".join(names),
-                "comment": (
-                    "omb = value - mean H(x^b), oma = value - mean H(x^a); spreads are "
-                    "ensemble standard deviations (ddof 1) of H(x); per-type statistics "
-                    "over the accepted observations (qc = 0); consistency = "
-                    "mean(omb^2) / mean(error^2 + spread_b^2)"
-                    + ("; 4-D analysis: H(x^a) is at the analysis time" if four_d else "")
-                ),
-            })  # fmt: skip
+    with netCDF4.Dataset(out, "w", format="NETCDF4") as ds:
+        _observations(ds, columns, names, tables.qc_flags, four_d)
+        _types(ds, tables.rows)
+        ds.setncatts({
+            "Conventions": "CF-1.8",
+            "featureType": "point",
+            "title": "ensio observation-space diagnostics",
+            "source": f"ensio {__version__}",
+            "history": command,
+            "cycle": np.int32(cycle),
+            "ensemble_size": np.int32(members),
+            "state_variables": " ".join(names),
+            "comment": (
+                "omb = value - mean H(x^b), oma = value - mean H(x^a); spreads are "
+                "ensemble standard deviations (ddof 1) of H(x); per-type statistics "
+                "over the accepted observations (qc = 0); consistency = "
+                "mean(omb^2) / mean(error^2 + spread_b^2)"
+                + ("; 4-D analysis: H(x^a) is at the analysis time" if four_d else "")
+            ),
+        })  # fmt: skip
 
 
 def _observations(ds: netCDF4.Dataset, columns: Mapping[str, np.ndarray],
