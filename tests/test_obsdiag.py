@@ -288,3 +288,16 @@ def test_a_failed_diag_write_rolls_the_analysis_back(tmp_path):
     assert {p: sha256(p) for p in paths} == before
     assert not (tmp_path / "diag.nc").exists()
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_report_of_a_diag_file_without_statistics_names_it(tmp_path):
+    work = tmp_path / "run"
+    (work / "cycle_002").mkdir(parents=True)
+    with netCDF4.Dataset(work / "cycle_002" / "diag.nc", "w") as ds:
+        ds.createDimension("type", 1)
+        ds.createVariable("type_name", str, ("type",))[0] = "all"
+        ds.createVariable("omb_rms", "f8", ("type",))[0] = 1.0
+    out = subprocess.run([*ENSIO, "report", str(work)], capture_output=True, text=True)
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    err = out.stderr.strip().splitlines()
+    assert len(err) == 1 and "cycle_002/diag.nc" in err[0] and "n_obs" in err[0], err

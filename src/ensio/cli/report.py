@@ -30,7 +30,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from ..errors import EnsioError
+from ..analysis.obsdiag import TYPE_FIELDS
+from ..errors import EnsioError, InputError
 from ..io.products.obsdiag import read_type_statistics
 from ..numfmt import fitted, fixed, unsigned_zero
 from ..workflow.records import cycle_summaries, mean_std, read_records
@@ -135,9 +136,14 @@ def diag_summaries(workdir: Path) -> list[dict[str, Any]]:
         if m is None:
             continue
         path = diagnostics_path(workdir, int(m.group(1)))
-        if path.exists():
-            out.append({"cycle": int(m.group(1)), "path": str(path),
-                        "types": read_type_statistics(path)})  # fmt: skip
+        if not path.exists():
+            continue
+        types = read_type_statistics(path)
+        lost = [f for f in TYPE_FIELDS if any(f not in t for t in types)]
+        if lost or not types:
+            raise InputError(f"{path}: not an ensio diagnostics file (variable "
+                             f"'{lost[0] if lost else 'type_name'}' missing or empty)")
+        out.append({"cycle": int(m.group(1)), "path": str(path), "types": types})
     return sorted(out, key=lambda c: c["cycle"])
 
 
