@@ -282,3 +282,33 @@ def test_remove_of_a_held_file_forgets_it_as_unlink_does(host: Host):
     assert {s.path for s in host.status()} == {str(w / "fc" / "mem002.nc")}
     c = host.run(config, "post", "cat", str(w / "fc" / "mem001.nc"))
     assert c.returncode != 0 and "No such file" in c.stderr
+
+
+KILLED = r"""
+import os, signal, sys
+import h5py
+import numpy as np
+f = h5py.File(sys.argv[1], "w")
+f["core/temp"] = np.arange(1000.0)
+f.flush()
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_restart_rewritten_after_its_writer_was_killed(case):
+    """A member killed while h5py writes its restart leaves a failed file (readers: EIO);
+    the retry's h5py create succeeds (HDF5's first, tentative open of the existing name
+    gets EIO, then it creates) and readers see the new restart."""
+    host, _, seeds = case
+    w = host.work
+    p = host.run(w / "t.yaml", "model", PY, "-c", KILLED, "tr/mem001.nc")
+    assert p.returncode != 0
+    assert {s.path: s.state for s in host.status()} == \
+        {str((w / "tr" / "mem001.nc").resolve()): "failed"}
+    c = host.run(w / "t.yaml", "analysis", "cat", "tr/mem001.nc")
+    assert c.returncode != 0 and "Input/output error" in c.stderr, c.stderr
+    _write(host, "tr/mem001.nc", seeds[0], transfer=True)
+    _write(host, "ref/mem001.nc", seeds[0], transfer=False)
+    got = _read(host, "analysis", "tr/mem001.nc")["tr/mem001.nc"]
+    assert got[0] == _sha(w / "ref" / "mem001.nc")
+    assert _members(w / "tr") == []
