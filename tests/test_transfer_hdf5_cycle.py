@@ -21,6 +21,7 @@ from pathlib import Path
 
 import needs
 import numpy as np
+import pytest
 import yaml
 from netCDF4 import Dataset
 from seeds import draw_seed
@@ -260,6 +261,7 @@ def _veros(*args: str, cwd: Path) -> None:
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
 
 
+@pytest.mark.slow
 def test_veros_cycle_through_memory_equals_the_file_based_cycle(host: Host):
     """The unmodified ``veros run`` (acc set-up, half-day forecasts) as the members."""
     needs.module("veros")
