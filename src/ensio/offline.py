@@ -30,7 +30,7 @@ from pathlib import Path
 
 from mpi4py import MPI
 
-from .analysis.inputs import assimilate_block, observation_sources
+from .analysis.inputs import assimilate_block, observation_sizes, observation_sources
 from .analysis.obsdiag import gathered_tables
 from .analysis.result import AnalysisResult
 from .config.schema import Config, ConfigError
@@ -136,7 +136,8 @@ def _diagnostics(
     if path is None:
         return ()
     names = [v.name for v in block.layout.variables]
-    tables = gathered_tables(result.observations, names, comm)
+    files = observation_sizes(observation_sources(config.observations, config.resolve), comm)
+    tables = gathered_tables(result.observations, names, files, comm)
     assert config.analysis is not None
     four_d = config.analysis.n_slots > 1
 

@@ -43,6 +43,7 @@ __all__ = [
     "PARTIAL_READ_BYTES",
     "assimilate_block",
     "load_observations",
+    "observation_sizes",
     "observation_sources",
 ]
 
@@ -92,6 +93,13 @@ def load_observations(
         return load_regional(sources, [n for n, _ in info], analysis, block, comm)
     files = _read_files(sources, analysis, block, comm, info)
     return ObsBatch.concat([batch for _, _, batch in files])
+
+
+def observation_sizes(sources: Sequence[ObsSource], comm: MPI.Comm) -> list[tuple[str, int]]:
+    """Collective: the name and observation count of every file (the global ids are
+    numbered across them in this order; the diagnostics file breaks them down by file)."""
+    return [(s.path.name, n) for s, (n, _) in zip(sources, _file_info(sources, comm),
+                                                   strict=True)]  # fmt: skip
 
 
 def _file_info(sources: Sequence[ObsSource], comm: MPI.Comm) -> list[tuple[int, int]]:

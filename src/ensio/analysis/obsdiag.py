@@ -32,6 +32,7 @@ __all__ = [
     "TypeStats",
     "diagnostics_tables",
     "gather_diagnostics",
+    "file_of",
     "gathered_tables",
     "observation_diagnostics",
     "observed_variable",
@@ -247,11 +248,31 @@ def _stats(name: str, diag: ObsDiagnostics) -> TypeStats:
     )
 
 
-def type_statistics(diag: ObsDiagnostics, names: Sequence[str]) -> list[TypeStats]:
+def file_of(ids: np.ndarray, sizes: Sequence[int]) -> np.ndarray:
+    """Pure: the observation file (0-based, config order) of each global id, shape (m,).
+
+    Ids are numbered across the files in order (each file offset by the sizes
+    of those before it, :func:`~ensio.analysis.inputs.load_observations`).
+    """
+    starts = np.cumsum([0, *sizes])[:-1]
+    return (np.searchsorted(starts, np.asarray(ids), side="right") - 1).astype(np.int64)
+
+
+def type_statistics(diag: ObsDiagnostics, names: Sequence[str],
+                    files: Sequence[tuple[str, int]] = ()) -> list[TypeStats]:  # fmt: skip
     """Per observed variable (``names``: the layout's, in its order; only those observed),
-    then ``all`` over every observation."""
+    then, with more than one observation file (``files``: name and size of each, config
+    order), per file (``file NAME``), then ``all`` over every observation.
+
+    Per file because one variable is often observed by several networks (SST and
+    profiles of temperature) whose errors and fits differ.
+    """
     out = [_stats(name, diag.subset(diag.variable == k))
            for k, name in enumerate(names) if np.any(diag.variable == k)]  # fmt: skip
+    if len(files) > 1:
+        which = file_of(diag.ids, [n for _, n in files])
+        out += [_stats(f"file {name}", diag.subset(which == i))
+                for i, (name, _) in enumerate(files)]  # fmt: skip
     return out + [_stats("all", diag)]
 
 
@@ -272,31 +293,37 @@ class DiagTables(NamedTuple):
 
     ``columns``: per-observation file variable -> (m,) array; ``rows``: per type,
     ``type`` then :data:`TYPE_FIELDS` (the last row is ``all``); ``names``: the
-    state variables ``obs_type`` indexes; ``qc_flags``: the meaning of each ``qc``.
+    state variables ``obs_type`` indexes; ``qc_flags``: the meaning of each ``qc``;
+    ``files``: the observation files ``obs_file`` indexes.
     """
 
     columns: dict[str, np.ndarray]
     rows: list[dict[str, Any]]
     names: tuple[str, ...]
     qc_flags: tuple[str, ...]
+    files: tuple[str, ...]
 
 
-def diagnostics_tables(diag: ObsDiagnostics, names: Sequence[str]) -> DiagTables:
-    """Pure: the diagnostics file's contents (:class:`DiagTables`)."""
+def diagnostics_tables(diag: ObsDiagnostics, names: Sequence[str],
+                       files: Sequence[tuple[str, int]]) -> DiagTables:  # fmt: skip
+    """Pure: the diagnostics file's contents (:class:`DiagTables`); ``files``: the name
+    and size of every observation file, config order."""
     columns = {
         "obs_id": diag.ids, "lon": diag.lon, "lat": diag.lat, "level": diag.level,
-        "level_index": diag.level_index, "obs_type": diag.variable, "value": diag.value,
+        "level_index": diag.level_index, "obs_type": diag.variable,
+        "obs_file": file_of(diag.ids, [n for _, n in files]), "value": diag.value,
         "error": diag.error, "qc": diag.qc, "omb": diag.omb, "oma": diag.oma,
         "spread_b": diag.spread_b, "spread_a": diag.spread_a,
     }  # fmt: skip
-    rows = [_row(s) for s in type_statistics(diag, names)]
-    return DiagTables(columns, rows, tuple(names), QC_FLAGS)
+    rows = [_row(s) for s in type_statistics(diag, names, files)]
+    return DiagTables(columns, rows, tuple(names), QC_FLAGS, tuple(f for f, _ in files))
 
 
 def gathered_tables(
-    local: ObsDiagnostics | None, names: Sequence[str], comm: MPI.Comm
-) -> DiagTables | None:
+    local: ObsDiagnostics | None, names: Sequence[str], files: Sequence[tuple[str, int]],
+    comm: MPI.Comm,
+) -> DiagTables | None:  # fmt: skip
     """Collective: :func:`diagnostics_tables` of every rank's observations, on rank 0
     (None elsewhere, and everywhere when ``local`` is None on rank 0)."""
     diag = gather_diagnostics(local if local is not None else _empty(), comm)
-    return None if diag is None or local is None else diagnostics_tables(diag, names)
+    return None if diag is None or local is None else diagnostics_tables(diag, names, files)

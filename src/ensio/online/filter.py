@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 from mpi4py import MPI
 
-from ..analysis.inputs import assimilate_block, observation_sources
+from ..analysis.inputs import assimilate_block, observation_sizes, observation_sources
 from ..analysis.obsdiag import gathered_tables
 from ..analysis.result import AnalysisResult
 from ..config.schema import Config, ConfigError
@@ -83,8 +83,10 @@ def run_filter(
     diag_path = diagnostics_path(config.output, config.base_dir, cycle)
     if diag_path is not None:  # as ensio analyse: O-B, O-A, spreads per observation
         names = [v.name for v in layout.variables]
-        write_run_diagnostics(diag_path, gathered_tables(result.observations, names, comm), comm,
-                              cycle=cycle, members=X.shape[0], command="ensio online")
+        tables = gathered_tables(result.observations, names,
+                                 observation_sizes(obs_files, comm), comm)
+        write_run_diagnostics(diag_path, tables, comm, cycle=cycle, members=X.shape[0],
+                              command="ensio online")  # fmt: skip
     t = time.perf_counter()
     if not config.io.in_place:
         assert config.output.members is not None

@@ -7,9 +7,11 @@ One netCDF-4 file per analysis (``output.diagnostics``; in a cycle of
   H(x^b)), ``oma`` (O − mean H(x^a)), ``spread_b``, ``spread_a``, ``qc``
   (a flag: 0 accepted, else the first check that rejected it), ``obs_type``
   (the observed variable: a flag whose values index the global attribute
-  ``state_variables``), ``lon``, ``lat``, ``level``, ``level_index``,
+  ``state_variables``), ``obs_file`` (the observation file: likewise into
+  ``observation_files``), ``lon``, ``lat``, ``level``, ``level_index``,
   ``value``, ``error``, ``obs_id``;
-* per type (dim ``type``: each observed variable, then ``all``):
+* per type (dim ``type``: each observed variable, then each observation file
+  as ``file NAME`` when there are several, then ``all``):
   ``type_name``, ``n_obs``, ``n_used``, ``omb_mean``, ``omb_rms``,
   ``oma_mean``, ``oma_rms``, ``spread_b_rms``, ``spread_a_rms``,
   ``error_rms``, ``consistency``.
@@ -57,6 +59,7 @@ _LONG = {
              "(NaN: none, or given as level_index)",
     "level_index": "observation level as a 0-based level index (-1: none)",
     "obs_type": "observed state variable",
+    "obs_file": "observation file the observation came from",
     "value": "observed value",
     "error": "observation error standard deviation (sigma_o)",
     "qc": "quality control",
@@ -137,7 +140,7 @@ def _write(out: Path, tables: Any, *, cycle: int, members: int, command: str,
     columns: Mapping[str, np.ndarray] = tables.columns
     names: Sequence[str] = tables.names
     with netCDF4.Dataset(out, "w", format="NETCDF4") as ds:
-        _observations(ds, columns, names, tables.qc_flags, four_d)
+        _observations(ds, columns, names, tables.files, tables.qc_flags, four_d)
         _types(ds, tables.rows)
         ds.setncatts({
             "Conventions": "CF-1.8",
@@ -148,6 +151,7 @@ def _write(out: Path, tables: Any, *, cycle: int, members: int, command: str,
             "cycle": np.int32(cycle),
             "ensemble_size": np.int32(members),
             "state_variables": " ".join(names),
+            "observation_files": " ".join(tables.files),
             "comment": (
                 "omb = value - mean H(x^b), oma = value - mean H(x^a); spreads are "
                 "ensemble standard deviations (ddof 1) of H(x); per-type statistics "
@@ -158,8 +162,8 @@ def _write(out: Path, tables: Any, *, cycle: int, members: int, command: str,
         })  # fmt: skip
 
 
-def _observations(ds: netCDF4.Dataset, columns: Mapping[str, np.ndarray],
-                  names: Sequence[str], qc_flags: Sequence[str], four_d: bool) -> None:  # fmt: skip
+def _observations(ds: netCDF4.Dataset, columns: Mapping[str, np.ndarray], names: Sequence[str],
+                  files: Sequence[str], qc_flags: Sequence[str], four_d: bool) -> None:  # fmt: skip
     """The per-observation variables (dim ``obs``)."""
     ds.createDimension("obs", len(columns["obs_id"]))
     c = columns
@@ -174,6 +178,10 @@ def _observations(ds: netCDF4.Dataset, columns: Mapping[str, np.ndarray],
          flag_values=np.arange(len(names), dtype=np.int32),
          flag_meanings=" ".join(_flag_word(n) for n in names),
          comment="in the order of the global attribute state_variables")  # fmt: skip
+    _var(ds, "obs_file", np.asarray(c["obs_file"], np.int32), "obs",
+         flag_values=np.arange(len(files), dtype=np.int32),
+         flag_meanings=" ".join(_flag_word(f) for f in files),
+         comment="in the order of the global attribute observation_files")  # fmt: skip
     _var(ds, "value", c["value"], "obs", **where)
     _var(ds, "error", c["error"], "obs", **where)
     _var(ds, "qc", np.asarray(c["qc"], np.int8), "obs",
