@@ -122,16 +122,18 @@ def _empty() -> ObsDiagnostics:
 
 
 def _mean_spread(hx: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Mean and ddof-1 standard deviation over members of ``hx`` (k, m); NaN where not valid."""
+    """Mean and ddof-1 standard deviation over members of ``hx`` (k, m); NaN where not valid.
+
+    Over every column, then masked: a column's numbers never depend on which other
+    columns a rank holds (the reductions run down the member axis).
+    """
     k, m = hx.shape
-    mean = np.full(m, np.nan)
-    spread = np.full(m, np.nan)
-    if k and m:
-        with np.errstate(invalid="ignore"):
-            mean[valid] = hx[:, valid].mean(axis=0)
-            spread[valid] = (np.sqrt(hx[:, valid].var(axis=0, ddof=1)) if k > 1
-                             else 0.0)  # fmt: skip
-    return mean, spread
+    if k == 0 or m == 0:
+        return np.full(m, np.nan), np.full(m, np.nan)
+    with np.errstate(invalid="ignore", over="ignore"):
+        mean = hx.mean(axis=0)
+        spread = np.sqrt(hx.var(axis=0, ddof=1)) if k > 1 else np.zeros(m)
+    return np.where(valid, mean, np.nan), np.where(valid, spread, np.nan)
 
 
 def observed_variable(obs: ObsBatch, offsets: Sequence[int]) -> np.ndarray:
@@ -230,20 +232,23 @@ def _rms(x: np.ndarray) -> float:
     return float(np.sqrt(np.mean(x**2))) if x.size else float("nan")
 
 
-def _stats(name: str, diag: ObsDiagnostics) -> TypeStats:
-    used = diag.subset(diag.accepted)
-    omb, oma = used.omb, used.oma
-    n = len(used)
-    expected = float(np.mean(used.error**2 + used.spread_b**2)) if n else float("nan")
+def _stats(name: str, sel: np.ndarray, cols: dict[str, np.ndarray]) -> TypeStats:
+    """The statistics of the observations ``sel`` (mask) from the columns of
+    :func:`type_statistics` (``used`` the accepted mask)."""
+    used = sel & cols["used"]
+    omb, oma, error = cols["omb"][used], cols["oma"][used], cols["error"][used]
+    spread_b, spread_a = cols["spread_b"][used], cols["spread_a"][used]
+    n = int(used.sum())
+    expected = float(np.mean(error**2 + spread_b**2)) if n else float("nan")
     return TypeStats(
         name=name,
-        total=len(diag),
+        total=int(sel.sum()),
         count=n,
         omb=InnovationStats.from_sums(float(omb.sum()), float((omb**2).sum()), n),
         oma=InnovationStats.from_sums(float(oma.sum()), float((oma**2).sum()), n),
-        spread_b=_rms(used.spread_b),
-        spread_a=_rms(used.spread_a),
-        error=_rms(used.error),
+        spread_b=_rms(spread_b),
+        spread_a=_rms(spread_a),
+        error=_rms(error),
         consistency=float(np.mean(omb**2)) / expected if n and expected > 0 else float("nan"),
     )
 
@@ -267,13 +272,14 @@ def type_statistics(diag: ObsDiagnostics, names: Sequence[str],
     Per file because one variable is often observed by several networks (SST and
     profiles of temperature) whose errors and fits differ.
     """
-    out = [_stats(name, diag.subset(diag.variable == k))
+    cols = {"used": diag.accepted, "omb": diag.omb, "oma": diag.oma, "error": diag.error,
+            "spread_b": diag.spread_b, "spread_a": diag.spread_a}  # fmt: skip
+    out = [_stats(name, diag.variable == k, cols)
            for k, name in enumerate(names) if np.any(diag.variable == k)]  # fmt: skip
     if len(files) > 1:
         which = file_of(diag.ids, [n for _, n in files])
-        out += [_stats(f"file {name}", diag.subset(which == i))
-                for i, (name, _) in enumerate(files)]  # fmt: skip
-    return out + [_stats("all", diag)]
+        out += [_stats(f"file {name}", which == i, cols) for i, (name, _) in enumerate(files)]
+    return out + [_stats("all", np.ones(len(diag), bool), cols)]
 
 
 #: The per-type statistics as the file names them, in the order ``ensio report`` shows them.
