@@ -132,6 +132,7 @@ def _run_cycle(config: Path, workdir: Path, cycles: int, log: Log) -> None:
 
 
 def _free_member(setup: Path, init: Path, root: Path, m: int, opts: OsseOptions) -> None:
+    """Member ``m`` of the free ensemble: ``cycles`` chained forecasts, no analysis."""
     prev = init
     for c in range(1, opts.cycles + 1):
         out = root / "free" / f"cycle_{c:03d}" / f"mem{m:03d}.h5"
@@ -139,11 +140,13 @@ def _free_member(setup: Path, init: Path, root: Path, m: int, opts: OsseOptions)
             work = root / "free" / "work" / f"mem{m:03d}"
             work.mkdir(parents=True, exist_ok=True)
             out.parent.mkdir(parents=True, exist_ok=True)
+            tmp = out.with_name(f".{out.name}.tmp")  # a killed run leaves no output behind
             proc = subprocess.run([sys.executable, "-m", "ensio.models.veros.run", str(setup),
-                                   str(prev), str(out), "--days", f"{opts.days:g}"],
+                                   str(prev), str(tmp), "--days", f"{opts.days:g}"],
                                   cwd=work, capture_output=True, text=True)
             if proc.returncode != 0:
                 raise VerosFailed((proc.stderr.strip().splitlines() or ["failed"])[-1])
+            tmp.replace(out)
         prev = out
 
 
