@@ -47,7 +47,8 @@ def lonlat_of_rows(layout: StateLayout, start: int, count: int) -> np.ndarray | 
     """Lon/lat of the rows ``[start, start + count)``, for localization and obs selection.
 
     Each row sits at its own grid point (its own variable's; a row of a 3-D
-    variable at its horizontal position: there is no vertical localization).
+    variable at its horizontal position: its level, for vertical
+    localization, is added by :mod:`~ensio.analysis.vertical`).
 
     Returns
     -------

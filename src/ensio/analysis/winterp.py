@@ -15,7 +15,8 @@ them — and is updated as ``x̄ + X'G``. A point on a coarse node takes that
 node's transform exactly (weights 1, 0, 0, 0); a point whose four corners
 have no observation keeps the inflated prior ``I/√ρ`` exactly. Rows of a
 3-D variable share the transform of their column, as in the exact analysis
-(there is no vertical localization), so each level is interpolated alike.
+without vertical localization, so each level is interpolated alike
+(``analysis.localization.vertical`` is refused with a stride > 1).
 
 **Ranks.** A rank computes the coarse nodes its points need, wherever they
 are (inside its rows or not): their transforms need only the observations
