@@ -182,6 +182,19 @@ def test_default_path_beside_the_mean_and_false_writes_none(tmp_path):
     assert not list(tmp_path.rglob("diag_008*"))
 
 
+def test_default_path_without_mean_is_beside_the_members(tmp_path):
+    """Not the config's directory: an in-memory config's base is the working directory."""
+    members = tmp_path / "members"
+    _, _, _, raw = _case(members)
+    raw["observations"] = [{"file": str(members / o["file"])} for o in raw["observations"]]
+    raw["ensemble"]["members"] = str(members / Path(raw["ensemble"]["members"]).name)
+    base = tmp_path / "elsewhere"
+    base.mkdir()
+    report = run_analysis(config_from_dict(raw, base_dir=base), MPI.COMM_SELF, cycle=3)
+    assert report.diagnostics == members / "diag_003.nc"
+    assert report.diagnostics.exists() and not list(base.iterdir())
+
+
 @pytest.mark.parametrize("value", ["", "d_{member}.nc", 3])
 def test_bad_diagnostics_key_names_it(tmp_path, value):
     _, _, _, raw = _case(tmp_path)

@@ -78,6 +78,8 @@ class Case:
             "observations": self.files,
             "analysis": {"filter": "letkf", "localization": loc, **analysis},
             "io": {"journal": True},
+            # the config has no file: keep the diag file out of the working directory
+            "output": {"diagnostics": str(self.root / "diag_{cycle:03d}.nc")},
         }  # fmt: skip
 
     def read_state(self) -> np.ndarray:
