@@ -25,6 +25,7 @@ from vertical_case import (
     stacked,
     vertical_taper,
     weights,
+    write_obs,
 )
 
 from ensio.analysis import analyse
@@ -139,6 +140,19 @@ def test_infinite_vertical_radius_is_horizontal_only(case):
     want = reference_letkf(case, None)
     got = analysed(case, {"radius": float("inf")})
     assert rel(got, want) <= 1e-10
+
+
+def test_no_observation_leaves_the_members_unchanged(case):
+    """An empty observation file with vertical localization: the prior, bit for bit."""
+    empty = case.root / "empty.nc"
+    write_obs(empty, {"lon": np.empty(0), "lat": np.empty(0),
+                                     "level": np.empty(0), "value": np.empty(0),
+                                     "error": np.empty(0)}, "temp")  # fmt: skip
+    before = case.read_state()
+    raw = case.config({"radius": 300.0})
+    raw["observations"] = [str(empty)]
+    run_analysis(config_from_dict(raw), MPI.COMM_SELF)
+    assert np.array_equal(case.read_state(), before)
 
 
 def test_vertical_weights_conventions():

@@ -91,7 +91,7 @@ class Case:
         return np.stack(rows)
 
 
-def _write_obs(path: Path, cols: dict[str, np.ndarray], var: str) -> None:
+def write_obs(path: Path, cols: dict[str, np.ndarray], var: str) -> None:
     with netCDF4.Dataset(path, "w") as ds:
         ds.createDimension("obs", len(cols["value"]))
         for name, v in cols.items():
@@ -159,7 +159,7 @@ def make_case(root: Path, rng: np.random.Generator, k: int = 8) -> Case:
         err = rng.uniform(0.3, 0.8, lon.size)
         value = H @ xbar + rng.standard_normal(lon.size) * 1.5
         path = root / f"{name}.nc"
-        _write_obs(path, {"lon": lon, "lat": lat, "value": value, "error": err, **extra}, var)
+        write_obs(path, {"lon": lon, "lat": lat, "value": value, "error": err, **extra}, var)
         files.append({"file": str(path), **entry})
         out.append(ObsSet(lon, lat, value, err, var, lev, H))
     # direct rows of temp (index): the row's own level and lon/lat
@@ -172,7 +172,7 @@ def make_case(root: Path, rng: np.random.Generator, k: int = 8) -> Case:
     err = rng.uniform(0.3, 0.8, 8)
     value = H @ xbar + rng.standard_normal(8)
     path = root / "direct.nc"
-    _write_obs(path, {"lon": lon, "lat": lat, "value": value, "error": err, "index": idx}, "temp")
+    write_obs(path, {"lon": lon, "lat": lat, "value": value, "error": err, "index": idx}, "temp")
     files.append({"file": str(path)})
     out.append(ObsSet(lon, lat, value, err, "temp", lev, H))
     return Case(root, k, Xm, out, files)

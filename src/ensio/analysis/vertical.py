@@ -140,7 +140,8 @@ def observation_levels(obs: ObsBatch, layout: StateLayout) -> np.ndarray:
 def with_level(coords: np.ndarray, levels: np.ndarray) -> np.ndarray:
     """``coords`` (n, d) with ``levels`` (n,) as one more, last column."""
     c = np.asarray(coords, dtype=float)
-    c = c.reshape(c.shape[0], -1)
+    # (n, d) as given; a 1-D array is one coordinate per row (n = 0: no observation)
+    c = c[:, None] if c.ndim == 1 else c.reshape(c.shape[0], int(np.prod(c.shape[1:])))
     return np.concatenate([c, np.asarray(levels, dtype=float)[:, None]], axis=1)
 
 
