@@ -256,6 +256,8 @@ def _report(root: Path, opts: OsseOptions, truths: list[Path], ocean: np.ndarray
         out[f"spread_ratio_{v}"] = mean("analysis", "spread") / out[f"rmse_analysis_{v}"]
         out[f"spread_ratio_forecast_{v}"] = mean("forecast", "spread") / out[f"rmse_forecast_{v}"]
     out["members"] = opts.members
+    config = yaml.safe_load((root / "cycle.yaml").read_text()) or {}
+    out["analysis"] = config.get("analysis")  # the settings these numbers belong to
     out["averaged_cycles"] = [half[0], half[-1]]
     tot = {k: math.fsum(e["timing"].get(k, 0.0) for e in cycles)
            for k in ("cycle", "members", "queue_wait", "io", "analysis")}
