@@ -216,7 +216,9 @@ def test_report_summarises_the_diag_files_per_cycle(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "cycle 1" in out.stdout and "cycle 2" in out.stdout
     assert "ratio" in out.stdout and "O-B" in out.stdout
-    assert all(len(line) <= 80 for line in out.stdout.splitlines() if "cycle" not in line)
+    lines = out.stdout.splitlines()
+    tables = [ln for ln in lines if "cycle" not in ln and not ln.startswith("wrote ")]
+    assert all(len(line) <= 80 for line in tables)  # the path of --json may be longer
     summary = json.loads((tmp_path / "r.json").read_text())
     cycles = summary["diagnostics"]
     assert [c["cycle"] for c in cycles] == [1, 2]
