@@ -145,6 +145,21 @@ def test_kill_in_the_commit_ends_every_directory_on_one_side(baselines, tmp_path
     assert case.leftovers() == []
 
 
+def test_kill_while_writing_the_diag_file_leaves_no_temporary(baselines, tmp_path):
+    """Killed between the diag file's temporary and its rename (before the transaction):
+    nothing changed, and the next run removes the dead run's temporary and analyses once."""
+    base = baselines[2]
+    case = copy_case(base.prior, tmp_path / "w")
+    k = base.labels[0].index("diagnostics-written") + 1
+    _kill(case, 2, 0, k, "diagnostics-written")
+    assert case.digests() == base.prior_digests and record_lines(case) == []
+    assert any(".ensio-tmp." in p for p in case.leftovers()), case.leftovers()
+    proc = analyse(case, 2)
+    assert proc.returncode == 0, proc.stderr
+    assert case.digests() == base.after_digests
+    assert case.leftovers() == []
+
+
 @pytest.mark.parametrize("ranks,fsync,trials", [(2, True, 4), (4, False, 3)])
 def test_kill_anywhere_leaves_all_prior_or_all_analysed(baselines, tmp_path_factory, rng,
                                                         ranks, fsync, trials):

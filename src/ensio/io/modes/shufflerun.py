@@ -143,7 +143,7 @@ class ShuffleMode(ShuffleEnsembleIO, EnsembleIO):
         config, comm = run.config, run.comm
         t = time.perf_counter()
         for target, write in run.extra:  # before the decision, in place (a rerun rewrites them)
-            root_call(comm, lambda p=target, w=write: w(p))
+            root_call(comm, lambda p=target, w=write: _rewrite_extra(p, w))
         with run.bars.phase("products"):  # staged names, published after the decision
             products = run.products.write_rows(
                 comm, analysis.plan, analysis.layout, self.tile_products(),
@@ -170,3 +170,15 @@ class ShuffleMode(ShuffleEnsembleIO, EnsembleIO):
         run.products.publish(comm, products)
         run.seconds["record"] = time.perf_counter() - t
         return None
+
+
+def _rewrite_extra(target: Path, write: Any) -> None:
+    """Write an extra file of the run (the diag file) in place, atomically.
+
+    A run killed while writing it left its temporary beside it; under the
+    run's lock no other writer of ``target`` lives, so such temporaries are
+    the dead run's and go first (the files mode's transaction discards them
+    with its staged names).
+    """
+    staging.remove_temporaries(target)
+    write(target)
