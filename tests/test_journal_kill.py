@@ -80,8 +80,11 @@ def make_analysis(tmp: Path, seed: int, finish: str) -> Analysis:
 
 
 def reset(a: Analysis) -> None:
-    for p in a.root.iterdir():
-        p.unlink()  # also leftovers of the library path (*.tmp)
+    for p in a.root.iterdir():  # also leftovers of the library path (*.tmp), and the
+        if p.is_dir():  # journal's trash directory of a kill that missed its window
+            shutil.rmtree(p)
+        else:
+            p.unlink()
     for p in a.files:
         shutil.copyfile(a.originals / p.name, p)
 
