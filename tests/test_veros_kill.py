@@ -4,19 +4,23 @@ The small OSSE (4 members, 2 cycles of 1 day, tests/veros_support.py) gives the 
 and the uninterrupted analysis run. Its ``ensio cycle`` command is rerun into a fresh
 work directory, and in that run
 
-* the driver (``ensio cycle``, through veros_kill_child.py, which reports its fault
-  points) is SIGKILLed right after a drawn one of its fault points and run again (the
-  resume); kill_support.py reads every point it reported before it died, so the test
-  knows after which step the kill landed;
+* the driver (``ensio cycle``) is SIGKILLed alone in cycle 1 while member forecasts run
+  (after a drawn number of finished members; checked with the driver stopped). Its
+  worker jobs run in their own sessions and outlive it (checked: one of them finishes a
+  task after the kill), so the resume adopts them and waits for no lease to expire;
+* the resumed driver (through veros_kill_child.py, which reports its fault points) is
+  SIGKILLed right after a drawn one of its fault points and run again;
+  kill_support.py reads every point it reported before it died, so the test knows
+  after which step the kill landed;
 * one member's ``veros run`` process is SIGKILLed mid-forecast: between the log line
   ``Current iteration: i`` (i drawn) and ``Integration done``, with no restart written
   yet, checked while the process is stopped (SIGSTOP), so the kill provably lands there.
   The member command fails, and the worker runs the member again (``workflow.retries``).
 
 Then both cycles' analysis restarts equal the uninterrupted run's byte for byte, and
-every task is recorded done exactly once. One draw of each kind by default (about a
-minute: one cycle run plus a restarted driver and one member run again);
-``ENSIO_TEST_FULL=1`` runs three.
+every task is recorded done exactly once. One draw of each kind by default (about 30 s
+on 2 cores beside the shared set-up: one cycle run, two driver restarts and one member
+run again); ``ENSIO_TEST_FULL=1`` runs three.
 """
 
 from __future__ import annotations
@@ -40,11 +44,14 @@ import pytest
 import seeds
 from veros_support import CYCLES, MEMBERS, analysis_digests, cycle_argv, small_osse
 
+from ensio.workflow.todo import TodoError, TodoList
+
 CHILD = Path(__file__).with_name("veros_kill_child.py")
-#: Fault points of one driver run per cycle: the cycle's analysis config, its to-do list
-#: (created, then rewritten) and its done marker, each a durable write of 4 points
-#: (written, synced, renamed, directory synced). The drawn kill point is uniform over them.
-DRIVER_POINTS_PER_CYCLE = 16
+#: Fault points of a driver resuming a run killed in cycle 1's forecasts: each a durable
+#: write of 4 points (written, synced, renamed, directory synced): cycle 1's analysis
+#: config and done marker (its to-do list exists), then cycle 2's analysis config, to-do
+#: list (created, then rewritten) and done marker. The drawn kill point is uniform over them.
+RESUME_POINTS = 8 + 16 * (CYCLES - 1)
 TIMEOUT = 600.0  # seconds for one driver run; it must never hang CI
 
 
@@ -77,6 +84,21 @@ def _kill_run(workdir: Path) -> None:
         time.sleep(0.05)
 
 
+def _forecasts(workdir: Path) -> list[tuple[int, Path, Path]]:
+    """(pid, working directory, restart it will write) of the run's ``veros run`` processes."""
+    found = []
+    for pid in _run_processes(workdir):
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+            cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
+        except OSError:
+            continue
+        if "run" in args and "restart_output_filename" in args and any(
+                a == "veros" or a.endswith("/veros") for a in args):
+            found.append((pid, cwd, Path(args[args.index("restart_output_filename") + 1])))
+    return found
+
+
 @dataclass(frozen=True)
 class MemberKill:
     """Where the member kill landed: the forecast of ``member`` in ``cycle``, after ``log``."""
@@ -104,20 +126,6 @@ class MemberKiller(threading.Thread):
         self._seen: set[int] = set()
         self._mark = re.compile(rf"^ *Current iteration: {iteration}\b", re.MULTILINE)
 
-    def _forecasts(self) -> list[tuple[int, Path, Path]]:
-        """(pid, working directory, restart it will write) of the run's Veros forecasts."""
-        found = []
-        for pid in _run_processes(self.workdir):
-            try:
-                args = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
-                cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
-            except OSError:
-                continue
-            if "run" in args and "restart_output_filename" in args and any(
-                    a == "veros" or a.endswith("/veros") for a in args):
-                found.append((pid, cwd, Path(args[args.index("restart_output_filename") + 1])))
-        return found
-
     def _in_window(self, log: Path, out: Path) -> bool:
         text = log.read_text(errors="replace") if log.exists() else ""
         return (self._mark.search(text) is not None and "Integration done" not in text
@@ -125,7 +133,7 @@ class MemberKiller(threading.Thread):
 
     def run(self) -> None:
         while self.killed is None and not self.stop_event.is_set():
-            for pid, cwd, out in self._forecasts():
+            for pid, cwd, out in _forecasts(self.workdir):
                 member = int(cwd.parent.name.removeprefix("mem"))  # CYCLE/work/memNNN/veros
                 if pid in self._seen or (member != self.member and not self.misses):
                     continue
@@ -155,27 +163,69 @@ def _driver(osse: Path, workdir: Path, log: Path, report: bool) -> subprocess.Po
                             stderr=log.open("ab"), env=env, start_new_session=True)
 
 
-def _task_records(workdir: Path) -> list[dict]:
-    recs = [json.loads(x) for x in (workdir / "records.jsonl").read_text().splitlines()]
-    return [r for r in recs if r.get("kind") in ("member", "analysis")]
+def _records(workdir: Path) -> list[dict]:
+    return [json.loads(x) for x in (workdir / "records.jsonl").read_text().splitlines()]
+
+
+def _kill_driver_mid_forecast(osse: Path, workdir: Path, log: Path,
+                              done: int) -> tuple[int, float]:
+    """Run the driver and SIGKILL it (alone) in cycle 1 while a member forecast runs.
+
+    The moment: ``done`` members of cycle 1 finished and a ``veros run`` of cycle 1
+    alive; checked again with the driver stopped, so the kill lands mid-cycle. Its worker
+    jobs run in their own sessions and outlive it; the next driver adopts them. Returns
+    the driver's pid (local job ids are ``local-PID-N``) and the time of the kill.
+    """
+    todo = workdir / "cycle_001" / "todo.json"
+
+    def moment() -> int | None:
+        try:
+            tasks = TodoList(todo).tasks() if todo.exists() else []
+        except TodoError:  # being created
+            return None
+        if sum(t.state == "done" and t.kind == "member" for t in tasks) < done:
+            return None
+        running = [pid for pid, cwd, _ in _forecasts(workdir) if cwd.parents[2].name ==
+                   "cycle_001"]
+        return running[0] if running else None
+
+    driver = _driver(osse, workdir, log, report=False)
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        assert driver.poll() is None, "the driver finished before the kill:\n" + \
+            log.read_text()[-3000:]
+        assert time.monotonic() < deadline, "cycle 1 never reached the kill moment"
+        if moment() is not None and kill_support.stop(driver.pid):
+            forecast = moment()
+            if forecast is not None and not (workdir / "cycle_001" / ".done").exists():
+                os.kill(driver.pid, signal.SIGKILL)
+                killed_at = time.time()
+                break
+            os.kill(driver.pid, signal.SIGCONT)
+        time.sleep(0.01)
+    assert driver.wait() == kill_support.KILLED
+    return driver.pid, killed_at
 
 
 def _one_draw(osse: Path, workdir: Path, rng: random.Random, seed: int) -> None:
-    k = rng.randint(1, DRIVER_POINTS_PER_CYCLE * CYCLES)
+    done = rng.randint(0, MEMBERS - 1)
+    k = rng.randint(1, RESUME_POINTS)
     member, iteration = rng.randint(1, MEMBERS), rng.randint(0, 1)
-    print(f"kill seed {seed}: driver after its point {k}; member {member}'s forecast after "
-          f"iteration {iteration}")
+    print(f"kill seed {seed}: driver in cycle 1 after {done} members; the resumed driver "
+          f"after its point {k}; member {member}'s forecast after iteration {iteration}")
     log = workdir.parent / f"{workdir.name}.log"
     killer = MemberKiller(workdir, member, iteration)
     killer.start()
     try:
+        first, killed_at = _kill_driver_mid_forecast(osse, workdir, log, done)
+        print(f"driver {first} killed in cycle 1 while a member forecast ran")
         driver = kill_support.kill_after_point(_driver(osse, workdir, log, report=True), k)
         assert driver.returncode == kill_support.KILLED and len(driver.labels) >= k, (
-            f"seed {seed}: the driver ended by itself (exit {driver.returncode}) after "
-            f"{len(driver.labels)} points, before its point {k}: "
-            "DRIVER_POINTS_PER_CYCLE is stale?\n" + log.read_text()[-3000:])
-        print(f"driver killed after point {k} ({driver.labels[k - 1]!r}, cycle "
-              f"{(k - 1) // DRIVER_POINTS_PER_CYCLE + 1}); it reported {len(driver.labels)}")
+            f"seed {seed}: the resumed driver ended by itself (exit {driver.returncode}) "
+            f"after {len(driver.labels)} points, before its point {k}: RESUME_POINTS is "
+            "stale?\n" + log.read_text()[-3000:])
+        print(f"resumed driver killed after its point {k} ({driver.labels[k - 1]!r}); "
+              f"it reported {len(driver.labels)}")
         resume = _driver(osse, workdir, log, report=False)
         assert resume.wait(timeout=TIMEOUT) == 0, f"seed {seed}: " + log.read_text()[-3000:]
     finally:
@@ -186,14 +236,21 @@ def _one_draw(osse: Path, workdir: Path, rng: random.Random, seed: int) -> None:
     assert hit is not None, f"seed {seed}: no member forecast was killed mid-integration " \
                             f"(missed: {killer.misses})"
     print(f"member kill: {hit}; missed first: {killer.misses}")
-    recs = _task_records(workdir)
+    recs = _records(workdir)
+    adopted = [r["adopted"] for r in recs if r.get("kind") == "pool"]
+    print(f"jobs adopted from a killed driver, per cycle run: {adopted}")
+    tasks = [r for r in recs if r.get("kind") in ("member", "analysis")]
+    # the forecast running at the first driver's kill was finished by that driver's job
+    assert any(r["job"].startswith(f"local-{first}-") and r["finished"] > killed_at
+               for r in tasks), f"seed {seed}: the first driver's jobs died with it"
     # the killed forecast failed (the member command saw veros die) and ran again
-    attempts = [(r["status"], r["attempt"]) for r in recs
+    attempts = [(r["status"], r["attempt"]) for r in tasks
                 if (r["cycle"], r["task"]) == (hit.cycle, f"mem{hit.member:03d}")]
     assert attempts == [("failed", 1), ("done", 2)], (seed, attempts)
-    done = Counter((r["cycle"], r["task"]) for r in recs if r["status"] == "done")
-    tasks = [f"mem{m:03d}" for m in range(1, MEMBERS + 1)] + ["analysis"]
-    assert done == Counter((c, t) for c in range(1, CYCLES + 1) for t in tasks), (seed, done)
+    finished = Counter((r["cycle"], r["task"]) for r in tasks if r["status"] == "done")
+    names = [f"mem{m:03d}" for m in range(1, MEMBERS + 1)] + ["analysis"]
+    assert finished == Counter((c, t) for c in range(1, CYCLES + 1) for t in names), \
+        (seed, finished)
     for c in range(1, CYCLES + 1):
         assert analysis_digests(workdir, c) == analysis_digests(osse / "assim", c), \
             f"seed {seed}: cycle {c}'s analysis differs from the uninterrupted run's"
