@@ -7,7 +7,9 @@ work directory, and in that run
 * the driver (``ensio cycle``) is SIGKILLed alone in cycle 1 while member forecasts run
   (after a drawn number of finished members; checked with the driver stopped). Its
   worker jobs run in their own sessions and outlive it (checked: one of them finishes a
-  task after the kill), so the resume adopts them and waits for no lease to expire;
+  task after the kill), renewing their leases: the resume waits for no lease to expire
+  (the local back-end cannot adopt another driver's processes, so the resume's own jobs
+  take what is left and the live leftovers commit what they hold);
 * the resumed driver (through veros_kill_child.py, which reports its fault points) is
   SIGKILLed right after a drawn one of its fault points and run again;
   kill_support.py reads every point it reported before it died, so the test knows
@@ -173,7 +175,7 @@ def _kill_driver_mid_forecast(osse: Path, workdir: Path, log: Path,
 
     The moment: ``done`` members of cycle 1 finished and a ``veros run`` of cycle 1
     alive; checked again with the driver stopped, so the kill lands mid-cycle. Its worker
-    jobs run in their own sessions and outlive it; the next driver adopts them. Returns
+    jobs run in their own sessions and outlive it. Returns
     the driver's pid (local job ids are ``local-PID-N``) and the time of the kill.
     """
     todo = workdir / "cycle_001" / "todo.json"
@@ -237,8 +239,6 @@ def _one_draw(osse: Path, workdir: Path, rng: random.Random, seed: int) -> None:
                             f"(missed: {killer.misses})"
     print(f"member kill: {hit}; missed first: {killer.misses}")
     recs = _records(workdir)
-    adopted = [r["adopted"] for r in recs if r.get("kind") == "pool"]
-    print(f"jobs adopted from a killed driver, per cycle run: {adopted}")
     tasks = [r for r in recs if r.get("kind") in ("member", "analysis")]
     # the forecast running at the first driver's kill was finished by that driver's job
     assert any(r["job"].startswith(f"local-{first}-") and r["finished"] > killed_at
