@@ -12,6 +12,9 @@ Why a scheduler of our own (tests/conftest.py returns it from
   CPU-bound files. (xdist's ``xdist_group`` marks would say the same, but
   under pytest 9 they do not reach its scheduler: xdist renames
   ``item._nodeid``, which pytest 9 no longer reads.)
+* **all Veros files on one worker** (``tests/test_veros_*.py``, scope
+  ``veros``): they share the small OSSE that ``tests/veros_support.py``
+  sets up once per worker (a minute of Veros runs);
 * **longest first**: a worker that becomes free takes the longest remaining
   file, so no long file starts last while the other worker idles. The
   order comes from ``--durations`` of whole-suite runs (2026-11-28);
@@ -24,6 +27,7 @@ from pathlib import Path
 
 #: Scopes that take longest (wall, seconds on 2 busy cores), longest first.
 LONGEST_FIRST = (
+    "veros",
     "slurm",
     "tests/test_transfer_cycle.py",
     "tests/test_real_files.py",
@@ -39,9 +43,12 @@ LONGEST_FIRST = (
 
 
 def scope_of(nodeid: str) -> str:
-    """The file of a test, or ``slurm`` for every SLURM file."""
+    """The file of a test, ``slurm`` for every SLURM file, ``veros`` for every Veros file."""
     path = nodeid.split("::", 1)[0]
-    return "slurm" if Path(path).name.startswith("test_slurm_") else path
+    name = Path(path).name
+    if name.startswith("test_slurm_"):
+        return "slurm"
+    return "veros" if name.startswith("test_veros_") else path
 
 
 def make_scheduler(config, log):
