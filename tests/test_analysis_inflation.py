@@ -41,6 +41,21 @@ def test_rtps_relaxes_the_spread_row_by_row(rng):
         assert abs(np.corrcoef(a, o)[0, 1] - 1.0) < 1e-12
 
 
+@pytest.mark.parametrize("relax", [rtps, rtpp])
+def test_rows_the_analysis_left_alone_stay_bit_for_bit(rng, relax):
+    """Relaxing an unchanged row is the identity; x̄ + 1·(x − x̄) would round it."""
+    Xb = rng.standard_normal((9, 40)) * 1e3 + 0.1
+    Xa = rng.standard_normal((9, 40)) * 0.5
+    Xa[:, ::3] = Xb[:, ::3]  # rows no observation reached
+    out = relax(Xb, Xa, 0.6)
+    assert np.array_equal(out[:, ::3], Xb[:, ::3])
+    ma = Xa.mean(0)
+    plain = relax(Xb + 0.0, Xa + 0.0, 0.6)[:, 1]
+    assert np.allclose(plain.mean(), ma[1])  # the other rows are relaxed as before
+    naive = Xb.mean(0) + (Xb - Xb.mean(0))  # the rounding the rule avoids
+    assert not np.array_equal(naive[:, ::3], Xb[:, ::3])
+
+
 def test_adaptive_update_formula(rng):
     m = 30
     rho = rng.uniform(0, 1, m)

@@ -71,7 +71,8 @@ def rtpp(prior: np.ndarray, analysis: np.ndarray, alpha: float) -> np.ndarray:
     """
     ma = analysis.mean(axis=0)
     mb = prior.mean(axis=0)
-    return ma + (1.0 - alpha) * (analysis - ma) + alpha * (prior - mb)
+    relaxed = ma + (1.0 - alpha) * (analysis - ma) + alpha * (prior - mb)
+    return _unchanged_kept(prior, analysis, relaxed)
 
 
 def rtps(prior: np.ndarray, analysis: np.ndarray, alpha: float) -> np.ndarray:
@@ -92,7 +93,20 @@ def rtps(prior: np.ndarray, analysis: np.ndarray, alpha: float) -> np.ndarray:
     sb = prior.std(axis=0, ddof=1)
     with np.errstate(divide="ignore", invalid="ignore"):
         factor = np.where(sa > 0, alpha * (sb - sa) / sa + 1.0, 1.0)
-    return ma + factor * (analysis - ma)
+    return _unchanged_kept(prior, analysis, ma + factor * (analysis - ma))
+
+
+def _unchanged_kept(prior: np.ndarray, analysis: np.ndarray, relaxed: np.ndarray) -> np.ndarray:
+    """``relaxed`` with the rows the analysis left as the prior, bit for bit, kept so.
+
+    Relaxing such a row is the identity, but ``x̄ + 1·(x − x̄)`` rounds to
+    another last bit: an analysis no observation reached must leave the
+    member files byte-identical. Shapes (k, n).
+    """
+    same = (analysis == prior).all(axis=0)
+    if same.any():
+        relaxed[:, same] = prior[:, same]
+    return relaxed
 
 
 def adaptive_inflation_update(
