@@ -24,14 +24,13 @@ import sys
 from pathlib import Path
 
 import h5py
-import needs
 import netCDF4
 import numpy as np
 import pytest
 import yaml
+from veros_support import CYCLES, MEMBERS, small_osse
 
 ENSIO = [sys.executable, "-m", "ensio"]
-MEMBERS, CYCLES = 4, 2
 
 
 def _interior_at_tau(path: Path, name: str) -> np.ndarray:
@@ -42,15 +41,10 @@ def _interior_at_tau(path: Path, name: str) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def osse(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
-    needs.venv_tool("veros")
-    root = tmp_path_factory.mktemp("veros") / "osse"
-    report = root.parent / "osse.json"
-    proc = subprocess.run([*ENSIO, "example", "veros", str(root), "--members", str(MEMBERS),
-                           "--cycles", str(CYCLES), "--days", "1", "--spinup-days", "10",
-                           "--spacing-days", "1.5", "--json", str(report)],
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return root, json.loads(report.read_text())
+    """The session's small OSSE (tests/veros_support.py: set up once per worker, shared
+    with the kill and SLURM tests)."""
+    root = small_osse(tmp_path_factory)
+    return root, json.loads((root / "osse.json").read_text())
 
 
 def test_small_osse_report(osse: tuple[Path, dict]) -> None:
@@ -128,14 +122,13 @@ def _core(path: Path) -> dict[str, np.ndarray]:
 
 
 def test_round_trip_no_observations(osse: tuple[Path, dict], tmp_path: Path) -> None:
-    """The OSSE's analysis (LETKF, horizontal and vertical localization) without
-    observations. Without its RTPS inflation: relaxing to the prior spread where no
-    observation reached the row still rounds x̄ + a·(x − x̄) to 1 ulp (reported)."""
+    """The OSSE's analysis (LETKF, horizontal and vertical localization, RTPS) without
+    observations: every restart byte for byte."""
     root, _ = osse
     for m in range(1, MEMBERS + 1):
         shutil.copyfile(root / "init" / f"mem{m:03d}.h5", tmp_path / f"mem{m:03d}.h5")
     cfg = _config(root, str(tmp_path / "mem{member:03d}.h5"), tmp_path,
-                  [str(_empty_obs(tmp_path / "empty.nc"))], inflation=False)
+                  [str(_empty_obs(tmp_path / "empty.nc"))])
     proc = subprocess.run([*ENSIO, "analyse", str(cfg)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     for m in range(1, MEMBERS + 1):
