@@ -182,17 +182,17 @@ def test_default_path_beside_the_mean_and_false_writes_none(tmp_path):
     assert not list(tmp_path.rglob("diag_008*"))
 
 
-def test_default_path_without_mean_is_beside_the_members(tmp_path):
-    """Not the config's directory: an in-memory config's base is the working directory."""
+def test_default_path_without_mean_is_the_config_directory(tmp_path):
+    """Not among the member files (tiles: a directory of them), but where the config is."""
     members = tmp_path / "members"
     _, _, _, raw = _case(members)
     raw["observations"] = [{"file": str(members / o["file"])} for o in raw["observations"]]
     raw["ensemble"]["members"] = str(members / Path(raw["ensemble"]["members"]).name)
-    base = tmp_path / "elsewhere"
+    base = tmp_path / "config"
     base.mkdir()
     report = run_analysis(config_from_dict(raw, base_dir=base), MPI.COMM_SELF, cycle=3)
-    assert report.diagnostics == members / "diag_003.nc"
-    assert report.diagnostics.exists() and not list(base.iterdir())
+    assert report.diagnostics == base / "diag_003.nc"
+    assert report.diagnostics.exists() and not list(members.glob("diag*"))
 
 
 @pytest.mark.parametrize("value", ["", "d_{member}.nc", 3])

@@ -104,7 +104,7 @@ def run_analysis(
                     block, obs_sources, config.analysis, comm, cycle=cycle, seconds=seconds,
                     slots=_slot_states(config, block),
                 )
-            diag_path = diagnostics_path(config.output, config.base_dir, cycle, beside=root)
+            diag_path = diagnostics_path(config.output, config.base_dir, cycle)
             extra = _diagnostics(diag_path, result, block, config, comm, cycle, command)
             analysis = dataclasses.replace(block, data=result.ensemble)
             written = ens.commit(analysis, RunCommit(

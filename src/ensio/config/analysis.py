@@ -402,8 +402,7 @@ class OutputSection:
     the observation-space diagnostics file of every analysis (O−B, O−A,
     spreads, QC per observation; statistics per type); a path (``{cycle}``
     allowed), ``false`` for none, unset or ``true`` for ``diag_CCC.nc``
-    (CCC the cycle) beside ``output.mean``, else in the members' directory
-    (``ensio analyse``; the online mode: the config's directory).
+    (CCC the cycle) beside ``output.mean``, else in the config's directory.
     """
 
     members: str | None = None

@@ -83,16 +83,11 @@ _NAN_WHERE = ("NaN where the observation operator was not applied (qc outside, "
               "missing_state, outside_window, bad_prior)")  # fmt: skip
 
 
-def diagnostics_path(
-    output: OutputSection, base_dir: Path, cycle: int, beside: Path | None = None
-) -> Path | None:
+def diagnostics_path(output: OutputSection, base_dir: Path, cycle: int) -> Path | None:
     """Where this analysis's diagnostics go (``output.diagnostics``); None: not written.
 
-    Unset (or true): ``diag_CCC.nc`` beside ``output.mean``, else in
-    ``beside`` (the members' directory, where the run's lock and record are),
-    else in the config's directory. Not the config's directory first: a
-    config built in memory (the Python API, tests) has the working directory
-    as its base, and an analysis must not leave files there unasked.
+    Unset (or true): ``diag_CCC.nc`` beside ``output.mean``, else in the
+    config's directory.
     """
     d = output.diagnostics
     if d is False:
@@ -100,10 +95,7 @@ def diagnostics_path(
     if isinstance(d, str):
         p = Path(d.format(cycle=cycle))
         return p if p.is_absolute() else base_dir / p
-    if output.mean is not None:
-        where = (base_dir / output.mean).parent
-    else:
-        where = beside if beside is not None else base_dir
+    where = base_dir if output.mean is None else (base_dir / output.mean).parent
     return where / f"diag_{cycle:03d}.nc"
 
 
