@@ -15,6 +15,20 @@ import netCDF4
 import numpy as np
 from seeds import draw_seed
 
+#: The synthetic example's cycle, and its overrides for a fast test run in both ``ensio
+#: cycle`` modes (4 members, 2 jobs, one analysis rank, the forecasts shifted by 3 points).
+SYNTHETIC = Path(__file__).parents[1] / "examples" / "synthetic" / "cycle.yaml"
+SYNTHETIC_FAST = (
+    "--set", "ensemble.size=4", "--set", "workflow.jobs=2",
+    "--set", "workflow.analysis_ranks=1",
+    "--set", "workflow.member_command=ensio model synthrun --init {analysis} "
+             "--out {forecast} --shift 3",
+    "--set", "workflow.online.command=ensio model synthetic-coupled --workdir {workdir} "
+             "--first {first} --cycles {cycles} --initial {initial} "
+             "--tasks-per-member {tasks_per_member} --shift 3",
+    "--set", "workflow.online.tasks_per_member=2",
+)  # fmt: skip
+
 
 @dataclass
 class VarCase:

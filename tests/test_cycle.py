@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cases import content_digest
+from cases import SYNTHETIC, SYNTHETIC_FAST, content_digest
 
 from ensio.models.l96case import rmse_table
 from ensio.workflow.todo import TodoError, TodoList
@@ -394,22 +394,12 @@ def test_online_mode_without_command_is_a_config_error(tmp_path):
         "workflow.online.command: required for --mode online")
 
 
-SYNTHETIC = Path(__file__).parents[1] / "examples" / "synthetic" / "cycle.yaml"
 
 
 @pytest.mark.mpi
 def test_synthetic_example_gives_the_same_analyses_both_ways(tmp_path):
     """The coupled synthetic model (no forecast files) against the offline pool, with advection."""
-    fast = [
-        "--set", "ensemble.size=4", "--set", "workflow.jobs=2",
-        "--set", "workflow.analysis_ranks=1",
-        "--set", "workflow.member_command=ensio model synthrun --init {analysis} "
-                 "--out {forecast} --shift 3",
-        "--set", "workflow.online.command=ensio model synthetic-coupled --workdir {workdir} "
-                 "--first {first} --cycles {cycles} --initial {initial} "
-                 "--tasks-per-member {tasks_per_member} --shift 3",
-        "--set", "workflow.online.tasks_per_member=2",
-    ]  # fmt: skip
+    fast = list(SYNTHETIC_FAST)
     runs = {}
     for mode in ("offline", "online"):
         workdir = tmp_path / mode

@@ -22,6 +22,8 @@ import numpy as np
 import pytest
 import xarray as xr
 from cases import (
+    SYNTHETIC,
+    SYNTHETIC_FAST,
     EnsembleCase,
     VarCase,
     make_obs_case,
@@ -245,23 +247,13 @@ def test_report_of_a_broken_diag_file_is_one_line(tmp_path):
     shutil.rmtree(work)
 
 
-SYNTHETIC = Path(__file__).parents[1] / "examples" / "synthetic" / "cycle.yaml"
 
 
 @pytest.mark.mpi
 def test_cycle_writes_a_diag_file_per_cycle_in_both_modes(tmp_path):
     """``ensio cycle`` (offline pool and coupled online) writes DIR/cycle_CCC/diag.nc; the two
     modes' files agree; ``ensio report DIR`` shows every cycle's types."""
-    fast = [
-        "--set", "ensemble.size=4", "--set", "workflow.jobs=2",
-        "--set", "workflow.analysis_ranks=1",
-        "--set", "workflow.member_command=ensio model synthrun --init {analysis} "
-                 "--out {forecast} --shift 3",
-        "--set", "workflow.online.command=ensio model synthetic-coupled --workdir {workdir} "
-                 "--first {first} --cycles {cycles} --initial {initial} "
-                 "--tasks-per-member {tasks_per_member} --shift 3",
-        "--set", "workflow.online.tasks_per_member=2",
-    ]  # fmt: skip
+    fast = list(SYNTHETIC_FAST)
     runs = {}
     for mode in ("offline", "online"):
         workdir = tmp_path / mode
