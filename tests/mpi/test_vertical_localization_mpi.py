@@ -20,21 +20,9 @@ from vertical_case import make_case, reference_letkf, rel
 
 from ensio.config import config_from_dict
 from ensio.offline import run_analysis
+from ensio.parallel.agree import root_call
 
 VERTICAL = {"radius": 180.0, "taper": "gaspari-cohn"}
-
-
-def _on_root(comm: MPI.Comm, fn):
-    """``fn()`` on rank 0, its result (or its error) on every rank: no rank hangs."""
-    out = None
-    if comm.rank == 0:
-        try:
-            out = (fn(), None)
-        except Exception as exc:  # noqa: BLE001 - handed to every rank
-            out = (None, f"rank 0: {type(exc).__name__}: {exc}")
-    value, error = comm.bcast(out, root=0)
-    assert error is None, error
-    return value
 
 
 def _twin(case, root):
@@ -55,7 +43,7 @@ def _twin(case, root):
 )
 def test_vertical_analysis_is_the_same_on_any_number_of_ranks(comm, shared_dir, variant):
     label = f"vertical mpi {variant}"
-    seed = _on_root(comm, lambda: draw_seed(label))
+    seed = root_call(comm, lambda: draw_seed(label))
     tag = "-".join(f"{k}{v}" for k, v in variant.items())
 
     def build():
@@ -68,7 +56,7 @@ def test_vertical_analysis_is_the_same_on_any_number_of_ranks(comm, shared_dir, 
             par["analysis"]["observations"] = {"distribution": "regional"}
         return case, par, ser
 
-    case, par, ser = _on_root(comm, build)
+    case, par, ser = root_call(comm, build)
     report = run_analysis(config_from_dict(par), comm)
 
     def serial_and_compare() -> str:
@@ -84,7 +72,7 @@ def test_vertical_analysis_is_the_same_on_any_number_of_ranks(comm, shared_dir, 
             return f"serial != reference: {rel(got_ser, want):.3g}"
         return ""
 
-    verdict = _on_root(comm, serial_and_compare)
+    verdict = root_call(comm, serial_and_compare)
     assert not verdict, verdict
     n_obs = sum(len(o.value) for o in case.obs)
     assert report.result.qc is not None and report.result.qc.accepted == n_obs
