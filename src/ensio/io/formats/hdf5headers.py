@@ -35,13 +35,12 @@ storage, a header that is not version 2.
 
 from __future__ import annotations
 
-import os
 import struct
 from collections.abc import Collection
 
 import numpy as np
 
-from .hdf5quick import Chunk, header_chunks, superblock
+from .hdf5quick import Chunk, header_chunks, superblock, windowed_reader
 from .store import HeaderKeys
 
 __all__ = ["hdf5_header_keys"]
@@ -70,11 +69,7 @@ def hdf5_header_keys(fd: int, size: int, names: Collection[str]) -> HeaderKeys |
 
 
 def _header_keys(fd: int, size: int, names: Collection[str]) -> HeaderKeys | None:
-    window = os.pread(fd, min(size, _WINDOW), 0)
-
-    def read(off: int, n: int) -> bytes:
-        return window[off : off + n] if off + n <= len(window) else os.pread(fd, n, off)
-
+    read = windowed_reader(fd, size, _WINDOW)
     sb = superblock(read, size)
     if sb is None:
         return None

@@ -154,6 +154,20 @@ def chunk_ranges(path: Path, names: Collection[str]) -> list[tuple[int, int]] | 
 Reader = Callable[[int, int], bytes]
 
 
+def windowed_reader(fd: int, size: int, window: int) -> Callable[[int, int], bytes]:
+    """``read(offset, n)`` of ``fd``: the first ``window`` bytes read once, the rest by pread.
+
+    A header parse reads many small pieces, nearly all near the start of the
+    file; one read of the window answers them without a system call each.
+    """
+    head = os.pread(fd, min(size, window), 0)
+
+    def read(off: int, n: int) -> bytes:
+        return head[off : off + n] if off + n <= len(head) else os.pread(fd, n, off)
+
+    return read
+
+
 def hdf5_root_header(fd: int, size: int) -> MovableBytes | None:
     """:meth:`~ensio.io.formats.store.MemberStore.movable_bytes` of a netCDF-4/HDF5 file.
 
@@ -162,11 +176,7 @@ def hdf5_root_header(fd: int, size: int) -> MovableBytes | None:
     attribute or a continuation, as (type, flags, data), in a canonical
     order. None where :func:`_root_chunks` does not parse the file.
     """
-    window = os.pread(fd, min(size, _WINDOW), 0)
-
-    def read(off: int, n: int) -> bytes:
-        return window[off : off + n] if off + n <= len(window) else os.pread(fd, n, off)
-
+    read = windowed_reader(fd, size, _WINDOW)
     chunks = _root_chunks(read, size)
     if chunks is None:
         return None
