@@ -50,8 +50,9 @@ def test_partial_obs_read_gives_the_same_analysis(comm, shared_dir, monkeypatch,
     monkeypatch.setattr(sources, "read_obs_file", spy)
     for mode, threshold in (("whole", 1 << 40), ("partial", 0)):
         monkeypatch.setattr(inputs, "PARTIAL_READ_BYTES", threshold)
-        cfg = config_from_dict(
-            {**raw, "output": {"members": str(shared_dir / mode / "mem{member:03d}.nc")}}
+        cfg = config_from_dict(  # base: the diag file goes there, not the working directory
+            {**raw, "output": {"members": str(shared_dir / mode / "mem{member:03d}.nc")}},
+            base_dir=shared_dir,
         )
         report = offline.run_analysis(cfg, comm)
         out = dataclasses.replace(
