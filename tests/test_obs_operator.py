@@ -238,7 +238,14 @@ def test_masked_curvilinear_rejects_cells_touching_the_mask(tmp_path, rng):
     j0 = np.minimum(np.floor((la_r + 10) / 2).astype(int), rlat.size - 2)
     all_sea = sea[j0, i0] & sea[j0, i0 + 1] & sea[j0 + 1, i0] & sea[j0 + 1, i0 + 1]
     assert 0 < all_sea.sum() < m
-    np.testing.assert_array_equal(inside, all_sea.astype(bool))
+    # The cell is found in the gnomonic plane, where rotated parallels curve: the
+    # fractional position errs by up to tan(rlat)/8 of a cell (see the test above), so
+    # an observation that close to a cell edge may fall in the neighbour. Compare the rest.
+    band = np.tan(np.radians(np.abs(rlat).max())) / 8
+    fx, fy = (lo_r + 20) / 2 - i0, (la_r + 10) / 2 - j0
+    clear = (np.minimum(fx, 1 - fx) > band) & (np.minimum(fy, 1 - fy) > band)
+    assert clear.sum() > m // 2
+    np.testing.assert_array_equal(inside[clear], all_sea.astype(bool)[clear])
     state = field.ravel()[sea.ravel() != 0][None, :]  # the rows: sea points in C order
     ref = RegularGridInterpolator((rlat, rlon), field)(np.stack([la_r, lo_r], 1))
     err = np.abs(op.apply(state)[0] - ref)[inside]
