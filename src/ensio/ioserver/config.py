@@ -237,6 +237,9 @@ class IOServerConfig:
     servers: int = 1
     client_buffer_mb: float = 64.0
     server_buffer_mb: float = 256.0
+    #: seconds a model rank waits for the servers without any progress before it ends
+    #: the job naming the server (a stopped or hung server); sent in the field table
+    timeout_s: float = 300.0
     output_dir: Path = Path("output")
     shared_min_mb: float = 64.0
     calendar: CalendarDef = field(default_factory=CalendarDef)

@@ -47,7 +47,7 @@ __all__ = ["load_ioserver_config", "ioserver_from_dict", "expression_refs"]
 
 _SECTION_KEYS = {
     "mode", "servers", "client_buffer_mb", "server_buffer_mb", "shared_min_mb", "output_dir",
-    "calendar",
+    "timeout_s", "calendar",
     "axes", "domains", "grids", "field_groups", "fields", "files",
 }
 _FIELD_KEYS = {f.name for f in fields(FieldDef)}
@@ -76,7 +76,7 @@ def ioserver_from_dict(raw: Any, base_dir: str | Path = ".") -> IOServerConfig:
         if k not in _SECTION_KEYS:
             raise ConfigError(f"ioserver.{k}: unknown config key")
     top = {k: raw[k] for k in ("mode", "servers", "client_buffer_mb", "server_buffer_mb",
-                               "shared_min_mb") if k in raw}
+                               "shared_min_mb", "timeout_s") if k in raw}
     scalars = from_plain(_Scalars, top, "ioserver")
     out_dir = Path(from_plain(str, raw.get("output_dir", "output"), "ioserver.output_dir"))
     if not out_dir.is_absolute():
@@ -98,7 +98,7 @@ def ioserver_from_dict(raw: Any, base_dir: str | Path = ".") -> IOServerConfig:
     return IOServerConfig(
         mode=scalars.mode, servers=scalars.servers, client_buffer_mb=scalars.client_buffer_mb,
         server_buffer_mb=scalars.server_buffer_mb, shared_min_mb=scalars.shared_min_mb,
-        output_dir=out_dir, calendar=calendar,
+        timeout_s=scalars.timeout_s, output_dir=out_dir, calendar=calendar,
         axes=axes, domains=domains, grids=grids, fields=resolved, files=files,
     )
 
@@ -110,11 +110,12 @@ class _Scalars:
     client_buffer_mb: float = 64.0
     server_buffer_mb: float = 256.0
     shared_min_mb: float = 64.0
+    timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
         if self.servers < 1:
             raise ConfigError(f"ioserver.servers: must be at least 1, got {self.servers}")
-        for name in ("client_buffer_mb", "server_buffer_mb", "shared_min_mb"):
+        for name in ("client_buffer_mb", "server_buffer_mb", "shared_min_mb", "timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"ioserver.{name}: must be positive")
 
