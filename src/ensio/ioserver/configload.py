@@ -59,8 +59,13 @@ _DEFAULTS = {f.name: f.default for f in fields(FieldDef)
 
 
 def load_ioserver_config(path: str | Path, overrides: Iterable[str] = ()) -> IOServerConfig:
-    """Read the ``ioserver:`` section of a YAML file (safely) and resolve it."""
+    """Read the ``ioserver:`` section of a YAML file (safely) and resolve it; an XIOS
+    ``iodef.xml`` (``*.xml`` or content starting with ``<``) is read by :mod:`.iodef`."""
     path = Path(path)
+    from .iodef import is_iodef_xml, load_iodef  # here: the XML reader only when needed
+
+    if is_iodef_xml(path):
+        return load_iodef(path, overrides)
     raw = read_yaml(path)
     if not isinstance(raw, dict) or "ioserver" not in raw:
         raise ConfigError(f"{path}: ioserver: required config section is missing")
