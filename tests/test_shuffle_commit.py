@@ -37,7 +37,7 @@ from shuffle_commit_support import ShuffleCase, make_shuffle_case
 
 from ensio.io.txn import journal
 from ensio.io.txn.runrecord import RUNS_NAME
-from ensio.io.txn.shufflejournal import ShuffleMarker, write_marker
+from ensio.io.txn.shufflejournal import ShuffleMarker
 from ensio.io.txn.undolog import UndoLog
 
 ENSIO = [sys.executable, "-m", "ensio"]
@@ -196,7 +196,7 @@ def _journaled_local(tmp_path: Path, global_root: Path) -> tuple[Path, Path, byt
     tile = local / "mem001_0000.nc"
     prior = np.arange(64, dtype=np.uint8).tobytes()
     tile.write_bytes(prior)
-    write_marker(local / JOURNAL, ShuffleMarker("t" * 32, str(global_root)), fsync=False)
+    ShuffleMarker("t" * 32, str(global_root)).write(local / JOURNAL, fsync=False)
     undo = UndoLog.create(local, 0, fsync=False)
     undo.save(tile, 8, prior[8:24])
     undo.close()

@@ -37,11 +37,11 @@ def test_every_marker_goes_through_the_one_reader(tmp_path):
     (jdir / COMMITTED_NAME).write_bytes(b"")  # the journal's: existence is the decision
     assert is_committed(jdir)
     shuffle = tmp_path / "s"
-    shufflejournal.write_marker(shuffle, shufflejournal.ShuffleMarker("tx", "/g"), fsync=False)
-    assert shufflejournal.read_marker(shuffle) == shufflejournal.ShuffleMarker("tx", "/g")
+    shufflejournal.ShuffleMarker("tx", "/g").write(shuffle, fsync=False)
+    assert shufflejournal.ShuffleMarker.read(shuffle) == shufflejournal.ShuffleMarker("tx", "/g")
     (shuffle / shufflejournal.MARKER_NAME).write_text('{"txid": "tx"}')
     with pytest.raises(JournalError, match="unreadable shuffle marker.*nothing changed"):
-        shufflejournal.read_marker(shuffle)
+        shufflejournal.ShuffleMarker.read(shuffle)
     backup = tmp_path / "b"
     backup.mkdir()
     assert read_backup_marker(backup) is None
@@ -81,7 +81,7 @@ def test_roll_forward_with_and_without_recorded_contents(tmp_path):
 
 def test_one_temporary_name_scheme_made_and_recognised(tmp_path):
     from ensio.durable import temporary_name, temporary_of
-    from ensio.io.products.products import partial_path
+    from ensio.io.txn.staging import partial_path
 
     target = tmp_path / "mem001.nc"
     tmp = temporary_name(target)

@@ -40,7 +40,7 @@ from .io.modes.ensemble import mode_of
 from .io.node.backup import start_cycle_backup
 from .io.products.obsdiag import diagnostics_path, write_diagnostics
 from .io.products.products import product_paths, write_member_copies, write_products
-from .io.products.shuffleproducts import publish, roll_forward, write_shuffle_products
+from .io.products.shuffleproducts import write_shuffle_products
 from .io.scan.slotstates import SlotStates
 from .io.txn.commit import ensemble_lock
 from .io.txn.runrecord import run_keys
@@ -54,7 +54,7 @@ __all__ = ["PRODUCTS", "run_analysis"]
 #: The product writers a mode's commit calls (io/products sits above io/modes).
 PRODUCTS = ProductWriters(
     paths=product_paths, write=write_products, member_copies=write_member_copies,
-    write_rows=write_shuffle_products, publish=publish, roll_forward=roll_forward,
+    write_rows=write_shuffle_products,
 )
 
 

@@ -25,8 +25,8 @@ from ensio.config.load import load_config
 from ensio.errors import FileOpError, InputError
 from ensio.io.modes.ensemble import read_ensemble
 from ensio.io.modes.shuffle import ShuffleEnsembleIO
-from ensio.io.products.shuffleproducts import staged
 from ensio.io.tiles import tilefile
+from ensio.io.txn.staging import partial_path as staged
 from ensio.layout.tiles import declared_geometry
 from ensio.offline import run_analysis
 

@@ -26,7 +26,8 @@ import sys
 from pathlib import Path
 
 from ..errors import EnsioError, file_op
-from ..io.txn.journal import JOURNAL_DIRNAME, RecoveryReport, recover
+from ..io.txn.journal import JOURNAL_DIRNAME, recover
+from ..io.txn.transaction import RecoveryReport
 from ..locks import EnsembleLock, command_line
 from .options import add_set_option
 

@@ -15,9 +15,11 @@ commits members, copies, products and the record together
 The defaults are ``files`` mode's: member files on the global file system,
 one :class:`~ensio.io.txn.commit.RunTransaction` in the members' directory.
 A mode that keeps them (tiled files, a test's toy mode) overrides only what
-differs; ``shuffle`` (:mod:`ensio.io.modes.shufflerun`) overrides the lock
-root, the rerun check and the commit (its two-phase commit across node-local
-directories).
+differs; ``shuffle`` (:class:`~ensio.io.modes.shuffle.ShuffleEnsembleIO`,
+hook bodies in :mod:`ensio.io.modes.shufflerun`) overrides the lock root,
+the rerun check and the commit (its
+:class:`~ensio.io.txn.shufflecommit.ShuffleTransaction` across node-local
+directories). Every commit is a :class:`~ensio.io.txn.transaction.Transaction`.
 
 The product writers live in ``io/products``, a room above this one (it opens
 ensemble-I/O objects to write copies), so the driver hands them to the hooks
@@ -29,7 +31,7 @@ from __future__ import annotations
 import abc
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,12 +50,10 @@ from ..tiles.tileproducts import TileProducts, tile_paths
 from ..txn.commit import RunTransaction
 from ..txn.journal import journal_root
 from ..txn.runrecord import file_digests, find_run, holds, record_line, runs_path, staged_runs
+from ..txn.transaction import Staging
 from .stats import IOStats
 
 __all__ = ["EnsembleIO", "ProductWriters", "RunCommit"]
-
-#: A staging function: the name a file is written under until the commit.
-Stage = Callable[[Path], Path]
 
 
 @dataclass(frozen=True)
@@ -63,17 +63,15 @@ class ProductWriters:
     ``paths``: :func:`ensio.io.products.products.product_paths`;
     ``write``: :func:`~ensio.io.products.products.write_products`;
     ``member_copies``: :func:`~ensio.io.products.products.write_member_copies`;
-    ``write_rows`` / ``publish`` / ``roll_forward``: the row-set products of
-    :mod:`ensio.io.products.shuffleproducts` (staged by one rank per tile,
-    renamed after the decision).
+    ``write_rows``: the row-set products of
+    :mod:`ensio.io.products.shuffleproducts` (staged by one rank per tile under
+    the shuffle transaction's names, renamed by its commit).
     """
 
     paths: Callable[..., dict[str, Path]]
     write: Callable[..., Any]
     member_copies: Callable[..., IOStats | None]
     write_rows: Callable[..., dict[str, str]]
-    publish: Callable[[MPI.Comm, Mapping[str, str]], None]
-    roll_forward: Callable[[Mapping[str, str]], list[str]]
 
 
 @dataclass
@@ -167,7 +165,7 @@ class EnsembleIO(abc.ABC):
         return None
 
     def write_output_members(self, config: Config, comm: MPI.Comm, analysis: EnsembleBlock,
-                             stage: Stage, products: ProductWriters,
+                             stage: Staging, products: ProductWriters,
                              advance: Advance = no_progress) -> IOStats | None:
         """Collective: the analysis as copies at ``output.members`` (staged names)."""
         paths = self.copy_targets(config)
@@ -231,25 +229,25 @@ class EnsembleIO(abc.ABC):
                 if config.io.in_place:
                     written: IOStats | None = self.write(analysis, progress=advance)
                 else:
-                    written = self.write_output_members(config, comm, analysis, txn.path,
+                    written = self.write_output_members(config, comm, analysis, txn.stage,
                                                         run.products, advance)
             txn.checkpoint()
             run.seconds["write"] = time.perf_counter() - t
             t = time.perf_counter()
-            template = txn.path(copies[0]) if copies else members[0]
+            template = txn.stage(copies[0]) if copies else members[0]
             with run.bars.phase("products"):
                 run.products.write(
                     comm, analysis.layout, analysis.data, template, "ensio analyse",
-                    products, config.ensemble.coordinates, stage=txn.path,
+                    products, config.ensemble.coordinates, stage=txn.stage,
                     inactive=analysis.inactive_rows(), tiles=tiles,
                 )  # fmt: skip
             for target, write in run.extra:
-                root_call(comm, lambda p=target, w=write: w(txn.path(p)))
+                root_call(comm, lambda p=target, w=write: w(txn.stage(p)))
             txn.checkpoint()
             run.seconds["products"] = time.perf_counter() - t
             t = time.perf_counter()
             files = [*members, *copies]  # as committed: copies and products at staged names
-            stored = [*members, *map(txn.path, copies), *map(txn.path, product_files)]
+            stored = [*members, *map(txn.stage, copies), *map(txn.stage, product_files)]
             digests = file_digests(stored, comm)
             entry = record_line(
                 run.key, run.cycle, run.command,
@@ -258,7 +256,7 @@ class EnsembleIO(abc.ABC):
                 {os.path.abspath(p): d for p, d in zip(product_files, digests[len(files):],
                                                        strict=True)},
             )  # fmt: skip
-            root_call(comm, lambda: staged_runs(root, entry, txn.path(runs)))
+            root_call(comm, lambda: staged_runs(root, entry, txn.stage(runs)))
             txn.commit()
             run.seconds["record"] = time.perf_counter() - t
         return written

@@ -14,7 +14,7 @@ Every mode is a subclass of :class:`~ensio.io.modes.base.EnsembleIO`
 registered in :data:`ENSEMBLE_IO` by ``io.mode``: ``files`` is
 :class:`~ensio.io.modes.files.FileEnsembleIO` (which opens tiled members,
 ``{tile}``, as :class:`~ensio.io.modes.tiledio.TiledEnsembleIO` itself),
-``shuffle`` is :class:`~ensio.io.modes.shufflerun.ShuffleMode`. The analysis
+``shuffle`` is :class:`~ensio.io.modes.shuffle.ShuffleEnsembleIO`. The analysis
 driver (:func:`ensio.offline.run_analysis`) opens a run through
 :func:`mode_of` and the class's hooks, never by asking which mode it has. A
 new mode is one module with its class, one entry here and its ``Literal``
@@ -37,7 +37,7 @@ from ...layout.block import EnsembleBlock
 from ...layout.state import StateLayout
 from .base import EnsembleIO
 from .files import FileEnsembleIO
-from .shufflerun import ShuffleMode
+from .shuffle import ShuffleEnsembleIO
 from .stats import IOStats
 
 __all__ = ["ENSEMBLE_IO", "EnsembleIO", "IOStats", "mode_of", "open_ensemble",
@@ -45,7 +45,8 @@ __all__ = ["ENSEMBLE_IO", "EnsembleIO", "IOStats", "mode_of", "open_ensemble",
 
 
 #: ``io.mode`` → its class (tiled or not is the class's own choice, :meth:`EnsembleIO.open_run`).
-ENSEMBLE_IO: dict[str, type[EnsembleIO]] = {"files": FileEnsembleIO, "shuffle": ShuffleMode}
+ENSEMBLE_IO: dict[str, type[EnsembleIO]] = {"files": FileEnsembleIO,
+                                          "shuffle": ShuffleEnsembleIO}
 
 
 def mode_of(io: IOSection) -> type[EnsembleIO]:

@@ -38,34 +38,34 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import netCDF4
 import numpy as np
 from mpi4py import MPI
 
 from ...config.errors import ConfigError
-from ...config.schema import EnsembleSection, IOSection
+from ...config.schema import Config, EnsembleSection, IOSection
 from ...errors import InputError
 from ...layout.rowsetblock import RowSetBlock
 from ...layout.state import StateLayout
-from ...layout.tiles import TileGeometry, declared_geometry
 from ...locks import EnsembleLock, command_line
 from ...parallel.agree import ErrorNote, agree, guard, note_error, raise_if_any, rebuild, root_call
 from ...parallel.nodes import this_host
 from ...progress import Advance, no_progress
-from ..formats.open import open_member
-from ..formats.store import VarInfo
 from ..node.stagemap import format_local_dir, holder_rank
 from ..scan.tileplace import check_local_tiles
-from ..tiles.tiled import global_layout, tile_geometry
 from ..tiles.tilefile import plan_runs, read_tile, write_tile
+from ..tiles.tileproducts import TileProducts
 from ..tiles.tilerewrite import rewrite_tile
 from ..txn import journal as journal_mod
 from ..txn.commit import journaled_write, run_of
 from ..txn.runrecord import sha256_file
-from ..txn.shufflecommit import ShuffleTransaction, prepare
+from ..txn.shufflecommit import ShuffleTransaction
+from . import shufflerun
+from .base import EnsembleIO, ProductWriters, RunCommit
 from .shuffleplan import ShufflePlan, shuffle_shape
+from .shuffletile import TileDigest, describe, tile_digest
 from .stats import IOStats
 
 __all__ = ["ShuffleEnsembleIO", "ShuffleTraffic"]
@@ -82,63 +82,6 @@ class ShuffleTraffic:
 
     bytes: int
     partners: int
-
-
-@dataclass
-class _Digest:
-    """What a rank learns from its own tile file before the geometry is known."""
-
-    source: str
-    infos: dict[str, VarInfo]
-    attrs: dict[str, object]
-    small: dict[str, np.ndarray]  # whole non-state variables no larger than one level
-
-
-def _digest(path: Path, names: list[str], keep_small: bool,
-            masks: Sequence[str] = ()) -> _Digest:  # fmt: skip
-    """What ``path`` holds; with ``keep_small`` also its small variables and ``masks`` whole."""
-    if not path.is_file():
-        raise InputError(f"{path}: tile file not found")
-    with open_member(path) as store:
-        infos = dict(store.variables())
-        for name in names:
-            if name not in infos:
-                raise InputError(f"{path}: state variable '{name}' not found")
-        shape = infos[names[0]].shape
-        if len(shape) < 2:
-            raise InputError(f"{path}: state variable '{names[0]}' has no (lat, lon) dims to tile")
-        level = shape[-2] * shape[-1]
-        small = {}
-        if keep_small:
-            for n, info in infos.items():
-                if n not in names and (info.size <= level or n in masks):
-                    small[n] = np.asarray(store.read_elements(n, 0, info.size)).reshape(info.shape)
-    with netCDF4.Dataset(path) as ds:
-        attrs = {k: ds.getncattr(k) for k in ds.ncattrs()}
-    return _Digest(str(path), infos, attrs, small)
-
-
-def _describe(ens: EnsembleSection, digests: list[_Digest]) -> tuple[TileGeometry, StateLayout]:
-    """Geometry and global layout from member 1's P tile digests (rank 0).
-
-    Untiled members (no ``{tile}``) are one tile each (P = 1): the whole grid,
-    no halo, so rank m reads member m's file, as the staging rule places it.
-    """
-    names = [v.name for v in ens.variables]
-    paths = [Path(d.source) for d in digests]
-    shapes = [d.infos[names[0]].shape[-2:] for d in digests]
-    if ens.tiled:
-        geo = tile_geometry(ens, paths, shapes, [d.attrs for d in digests])
-    else:
-        geo = declared_geometry(tuple(shapes[0]), 1, (1, 1), 0)
-
-    def read_tile_var(t: int, name: str) -> np.ndarray:
-        if name not in digests[t].small:
-            raise InputError(f"{digests[t].source}: variable '{name}' is larger than one "
-                             "level and cannot be a tile coordinate")  # fmt: skip
-        return digests[t].small[name]
-
-    return geo, global_layout(ens, geo, digests[0].infos, read_tile_var, digests[0].source)
 
 
 def _slice_of(part_rows: np.ndarray, values: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -163,8 +106,13 @@ def _check_hosts(hosts: list[str], per: int) -> None:
             )
 
 
-class ShuffleEnsembleIO:
+class ShuffleEnsembleIO(EnsembleIO):
     """Collective: tiles on local disks ⇄ every rank's row set, through group all-to-alls.
+
+    The registry's ``shuffle`` mode: the I/O here, its run hooks (global
+    lock root, rerun check by the tiles' contents, the two-phase commit of
+    :class:`~ensio.io.txn.shufflecommit.ShuffleTransaction`) in
+    :mod:`ensio.io.modes.shufflerun`.
 
     Parameters
     ----------
@@ -218,13 +166,13 @@ class ShuffleEnsembleIO:
                 raise InputError(f"{self.local}: io.local_dir of rank {f} on host {host} "
                                  "not found")  # fmt: skip
             masks = [v.mask for v in ens.variables if v.mask is not None]
-            digest = _digest(self.path, self.names, keep_small=first, masks=masks)
+            digest = tile_digest(self.path, self.names, keep_small=first, masks=masks)
         except Exception as exc:  # raised on every rank below
             note = note_error(exc)
         raise_if_any(comm, note)
         firsts = comm.gather(digest if first else None)
         self.geometry, self.layout = root_call(
-            comm, lambda: _describe(ens, [d for d in firsts if d is not None])
+            comm, lambda: describe(ens, [d for d in firsts if d is not None])
         )
         self.runs = plan_runs(self.geometry, self.layout)
         raise_if_any(comm, guard(lambda: self._check_tile(digest, p)))
@@ -296,7 +244,7 @@ class ShuffleEnsembleIO:
                                  "global attributes")  # fmt: skip
             return int(np.asarray(ds.getncattr("DOMAIN_number_total")).ravel()[0])
 
-    def _check_tile(self, digest: _Digest | None, p: int) -> None:
+    def _check_tile(self, digest: TileDigest | None, p: int) -> None:
         assert digest is not None
         box = self.geometry.boxes[p]
         for v in self.layout.variables:
@@ -319,9 +267,6 @@ class ShuffleEnsembleIO:
 
     def __enter__(self) -> ShuffleEnsembleIO:
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def close(self) -> None:
         """Collective: free the group and disk communicators, release the local lock."""
@@ -403,8 +348,9 @@ class ShuffleEnsembleIO:
         local directory's journal; if any rank fails, every local directory
         is rolled back before the error is raised on every rank. With ``txn``
         this is only the *prepare* phase of the run's commit
-        (:func:`ensio.io.txn.shufflecommit.prepare`): the journals stay, marked
-        with the transaction, until :func:`ensio.io.txn.shufflecommit.commit`.
+        (:meth:`ensio.io.txn.shufflecommit.ShuffleTransaction.prepare`; ``journal``
+        is the transaction's): the journals stay, marked with the transaction,
+        until its :meth:`~ensio.io.txn.shufflecommit.ShuffleTransaction.commit`.
         Without it each directory's journal is committed on its own (the
         benchmark; not atomic across directories).
         """
@@ -446,8 +392,7 @@ class ShuffleEnsembleIO:
 
         journaled = self.io.journal if journal is None else journal
         if txn is not None:  # prepare agrees over every rank after the undo logs are closed
-            prepare(self.comm, self.disk, self.root, txn, journaled,
-                    lambda undo: guard(lambda: one(undo)))
+            txn.prepare(lambda undo: guard(lambda: one(undo)))
         else:  # every rank wrote before any journal commits
             journaled_write(self.disk, self.root, journaled, self.io.fsync,
                             lambda undo: agree(self.comm, guard(lambda: one(undo))))
@@ -481,3 +426,50 @@ class ShuffleEnsembleIO:
         if first is not None:
             raise rebuild(first)
         return {k: v for part, _ in parts for k, v in part.items()}
+
+    def transaction(self, global_root: Path) -> ShuffleTransaction:
+        """Collective: a new two-phase commit over this object's local directories,
+        decided by the run record of ``global_root``."""
+        return ShuffleTransaction(self.comm, self.disk, self.root, global_root,
+                                  fsync=self.io.fsync, journaled=self.io.journal)
+
+    # ------------------------------------------------- run hooks (shufflerun)
+    @classmethod
+    def check_run(cls, config: Config) -> None:
+        shufflerun.check_run(config)
+
+    @classmethod
+    def run_root(cls, config: Config, comm: MPI.Comm) -> Path:
+        return shufflerun.run_root(config, comm)
+
+    @classmethod
+    def open_run(cls, config: Config, comm: MPI.Comm, root: Path) -> ShuffleEnsembleIO:
+        """Collective, under the lock: tidy the global directory, then recover every
+        local journal while opening (``locked``: the run record is read without the lock)."""
+        shufflerun.tidy_global(config, comm, root)
+        return cls(config.ensemble, config.base_dir, config.io, comm, locked=root)
+
+    @classmethod
+    def from_paths(cls, paths: Sequence[Path], layout: StateLayout | EnsembleSection,
+                   io: IOSection, comm: MPI.Comm) -> EnsembleIO:  # fmt: skip
+        raise ConfigError(f"io.mode: {io.mode} reads the node-local copies of "
+                          "io.local_dir, not a list of member paths (run it through "
+                          "ensio analyse)")  # fmt: skip
+
+    def member_files(self, config: Config) -> list[Path]:
+        """Every global tile path (P from the local tiles: the global ones need not be readable)."""
+        e, p = config.ensemble, len(self.geometry.boxes)
+        return [e.tile_path(m, t, config.base_dir) for m in e.numbers for t in range(p)]
+
+    def tile_products(self) -> TileProducts:
+        """Tile p's product takes its structure from rank p's own tile (tile p of member 1)."""
+        count = len(self.geometry.boxes)
+        return TileProducts(self.geometry, [self.path] * count)  # only rank p reads entry p
+
+    def already(self, config: Config, root: Path, keys: tuple[str, str], comm: MPI.Comm,
+                products: ProductWriters) -> dict[str, Any] | None:  # fmt: skip
+        return shufflerun.already(self, root, keys, comm)
+
+    def commit(self, analysis: RowSetBlock, run: RunCommit) -> IOStats | None:  # type: ignore[override]
+        shufflerun.commit_run(self, analysis, run)
+        return None

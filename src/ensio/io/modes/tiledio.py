@@ -35,7 +35,8 @@ from ..tiles.tileproducts import TileProducts
 from ..tiles.tilerewrite import library_tiles
 from ..txn import journal as journal_mod
 from ..txn.commit import journaled_write
-from .base import EnsembleIO, ProductWriters, Stage
+from ..txn.transaction import Staging
+from .base import EnsembleIO, ProductWriters
 from .copies import copy_members
 from .stats import IOStats
 
@@ -95,7 +96,7 @@ class TiledEnsembleIO(EnsembleIO):
         return TileProducts(self.tiled.geometry, self.tiled.paths[0])
 
     def write_output_members(self, config: Config, comm: MPI.Comm, analysis: EnsembleBlock,
-                             stage: Stage, products: ProductWriters,
+                             stage: Staging, products: ProductWriters,
                              advance: Advance = no_progress) -> IOStats:
         """Collective: the tile copies of ``output.members`` (:meth:`write_copies`)."""
         return self.write_copies(analysis, [stage(p) for p in self.copy_targets(config)], advance)

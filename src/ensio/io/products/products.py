@@ -13,7 +13,8 @@ mode write their output through the same two collective functions,
 produce the same bytes; they differ only in where the structure of a file
 comes from (``sources`` / ``template``) and in the ``history`` they leave.
 
-``stage`` (the offline run's :meth:`ensio.io.txn.commit.RunTransaction.path`)
+``stage`` (the offline run's transaction's
+:meth:`~ensio.io.txn.transaction.Transaction.stage`)
 maps a target to the name it is written under until the run commits; without
 it (the online mode) each file is renamed into place as soon as it is complete.
 Operating-system errors become one-line :class:`~ensio.errors.FileOpError`
@@ -34,7 +35,7 @@ from mpi4py import MPI
 from ... import __version__
 from ...config.analysis import OutputSection
 from ...config.schema import ConfigError, Coordinates, IOSection
-from ...durable import copy_identity, replacing, temporary_name
+from ...durable import copy_identity, replacing
 from ...errors import FileOpError, file_op, os_error_reason
 from ...layout.block import EnsembleBlock
 from ...layout.state import StateLayout, VariableLayout
@@ -43,15 +44,14 @@ from ...parallel.distribution import RowDistribution
 from ..modes.copies import copy_members
 from ..modes.ensemble import IOStats, open_ensemble
 from ..tiles.tileproducts import TileProducts, tile_paths
+from ..txn.staging import partial_path
+from ..txn.transaction import Staging
 from . import cf
 
-__all__ = ["history", "partial_path", "product_paths", "statistics", "write_field_file",
+__all__ = ["history", "product_paths", "statistics", "write_field_file",
            "write_member_copies", "write_products"]
 
 Statistic = cf.Statistic
-
-#: target → the name it is written under until the run commits.
-Stage = Callable[[Path], Path]
 
 
 def write_field_file(
@@ -179,23 +179,18 @@ def _write_state_variable(
     out[...] = values.reshape(v.shape)
 
 
-def partial_path(target: Path) -> Path:
-    """Where a member copy is written before it is renamed to ``target``."""
-    return temporary_name(target, "partial")
-
-
 def write_member_copies(
     io: IOSection,
     comm: MPI.Comm,
     block: EnsembleBlock,
     sources: Sequence[Path],
     targets: Sequence[Path],
-    stage: Stage | None = None,
+    stage: Staging | None = None,
 ) -> IOStats:
     """Collective: analysis member m = a copy of ``sources[m]`` with the state replaced.
 
     Every file is copied complete under a temporary name
-    (:func:`partial_path`, beside its target), its state variables are
+    (:func:`~ensio.io.txn.staging.partial_path`, beside its target), its state variables are
     written in place by the ensemble-I/O object, and only then is it renamed
     to its target, so an interrupted run never leaves a file that looks
     finished. The sources are not touched, so no journal is needed. Errors
@@ -286,7 +281,7 @@ def write_products(
     program: str,
     targets: Mapping[str, Path],
     coordinates: Coordinates,
-    stage: Stage | None = None,
+    stage: Staging | None = None,
     *,
     inactive: np.ndarray | None = None,
     tiles: TileProducts | None = None,

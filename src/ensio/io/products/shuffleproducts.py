@@ -10,10 +10,12 @@ p), from its own local tile. It asks the owners of the rows its file shows
 (interior and halo) for their values in one ``Alltoallv`` (:func:`fetch_rows`),
 so no rank gathers more than one tile.
 
-The product files are written under staged names (:func:`staged`) before
-the run's decision, their digests go into the run-record entry, and they are
-renamed into place after it (:func:`publish`); a kill in between is rolled
-forward by the next run (:func:`roll_forward`).
+The product files are written under the staged names of the run's
+transaction (``stage``: :meth:`ensio.io.txn.shufflecommit.ShuffleTransaction.stage`)
+before the run's decision, their digests go into the run-record entry, and
+the transaction renames them into place after it; a kill in between is
+rolled forward by the next run
+(:meth:`~ensio.io.txn.shufflecommit.ShuffleTransaction.roll_forward`).
 """
 
 from __future__ import annotations
@@ -31,16 +33,11 @@ from ...layout.state import StateLayout
 from ...parallel.agree import ErrorNote, guard, raise_if_any
 from ...parallel.rowsets import RowSets
 from ..tiles.tileproducts import TileProducts, tile_paths
-from ..txn import staging
 from ..txn.runrecord import sha256_file
-from .products import history, partial_path, statistics, write_field_file
+from ..txn.transaction import Staging
+from .products import history, statistics, write_field_file
 
-__all__ = ["fetch_rows", "publish", "roll_forward", "staged", "write_shuffle_products"]
-
-
-def staged(target: Path) -> Path:
-    """Where a product tile is written until the run's decision."""
-    return partial_path(target)
+__all__ = ["fetch_rows", "write_shuffle_products"]
 
 
 def fetch_rows(comm: MPI.Comm, plan: RowSets, values: np.ndarray, wanted: np.ndarray) -> np.ndarray:
@@ -78,9 +75,9 @@ def _displ(counts: np.ndarray) -> np.ndarray:
 def write_shuffle_products(
     comm: MPI.Comm, plan: RowSets, layout: StateLayout, tiles: TileProducts,
     data: np.ndarray, inactive: np.ndarray, targets: Mapping[str, Path],
-    coordinates: Coordinates, program: str,
+    coordinates: Coordinates, program: str, stage: Staging,
 ) -> dict[str, str]:  # fmt: skip
-    """Collective: every product tile written to its staged name; their digests, on every rank.
+    """Collective: every product tile written to ``stage(tile)``; their digests, on every rank.
 
     ``data`` (N_e, count): this rank's rows of the analysis; ``inactive``
     (count,): rows not analysed (the fill value in the products).
@@ -102,7 +99,7 @@ def write_shuffle_products(
         assert p is not None and tile_layout is not None
         for i, (key, statistic, _) in enumerate(stats):
             target = tile_paths(targets[key], tiles.geometry.count)[p]
-            out = staged(target)
+            out = stage(target)
             with file_op("write", target):
                 write_field_file(out, tiles.templates[p], tile_layout, values[i], coordinates,
                                  history(program, statistic), statistic=statistic,
@@ -112,34 +109,3 @@ def write_shuffle_products(
     note: ErrorNote = guard(write) if p is not None else None
     raise_if_any(comm, note)
     return {k: v for part in comm.allgather(digests) for k, v in part.items()}
-
-
-def publish(comm: MPI.Comm, products: Mapping[str, str]) -> None:
-    """Collective, after the decision: each staged product tile renamed into place.
-
-    Renames are spread over the ranks; an error is raised on every rank (the
-    run is committed: the next run rolls the rest forward).
-    """
-    mine = sorted(products)[comm.rank :: comm.size]
-    raise_if_any(comm, guard(lambda: [_rename(Path(t)) for t in mine]))
-
-
-def _rename(target: Path) -> None:
-    with file_op("write", target):
-        os.replace(staged(target), target)
-
-
-def roll_forward(products: Mapping[str, str]) -> list[str]:
-    """Rank 0, rerun of a committed run: staged product tiles of it renamed into place.
-
-    A product whose final file does not hold the recorded digest but whose
-    staged file does was left by a kill between the decision and
-    :func:`publish`: it is renamed now. Returns the products that hold
-    neither (changed or removed since).
-    """
-    def holds(path: str, target: str) -> bool:
-        return os.path.isfile(path) and sha256_file(Path(path)) == products[target]
-
-    pairs = [(staged(Path(t)), t) for t in products]
-    with file_op("roll forward"):
-        return staging.roll_forward(pairs, fsync=False, holds=holds)[1]

@@ -31,12 +31,14 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from mpi4py import MPI
 
 from ...locks import EnsembleLock, run_id
 from ...parallel.agree import ErrorNote, agree, rebuild, root_call
 from . import journal, staging
+from .transaction import RecoveryReport, Transaction
 
 __all__ = ["DeferredInterrupt", "RunTransaction", "ensemble_lock", "journaled_write", "run_of"]
 
@@ -87,8 +89,13 @@ class DeferredInterrupt:
             self._previous = None
 
 
-class RunTransaction:
+class RunTransaction(Transaction):
     """Collective: the staged files and the single commit point of one run.
+
+    The :class:`~ensio.io.txn.transaction.Transaction` of ``files`` mode (and
+    of tiled files): :meth:`stage` names the staged file of a declared target,
+    :meth:`commit` is the journal's ``COMMITTED`` marker then the renames,
+    :meth:`recover` is :func:`ensio.io.txn.journal.recover` of its root.
 
     Parameters
     ----------
@@ -132,7 +139,7 @@ class RunTransaction:
         if self.comm.allreduce(int(self.interrupt.pending), op=MPI.MAX):
             raise KeyboardInterrupt
 
-    def path(self, target: str | Path) -> Path:
+    def stage(self, target: str | Path) -> Path:
         """The staged name of ``target`` (a declared target)."""
         return self._staged[os.path.abspath(target)]
 
@@ -159,6 +166,13 @@ class RunTransaction:
         if self.open and self.comm.rank == 0:
             journal.abort(self.root, fsync=self.fsync)
         self.open = False
+
+    @classmethod
+    def recover(cls, directory: Path, **options: Any) -> RecoveryReport:
+        """The journal of ``directory`` rolled back, or forward after its marker
+        (:func:`ensio.io.txn.journal.recover`; ``options``: ``fsync``, ``force``,
+        ``locked``)."""
+        return journal.recover(directory, **options)
 
 
 def journaled_write(comm: MPI.Comm, root: Path, journaled: bool, fsync: bool,

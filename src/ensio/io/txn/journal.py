@@ -45,14 +45,13 @@ import os
 import shutil
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from ... import faults
 from ...durable import fsync_path
 from ...locks import EnsembleLock, command_line, held_by_me
 from . import shufflejournal, staging
+from .transaction import RecoveryReport
 from .undolog import (
     COMMITTED_NAME,
     JOURNAL_DIRNAME,
@@ -64,8 +63,8 @@ from .undolog import (
     scan_log,
 )
 
-__all__ = ["COMMITTED_NAME", "JOURNAL_DIRNAME", "JournalError", "RecoveryReport", "UndoLog",
-           "abort", "begin", "commit", "drop", "journal_root", "recover"]
+__all__ = ["COMMITTED_NAME", "JOURNAL_DIRNAME", "JournalError", "UndoLog", "abort", "begin",
+           "commit", "drop", "journal_root", "recover"]
 
 _TRASH_PREFIX = JOURNAL_DIRNAME + ".trash-"
 
@@ -116,44 +115,6 @@ def commit(root: Path, *, fsync: bool, transaction: bool = False) -> int:
 
 
 # --------------------------------------------------------------------------- recovery
-@dataclass(frozen=True)
-class RecoveryReport:
-    """What :func:`recover` found and did.
-
-    Attributes
-    ----------
-    state : {"clean", "rolled_back", "committed", "open"}
-        No journal / an incomplete write was undone / the write was complete
-        (staged files moved into place) / the journal is this process's own
-        open transaction (left alone).
-    files : int
-        Files whose prior content was restored (ranges or whole-file backups).
-    ranges : int
-        Undo records (byte ranges) written back.
-    bytes : int
-        Bytes written back (ranges plus sizes of restored whole-file backups).
-    missing : tuple of str
-        Journaled files that no longer exist, so could not be restored.
-    staged : int
-        Staged files renamed into place ("committed") or deleted ("rolled_back").
-    transaction : str
-        The shuffle transaction of the journal (decided by the global run
-        record), or "".
-    whole : int
-        Files put back from a whole-file backup (a library-path rewrite):
-        their bytes count in ``bytes`` but they are not ``ranges``.
-    """
-
-    state: Literal["clean", "rolled_back", "committed", "open"]
-    files: int = 0
-    ranges: int = 0
-    bytes: int = 0
-    missing: tuple[str, ...] = ()
-    staged: int = 0
-    transaction: str = ""
-    whole: int = 0
-
-
 def _restore_backup(backup: Path, target: str, fsync: bool) -> bool:
     """Put ``backup`` back at ``target``; False if ``target`` was never replaced.
 
@@ -225,7 +186,7 @@ def recover(root: Path, *, fsync: bool = True, force: bool = False,
 def _recover_locked(root: Path, jdir: Path, fsync: bool, locked: Path | None) -> RecoveryReport:
     if not jdir.is_dir():  # recovered by the run whose lock we waited for
         return RecoveryReport("clean")
-    marker = shufflejournal.read_marker(jdir)
+    marker = shufflejournal.ShuffleMarker.read(jdir)
     if marker is not None:  # decided by the global run record, not by COMMITTED
         if shufflejournal.committed(jdir, marker, locked=locked):
             _remove_journal(root, jdir, fsync)

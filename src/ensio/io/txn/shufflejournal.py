@@ -35,42 +35,46 @@ from . import marker as markers
 from .runsfile import read_entries
 from .undolog import JournalError
 
-__all__ = ["MARKER_NAME", "ShuffleMarker", "committed", "read_marker", "recorded",
-           "write_marker"]
+__all__ = ["MARKER_NAME", "ShuffleMarker", "committed", "recorded"]
 
 MARKER_NAME = "SHUFFLE"
 
 
 @dataclass(frozen=True)
 class ShuffleMarker:
-    """Which transaction a local journal belongs to, and where it is decided."""
+    """Which transaction a local journal belongs to, and where it is decided.
+
+    Written and read through the one marker writer and reader
+    (:mod:`ensio.io.txn.marker`), as ``<journal>/SHUFFLE``.
+    """
 
     txid: str
     global_root: str  # absolute
 
+    def write(self, jdir: Path, *, fsync: bool) -> None:
+        """Create the journal directory ``jdir`` with this marker, before any undo record.
 
-def write_marker(jdir: Path, marker: ShuffleMarker, *, fsync: bool) -> None:
-    """Create the journal directory ``jdir`` with its marker, before any undo record.
+        The marker appears atomically (written to a temporary name, renamed), so
+        a journal either has a whole marker or none; one without a marker holds
+        no undo record yet (it is rolled back as an ordinary journal: nothing).
+        Raises FileExistsError if ``jdir`` exists (recover first).
+        """
+        os.mkdir(jdir)
+        record = {"txid": self.txid, "global_root": self.global_root}
+        markers.write_marker(jdir / MARKER_NAME, record, fsync=fsync,
+                             label="shuffle-marker-file")
+        if fsync:
+            fsync_path(jdir.parent, directory=True)
+        faults.point("shuffle-marker")
 
-    The marker appears atomically (written to a temporary name, renamed), so
-    a journal either has a whole marker or none; one without a marker holds
-    no undo record yet (it is rolled back as an ordinary journal: nothing).
-    Raises FileExistsError if ``jdir`` exists (recover first).
-    """
-    os.mkdir(jdir)
-    record = {"txid": marker.txid, "global_root": marker.global_root}
-    markers.write_marker(jdir / MARKER_NAME, record, fsync=fsync, label="shuffle-marker-file")
-    if fsync:
-        fsync_path(jdir.parent, directory=True)
-    faults.point("shuffle-marker")
-
-
-def read_marker(jdir: Path) -> ShuffleMarker | None:
-    """The marker of the journal ``jdir``, or None (an ordinary journal)."""
-    raw = markers.read_marker(jdir / MARKER_NAME, what="shuffle marker", error=JournalError,
-                              fields=("txid", "global_root"),
-                              hint="; nothing changed (inspect it before removing the journal)")
-    return None if raw is None else ShuffleMarker(str(raw["txid"]), str(raw["global_root"]))
+    @classmethod
+    def read(cls, jdir: Path) -> ShuffleMarker | None:
+        """The marker of the journal ``jdir``, or None (an ordinary journal)."""
+        raw = markers.read_marker(
+            jdir / MARKER_NAME, what="shuffle marker", error=JournalError,
+            fields=("txid", "global_root"),
+            hint="; nothing changed (inspect it before removing the journal)")
+        return None if raw is None else cls(str(raw["txid"]), str(raw["global_root"]))
 
 
 def recorded(root: Path, txid: str) -> bool:

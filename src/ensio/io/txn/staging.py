@@ -36,8 +36,9 @@ from ... import faults
 from ...durable import copy_identity, fsync_path, temporary_name, temporary_of
 from ...locks import Holder, process_start
 
-__all__ = ["STAGED_NAME", "TRANSACTION_NAME", "discard", "is_own", "new_token", "read_pairs",
-           "remove_temporaries", "roll_forward", "staged_path", "write_transaction"]
+__all__ = ["STAGED_NAME", "TRANSACTION_NAME", "discard", "is_own", "new_token", "partial_path",
+           "read_pairs", "remove_temporaries", "roll_forward", "staged_path",
+           "write_transaction"]
 
 TRANSACTION_NAME = "TRANSACTION"
 STAGED_NAME = "STAGED"
@@ -51,6 +52,13 @@ def new_token() -> str:
 def staged_path(target: str | Path, token: str) -> Path:
     """Where ``target`` is written until the commit (beside the file a symlink points to)."""
     return temporary_name(os.path.realpath(target), "staged", token)
+
+
+def partial_path(target: str | Path) -> Path:
+    """Where a file without a journal is written until its rename: a member copy of
+    the online mode, a shuffle run's product tile until its decision. No token: a
+    rerun reuses (overwrites) it."""
+    return temporary_name(target, "partial")
 
 
 def _write_durable(path: Path, data: bytes, fsync: bool) -> None:
