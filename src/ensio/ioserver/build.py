@@ -157,6 +157,9 @@ def build_client(prefix: str | os.PathLike, mpicc: str | os.PathLike | None = No
         _install(work / "libensio_ioclient.a", result.static_lib)
         _install(src / "ensio_ioclient.h", result.header)
         _install(work / "ensio_ioclient.mod", result.module)
+    from .xiosbuild import build_xios  # XIOS's module (xios.mod, libxios) over the client
+
+    build_xios(result)
     return result
 
 
