@@ -28,12 +28,17 @@ from typing import Any
 
 import numpy as np
 
-from .config import AxisDef, FieldDef, FileDef, IOServerConfig
-from .geometry import DomainGeometry, cell_weights
-from .spatial import global_mean, plan_extract, zonal_bands, zonal_mean
+from .config import AxisDef, DomainDef, FieldDef, FileDef, IOServerConfig
+from .geometry import DomainGeometry, cell_weights, regular_geometry
+from .interp import HorizontalInterp, VerticalInterp, edges_from_centres
+from .packing import Packing, packing_of
+from .postcheck import read_regions
+from .spatial import global_mean, plan_extract, region_reduce, zonal_bands, zonal_mean
+from .timenames import TimeAxis, time_axis
 from .timeops import CELL_METHODS
 
-__all__ = ["CoordVar", "VarLayout", "FileLayout", "DEFAULT_FILL", "TIME_METHODS"]
+__all__ = ["CoordVar", "VarLayout", "FileLayout", "DEFAULT_FILL", "TIME_METHODS",
+           "target_geometry"]
 
 #: The ``_FillValue`` of a field without ``missing_value`` (XIOS's default).
 DEFAULT_FILL = 1.0e20
@@ -43,6 +48,18 @@ TIME_METHODS = CELL_METHODS
 
 _LAT = {"standard_name": "latitude", "long_name": "latitude", "units": "degrees_north"}
 _LON = {"standard_name": "longitude", "long_name": "longitude", "units": "degrees_east"}
+_REDUCE_METHODS = {"mean": "mean", "sum": "sum", "min": "minimum", "max": "maximum"}
+
+
+def target_geometry(domain: DomainDef) -> DomainGeometry:
+    """The geometry of an interpolation target (a domain the model does not send):
+    its configured ``lon``/``lat`` centres with midpoint bounds, else the regular grid."""
+    if domain.lon is None or domain.lat is None:
+        return regular_geometry(domain)
+    lon = np.asarray(domain.lon, dtype=np.float64)
+    lat = np.asarray(domain.lat, dtype=np.float64)
+    return DomainGeometry(domain, lon, lat, lon_bounds=edges_from_centres(lon, lat=False),
+                          lat_bounds=edges_from_centres(lat, lat=True))
 
 
 @dataclass(frozen=True)
@@ -68,6 +85,8 @@ class VarLayout:
     attrs: Mapping[str, Any]
     fill: float
     levels: int = 0  #: leading level dimensions (0 or 1)
+    time_dim: str = "time"
+    packing: Packing | None = None  #: precision 2: 16-bit integers
 
     @property
     def dtype(self) -> np.dtype:
@@ -87,6 +106,8 @@ class VarLayout:
             )
         for step in self.steps:
             data = step(data)
+        if self.packing is not None:
+            return self.packing.pack(data)
         out = np.where(np.isnan(data), self.fill, data)
         return out.astype(self.dtype)
 
@@ -108,6 +129,7 @@ class FileLayout:
     vars: dict[str, VarLayout] = field(default_factory=dict)
     has_time: bool = field(init=False, default=False)  #: any field not ``once``
     has_instant: bool = field(init=False, default=False)  #: any instant field
+    time: TimeAxis = field(init=False)  #: the time variables' names (:mod:`.timenames`)
     _names: set[str] = field(default_factory=set)
     _cache: dict[tuple, Any] = field(default_factory=dict)
 
@@ -116,15 +138,16 @@ class FileLayout:
         self._names.update(f.name for f in enabled)
         self.has_time = any(f.operation != "once" for f in enabled)
         self.has_instant = any(f.operation == "instant" for f in enabled)
+        self.time = time_axis(self.fd.time_naming, self.fd.time_counter,
+                              self.fd.time_counter_name, self.has_instant)
         if self.has_time:
-            for name in ("time", "time_bnds", "time_instant", "nv"):
+            reserved = self.time.reserved
+            for name in sorted(reserved):
                 if name in self._names:
                     raise ValueError(f"file {self.fd.id}: field name {name!r} is reserved")
-            self._names.update(("time", "time_bnds", "nv"))
-            self.dims["time"] = None
-            self.dims["nv"] = 2
-            if self.has_instant:
-                self._names.add("time_instant")
+            self._names.update(reserved)
+            self.dims[self.time.dim] = None
+            self.dims[self.time.nv] = 2
         for f in enabled:
             self.vars[f.name] = self._variable(f)
 
@@ -154,7 +177,7 @@ class FileLayout:
         self.dims[name] = values.size
         attrs = dict(attrs)
         if bounds is not None:
-            vdim = self._dim("nv", 2, shared=True)
+            vdim = self._dim(self.time.nv, 2, shared=True)
             bname = self._unique(f"{name}_bnds")
             attrs["bounds"] = bname
         self.coords.append(CoordVar(name, (name,), values, attrs))
@@ -242,14 +265,58 @@ class FileLayout:
         return self._cache[key]
 
     # --------------------------------------------------------------- variables
-    def _variable(self, f: FieldDef) -> VarLayout:
-        grid = self.cfg.grids[f.grid]
-        g = self.geometry.get(grid.domain)
+    def _geometry(self, domain_id: str, f: FieldDef) -> DomainGeometry:
+        d = self.cfg.domains[domain_id]
+        if d.interpolate is not None:  # a target: the model never sends it
+            return target_geometry(d)
+        g = self.geometry.get(domain_id)
         if g is None:
             raise ValueError(f"file {self.fd.id}: field {f.name}: no geometry for domain "
-                             f"{grid.domain!r}")
-        where = f"ioserver.files.{self.fd.id}.fields.{f.name}"
+                             f"{domain_id!r}")
+        return g
+
+    def _interpolation(self, f: FieldDef, g: DomainGeometry
+                       ) -> list[Callable[[np.ndarray], np.ndarray]]:
+        """The steps taking a record on the data's grid to the field's grid (weights
+        computed here, once: vertical first, then horizontal)."""
+        src, dst = self.cfg.grids[f.in_grid], self.cfg.grids[f.grid]
         steps: list[Callable[[np.ndarray], np.ndarray]] = []
+        if src.axis != dst.axis:
+            a_src, a_dst = self.cfg.axes[src.axis], self.cfg.axes[dst.axis]
+            steps.append(VerticalInterp.plan(np.asarray(a_src.values),
+                                             np.asarray(a_dst.values)).apply)
+        if src.domain != dst.domain:
+            how = self.cfg.domains[dst.domain].interpolate
+            plan = HorizontalInterp.plan(self._geometry(src.domain, f), g, how.method,
+                                         how.renormalize)
+            steps.append(plan.apply)
+        return steps
+
+    def _regions(self, f: FieldDef, g: DomainGeometry, lead: tuple[str, ...]
+                 ) -> tuple[Callable[[np.ndarray], np.ndarray], tuple[str, ...], str]:
+        """Region reduction: the step, the dimensions and the ``cell_methods`` entry."""
+        red = f.reduce
+        where = f"ioserver.files.{self.fd.id}.fields.{f.name}.reduce.mask"
+        key = ("regions", str(red.mask.file), red.mask.variable)
+        if key not in self._cache:
+            masks, ids = read_regions(red.mask.file, red.mask.variable, g.shape, where)
+            name = self._axis_coord(ids.astype(np.float64), None, "region",
+                                    {"long_name": f"region of {red.mask.variable}",
+                                     "units": "1"})
+            self._cache[key] = (masks, name)
+        masks, name = self._cache[key]
+        w = cell_weights(g)
+
+        def step(d: np.ndarray) -> np.ndarray:
+            return region_reduce(d, masks, red.op, w)
+
+        return step, (*lead, name), f"area: {_REDUCE_METHODS[red.op]}"
+
+    def _variable(self, f: FieldDef) -> VarLayout:
+        grid = self.cfg.grids[f.grid]
+        g = self._geometry(grid.domain, f)
+        where = f"ioserver.files.{self.fd.id}.fields.{f.name}"
+        steps = self._interpolation(f, g) if f.interpolated else []
         box = None
         if f.extract is not None:
             try:
@@ -263,7 +330,10 @@ class FileLayout:
         lead = (self._level(self.cfg.axes[grid.axis]),) if grid.axis else ()
         aux: list[str] = []
         spatial = ""
-        if f.mean == "global":
+        if f.reduce is not None:
+            step, dims, spatial = self._regions(f, g, lead)
+            steps.append(step)
+        elif f.mean == "global":
             w = cell_weights(g)
             steps.append(lambda d, g=g, w=w: global_mean(d, g, w))
             dims = lead
@@ -288,8 +358,10 @@ class FileLayout:
         methods = [f"time: {TIME_METHODS[f.operation]}"] if timed else []
         if spatial:
             methods.append(spatial)
-        coords = (["time_instant"] if timed and f.operation == "instant" else []) + aux
-        fill = float(f.missing_value) if f.missing_value is not None else DEFAULT_FILL
+        coords = (self.time.coordinates(f.operation == "instant") if timed else []) + aux
+        packing = packing_of(f) if f.precision == 2 else None
+        fill = (float(packing.fill) if packing is not None
+                else float(f.missing_value) if f.missing_value is not None else DEFAULT_FILL)
         attrs: dict[str, Any] = {}
         for k in ("standard_name", "long_name", "units"):
             if getattr(f, k):
@@ -300,5 +372,7 @@ class FileLayout:
         if coords:
             attrs["coordinates"] = " ".join(coords)
         attrs["missing_value"] = np.array(fill, dtype=f.dtype)
-        return VarLayout(f, f.name, tuple(dims), timed, self.cfg.grid_shape(f.grid),
-                         tuple(steps), attrs, fill, len(lead))
+        if packing is not None:
+            attrs.update(packing.attrs)
+        return VarLayout(f, f.name, tuple(dims), timed, self.cfg.grid_shape(f.in_grid),
+                         tuple(steps), attrs, fill, len(lead), self.time.dim, packing)

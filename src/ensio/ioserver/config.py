@@ -31,7 +31,11 @@ __all__ = [
     "CalendarType",
     "CalendarDef",
     "AxisDef",
+    "AxisInterp",
     "DomainDef",
+    "DomainInterp",
+    "RegionMask",
+    "Reduce",
     "shared_obstacle",
     "GridDef",
     "Box",
@@ -54,11 +58,17 @@ FileFormat = Literal["netcdf4", "cdf5"]
 TimeUnits = Literal["seconds", "minutes", "hours", "days"]
 MeanKind = Literal["global", "zonal"]
 SharedMode = Literal["auto", "true", "false"]
+InterpMethod = Literal["bilinear", "conservative"]
+ReduceOp = Literal["mean", "sum", "min", "max"]
+TimeNaming = Literal["cf", "xios"]
+TimeCounter = Literal["centered", "instant", "record", "none"]
 
 #: A frequency: a positive count and an XIOS unit (timestep, second, minute, hour,
 #: day, month, year).
 FREQ_RE = re.compile(r"^([1-9][0-9]*)(ts|s|mi|h|d|mo|y)$")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: A duration that may be zero (``freq_offset``): a count and a fixed unit.
+OFFSET_RE = re.compile(r"^(0|[1-9][0-9]*)(ts|s|mi|h|d)$")
 
 
 def check_freq(value: str, key: str, *, steps_ok: bool = True) -> None:
@@ -98,6 +108,21 @@ class CalendarDef:
 
 
 @dataclass(frozen=True)
+class AxisInterp:
+    """``interpolate:`` of a target axis (XIOS ``interpolate_axis``): linear in the level
+    values from axis ``from``. ``coordinate`` (a field holding the source levels'
+    coordinate per point) is XIOS's, not supported: an error naming the key."""
+
+    from_: str = field(metadata={"key": "from"})
+    coordinate: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.coordinate is not None:  # ValueError: from_plain prefixes the dotted key
+            raise ValueError("coordinate: a vertical coordinate field is not supported "
+                             "(the source axis values are the coordinate)")
+
+
+@dataclass(frozen=True)
 class AxisDef:
     """One vertical (or other) axis: ``n`` levels, optional values and CF attributes."""
 
@@ -109,6 +134,7 @@ class AxisDef:
     standard_name: str | None = None
     long_name: str | None = None
     values: tuple[float, ...] | None = None
+    interpolate: AxisInterp | None = None
 
     def __post_init__(self) -> None:
         check_id(self.id, "ioserver.axes.id")
@@ -125,14 +151,32 @@ class AxisDef:
 
 
 @dataclass(frozen=True)
+class DomainInterp:
+    """``interpolate:`` of a target domain (XIOS ``interpolate_domain``): from domain
+    ``from`` by ``method``; ``renormalize`` divides by the valid sources' weight."""
+
+    from_: str = field(metadata={"key": "from"})
+    method: InterpMethod = "conservative"
+    renormalize: bool = True
+
+
+@dataclass(frozen=True)
 class DomainDef:
-    """A horizontal domain; its coordinates come from the clients (their parts)."""
+    """A horizontal domain; its coordinates come from the clients (their parts).
+
+    A domain with ``interpolate`` is a target the model never sends: its
+    coordinates are ``lon``/``lat`` (cell centres) from the config, else the
+    regular global grid (:func:`.geometry.regular_geometry`).
+    """
 
     id: str
     type: DomainType
     ni_glo: int
     nj_glo: int = 1
     nvertex: int | None = None
+    lon: tuple[float, ...] | None = None
+    lat: tuple[float, ...] | None = None
+    interpolate: DomainInterp | None = None
 
     def __post_init__(self) -> None:
         check_id(self.id, "ioserver.domains.id")
@@ -144,6 +188,19 @@ class DomainDef:
             )
         if self.nvertex is not None and self.nvertex < 3:
             raise ConfigError(f"ioserver.domains.{self.id}.nvertex: must be at least 3")
+        for name, n in (("lon", self.ni_glo), ("lat", self.nj_glo)):
+            values = getattr(self, name)
+            if values is not None and len(values) != n:
+                raise ConfigError(f"ioserver.domains.{self.id}.{name}: {len(values)} values "
+                                  f"for {'ni_glo' if name == 'lon' else 'nj_glo'} = {n}")
+        if (self.lon is None) != (self.lat is None):
+            raise ConfigError(f"ioserver.domains.{self.id}: give both lon and lat or neither")
+        if self.lat is not None and any(abs(x) > 90 for x in self.lat):
+            raise ConfigError(f"ioserver.domains.{self.id}.lat: latitudes are within -90..90")
+        if (self.interpolate is not None or self.lon is not None) and self.type != "rectilinear":
+            what = "interpolate" if self.interpolate is not None else "lon"
+            raise ConfigError(f"ioserver.domains.{self.id}.{what}: only a rectilinear domain "
+                              f"(not {self.type})")
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -177,6 +234,23 @@ class Box:
 
 
 @dataclass(frozen=True)
+class RegionMask:
+    """``mask: {file, variable}`` of a region reduction: region ids ``(nj, ni)``
+    (regions = the distinct ids > 0) or a 0/1 stack ``(nregion, nj, ni)``."""
+
+    file: Path
+    variable: str
+
+
+@dataclass(frozen=True)
+class Reduce:
+    """``reduce: {op, mask}``: one value per region and level (``mean`` is area-weighted)."""
+
+    op: ReduceOp
+    mask: RegionMask
+
+
+@dataclass(frozen=True)
 class FieldDef:
     """A field, fully resolved (inheritance applied).
 
@@ -200,14 +274,32 @@ class FieldDef:
     missing_value: float | None = None
     extract: Box | None = None
     mean: MeanKind | None = None
+    freq_offset: str | None = None
+    scale_factor: float | None = None
+    add_offset: float | None = None
+    valid_min: float | None = None
+    valid_max: float | None = None
+    reduce: Reduce | None = None
+    #: not a config key: the grid of the arrays the graph produces for this field (its
+    #: field_ref chain's grid), set by the loader; differs from ``grid`` when interpolated
+    data_grid: str | None = field(default=None, metadata={"internal": True})
 
     @property
     def is_source(self) -> bool:
         return self.expr is None and self.field_ref is None
 
     @property
+    def in_grid(self) -> str:
+        """The grid of the records' data (before interpolation to ``grid``)."""
+        return self.data_grid or self.grid
+
+    @property
+    def interpolated(self) -> bool:
+        return self.in_grid != self.grid
+
+    @property
     def dtype(self) -> str:
-        return "f4" if self.precision == 4 else "f8"
+        return {2: "i2", 4: "f4", 8: "f8"}[self.precision]
 
 
 @dataclass(frozen=True)
@@ -227,6 +319,11 @@ class FileDef:
     #: row ranges written by every server (``"auto"``: when several servers and the
     #: record is at least ``ioserver.shared_min_mb``; see :mod:`.sharedfiles`)
     shared: SharedMode = "auto"
+    #: flush to disk when model time passes a multiple of this (None: every write)
+    sync_freq: str | None = None
+    time_naming: TimeNaming = "cf"
+    time_counter: TimeCounter = "centered"
+    time_counter_name: str = "time_counter"
 
 
 @dataclass(frozen=True)
@@ -280,13 +377,20 @@ def shared_obstacle(fd: FileDef, grids: Mapping[str, GridDef],
     key = f"ioserver.files.{fd.id}"
     if fd.format != "cdf5":
         return f"{key}.format", f"a shared file must be cdf5, not {fd.format}"
+    if fd.time_naming != "cf":
+        return f"{key}.time_naming", "a shared file has cf time names"
     enabled = [f for f in fd.fields if f.enabled]
     doms = {grids[f.grid].domain for f in enabled}
     for f in enabled:
         where = f"{key}.fields.{f.name}"
-        if f.extract is not None or f.mean is not None:
-            what = "extract" if f.extract is not None else "mean"
+        if f.extract is not None or f.mean is not None or f.reduce is not None:
+            what = ("extract" if f.extract is not None else "mean" if f.mean is not None
+                    else "reduce")
             return f"{where}.{what}", f"{what} needs the global array (shared file)"
+        if f.interpolated:
+            return f"{where}.grid", "interpolation needs the global array (shared file)"
+        if f.precision == 2:
+            return f"{where}.precision", "packed 16-bit output is not shared (shared file)"
         if f.operation == "once":
             return f"{where}.operation", "once is not a record variable (shared file)"
         if domains[grids[f.grid].domain].type == "unstructured":

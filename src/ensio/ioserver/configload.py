@@ -27,6 +27,7 @@ from typing import Any
 from ..config.errors import ConfigError
 from ..config.load import apply_overrides, from_plain
 from ..config.yamlfile import read_yaml
+from .calendar import Calendar
 from .config import (
     AxisDef,
     CalendarDef,
@@ -42,6 +43,14 @@ from .config import (
 )
 from .expr import parse
 from .exprtree import ExprError
+from .postcheck import (
+    check_file_time,
+    check_interp,
+    check_interp_defs,
+    check_offset,
+    check_packing,
+    check_reduce,
+)
 
 __all__ = ["load_ioserver_config", "ioserver_from_dict", "expression_refs"]
 
@@ -50,12 +59,24 @@ _SECTION_KEYS = {
     "timeout_s", "calendar",
     "axes", "domains", "grids", "field_groups", "fields", "files",
 }
-_FIELD_KEYS = {f.name for f in fields(FieldDef)}
+_FIELD_KEYS = {f.name for f in fields(FieldDef) if not f.metadata.get("internal")}
 _INHERITED = _FIELD_KEYS - {"id", "name", "expr", "field_ref"}
 _GROUP_KEYS = _INHERITED | {"id", "fields", "groups"}
 _FILE_KEYS = {f.name for f in fields(FileDef)}
 _DEFAULTS = {f.name: f.default for f in fields(FieldDef)
              if f.name in _INHERITED and f.default is not MISSING}
+
+
+@dataclass(frozen=True)
+class _Ctx:
+    """What a field's checks need besides the field: the definitions and where the
+    config file is (region mask files are relative to it)."""
+
+    grids: Mapping[str, GridDef]
+    domains: Mapping[str, DomainDef]
+    axes: Mapping[str, AxisDef]
+    dt: int
+    base_dir: Path
 
 
 def load_ioserver_config(path: str | Path, overrides: Iterable[str] = ()) -> IOServerConfig:
@@ -95,9 +116,11 @@ def ioserver_from_dict(raw: Any, base_dir: str | Path = ".") -> IOServerConfig:
             raise ConfigError(f"ioserver.grids.{g.id}.domain: no domain {g.domain!r}")
         if g.axis is not None and g.axis not in axes:
             raise ConfigError(f"ioserver.grids.{g.id}.axis: no axis {g.axis!r}")
+    check_interp_defs(domains, axes)
+    ctx = _Ctx(grids, domains, axes, Calendar(calendar).dt, Path(base_dir))
     entries = _collect_fields(raw.get("field_groups", []), raw.get("fields", []))
-    resolved = _resolve_fields(entries, grids)
-    files = _resolve_files(raw.get("files", []), resolved, grids)
+    resolved = _resolve_fields(entries, ctx)
+    files = _resolve_files(raw.get("files", []), resolved, ctx)
     for f in files:
         _check_shared(f, grids, domains)
     return IOServerConfig(
@@ -195,7 +218,7 @@ def _entry(f: Any, key: str, i: int, chain: tuple[Mapping[str, Any], ...]) -> _E
     return _Entry(where, f, chain)
 
 
-def _resolve_fields(entries: list[_Entry], grids: Mapping[str, GridDef]) -> dict[str, FieldDef]:
+def _resolve_fields(entries: list[_Entry], ctx: _Ctx) -> dict[str, FieldDef]:
     by_id: dict[str, _Entry] = {}
     for e in entries:
         fid = e.own["id"]
@@ -232,25 +255,37 @@ def _resolve_fields(entries: list[_Entry], grids: Mapping[str, GridDef]) -> dict
         merged = {**_DEFAULTS, **merged}
         if merged.get("grid") is None:
             raise ConfigError(f"{e.key}.grid: required config key is missing")
-        fd = _field(merged, e.key, grids)
+        fd = _field(merged, e.key, ctx)
         done[fid] = fd
         return fd
 
     for fid in by_id:
         resolve(fid, ())
+    for fid in by_id:  # the grid of the data each field's stream carries
+        fd = done[fid]
+        chain = fd
+        while chain.expr is None and chain.field_ref is not None:
+            chain = done[chain.field_ref]
+        done[fid] = replace(fd, data_grid=chain.grid)
+    for fid, e in by_id.items():
+        check_interp(done[fid], e.key, ctx)
     for fid, e in by_id.items():
         _check_expr_refs(done[fid], e.key, done, by_id.keys())
     _check_expr_cycles(done, by_id)
     return {fid: done[fid] for fid in by_id}
 
 
-def _field(values: Mapping[str, Any], key: str, grids: Mapping[str, GridDef]) -> FieldDef:
+def _field(values: Mapping[str, Any], key: str, ctx: _Ctx) -> FieldDef:
     fd = from_plain(FieldDef, dict(values), key)
-    if fd.grid not in grids:
+    if fd.grid not in ctx.grids:
         raise ConfigError(f"{key}.grid: no grid {fd.grid!r}")
-    if fd.precision not in (4, 8):
-        raise ConfigError(f"{key}.precision: 4 or 8, got {fd.precision}")
+    if fd.precision not in (2, 4, 8):
+        raise ConfigError(f"{key}.precision: 2, 4 or 8, got {fd.precision}")
     check_freq(fd.freq_op, f"{key}.freq_op")
+    check_offset(fd.freq_offset, f"{key}.freq_offset", ctx.dt)
+    check_packing(fd, key)
+    if fd.reduce is not None:
+        fd = replace(fd, reduce=check_reduce(fd, key, ctx))
     return fd
 
 
@@ -270,6 +305,11 @@ def _check_expr_refs(fd: FieldDef, key: str, known: Mapping[str, FieldDef],
         if n in known and known[n].grid != fd.grid:
             raise ConfigError(
                 f"{key}.expr: field {n!r} is on grid {known[n].grid!r}, not {fd.grid!r}"
+            )
+        if n in known and known[n].interpolated:
+            raise ConfigError(
+                f"{key}.expr: field {n!r} is interpolated (at output, after its time "
+                "operation): it cannot be an operand; interpolate the expression instead"
             )
 
 
@@ -301,7 +341,7 @@ def _check_expr_cycles(done: Mapping[str, FieldDef], by_id: Mapping[str, _Entry]
 
 
 def _resolve_files(value: Any, defined: Mapping[str, FieldDef],
-                   grids: Mapping[str, GridDef]) -> tuple[FileDef, ...]:
+                   ctx: _Ctx) -> tuple[FileDef, ...]:
     out: list[FileDef] = []
     seen: set[str] = set()
     for i, raw in enumerate(_listing(value, "ioserver.files")):
@@ -317,7 +357,7 @@ def _resolve_files(value: Any, defined: Mapping[str, FieldDef],
             if k not in _FILE_KEYS:
                 raise ConfigError(f"{key}.{k}: unknown config key")
         entries = _listing(raw.get("fields"), f"{key}.fields")
-        ffields = tuple(_file_field(e, f"{key}.fields", j, fid, defined, grids)
+        ffields = tuple(_file_field(e, f"{key}.fields", j, fid, defined, ctx)
                         for j, e in enumerate(entries))
         names = [f.name for f in ffields]
         dup = sorted({n for n in names if names.count(n) > 1})
@@ -330,12 +370,13 @@ def _resolve_files(value: Any, defined: Mapping[str, FieldDef],
         fd = from_plain(FileDef, plain, key)
         fd = replace(fd, fields=ffields, attributes=dict(fd.attributes))
         _check_file(fd, key)
+        check_file_time(fd, key)
         out.append(fd)
     return tuple(out)
 
 
 def _file_field(e: Any, key: str, j: int, file_id: str, defined: Mapping[str, FieldDef],
-                grids: Mapping[str, GridDef]) -> FieldDef:
+                ctx: _Ctx) -> FieldDef:
     if not isinstance(e, Mapping):
         raise ConfigError(f"{key}[{j}]: expected a mapping, got {e!r}")
     ref = e.get("field_ref")
@@ -367,7 +408,10 @@ def _file_field(e: Any, key: str, j: int, file_id: str, defined: Mapping[str, Fi
     values["id"] = f"{file_id}/{values['name']}"
     if values.get("grid") is None:
         raise ConfigError(f"{where}.grid: required config key is missing")
-    fd = _field(values, where, grids)
+    values.pop("data_grid", None)
+    fd = _field(values, where, ctx)
+    fd = replace(fd, data_grid=defined[ref].in_grid if ref is not None else fd.grid)
+    check_interp(fd, where, ctx)
     _check_expr_refs(fd, where, defined, defined.keys())
     return fd
 

@@ -26,7 +26,8 @@ import numpy as np
 from .config import Box, DomainDef
 from .geometry import DomainGeometry, cell_weights
 
-__all__ = ["Extraction", "plan_extract", "extract", "global_mean", "zonal_mean", "zonal_bands"]
+__all__ = ["Extraction", "plan_extract", "extract", "global_mean", "zonal_mean", "zonal_bands",
+           "region_reduce"]
 
 _TOL = 1e-9
 
@@ -231,3 +232,38 @@ def zonal_mean(data: np.ndarray, geometry: DomainGeometry,
     den = np.bincount(idx, weights=np.broadcast_to(wv, wd.shape).reshape(nlead * npts),
                       minlength=nlead * nb)
     return _ratio(num, den).reshape(*lead, nb)
+
+
+def region_reduce(data: np.ndarray, masks: np.ndarray, op: str,
+                  weights: np.ndarray) -> np.ndarray:
+    """One value per region: ``data`` (..., *horizontal) → float64 (..., nregion).
+
+    ``masks`` (nregion, *horizontal) bool selects each region's points (regions
+    may overlap); missing points (NaN, zero weight) are left out. ``op``:
+    ``mean`` (weighted by ``weights``, the cell areas of
+    :func:`~.geometry.cell_weights`), ``sum`` (plain sum of the values), ``min``,
+    ``max``. NaN for a region without a valid point.
+    """
+    data = np.asarray(data, dtype=np.float64)
+    h = masks.ndim - 1
+    lead = data.shape[: data.ndim - h]
+    x = data.reshape(*lead, -1)                                # (..., npts)
+    m = masks.reshape(masks.shape[0], -1)                      # (nr, npts)
+    w = np.broadcast_to(weights, masks.shape[1:]).reshape(-1)
+    valid = ~np.isnan(x) & (w > 0)
+    xv = np.where(valid, x, 0.0)
+    if op in ("mean", "sum"):
+        mw = m * (w if op == "mean" else (w > 0))               # (nr, npts)
+        num = xv @ mw.T                                        # (..., nr)
+        den = valid.astype(np.float64) @ mw.T
+        if op == "sum":
+            return np.where(den > 0, num, np.nan)
+        return _ratio(num, den)
+    fill = np.inf if op == "min" else -np.inf
+    fold = np.min if op == "min" else np.max
+    out = np.empty((*lead, m.shape[0]))
+    for r in range(m.shape[0]):
+        sel = np.where(valid & m[r], x, fill)
+        red = fold(sel, axis=-1)
+        out[..., r] = np.where(np.isinf(red) & (red == fill), np.nan, red)
+    return out
