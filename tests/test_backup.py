@@ -30,12 +30,11 @@ from ensio.io.node.backup import (
     backup_cycles,
     backup_dir_for,
     find_backup,
-    read_marker,
     restore_from_backup,
     start_backup,
     start_cycle_backup,
 )
-from ensio.io.node.backupworker import MARKER_NAME, data_dir, run_job
+from ensio.io.node.backupworker import MARKER_NAME, BackupAttempt, data_dir, run_job
 from ensio.offline import run_analysis
 
 SELF = MPI.COMM_SELF
@@ -45,7 +44,7 @@ CHILD = Path(__file__).with_name("backup_kill_child.py")
 
 def assert_truthful(backup: Path, sources: dict[tuple[int, int], Path]) -> bool:
     """If ``backup`` claims completeness, it is complete; returns whether it claims it."""
-    marker = read_marker(backup)
+    marker = BackupAttempt.completed(backup)
     if marker is None:
         return False
     files = {(f["member"], f["tile"]): f for f in marker["files"]}
@@ -64,7 +63,7 @@ def test_backup_of_a_cycle_and_restore(tmp_path, rng):
     backup = tmp_path / "backup" / "c004"
     assert marker_path == backup / MARKER_NAME
     assert assert_truthful(backup, case.files)
-    assert read_marker(backup)["cycle"] == 4
+    assert BackupAttempt.completed(backup)["cycle"] == 4
     originals = {k: p.read_bytes() for k, p in case.files.items()}
     case.files[2, 1].write_bytes(b"broken")  # the working files are damaged
     case.files[1, 0].unlink()
@@ -115,7 +114,7 @@ def test_restore_refuses_a_corrupt_backup_file_and_modifies_nothing(tmp_path, rn
     case = make_case(tmp_path, rng)
     start_cycle_backup(case.config, SELF, 0, host=HOST).wait()
     backup = tmp_path / "backup" / "c000"
-    stored = backup / read_marker(backup)["data"] / case.files[3, 0].name
+    stored = backup / BackupAttempt.completed(backup)["data"] / case.files[3, 0].name
     data = bytearray(stored.read_bytes())
     data[len(data) // 2] ^= 1
     stored.write_bytes(bytes(data))
@@ -151,7 +150,7 @@ def test_a_new_attempt_keeps_the_complete_backup_and_clears_dead_attempts(tmp_pa
     assert not dead.exists()
     assert data_dir(backup, first.token).exists()  # still named by the marker until replaced
     second.wait()
-    assert read_marker(backup)["token"] == second.token
+    assert BackupAttempt.completed(backup)["token"] == second.token
     assert assert_truthful(backup, case.files)
 
 
@@ -173,7 +172,7 @@ def test_source_changed_while_copied_fails_the_attempt(tmp_path, rng):
 
     with faults.hooked(touch), pytest.raises(InputError, match="changed while it was copied"):
         run_job(job)
-    assert read_marker(backup) is None
+    assert BackupAttempt.completed(backup) is None
     assert not [p for p in backup.rglob("*") if ".ensio-tmp." in p.name]
 
 
@@ -223,7 +222,7 @@ def test_kill_a_node_worker_at_every_kind_of_step(tmp_path, rng):
         backup = tmp_path / f"k{k}"
         j0, j1 = _jobs(case, backup, "a1")
         assert not run_job(json.loads(j0.read_text()))  # node 0 done: only node 1 missing
-        assert read_marker(backup) is None
+        assert BackupAttempt.completed(backup) is None
         assert _finish(_worker(j1, ENSIO_FAULT_KILL_AT=str(k))) == -signal.SIGKILL
         assert assert_truthful(backup, case.files) == (k >= marker_at), k
         assert run_job(json.loads(j1.read_text()))  # the node's job runs again: complete
@@ -304,7 +303,7 @@ def test_killed_worker_through_start_backup_reports_and_never_claims(tmp_path, r
     handle = start_backup(items, tmp_path / "b", 2, SELF, host=HOST)
     with pytest.raises(EnsioError, match=r"backup of cycle 2 to .* failed \(exit -9\)"):
         handle.wait()
-    assert read_marker(tmp_path / "b") is None
+    assert BackupAttempt.completed(tmp_path / "b") is None
     monkeypatch.delenv("ENSIO_FAULT_KILL_AT")
     start_backup(items, tmp_path / "b", 2, SELF, host=HOST).wait()
     assert assert_truthful(tmp_path / "b", case.files)

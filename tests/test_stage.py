@@ -13,8 +13,8 @@ from stage_support import ensio, make_case, make_dirs, sha, temporaries, tree
 from ensio.config.errors import ConfigError
 from ensio.config.load import config_from_dict
 from ensio.errors import InputError
-from ensio.io.node.stagemap import place_files
-from ensio.io.node.stagenode import stage
+from ensio.io.node.placemap import place_files
+from ensio.io.node.placenode import place_ensemble
 from ensio.io.txn.journal import JOURNAL_DIRNAME
 
 SELF = MPI.COMM_SELF
@@ -22,7 +22,7 @@ HOST = "nodeA"
 
 
 def staged(case, direction, **kw):
-    return stage(case.config, direction, SELF, host=HOST, **kw)
+    return place_ensemble(case.config, direction, SELF, host=HOST, **kw)
 
 
 @pytest.mark.parametrize("n_ranks", [6, 4, 1, 9])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ensio.errors import InputError
-from ensio.io.node.backup import read_marker as read_backup_marker
+from ensio.io.node.backupworker import BackupAttempt
 from ensio.io.txn import shufflejournal, staging
 from ensio.io.txn.marker import read_marker, write_marker
 from ensio.io.txn.undolog import COMMITTED_NAME, JournalError, is_committed
@@ -44,13 +44,13 @@ def test_every_marker_goes_through_the_one_reader(tmp_path):
         shufflejournal.ShuffleMarker.read(shuffle)
     backup = tmp_path / "b"
     backup.mkdir()
-    assert read_backup_marker(backup) is None
+    assert BackupAttempt.completed(backup) is None
     (backup / "COMPLETE").write_text("not json")
     with pytest.raises(InputError, match="COMPLETE: unreadable marker"):
-        read_backup_marker(backup)
+        BackupAttempt.completed(backup)
     (backup / "COMPLETE").write_text('{"format": "other"}')
     with pytest.raises(InputError, match="not an ensio backup marker"):
-        read_backup_marker(backup)
+        BackupAttempt.completed(backup)
 
 
 def test_roll_forward_with_and_without_recorded_contents(tmp_path):

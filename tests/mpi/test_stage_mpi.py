@@ -12,8 +12,9 @@ import pytest
 from stage_support import make_case, make_dirs, sha, tree
 
 from ensio.errors import InputError
-from ensio.io.node.backup import read_marker, restore_from_backup, start_cycle_backup
-from ensio.io.node.stagenode import stage
+from ensio.io.node.backup import restore_from_backup, start_cycle_backup
+from ensio.io.node.backupworker import BackupAttempt
+from ensio.io.node.placenode import place_ensemble as stage
 
 HOSTS = {"one": lambda r: "h0", "pairs": lambda r: f"h{r // 2}", "each": lambda r: f"h{r}"}
 
@@ -89,7 +90,7 @@ def test_backup_and_restore_under_mpi(shared_dir, comm, hosts):
     marker_path = handle.wait()
     backup = shared_dir / "case" / "backup" / "c003"
     assert marker_path == backup / "COMPLETE"
-    marker = read_marker(backup)
+    marker = BackupAttempt.completed(backup)
     assert marker["nodes"] == len(set(comm.allgather(host)))
     files = {(f["member"], f["tile"]): f for f in marker["files"]}
     assert set(files) == set(case.files)

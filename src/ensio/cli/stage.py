@@ -51,12 +51,12 @@ def run(args: argparse.Namespace) -> int:
     from mpi4py import MPI
 
     from ..config import load_config
-    from ..io.node.stagenode import stage
+    from ..io.node.placenode import place_ensemble
     from ..parallel.nodes import this_host
 
     comm = MPI.COMM_WORLD
     config = select_members(load_config(args.config, args.overrides), args.members)
-    report = stage(config, args.direction, comm, host=this_host(), checksum=args.checksum,
+    report = place_ensemble(config, args.direction, comm, host=this_host(), checksum=args.checksum,
                    threads=max(1, args.threads), n_ranks=args.ranks, fsync=not args.no_fsync)
     if comm.rank == 0:
         print(report.line(f"stage {args.direction}"), flush=True)

@@ -257,7 +257,7 @@ class IOSection:
     ``tasks`` is N_io; ``None`` means ``min(N_mpi, N_e)``, resolved at run time
     because N_mpi is only known then. ``mode`` selects the implementation;
     ``shuffle`` reads each rank's tile from ``local_dir`` (placed there by
-    ``ensio stage in``, :mod:`ensio.io.node.stagemap`).
+    ``ensio stage in``, :mod:`ensio.io.node.placemap`).
     """
 
     mode: IOMode = "files"

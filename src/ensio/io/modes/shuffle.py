@@ -3,7 +3,7 @@
 The seed's data path (NICAM-LETKF, issue 13 item 2). Rank (m, p, q) (see
 :mod:`ensio.io.modes.shuffleplan`) reads part q of tile p of member m, file
 f = m · P + p, from the local directory where ``ensio stage in`` puts it
-(:mod:`ensio.io.node.stagemap`: ``io.local_dir`` filled with rank f and its host,
+(:mod:`ensio.io.node.placemap`: ``io.local_dir`` filled with rank f and its host,
 joined with the file's name); with S = 1 that is its own directory. The
 ranks reading one file must run on its holder's host. The N_e ranks reading
 part q of tile p
@@ -53,7 +53,7 @@ from ...locks import EnsembleLock, command_line
 from ...parallel.agree import ErrorNote, agree, guard, note_error, raise_if_any, rebuild, root_call
 from ...parallel.nodes import this_host
 from ...progress import Advance, no_progress
-from ..node.stagemap import format_local_dir, holder_rank
+from ..node.placemap import format_local_dir, holder_rank
 from ..scan.tileplace import check_local_tiles
 from ..tiles.tilefile import plan_runs, read_tile, write_tile
 from ..tiles.tileproducts import TileProducts
@@ -154,7 +154,7 @@ class ShuffleEnsembleIO(EnsembleIO):
         per = ens.size * n_tiles
         shuffle_shape(comm.size, ens.size, n_tiles)
         _check_hosts(hosts, per)
-        f = comm.rank % per  # the file this rank reads; rank f holds it (io.stagemap)
+        f = comm.rank % per  # the file this rank reads; rank f holds it (io.node.placemap)
         m, p, first = f // n_tiles, f % n_tiles, comm.rank < n_tiles
         holder = holder_rank(f, comm.size)  # = f: the staging rule
         self.local = format_local_dir(io.local_dir, base, rank=holder, host=hosts[holder])

@@ -23,7 +23,9 @@ member files share), so a new attempt never touches the files of the last
 complete one. Each node's worker records its files in a part; the last one
 writes ``BACKUP/COMPLETE`` (JSON: cycle, token, every file with member,
 tile, rank, size and sha256) only when all parts exist, atomically and
-flushed. The marker is the only commit point; see :mod:`ensio.io.node.backupworker`.
+flushed. The marker is the only commit point; an attempt is a
+:class:`~ensio.io.node.backupworker.BackupAttempt` (a transaction: begun
+here, staged and committed by the workers; see :mod:`ensio.io.node.backupworker`).
 The next attempt of the same cycle first removes data directories no marker
 names (killed attempts). One backup of a cycle at a time is assumed.
 
@@ -39,7 +41,6 @@ import json
 import os
 import re
 import secrets
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -50,19 +51,17 @@ from mpi4py import MPI
 
 from ...config.errors import ConfigError
 from ...config.schema import Config
-from ...durable import atomic_write, fsync_path
+from ...durable import atomic_write
 from ...errors import EnsioError, InputError
 from ...parallel.agree import all_call, root_call
 from ...parallel.nodes import NodeGroups, node_groups, this_host
-from ..txn.marker import read_marker as txn_read_marker
-from .backupworker import FORMAT, MARKER_NAME, data_dir
-from .stagecopy import Copy
-from .stagemap import PlacedFile
-from .stagenode import NodeCopyReport, copy_on_nodes, placement
+from .backupworker import FORMAT, MARKER_NAME, BackupAttempt, data_dir
+from .placecopy import Copy
+from .placemap import PlacedFile
+from .placenode import NodeCopyReport, copy_on_nodes, placement
 
 __all__ = ["BackupHandle", "backup_dir_for", "backup_items", "ensure_cycle_backup",
-           "find_backup", "read_marker",
-           "restore_from_backup", "start_backup", "start_cycle_backup"]
+           "find_backup", "restore_from_backup", "start_backup", "start_cycle_backup"]
 
 
 def backup_dir_for(config: Config, cycle: int) -> Path:
@@ -130,7 +129,7 @@ class BackupHandle:
         all_call(self.comm, finish)
 
         def check() -> Path:
-            marker = read_marker(self.backup_dir)
+            marker = BackupAttempt.completed(self.backup_dir)
             if marker is None or marker["token"] != self.token:
                 raise EnsioError(f"{self.backup_dir}: backup of cycle {self.cycle} has no "
                                  f"completion marker for attempt {self.token}")
@@ -144,19 +143,6 @@ def _last_line(log: Path | None) -> str:
     except OSError:
         lines = []
     return lines[-1] if lines else "no log"
-
-
-def _begin(backup_dir: Path, token: str, fsync: bool) -> None:
-    """Rank 0: the backup directory and the attempt's data directory; old attempts removed."""
-    backup_dir.mkdir(parents=True, exist_ok=True)
-    marker = read_marker(backup_dir)
-    keep = {marker["data"]} if marker is not None else set()
-    for old in backup_dir.glob("data-*"):
-        if old.name not in keep:
-            shutil.rmtree(old)
-    data_dir(backup_dir, token).mkdir()
-    if fsync:
-        fsync_path(backup_dir, directory=True)
 
 
 def _spawn(job: dict[str, Any], nodes: NodeGroups, fsync: bool) -> tuple[subprocess.Popen[bytes],
@@ -218,9 +204,10 @@ def start_backup(items: list[dict[str, Any]], backup_dir: Path, cycle: int, comm
 
 
 def _new_attempt(backup_dir: Path, fsync: bool) -> str:
-    token = secrets.token_hex(6)
-    _begin(backup_dir, token, fsync)
-    return token
+    """Rank 0: begin a new attempt (its data directory; dead attempts removed)."""
+    attempt = BackupAttempt(backup_dir, secrets.token_hex(6), fsync=fsync)
+    attempt.begin()
+    return attempt.token
 
 
 def start_cycle_backup(config: Config, comm: MPI.Comm, cycle: int,
@@ -242,18 +229,9 @@ def ensure_cycle_backup(config: Config, comm: MPI.Comm, cycle: int,
     What a rerun of an analysis the members already hold calls, so that a
     backup that failed to start (or was killed) the first time is made.
     """
-    complete = root_call(comm, lambda: read_marker(backup_dir_for(config, cycle)) is not None)
+    where = backup_dir_for(config, cycle)
+    complete = root_call(comm, lambda: BackupAttempt.completed(where) is not None)
     return None if complete else start_cycle_backup(config, comm, cycle, host)
-
-
-def read_marker(backup_dir: Path) -> dict[str, Any] | None:
-    """The completion marker of a backup directory, or None if it has none."""
-    marker = txn_read_marker(backup_dir / MARKER_NAME, what="marker", error=InputError)
-    if marker is None:
-        return None
-    if marker.get("format") != FORMAT:
-        raise InputError(f"{backup_dir / MARKER_NAME}: not an ensio backup marker")
-    return marker
 
 
 def backup_cycles(config: Config) -> list[tuple[int, Path]]:
@@ -281,13 +259,13 @@ def find_backup(config: Config, cycle: int | None = None) -> tuple[int, Path, di
         where = backup_dir_for(config, cycle)
         if not where.is_dir():
             raise InputError(f"{where}: no backup of cycle {cycle}")
-        marker = read_marker(where)
+        marker = BackupAttempt.completed(where)
         if marker is None:
             raise InputError(f"{where}: backup of cycle {cycle} is incomplete (no {MARKER_NAME} "
                              "marker); refusing to restore it")
         return cycle, where, marker
     for n, where in backup_cycles(config):
-        marker = read_marker(where)
+        marker = BackupAttempt.completed(where)
         if marker is not None:
             return n, where, marker
     raise InputError(f"{config.io.backup_dir}: no complete backup (none with a {MARKER_NAME} "

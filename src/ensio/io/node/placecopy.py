@@ -1,12 +1,14 @@
 """Verified, atomic, idempotent file copies in two phases (prepare all, then rename all).
 
-Staging, the backup and the restore from a backup copy whole files between
+The node-local copies of ``ensio stage``, the backup and the restore from a
+backup copy whole files between
 the global file system and node-local disks. Each copy is written to a hidden
 temporary beside its destination (:func:`ensio.durable.temporary_name`),
 flushed, checked (size; the source unchanged while it was read; a sha256
 when asked for or expected) and only then renamed over the destination. The
-two phases let a collective caller prepare every copy on every node, agree
-that all succeeded, and only then rename: a bad file anywhere leaves every
+two phases (:class:`CopySet`, a :class:`~ensio.io.txn.transaction.Transaction`)
+let a collective caller prepare every copy on every node, agree that all
+succeeded, and only then rename: a bad file anywhere leaves every
 destination untouched (the temporaries are removed).
 
 A copy whose destination already has the source's size and modification time
@@ -18,19 +20,21 @@ Standard library only (the backup's detached worker imports it).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ... import faults
-from ...durable import copy_identity, fsync_path, temporary_name
+from ...durable import copy_identity, fsync_path, temporary_name, temporary_of
 from ...errors import InputError
+from ..txn.transaction import RecoveryReport, Transaction
 
-__all__ = ["Copy", "Prepared", "abort_all", "commit_all", "file_digest", "prepare",
-           "prepare_all"]
+__all__ = ["Copy", "CopySet", "Prepared", "file_digest", "prepare"]
 
 CHUNK = 4 << 20
 
@@ -146,51 +150,97 @@ def prepare(c: Copy, *, checksum: bool = False, fsync: bool = True, label: str =
     return Prepared(c, tmp, size, digest)
 
 
-def abort_all(prepared: Sequence[Prepared]) -> None:
-    """Remove the temporaries of prepared copies (their destinations stay untouched)."""
-    for p in prepared:
-        if p.tmp is not None:
-            p.tmp.unlink(missing_ok=True)
+class CopySet(Transaction):
+    """Verified copies as one :class:`~ensio.io.txn.transaction.Transaction`.
 
-
-def prepare_all(copies: Sequence[Copy], *, threads: int = 4, checksum: bool = False,
-                fsync: bool = True, label: str = "copy", hashing: bool = False,
-                ) -> list[Prepared]:
-    """:func:`prepare` every copy, ``threads`` at a time; all or none.
-
-    Threads, because a copy waits on the disks (the GIL is released) and a
-    node has several. If any copy fails, the temporaries of all others are
-    removed and the first failure (in the order of ``copies``) is raised.
+    Staged: every copy is written to a temporary beside its destination
+    (:meth:`prepare`, ``threads`` at a time: a copy waits on the disks, the
+    GIL is released, and a node has several); committed: the temporaries
+    are renamed over the destinations and the directories flushed. There
+    is no marker: each rename is its own commit point, so a collective
+    caller agrees that every node prepared before any node commits
+    (:func:`ensio.io.node.placenode.copy_on_nodes`). Aborted: the
+    temporaries are removed, every destination untouched.
     """
-    if not copies:
-        return []
-    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(copies)))) as pool:
-        futures = [pool.submit(prepare, c, checksum=checksum, fsync=fsync, label=label,
-                               hashing=hashing) for c in copies]
-        done, error = [], None
-        for fut in futures:
-            try:
-                done.append(fut.result())
-            except BaseException as exc:  # noqa: BLE001 -- re-raised after the cleanup
-                error = error or exc
-    if error is not None:
-        abort_all(done)
-        raise error
-    return done
 
+    def __init__(self, copies: Sequence[Copy], *, threads: int = 4, checksum: bool = False,
+                 fsync: bool = True, label: str = "copy", hashing: bool = False,
+                 sync_dirs: bool | None = None) -> None:
+        self.copies, self.threads, self.checksum = list(copies), threads, checksum
+        self.fsync, self.label, self.hashing = fsync, label, hashing
+        # the commit flushes the directories (default: with fsync); off when the
+        # caller flushes a whole tree once (the backup)
+        self.sync_dirs = fsync if sync_dirs is None else sync_dirs
+        self.prepared: list[Prepared] = []
 
-def commit_all(prepared: Sequence[Prepared], *, fsync: bool = True,
-               label: str = "copy") -> int:
-    """Rename every prepared copy into place; flush the directories. Returns how many moved."""
-    dirs, moved = set[Path](), 0
-    for p in prepared:
-        if p.tmp is None:
-            continue
-        os.replace(p.tmp, p.copy.dst)
-        faults.point(f"{label}-renamed")
-        dirs.add(p.copy.dst.parent)
-        moved += 1
-    if fsync:
-        for d in sorted(dirs):
-            fsync_path(d, directory=True)
-    return moved
+    def begin(self) -> None:
+        """Nothing to publish: a temporary is recognised by its name alone."""
+
+    def stage(self, target: str | Path) -> Path:
+        """The temporary the copy to ``target`` was written to (``target`` if skipped)."""
+        for p in self.prepared:
+            if p.copy.dst == Path(target):
+                return p.tmp if p.tmp is not None else p.copy.dst
+        raise KeyError(f"{target}: not a prepared copy")
+
+    def prepare(self) -> list[Prepared]:
+        """:func:`prepare` every copy; all or none.
+
+        If any copy fails, the temporaries of all others are removed and the
+        first failure (in the order of the copies) is raised.
+        """
+        if not self.copies:
+            return []
+        with ThreadPoolExecutor(max_workers=max(1, min(self.threads, len(self.copies)))) as pool:
+            futures = [pool.submit(prepare, c, checksum=self.checksum, fsync=self.fsync,
+                                   label=self.label, hashing=self.hashing) for c in self.copies]
+            error = None
+            for fut in futures:
+                try:
+                    self.prepared.append(fut.result())
+                except BaseException as exc:  # noqa: BLE001 -- re-raised after the cleanup
+                    error = error or exc
+        if error is not None:
+            self.abort()
+            raise error
+        return self.prepared
+
+    def commit(self) -> int:
+        """Rename every prepared copy into place; flush the directories. Returns how many moved."""
+        dirs, moved = set[Path](), 0
+        for p in self.prepared:
+            if p.tmp is None:
+                continue
+            os.replace(p.tmp, p.copy.dst)
+            faults.point(f"{self.label}-renamed")
+            dirs.add(p.copy.dst.parent)
+            moved += 1
+        if self.sync_dirs:
+            for d in sorted(dirs):
+                fsync_path(d, directory=True)
+        return moved
+
+    def abort(self) -> None:
+        """Remove the temporaries of prepared copies (their destinations stay untouched)."""
+        for p in self.prepared:
+            if p.tmp is not None:
+                p.tmp.unlink(missing_ok=True)
+
+    @classmethod
+    def recover(cls, directory: Path, **options: Any) -> RecoveryReport:
+        """Remove the temporaries a killed copy left beside the files of ``directory``
+        (``options``: ``names``, the destinations' names to look for; default all).
+
+        A destination is always the old or the new file (a rename is atomic), so
+        there is nothing to roll forward; only call it when no copy runs there.
+        """
+        names = options.get("names")
+        removed = 0
+        with contextlib.suppress(FileNotFoundError):
+            for entry in os.scandir(directory):
+                found = temporary_of(entry.name)
+                if found is not None and found[1] == "tmp" and (names is None
+                                                                or found[0] in names):
+                    Path(entry.path).unlink(missing_ok=True)
+                    removed += 1
+        return RecoveryReport("rolled_back" if removed else "clean", staged=removed)

@@ -1,7 +1,11 @@
-"""Collective staging: one process per node copies its ranks' files, all or nothing.
+"""Collective node-local copies: one process per node copies its ranks' files, all or nothing.
+
+What ``ensio stage`` runs (the command keeps its name; in the code "stage"
+means only a transaction's staged files, :mod:`ensio.io.txn.staging`, and the
+node side is "placing": :func:`place_ensemble`, :mod:`ensio.io.node.placemap`).
 
 ``ensio stage in`` copies each member file (or tile) from its global path to
-the node-local directory of the rank that holds it (:mod:`ensio.io.node.stagemap`);
+the node-local directory of the rank that holds it (:mod:`ensio.io.node.placemap`);
 ``ensio stage out`` copies the local files back. Under ``mpiexec`` it must run
 with the ranks and hosts of the analysis (``{host}`` and ``{rank}`` then name
 the same directories); the leader of each node (:func:`ensio.parallel.nodes.node_groups`)
@@ -19,7 +23,8 @@ Order of events, so that bad input modifies nothing:
 3. each leader renames its copies into place and flushes the directories.
 
 A kill leaves, per file, the old or the new content and at most a hidden
-temporary (``.NAME.ensio-tmp.*``); running the stage again finishes the job.
+temporary (``.NAME.ensio-tmp.*``); running ``ensio stage`` again finishes the
+job (:meth:`ensio.io.node.placecopy.CopySet.recover` removes the temporaries).
 """
 
 from __future__ import annotations
@@ -46,11 +51,10 @@ from ...parallel.agree import (
 )
 from ...parallel.nodes import node_groups
 from ..txn.journal import JOURNAL_DIRNAME
-from ..txn.staging import remove_temporaries
-from .stagecopy import Copy, Prepared, abort_all, commit_all, prepare_all
-from .stagemap import PlacedFile, ensemble_files, place_files
+from .placecopy import Copy, CopySet
+from .placemap import PlacedFile, ensemble_files, place_files
 
-__all__ = ["Direction", "NodeCopyReport", "copy_on_nodes", "placement", "stage"]
+__all__ = ["Direction", "NodeCopyReport", "copy_on_nodes", "place_ensemble", "placement"]
 
 Direction = Literal["in", "out"]
 
@@ -126,7 +130,7 @@ def _served(comm: MPI.Comm, members: Sequence[int]) -> Callable[[int], bool]:
 def copy_on_nodes(comm: MPI.Comm, host: str,
                   copies: Sequence[tuple[PlacedFile, Copy]], *,
                   checksum: bool = False, threads: int = 4, fsync: bool = True,
-                  label: str = "stage") -> NodeCopyReport:
+                  label: str = "copy") -> NodeCopyReport:
     """Collective: check, prepare and commit ``copies`` (the same list on every rank).
 
     Each rank checks its own entries (serially: all); each node's leader copies
@@ -140,28 +144,27 @@ def copy_on_nodes(comm: MPI.Comm, host: str,
         all_call(comm, lambda: check_copies(own))
         served = _served(comm, nodes.members)
         todo = [c for placed, c in copies if served(placed.rank)] if nodes.is_leader else []
-        prepared: list[Prepared] = []
+        txn = CopySet(todo, threads=threads, checksum=checksum, fsync=fsync, label=label)
         note: ErrorNote = None
         try:
             with file_op("copy"):
-                prepared = prepare_all(todo, threads=threads, checksum=checksum,
-                                       fsync=fsync, label=label)
+                txn.prepare()
         except Exception as exc:  # agreed below, then raised on every rank
             note = note_error(exc)
         agreed = agree(comm, note)
         if agreed is not None:
-            abort_all(prepared)
+            txn.abort()
             raise rebuild(agreed)
         note = None
         try:
             with file_op("rename"):
-                copied = commit_all(prepared, fsync=fsync, label=label)
-                for p in prepared:  # what a killed earlier run left beside the targets
-                    remove_temporaries(p.copy.dst)
+                copied = txn.commit()
+                for p in txn.prepared:  # what a killed earlier run left beside the targets
+                    CopySet.recover(p.copy.dst.parent, names={p.copy.dst.name})
         except Exception as exc:  # agreed below
             note, copied = note_error(exc), 0
         raise_if_any(comm, note)
-        nbytes = sum(p.size for p in prepared if p.tmp is not None)
+        nbytes = sum(p.size for p in txn.prepared if p.tmp is not None)
         copied, nbytes = (int(comm.allreduce(v, op=MPI.SUM)) for v in (copied, nbytes))
         seconds = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
         return NodeCopyReport(len(copies), copied, len(copies) - copied, nbytes,
@@ -170,7 +173,7 @@ def copy_on_nodes(comm: MPI.Comm, host: str,
         nodes.free()
 
 
-def stage(config: Config, direction: Direction, comm: MPI.Comm, *, host: str,
+def place_ensemble(config: Config, direction: Direction, comm: MPI.Comm, *, host: str,
           checksum: bool = False, threads: int = 4, n_ranks: int | None = None,
           fsync: bool = True) -> NodeCopyReport:
     """Collective: copy the ensemble's files to (``in``) or from (``out``) the local directories.
