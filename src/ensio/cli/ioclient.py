@@ -1,8 +1,9 @@
 """``ensio ioclient build``: compile the C client library and Fortran module.
 
 A C or Fortran model links ``libensio_ioclient`` to send its fields to the Python
-server ranks of ``ensio ioserver`` in the same MPMD job; it must be built with the
-MPI the servers run on, hence the venv's ``mpicc`` by default.
+server ranks of ``ensio ioserver`` in the same MPMD job (or, in attached/sync mode, to
+the Python client it runs in the model process); it must be built with the MPI the job
+runs on: ``--mpicc``/``--mpifort``, else ``$MPICC``/``$MPIFC``, else the venv's ``mpicc``.
 """
 
 from __future__ import annotations
@@ -26,16 +27,23 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="compile libensio_ioclient and the Fortran module into a prefix",
         description=(
             "Compile the shipped sources into PREFIX/lib/libensio_ioclient.{so,a}, "
+            "PREFIX/lib/libensio_ioclient_py.so (attached/sync modes, read_restart), "
             "PREFIX/include/ensio_ioclient.h and PREFIX/include/ensio_ioclient.mod, "
-            "with the MPI C wrapper of the MPI the servers use (default: the mpicc of "
-            "this Python environment) and gfortran."
+            "with the compiler wrappers of the MPI the job runs on (default: $MPICC and "
+            "$MPIFC, else the mpicc of this Python environment and gfortran)."
         ),
     )
     b.add_argument("--prefix", type=Path, required=True, metavar="DIR",
                    help="installation prefix (lib/ and include/ are created)")
     b.add_argument("--mpicc", metavar="PATH",
-                   help="MPI C compiler wrapper (default: mpicc next to this Python)")
-    b.add_argument("--fc", metavar="PATH", help="Fortran compiler (default: gfortran)")
+                   help="MPI C compiler wrapper (default: $MPICC, else mpicc next to this "
+                        "Python)")
+    b.add_argument("--mpifort", metavar="PATH",
+                   help="MPI Fortran wrapper (default: $MPIFC); a model built with it may "
+                        "`use mpi` / `use mpi_f08`")
+    b.add_argument("--fc", metavar="PATH",
+                   help="plain Fortran compiler when there is no --mpifort (default: "
+                        "gfortran)")
     b.set_defaults(func=run_build)
 
 
@@ -43,8 +51,9 @@ def run_build(args: argparse.Namespace) -> int:
     """Build, then print what was installed and how to compile a model against it."""
     from ..ioserver.build import build_client
 
-    r = build_client(args.prefix, mpicc=args.mpicc, fc=args.fc)
-    print(f"built {r.shared_lib}, {r.static_lib}, {r.header}, {r.module}")
+    r = build_client(args.prefix, mpicc=args.mpicc, fc=args.fc, mpifort=args.mpifort)
+    extra = f", {r.python_lib}" if r.python_lib else ""
+    print(f"built {r.shared_lib}, {r.static_lib}{extra}, {r.header}, {r.module}")
     print(f"C:       {r.mpicc} model.c {r.c_flags}")
     print(f"Fortran: {r.fc} model.f90 {r.fortran_flags}")
     return 0

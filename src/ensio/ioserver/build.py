@@ -1,12 +1,22 @@
 """Build the C client library and the Fortran module of the I/O server.
 
 The sources ship in the package (``ensio/ioserver/csrc``); ``ensio ioclient build
---prefix DIR`` compiles them with the MPI compiler wrapper of the MPI the servers run
-on (the venv's ``mpicc`` by default: a model must link the same MPI library as the
-Python servers of its MPMD job) and gfortran for the module::
+--prefix DIR`` compiles them with an MPI's compiler wrappers: ``--mpicc``/``--mpifort``,
+else the environment's ``MPICC``/``MPIFC``, else the venv's ``mpicc`` (the mpich
+wheel, which has no Fortran bindings: gfortran then compiles the module)::
 
     DIR/include/ensio_ioclient.h      DIR/include/ensio_ioclient.mod
     DIR/lib/libensio_ioclient.so      DIR/lib/libensio_ioclient.a
+    DIR/lib/libensio_ioclient_py.so   (attached/sync modes and read_restart)
+
+A site MPI (``--mpifort`` with Fortran bindings) lets a model that does ``use mpi`` /
+``use mpi_f08`` compile against the module with the same compiler. The model, the
+library and every Python process of the job (``ensio ioserver`` ranks, or the
+interpreter the attached/sync modes embed) must use ONE MPI library: mpi4py's wheel
+chooses it at import (``MPI4PY_LIBMPI``; in the embedded interpreter it finds the
+model's). ``libensio_ioclient_py.so`` links this Python's ``libpython`` and remembers
+the interpreter (``ENSIO_IOCLIENT_PYTHON`` overrides it at run time); the main library
+loads it only when a config asks for attached or sync, or for ``read_restart``.
 
 Built on request, never silently (DESIGN.md, native code). The Fortran module needs
 no Fortran MPI bindings: communicators cross as integers (``MPI_Comm_f2c`` in the C
@@ -20,6 +30,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +39,8 @@ from ..errors import EnsioError
 
 __all__ = ["BuildError", "BuildResult", "build_client", "csrc_dir", "mpi_flags"]
 
-_SOURCES = ("ensio_ioclient.h", "ensio_ioclient.c", "ensio_ioclient.f90")
+_SOURCES = ("ensio_ioclient.h", "ensio_ioclient_impl.h", "ensio_ioclient.c",
+            "ensio_ioclient_modes.c", "ensio_ioclient_py.c", "ensio_ioclient.f90")
 _CFLAGS = ("-std=c99", "-D_POSIX_C_SOURCE=200809L", "-O2", "-fPIC", "-Wall")
 _FFLAGS = ("-O2", "-fPIC", "-Wall")
 
@@ -49,7 +61,8 @@ class BuildResult:
     mpicc: Path
     fc: Path
     mpi_link: tuple[str, ...] = ()
-
+    #: libensio_ioclient_py.so (None: this Python has no shared libpython).
+    python_lib: Path | None = None
 
     @property
     def c_flags(self) -> str:
@@ -59,7 +72,8 @@ class BuildResult:
 
     @property
     def fortran_flags(self) -> str:
-        """Flags for ``gfortran model.f90 <fortran_flags>`` (the module, the library, MPI)."""
+        """Flags for ``<fc> model.f90 <fortran_flags>`` (the module, the library, and MPI
+        unless ``fc`` is an MPI wrapper)."""
         return " ".join((self.c_flags, *self.mpi_link))
 
 
@@ -112,8 +126,30 @@ def _fortran_runtime(fc: Path, work: Path) -> list[str]:
     return [f"-L{d}", f"-Wl,-rpath,{d}", "-lgfortran"]
 
 
+def _from_env(given: str | os.PathLike | None, var: str) -> str | os.PathLike | None:
+    return given if given is not None else (os.environ.get(var) or None)
+
+
+def _python_build(cc: Path, src: Path, work: Path, pylib: Path) -> bool:
+    """Compile ``libensio_ioclient_py.so`` against this Python; False without libpython.so."""
+    cv = sysconfig.get_config_var
+    libdir, ver = cv("LIBDIR"), cv("LDVERSION") or cv("VERSION")
+    if not cv("Py_ENABLE_SHARED") or not libdir:
+        print(f"ioclient build: {sys.executable} has no shared libpython: attached/sync from "
+              "C/Fortran and read_restart are not built", file=sys.stderr)
+        return False
+    include = sysconfig.get_paths()["include"]
+    _run([str(cc), *_CFLAGS, f"-I{include}",
+          f'-DENSIO_IOCLIENT_PYTHON="{sys.executable}"', "-c",
+          str(src / "ensio_ioclient_py.c"), "-o", "py.o"], work)
+    _run([str(cc), "-shared", "-o", pylib.name, "py.o", f"-L{libdir}",
+          f"-Wl,-rpath,{libdir}", f"-lpython{ver}"], work)
+    return True
+
+
 def build_client(prefix: str | os.PathLike, mpicc: str | os.PathLike | None = None,
-                 fc: str | os.PathLike | None = None) -> BuildResult:
+                 fc: str | os.PathLike | None = None,
+                 mpifort: str | os.PathLike | None = None) -> BuildResult:
     """Compile the client into ``prefix`` (lib/ and include/, created as needed).
 
     Parameters
@@ -121,42 +157,56 @@ def build_client(prefix: str | os.PathLike, mpicc: str | os.PathLike | None = No
     prefix : path
         Installation prefix.
     mpicc : path, optional
-        MPI C compiler wrapper; default the ``mpicc`` next to ``sys.executable`` (the
-        MPI mpi4py, and therefore the servers, use).
+        MPI C compiler wrapper; default ``$MPICC``, else the ``mpicc`` next to
+        ``sys.executable`` (the mpich wheel's).
     fc : path, optional
-        Fortran compiler for the module; default ``gfortran`` on PATH.
+        Fortran compiler for the module when there is no MPI Fortran wrapper;
+        default ``gfortran`` on PATH.
+    mpifort : path, optional
+        MPI Fortran wrapper (``$MPIFC`` by default): compiles the module, and the
+        model with it, so ``use mpi`` / ``use mpi_f08`` work. Takes the place of ``fc``.
 
     Raises
     ------
     BuildError
         A compiler is missing or fails (one line).
     """
-    cc = _tool(mpicc, str(Path(sys.executable).parent / "mpicc"), "MPI C compiler", "--mpicc")
-    fort = _tool(fc, "gfortran", "Fortran compiler", "--fc")
+    cc = _tool(_from_env(mpicc, "MPICC"), str(Path(sys.executable).parent / "mpicc"),
+               "MPI C compiler", "--mpicc")
+    wrapper = _from_env(mpifort, "MPIFC")
+    fort = (_tool(wrapper, "mpifort", "MPI Fortran compiler", "--mpifort") if wrapper
+            else _tool(fc, "gfortran", "Fortran compiler", "--fc"))
     prefix = Path(prefix).resolve()
     src = csrc_dir()
     includes, link = mpi_flags(cc)
+    pylib = prefix / "lib" / "libensio_ioclient_py.so"
+    cflags = [*_CFLAGS, f'-DENSIO_IOCLIENT_PYLIB="{pylib}"']
     with tempfile.TemporaryDirectory(prefix="ensio-ioclient-") as tmp:
         work = Path(tmp)
-        _run([str(cc), *_CFLAGS, "-c", str(src / "ensio_ioclient.c"), "-o", "c.o"], work)
-        _run([str(fort), *_FFLAGS, *includes, "-J", str(work), "-c",
+        _run([str(cc), *cflags, "-c", str(src / "ensio_ioclient.c"), "-o", "c.o"], work)
+        _run([str(cc), *cflags, "-c", str(src / "ensio_ioclient_modes.c"), "-o", "m.o"], work)
+        _run([str(fort), *_FFLAGS, *([] if wrapper else includes), "-J", str(work), "-c",
               str(src / "ensio_ioclient.f90"), "-o", "f.o"], work)
-        _run([str(cc), "-shared", "-o", "libensio_ioclient.so", "c.o", "f.o",
+        _run([str(cc), "-shared", "-o", "libensio_ioclient.so", "c.o", "m.o", "f.o", "-ldl",
               *_fortran_runtime(fort, work)], work)
+        embedded = _python_build(cc, src, work, pylib)
         ar = shutil.which("ar") or shutil.which("gcc-ar")
         if ar is None:
             raise BuildError("ioclient build: ar not found (needed for libensio_ioclient.a)")
-        _run([ar, "rcs", "libensio_ioclient.a", "c.o", "f.o"], work)
+        _run([ar, "rcs", "libensio_ioclient.a", "c.o", "m.o", "f.o"], work)
         result = BuildResult(
             prefix=prefix, shared_lib=prefix / "lib" / "libensio_ioclient.so",
             static_lib=prefix / "lib" / "libensio_ioclient.a",
             header=prefix / "include" / "ensio_ioclient.h",
             module=prefix / "include" / "ensio_ioclient.mod", mpicc=cc, fc=fort,
-            mpi_link=tuple(link))
+            mpi_link=() if wrapper else tuple(link),
+            python_lib=pylib if embedded else None)
         _install(work / "libensio_ioclient.so", result.shared_lib)
         _install(work / "libensio_ioclient.a", result.static_lib)
         _install(src / "ensio_ioclient.h", result.header)
         _install(work / "ensio_ioclient.mod", result.module)
+        if embedded:
+            _install(work / pylib.name, pylib)
     from .xiosbuild import build_xios  # XIOS's module (xios.mod, libxios) over the client
 
     build_xios(result)

@@ -380,6 +380,26 @@ class Client:
                            tuple(sorted(variables)))
         self.transport.restart(meta, blocks)
 
+    def read_restart(self, path: str | Path,
+                     variables: Mapping[str, tuple[Sequence[int], Sequence[int]]]
+                     ) -> dict[str, np.ndarray]:
+        """This rank's blocks of a restart file, in any decomposition (any mode).
+
+        ``variables`` maps a variable to ``(start, shape)``: the box of the
+        global array this rank needs; returns ``{variable: block}`` with the
+        values as stored (bitwise what :meth:`write_restart` wrote, whatever
+        decomposition wrote it). Each rank reads its boxes directly (not
+        collective). A restart written in this run is on disk once
+        :meth:`close` returned (server mode) or at once (attached, sync).
+        """
+        from .restart import RestartError, read_restart_blocks
+
+        self._check_open("read_restart")
+        try:
+            return read_restart_blocks(path, variables)
+        except RestartError as exc:
+            raise self._error(str(exc)) from None
+
     def close(self) -> Report:
         """Flush, wait until the files are closed (collective), return the :class:`Report`."""
         if self._closed:

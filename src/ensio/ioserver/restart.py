@@ -31,7 +31,8 @@ import numpy as np
 
 from ..durable import replacing
 
-__all__ = ["RestartAssembler", "RestartError", "RestartMeta", "write_restart_file"]
+__all__ = ["RestartAssembler", "RestartError", "RestartMeta", "read_restart_blocks",
+           "write_restart_file"]
 
 
 class RestartError(ValueError):
@@ -174,4 +175,38 @@ def write_restart_file(meta: RestartMeta, arrays: Mapping[str, np.ndarray]) -> P
                 v = ds[name]
                 v.set_auto_maskandscale(False)
                 v[...] = data
+    return out
+
+
+def read_restart_blocks(path: str | Path,
+                        request: Mapping[str, tuple[Sequence[int], Sequence[int]]]
+                        ) -> dict[str, np.ndarray]:
+    """One rank's boxes of a restart: ``{variable: (start, shape)}`` -> ``{variable: block}``.
+
+    The reading half of the remapping: any rank reads any box, whatever
+    decomposition wrote the file, so Q ranks read back what P ranks wrote.
+    Values as stored (no scaling or masking), the variable's dtype: the
+    mirror of :func:`write_restart_file`, so a round trip is bitwise.
+    ``RestartError`` naming the file and variable for a missing file or
+    variable or a box outside the variable.
+    """
+    out = {}
+    try:
+        ds = netCDF4.Dataset(path)
+    except OSError as exc:
+        raise RestartError(f"{path}: cannot read the restart: {exc}") from None
+    with ds:
+        for name, (start, shape) in request.items():
+            if name not in ds.variables:
+                raise RestartError(f"{path}: no variable {name!r} in the restart")
+            v = ds[name]
+            start, shape = tuple(int(s) for s in start), tuple(int(n) for n in shape)
+            if len(start) != v.ndim or len(shape) != v.ndim or any(
+                    s < 0 or n < 0 or s + n > m for s, n, m in zip(start, shape, v.shape,
+                                                                  strict=True)):
+                raise RestartError(f"{path}: box {shape} at {start} is outside {name} "
+                                   f"{v.shape}")
+            v.set_auto_maskandscale(False)
+            box = tuple(slice(s, s + n) for s, n in zip(start, shape, strict=True))
+            out[name] = np.asarray(v[box]) if all(shape) else np.empty(shape, v.dtype)
     return out

@@ -61,12 +61,12 @@ program model_f
     clonb(:, i) = clon(i) + [-1d0, 0d0, 1d0]
     clatb(:, i) = clat(i) + [-1d0, 1d0, -1d0]
   end do
-  call ensio_ioclient_set_domain("ocn", ob, no, 0, oj, lon=olon, lat=olat, lon_bnds=olonb, &
-                                 lat_bnds=olatb, area=oarea)
-  call ensio_ioclient_set_domain("atm", 0, ni, jb, nj, lon=lon, lat=lat, lon_bnds=lonb, &
-                                 lat_bnds=latb, mask=mask, area=area)
-  call ensio_ioclient_set_domain("cells", ib, ncl, 0, 1, lon=clon, lat=clat, lon_bnds=clonb, &
-                                 lat_bnds=clatb)
+  call ensio_ioclient_set_domain("ocn", ob, no, 0, oj, lon=olon, lat=olat, lon_bounds=olonb, &
+                                 lat_bounds=olatb, area=oarea)
+  call ensio_ioclient_set_domain("atm", 0, ni, jb, nj, lon=lon, lat=lat, lon_bounds=lonb, &
+                                 lat_bounds=latb, mask=mask, area=area)
+  call ensio_ioclient_set_domain("cells", ib, ncl, 0, 1, lon=clon, lat=clat, lon_bounds=clonb, &
+                                 lat_bounds=clatb)
   call ensio_ioclient_close_definition()
   do s = 1, nsteps
     call ensio_ioclient_update_timestep(s)
