@@ -58,8 +58,9 @@ def load_iodef(path: str | Path, overrides: Iterable[str] = ()) -> IOServerConfi
 def iodef_yaml(path: str | Path, yaml_path: str | Path | None = None) -> tuple[str, Mapped]:
     """The YAML text equivalent to an iodef.xml (and the mapping, with its warnings).
 
-    ``output_dir`` is written relative to ``yaml_path``'s directory, so the YAML
-    writes where the XML would (XIOS writes beside its run directory's iodef.xml).
+    ``output_dir`` is where the XML's files go (XIOS writes in its run directory,
+    beside the iodef.xml): ``.`` or a subdirectory relative to ``yaml_path``'s
+    directory, else the absolute path.
     """
     import yaml
 
@@ -67,7 +68,8 @@ def iodef_yaml(path: str | Path, yaml_path: str | Path | None = None) -> tuple[s
     mapped = read_iodef(path)
     section = dict(mapped.section)
     where = Path(yaml_path).resolve().parent if yaml_path is not None else path.resolve().parent
-    section["output_dir"] = os.path.relpath(path.resolve().parent, where)
+    rel = os.path.relpath(path.resolve().parent, where)
+    section["output_dir"] = str(path.resolve().parent) if rel.startswith("..") else rel
     head = (f"# converted from {path.name} (context {mapped.context}) by "
             "ensio ioserver convert\n")
     body = yaml.safe_dump({"ioserver": section}, sort_keys=False, default_flow_style=None,
