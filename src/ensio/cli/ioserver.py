@@ -4,6 +4,8 @@
 C or Fortran) calls its client's start; these S processes declare themselves
 servers in the same collective setup, serve until every model rank closed,
 and exit 0 (or end the job with status 2 and a line naming the failed rank).
+A setup error on any rank (a bad config here, a bad environment on a model
+rank) is printed once and every rank exits 2 (:mod:`ensio.ioserver.handshake`).
 """
 
 from __future__ import annotations
@@ -29,32 +31,21 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     p.add_argument("config", type=Path, metavar="CONFIG",
-                   help="YAML file with an ioserver: section, or an XIOS iodef.xml; "
-                        "'convert' to convert an iodef.xml to YAML")
-    p.add_argument("source", nargs="?", default=None, metavar="IODEF_XML",
-                   help="with CONFIG = convert: the iodef.xml to convert")
-    p.add_argument("-o", "--output", type=Path, default=None,
-                   help="with convert: the YAML file to write (default standard output)")
+                   help="YAML file with an ioserver: section")
     p.add_argument("--context", default="model", help="label of the files' history (default model)")
     add_set_option(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    if str(args.config) == "convert":
-        from .ioserver_convert import run_convert
-
-        return run_convert(args)
-    if args.source is not None or args.output is not None:
-        from ..errors import ConfigError
-
-        raise ConfigError(f"ensio ioserver: {args.source or '-o'}: only convert takes a "
-                          "second argument or -o")
     from mpi4py import MPI
 
     from ..ioserver import start
-    from ..ioserver.configload import load_ioserver_config
+    from ..ioserver.handshake import SetupFailed
 
-    cfg = load_ioserver_config(args.config, args.overrides)
-    start(MPI.COMM_WORLD, cfg, context=args.context, role="server")
+    try:  # the config is read inside start: its errors reach every rank of the job
+        start(MPI.COMM_WORLD, args.config, context=args.context, role="server",
+              overrides=args.overrides)
+    except SetupFailed:
+        return 2  # the one line is out (a model rank or the first failed server printed it)
     return 0

@@ -23,6 +23,20 @@ parts; the server writes the file at the last END (:mod:`.restart`).
 Server-to-client messages are text (``MPI_CHAR``): the field table
 (:data:`TAG_TABLE`), the report (:data:`TAG_REPORT`) and errors
 (:data:`TAG_ERROR`).
+
+The setup handshake (collective over the world, Python and C alike) carries
+every rank's verdict, so that an error found anywhere ends the whole job with
+one line instead of leaving the others in a collective: step 1 is an
+``MPI_Allgather`` of one int per rank, a :class:`Status` (server role, "my
+setup failed", "I print the job's setup error" — the C client does, its
+model's log is where a modeller looks). If any rank failed, the lowest failed
+rank sends its one-line reason (``VERDICT_ERROR`` + text, tag
+:data:`TAG_TABLE`, on the duplicated world) to every other rank, the printer
+(the lowest C client, else the failed rank itself if it is a server) prints
+``ensio ioserver: error: <text>``, every rank meets in ``MPI_Barrier(world)``
+(the line is out before anyone exits) and exits with status 2. Otherwise the
+first server sends the field table, or ``VERDICT_ERROR`` + text when planning
+failed (then the same printing and barrier).
 """
 
 from __future__ import annotations
@@ -45,6 +59,9 @@ __all__ = [
     "TAG_REPORT",
     "TAG_ERROR",
     "DRAIN_SECONDS",
+    "Status",
+    "VERDICT_ERROR",
+    "TIMEOUT_ENV",
     "Kind",
     "DType",
     "Flags",
@@ -77,6 +94,20 @@ TAG_ERROR = 7704
 DRAIN_SECONDS = 20.0
 
 NAME_BYTES = 32
+
+#: A failed setup's text on the table's tag: this prefix, then one line.
+VERDICT_ERROR = "ensio-ioserver error "
+
+#: The C client's override of ``ioserver.timeout_s`` (seconds; the table's value otherwise).
+TIMEOUT_ENV = "ENSIO_IOSERVER_TIMEOUT"
+
+
+class Status(enum.IntFlag):
+    """Each rank's word in the handshake's ``MPI_Allgather`` (a plain C int)."""
+
+    SERVER = 1
+    ERROR = 2
+    PRINTS = 4
 
 #: The C struct, field by field (native byte order, like the C client writes it).
 HEADER_DTYPE = np.dtype([
@@ -263,7 +294,8 @@ class FieldTable:
     """What a client learns from the first server: the calendar, geometry sizes, fields.
 
     ``domains`` maps id to ``(type, ni_glo, nj_glo, nvertex)`` (nvertex 0 when
-    unset); ``axes`` id to ``n``; ``grids`` id to ``(domain, axis or None)``.
+    unset); ``axes`` id to ``n``; ``grids`` id to ``(domain, axis or None)``;
+    ``timeout_s`` is ``ioserver.timeout_s`` (a ``timeout`` record).
     """
 
     calendar: tuple[str, str, int]
@@ -271,6 +303,7 @@ class FieldTable:
     axes: Mapping[str, int]
     grids: Mapping[str, tuple[str, str | None]]
     fields: Mapping[str, FieldEntry]
+    timeout_s: float = 300.0
 
 
 def _ints(values: Sequence[int]) -> str:
@@ -280,7 +313,8 @@ def _ints(values: Sequence[int]) -> str:
 def format_table(t: FieldTable) -> str:
     """The table as the text the C client parses (one record per line)."""
     ctype, start, dt = t.calendar
-    lines = ["ensio-ioserver 1", f"calendar {ctype} {start.replace(' ', 'T')} {dt}"]
+    lines = ["ensio-ioserver 1", f"calendar {ctype} {start.replace(' ', 'T')} {dt}",
+             f"timeout {float(t.timeout_s)!r}"]
     lines += [f"domain {i} {d[0]} {d[1]} {d[2]} {d[3]}" for i, d in t.domains.items()]
     lines += [f"axis {i} {n}" for i, n in t.axes.items()]
     lines += [f"grid {i} {g[0]} {g[1] or '-'}" for i, g in t.grids.items()]
@@ -303,6 +337,7 @@ def parse_table(text: str) -> FieldTable:
     axes: dict[str, int] = {}
     grids: dict[str, tuple[str, str | None]] = {}
     fields: dict[str, FieldEntry] = {}
+    timeout = 300.0
     for n, line in enumerate(lines[1:-1], start=2):
         w = line.split()
         try:
@@ -310,6 +345,8 @@ def parse_table(text: str) -> FieldTable:
                 calendar = (w[1], w[2].replace("T", " "), int(w[3]))
             elif w[0] == "domain" and len(w) == 6:
                 domains[w[1]] = (w[2], int(w[3]), int(w[4]), int(w[5]))
+            elif w[0] == "timeout" and len(w) == 2:
+                timeout = float(w[1])
             elif w[0] == "axis" and len(w) == 3:
                 axes[w[1]] = int(w[2])
             elif w[0] == "grid" and len(w) == 4:
@@ -322,7 +359,7 @@ def parse_table(text: str) -> FieldTable:
             raise ProtocolError(f"field table line {n}: cannot parse {line!r}") from None
     if calendar is None:
         raise ProtocolError("field table: no calendar line")
-    return FieldTable(calendar, domains, axes, grids, fields)
+    return FieldTable(calendar, domains, axes, grids, fields, timeout)
 
 
 def format_pairs(values: Mapping[str, float | int]) -> str:

@@ -22,12 +22,15 @@ from mpi4py import MPI
 from .client import Client, ServerLink, recv_text
 from .config import FieldDef, FileDef, IOServerConfig
 from .configload import load_ioserver_config
+from .handshake import SetupFailed, announce, exchange_status, one_line
 from .pipeline import OutputPipeline, SinkFactory, field_periods
 from .protocol import (
     TAG_TABLE,
+    VERDICT_ERROR,
     FieldEntry,
     FieldTable,
     IOServerError,
+    Status,
     format_table,
     parse_table,
     timestep_seconds,
@@ -38,7 +41,6 @@ __all__ = ["start", "Plan", "build_plan", "file_weight", "history_line"]
 PeriodsFn = Callable[[IOServerConfig, Sequence[str] | None], Mapping[str, tuple[int, ...]]]
 
 _APPROX_SECONDS = {"s": 1, "mi": 60, "h": 3600, "d": 86400, "mo": 30 * 86400, "y": 365 * 86400}
-_TABLE_ERROR = "ensio-ioserver error "
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,7 @@ def build_plan(cfg: IOServerConfig, servers: Sequence[int],
         axes={i: a.n for i, a in cfg.axes.items()},
         grids={i: (g.domain, g.axis) for i, g in cfg.grids.items()},
         fields=entries,
+        timeout_s=cfg.timeout_s,
     )
     return Plan(files_of, table, shared)
 
@@ -146,25 +149,43 @@ def start(world: MPI.Comm, config: IOServerConfig | str | Path, context: str = "
         A :class:`Client` on model ranks; ``None`` on server ranks, after the
         run ended (every client closed and every file was closed).
     """
-    cfg = config if isinstance(config, IOServerConfig) else load_ioserver_config(
-        config, overrides)
+    try:
+        cfg = config if isinstance(config, IOServerConfig) else load_ioserver_config(
+            config, overrides)
+    except Exception as exc:  # every rank of the job learns it in the handshake
+        try:
+            return _start_server_mode(world, None, one_line(exc), context, role,
+                                      sink_factory, periods)
+        except SetupFailed:
+            if role == "server":
+                raise
+            raise exc from None  # a model rank's own error, as the config reader raised it
     if cfg.mode != "server":
         if role == "server":
-            raise IOServerError(f"ioserver.mode is {cfg.mode!r}: there are no server "
-                                "processes (use mode server for an MPMD job)")
+            return _start_server_mode(
+                world, cfg, f"ioserver.mode is {cfg.mode!r}: ensio ioserver runs only in mode "
+                "server (an MPMD job: mpiexec -n P MODEL : -n S ensio ioserver CONFIG); in "
+                f"mode {cfg.mode} the model ranks write the files, start the model alone",
+                context, role, sink_factory, periods)
         from .attached import start_attached
         from .sync import start_sync
 
         begin = {"attached": start_attached, "sync": start_sync}[cfg.mode]
         return begin(world, cfg, history_line(cfg, context), sink_factory, periods)
-    return _start_server_mode(world, cfg, context, role, sink_factory, periods)
+    return _start_server_mode(world, cfg, None, context, role, sink_factory, periods)
 
 
-def _start_server_mode(world: MPI.Comm, cfg: IOServerConfig, context: str, role: str,
-                       sink_factory: SinkFactory, periods: PeriodsFn) -> Client | None:
-    mine = np.array([1 if role == "server" else 0], dtype=np.intc)
-    roles = np.zeros(world.size, dtype=np.intc)
-    world.Allgather([mine, MPI.INT], [roles, MPI.INT])
+def _start_server_mode(world: MPI.Comm, cfg: IOServerConfig | None, problem: str | None,
+                       context: str, role: str, sink_factory: SinkFactory,
+                       periods: PeriodsFn) -> Client | None:
+    """The handshake (:mod:`.handshake`), then serve or return the client.
+
+    ``problem`` is this rank's setup error (then ``cfg`` may be None): every
+    rank then raises :class:`~.handshake.SetupFailed`, after one line.
+    """
+    states = exchange_status(world, role == "server", problem)
+    assert cfg is not None  # a rank without config raised in the handshake
+    roles = states & Status.SERVER
     if roles.any():
         servers = tuple(int(r) for r in np.flatnonzero(roles))
     elif cfg.servers < world.size:
@@ -180,17 +201,18 @@ def _start_server_mode(world: MPI.Comm, cfg: IOServerConfig, context: str, role:
     clients = tuple(r for r in range(world.size) if r not in servers)
     if not is_server:
         text, _ = recv_text(iocomm, servers[0], TAG_TABLE)
-        if text.startswith(_TABLE_ERROR):
-            raise IOServerError(text[len(_TABLE_ERROR):])
+        if text.startswith(VERDICT_ERROR):
+            announce(world, states, servers[0], text.removeprefix(VERDICT_ERROR))
         link = ServerLink(iocomm, parse_table(text), servers,
                           int(cfg.client_buffer_mb * 2**20), world.rank)
         return Client(cfg, sub, world.rank, link)
-    _run_server(cfg, world, iocomm, sub, servers, clients, context, sink_factory, periods)
+    _run_server(cfg, world, states, iocomm, sub, servers, clients, context, sink_factory,
+                periods)
     return None
 
 
-def _run_server(cfg: IOServerConfig, world: MPI.Comm, iocomm: MPI.Comm, sub: MPI.Comm,
-                servers: tuple[int, ...], clients: tuple[int, ...], context: str,
+def _run_server(cfg: IOServerConfig, world: MPI.Comm, states: np.ndarray, iocomm: MPI.Comm,
+                sub: MPI.Comm, servers: tuple[int, ...], clients: tuple[int, ...], context: str,
                 sink_factory: SinkFactory, periods: PeriodsFn) -> None:
     from .serverend import serve
 
@@ -198,13 +220,14 @@ def _run_server(cfg: IOServerConfig, world: MPI.Comm, iocomm: MPI.Comm, sub: MPI
         plan = build_plan(cfg, servers, periods)
         error = None
     except Exception as exc:  # told to the clients (they would wait for a table forever)
-        plan, error = None, f"{type(exc).__name__}: {exc}"
+        plan, error = None, f"cannot plan the servers: {one_line(exc)}"
+    error = next((e for e in sub.allgather(error) if e is not None), None)
     if world.rank == servers[0]:
-        text = bytearray((_TABLE_ERROR + error if error else format_table(plan.table)).encode())
+        text = bytearray((VERDICT_ERROR + error if error else format_table(plan.table)).encode())
         MPI.Request.Waitall([iocomm.Isend([text, MPI.CHAR], dest=c, tag=TAG_TABLE)
                              for c in clients])
     if error is not None:
-        raise IOServerError(f"ioserver: cannot plan the servers: {error}")
+        announce(world, states, servers[0], error)
     fields = {f for f, e in plan.table.fields.items() if world.rank in e.servers}
     cfg.output_dir.mkdir(parents=True, exist_ok=True)
     if plan.shared:

@@ -9,7 +9,7 @@
  * The state is one static struct: a C API like this (as XIOS's) has one client per
  * process; finalize resets it so a program may initialise again.
  */
-#include "ensio_ioclient_impl.h"
+#include "ensio_ioclient.h"
 
 #include <limits.h>
 #include <stdarg.h>
@@ -22,6 +22,11 @@
 enum { K_DOMAIN = 1, K_FIELD = 2, K_STEP = 3, K_CLOSE = 4, K_ABORT = 5, K_DEFINED = 6 };
 enum { DT_F64 = 0, DT_F32 = 1, DT_TEXT = 3 };
 enum { TAG_MSG = 7701, TAG_TABLE = 7702, TAG_REPORT = 7703, TAG_ERROR = 7704 };
+/* the handshake's status word (ensio.ioserver.protocol.Status) */
+enum { ST_SERVER = 1, ST_ERROR = 2, ST_PRINTS = 4 };
+#define VERDICT_ERROR "ensio-ioserver error "
+#define LINE_PREFIX "ensio ioserver: error: "
+#define DEFAULT_TIMEOUT 300.0
 enum { D_RECT = 0, D_CURV = 1, D_UNSTR = 2 };
 #define HDR 128
 
@@ -43,6 +48,9 @@ typedef struct { char *buf; int64_t size; int refs; } block_t;
 
 static struct {
     int initialized, closed, server_failed, rank;
+    int first_client;                  /* lowest world rank of the model: speaks for it */
+    double timeout;                    /* seconds without progress before a server is given up */
+    int timeout_env;                   /* ENSIO_IOSERVER_TIMEOUT set: it beats the table */
     MPI_Comm io, model;
     int nservers, *servers;            /* world ranks of the servers, ascending */
     domain_t *dom; int ndom;
@@ -52,7 +60,7 @@ static struct {
     int ndomain_msgs;
     int64_t step;
     /* bounded send buffer: outstanding requests and the block each one sends */
-    MPI_Request *req; block_t **req_block; int *idx; int nreq, capreq;
+    MPI_Request *req; block_t **req_block; int *idx, *req_dest; int nreq, capreq;
     int64_t buf_used, buf_cap;
     double blocked; int64_t bytes_sent, messages;
 } S;
@@ -88,6 +96,7 @@ static void compact(void) {
         if (S.req[i] != MPI_REQUEST_NULL) {
             S.req[j] = S.req[i];
             S.req_block[j] = S.req_block[i];
+            S.req_dest[j] = S.req_dest[i];
             j++;
         }
     }
@@ -104,21 +113,49 @@ static void reclaim(void) {
     compact();
 }
 
-/* Wait for one send to complete (the model is blocked: measured). */
+/* ---------------------------------------------------------------- a server that stopped */
+
+static void nap(void) {
+    struct timespec ts = {0, 100000}; /* 0.1 ms: the model is blocked anyway */
+    nanosleep(&ts, NULL);
+}
+
+/* No progress from server rank `server` for S.timeout seconds: it is stopped, hung or
+ * its node is gone, and no rank of the job would ever return.  The first model rank
+ * prints the one line and ends the job; the others give it a grace period to do so
+ * (they may have noticed first), then speak themselves: one line in the normal case,
+ * never a hang. */
+static void server_lost(int server, const char *what) {
+    if (S.rank != S.first_client) {
+        double grace = S.timeout < 10.0 ? S.timeout : 10.0;
+        double until = MPI_Wtime() + grace;
+        while (MPI_Wtime() < until) nap();
+    }
+    fprintf(stderr, "ensio ioclient: error: model rank %d: ioserver rank %d did not answer "
+            "for %g s (%s; stopped or hung? the limit is ioserver.timeout_s or "
+            "ENSIO_IOSERVER_TIMEOUT)\n", S.rank, server, S.timeout, what);
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 2);
+}
+
+/* Wait until any send request completes, at most S.timeout seconds (the model is
+ * blocked: measured). */
 static void wait_one(void) {
-    int i = MPI_UNDEFINED;
-    double t0 = MPI_Wtime();
-    MPI_Waitany(S.nreq, S.req, &i, MPI_STATUS_IGNORE);
+    int i = MPI_UNDEFINED, flag = 0;
+    double t0 = MPI_Wtime(), last = t0;
+    for (;;) {
+        MPI_Testany(S.nreq, S.req, &i, &flag, MPI_STATUS_IGNORE);
+        if (flag) break;
+        if (MPI_Wtime() - last > S.timeout) server_lost(S.req_dest[0], "a send stays pending");
+        nap();
+    }
     S.blocked += MPI_Wtime() - t0;
     if (i != MPI_UNDEFINED) release(i);
     compact();
 }
 
 static void wait_all(void) {
-    if (S.nreq == 0) return;
-    MPI_Waitall(S.nreq, S.req, MPI_STATUSES_IGNORE);
-    for (int i = 0; i < S.nreq; i++) release(i);
-    S.nreq = 0;
+    while (S.nreq > 0) wait_one();
 }
 
 static int grow_requests(int extra) {
@@ -131,7 +168,10 @@ static int grow_requests(int extra) {
     if (b) S.req_block = b;
     int *x = realloc(S.idx, (size_t)cap * sizeof *x);
     if (x) S.idx = x;
-    if (!r || !b || !x) return fail("out of memory for send requests on rank %d", S.rank);
+    int *dd = realloc(S.req_dest, (size_t)cap * sizeof *dd);
+    if (dd) S.req_dest = dd;
+    if (!r || !b || !x || !dd) return fail("out of memory for send requests on rank %d", S.rank);
+
     S.capreq = cap;
     return 0;
 }
@@ -173,7 +213,12 @@ static int post(const msg_header *h, const void *payload, int64_t nbytes,
     b->refs = ndest;
     S.buf_used += size;
     for (int d = 0; d < ndest; d++) {
-        MPI_Isend(buf, (int)size, MPI_BYTE, dests[d], TAG_MSG, S.io, &S.req[S.nreq]);
+        /* CLOSE synchronously: its completion proves that server took it (finalize) */
+        if (h->kind == K_CLOSE)
+            MPI_Issend(buf, (int)size, MPI_BYTE, dests[d], TAG_MSG, S.io, &S.req[S.nreq]);
+        else
+            MPI_Isend(buf, (int)size, MPI_BYTE, dests[d], TAG_MSG, S.io, &S.req[S.nreq]);
+        S.req_dest[S.nreq] = dests[d];
         S.req_block[S.nreq++] = b;
         S.bytes_sent += size;
         S.messages++;
@@ -328,7 +373,11 @@ static int parse_line(char **w, int n) {
         S.grid[S.ngrid++] = g;
     } else if (strcmp(w[0], "field") == 0) {
         return parse_field(w, n);
+    } else if (strcmp(w[0], "timeout") == 0 && n == 2) {
+        double t = strtod(w[1], NULL);
+        if (!S.timeout_env && t > 0) S.timeout = t; /* the environment beats the config */
     }
+
     return 0; /* calendar and lines of later versions: not needed by the client */
 }
 
@@ -363,17 +412,106 @@ static int buffer_size(void) {
         char *end;
         mb = strtod(env, &end);
         if (*end || !(mb > 0))
-            return fail("ENSIO_IOCLIENT_BUFFER_MB: expected a positive number of MiB, got '%s'",
-                        env);
+            return fail("ensio_ioclient_init: ENSIO_IOCLIENT_BUFFER_MB: expected a positive "
+                        "number of MiB, got '%s' (model rank %d)", env, S.rank);
     }
     S.buf_cap = (int64_t)(mb * 1048576.0);
     if (S.buf_cap < HDR) S.buf_cap = HDR;
     return 0;
 }
 
-int ensio_ioclient_init(MPI_Comm world, const char *context, MPI_Comm *model_comm) {
-    int flag = 0, size, role = 0, *roles, n = 0;
+static int timeout_env(void) {
+    const char *env = getenv("ENSIO_IOSERVER_TIMEOUT");
+    S.timeout = DEFAULT_TIMEOUT;
+    if (env && *env) {
+        char *end;
+        double t = strtod(env, &end);
+        if (*end || !(t > 0))
+            return fail("ensio_ioclient_init: ENSIO_IOSERVER_TIMEOUT: expected a positive "
+                        "number of seconds, got '%s' (model rank %d)", env, S.rank);
+        S.timeout = t;
+        S.timeout_env = 1;
+    }
+    return 0;
+}
+
+/* Receive one text message of `tag` from `src` on `comm`, waiting at most S.timeout
+ * seconds (then the server is lost: the job ends).  Returns a malloc'ed string. */
+static char *recv_text(MPI_Comm comm, int src, int tag, const char *what) {
     MPI_Status st;
+    int flag = 0, n = 0;
+    double t0 = MPI_Wtime();
+    for (;;) {
+        MPI_Iprobe(src, tag, comm, &flag, &st);
+        if (flag) break;
+        if (MPI_Wtime() - t0 > S.timeout) server_lost(src, what);
+        nap();
+    }
+    MPI_Get_count(&st, MPI_CHAR, &n);
+    char *text = calloc((size_t)n + 1, 1);
+    MPI_Recv(text, n, MPI_CHAR, src, tag, comm, MPI_STATUS_IGNORE);
+    return text;
+}
+
+/* The job's setup failed (protocol: ensio.ioserver.handshake): the lowest C client
+ * prints the one line, every rank meets in a barrier (the line is out before anyone
+ * exits) and ends with status 2.  A failed setup has no rank that could go on. */
+static void setup_failed(MPI_Comm world, const int *states, int size, const char *text) {
+    int printer = -1;
+    for (int r = 0; r < size && printer < 0; r++)
+        if (states[r] & ST_PRINTS) printer = r;
+    if (S.rank == printer) {
+        fprintf(stderr, LINE_PREFIX "%s\n", text);
+        fflush(stderr);
+    }
+    MPI_Barrier(world);
+    MPI_Finalize();
+    exit(2);
+}
+
+/* Some rank's setup failed: the lowest failed rank's text reaches every rank. */
+static void verdict_exchange(MPI_Comm world, const int *states, int size) {
+    int src = 0;
+    MPI_Comm comm;
+    while (!(states[src] & ST_ERROR)) src++;
+    MPI_Comm_dup(world, &comm);
+    char own[1100];
+    snprintf(own, sizeof own, VERDICT_ERROR "%s", errbuf);
+    if (S.rank == src) {
+        MPI_Request *r = malloc((size_t)size * sizeof *r);
+        int nr = 0;
+        for (int d = 0; d < size; d++)
+            if (d != src) MPI_Isend(own, (int)strlen(own), MPI_CHAR, d, TAG_TABLE, comm, &r[nr++]);
+        MPI_Waitall(nr, r, MPI_STATUSES_IGNORE);
+        free(r);
+        setup_failed(world, states, size, own + strlen(VERDICT_ERROR));
+    }
+    char *text = recv_text(comm, src, TAG_TABLE, "the setup's verdict did not come");
+    const char *body = strncmp(text, VERDICT_ERROR, strlen(VERDICT_ERROR)) ? text
+                                                                            : text + strlen(VERDICT_ERROR);
+    setup_failed(world, states, size, body);
+}
+
+/* Steps 1-2 of the protocol: every rank's status word; the servers' world ranks.
+ * Ends the job (one line, every rank exits 2) when any rank's setup failed. */
+static int *exchange_status(MPI_Comm world, int size, int local_error) {
+    int mine = ST_PRINTS | (local_error ? ST_ERROR : 0), any = 0;
+    int *states = malloc((size_t)size * sizeof *states);
+    MPI_Allgather(&mine, 1, MPI_INT, states, 1, MPI_INT, world);       /* step 1 */
+    S.first_client = -1;
+    for (int r = 0; r < size; r++) {
+        any |= states[r] & ST_ERROR;
+        if (!(states[r] & ST_SERVER) && S.first_client < 0) S.first_client = r;
+    }
+    if (any) verdict_exchange(world, states, size);
+    S.servers = malloc((size_t)size * sizeof *S.servers);
+    for (int r = 0; r < size; r++)
+        if (states[r] & ST_SERVER) S.servers[S.nservers++] = r;      /* step 2 */
+    return states;
+}
+
+int ensio_ioclient_init(MPI_Comm world, const char *context, MPI_Comm *model_comm) {
+    int flag = 0, size;
     (void)context; /* the servers' config names what is written; kept for XIOS-like calls */
     if (S.initialized) return fail("ensio_ioclient_init: already initialised on rank %d", S.rank);
     MPI_Initialized(&flag);
@@ -381,26 +519,22 @@ int ensio_ioclient_init(MPI_Comm world, const char *context, MPI_Comm *model_com
     if (!model_comm) return fail("ensio_ioclient_init: model_comm is NULL");
     MPI_Comm_rank(world, &S.rank);
     MPI_Comm_size(world, &size);
-    roles = malloc((size_t)size * sizeof *roles);
-    MPI_Allgather(&role, 1, MPI_INT, roles, 1, MPI_INT, world);          /* step 1 */
-    S.servers = malloc((size_t)size * sizeof *S.servers);
-    for (int r = 0; r < size; r++)
-        if (roles[r] == 1) S.servers[S.nservers++] = r;                 /* step 2 */
-    free(roles);
+    int local_error = timeout_env();
+    if (!local_error) local_error = buffer_size();
+    int *states = exchange_status(world, size, local_error);
     if (S.nservers == 0) {
-        free(S.servers);
-        memset(&S, 0, sizeof S);
-        return fail("ensio_ioclient_init: no ioserver ranks in the communicator; start the "
-                    "model MPMD: mpiexec -n P MODEL : -n S ensio ioserver CONFIG");
+        fail("ensio_ioclient_init: no ioserver ranks in the job; start the model MPMD: "
+             "mpiexec -n P MODEL : -n S ensio ioserver CONFIG");
+        setup_failed(world, states, size, errbuf);
     }
     MPI_Comm_split(world, 0, S.rank, &S.model);                          /* step 3 */
     MPI_Comm_dup(world, &S.io);                                          /* step 4 */
+    char *text = recv_text(S.io, S.servers[0], TAG_TABLE, "no field table at start");
+    if (strncmp(text, VERDICT_ERROR, strlen(VERDICT_ERROR)) == 0)       /* planning failed */
+        setup_failed(world, states, size, text + strlen(VERDICT_ERROR));
+    free(states);
     S.initialized = 1;
     *model_comm = S.model;
-    MPI_Probe(S.servers[0], TAG_TABLE, S.io, &st);
-    MPI_Get_count(&st, MPI_CHAR, &n);
-    char *text = calloc((size_t)n + 1, 1);
-    MPI_Recv(text, n, MPI_CHAR, S.servers[0], TAG_TABLE, S.io, MPI_STATUS_IGNORE);
     int rc = parse_table(text);
     free(text);
     if (rc) {
@@ -408,7 +542,7 @@ int ensio_ioclient_init(MPI_Comm world, const char *context, MPI_Comm *model_com
         snprintf(msg, sizeof msg, "%s", errbuf);
         return fail("ensio_ioclient_init on rank %d: %s", S.rank, msg);
     }
-    return buffer_size();
+    return 0;
 }
 
 /* ---------------------------------------------------------------- definition */
@@ -458,12 +592,9 @@ static double *domain_payload(const domain_t *d, const double *lon, const double
 int ensio_ioclient_set_domain(const char *domain_id, int64_t ibegin, int64_t ni,
                               int64_t jbegin, int64_t nj,
                               const double *lon, const double *lat,
-                              const double *lon_bounds, const double *lat_bounds,
+                              const double *lon_bnds, const double *lat_bnds,
                               const int *mask, const double *area) {
     const char *fn = "ensio_ioclient_set_domain";
-    if (ensio_ioclient__embedded)
-        return ensio_ioclient__py_set_domain(domain_id, ibegin, ni, jbegin, nj, lon, lat,
-                                             lon_bounds, lat_bounds, mask, area);
     if (ready(fn, 0, 0)) return 1;
     int k = domain_id ? find(S.dom, S.ndom, sizeof *S.dom, domain_id) : -1;
     if (k < 0)
@@ -477,15 +608,15 @@ int ensio_ioclient_set_domain(const char *domain_id, int64_t ibegin, int64_t ni,
     if (check_range(domain_id, "i", ibegin, ni, d->ni_glo) ||
         check_range(domain_id, "j", jbegin, nj, d->nj_glo))
         return 1;
-    if (!lon != !lat || !lon_bounds != !lat_bounds)
-        return fail("%s: domain '%s' on rank %d: give lon with lat and lon_bounds with lat_bounds",
+    if (!lon != !lat || !lon_bnds != !lat_bnds)
+        return fail("%s: domain '%s' on rank %d: give lon with lat and lon_bnds with lat_bnds",
                     fn, domain_id, S.rank);
-    if (lon_bounds && d->type == D_UNSTR && d->nvertex < 1)
+    if (lon_bnds && d->type == D_UNSTR && d->nvertex < 1)
         return fail("%s: domain '%s' on rank %d: bounds given but nvertex is 0", fn, domain_id,
                     S.rank);
     d->ibegin = ibegin, d->ni = ni, d->jbegin = jbegin, d->nj = nj;
     int64_t count, flags;
-    double *payload = domain_payload(d, lon, lat, lon_bounds, lat_bounds, mask, area, &count, &flags);
+    double *payload = domain_payload(d, lon, lat, lon_bnds, lat_bnds, mask, area, &count, &flags);
     if (!payload) return fail("%s: out of memory on rank %d", fn, S.rank);
     msg_header h;
     header(&h, K_DOMAIN, DT_F64, count, domain_id);
@@ -503,7 +634,6 @@ static int wanted(const field_t *f) { return f->nsrv > 0 && f->nper > 0; }
 
 int ensio_ioclient_close_definition(void) {
     const char *fn = "ensio_ioclient_close_definition";
-    if (ensio_ioclient__embedded) return ensio_ioclient__py_simple("close_definition");
     if (ready(fn, 0, 0)) return 1;
     for (int i = 0; i < S.nfield; i++) {
         const domain_t *d = &S.dom[S.grid[S.field[i].grid].domain];
@@ -523,7 +653,6 @@ int ensio_ioclient_close_definition(void) {
 
 int ensio_ioclient_update_timestep(int64_t step) {
     const char *fn = "ensio_ioclient_update_timestep";
-    if (ensio_ioclient__embedded) return ensio_ioclient__py_step(step);
     if (ready(fn, 1, 0)) return 1;
     if (step <= S.step)
         return fail("%s on rank %d: step %lld after step %lld (steps increase from 1)", fn,
@@ -551,7 +680,6 @@ static int find_field(const char *fn, const char *id) {
 
 static int send_field(const char *fn, const char *id, const void *data, int64_t count,
                       int dtype, size_t elsize) {
-    if (ensio_ioclient__embedded) return ensio_ioclient__py_send(id, data, count, dtype);
     if (ready(fn, 1, 1)) return 1;
     reclaim();
     int k = find_field(fn, id);
@@ -588,7 +716,6 @@ int ensio_ioclient_send_float(const char *field_id, const float *data, int64_t c
 
 int ensio_ioclient_is_active(const char *field_id, int64_t step) {
     const char *fn = "ensio_ioclient_is_active";
-    if (ensio_ioclient__embedded) return ensio_ioclient__py_is_active(field_id, step);
     if (ready(fn, -1, 0)) return -1;
     int k = find_field(fn, field_id);
     if (k < 0) return -1;
@@ -609,9 +736,8 @@ static void reset(void) {
         free(S.field[i].per);
     }
     free(S.field), free(S.grid), free(S.axis), free(S.dom), free(S.servers);
-    free(S.req), free(S.req_block), free(S.idx);
+    free(S.req), free(S.req_block), free(S.idx), free(S.req_dest);
     memset(&S, 0, sizeof S);
-    ensio_ioclient__restart_reset();
 }
 
 static void parse_report(char *text, ensio_ioclient_report *rep) {
@@ -631,8 +757,15 @@ static void parse_report(char *text, ensio_ioclient_report *rep) {
 static void receive_report(ensio_ioclient_report *rep) {
     for (;;) {
         MPI_Status st;
-        int n = 0;
-        MPI_Probe(MPI_ANY_SOURCE, MPI_ANY_TAG, S.io, &st);
+        int n = 0, flag = 0;
+        double t0 = MPI_Wtime();
+        for (;;) {
+            MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, S.io, &flag, &st);
+            if (flag) break;
+            if (MPI_Wtime() - t0 > S.timeout)
+                server_lost(S.servers[0], "no report after every model rank closed");
+            nap();
+        }
         if (st.MPI_TAG == TAG_ERROR) {
             recv_error(&st);
             continue;
@@ -650,10 +783,7 @@ static void receive_report(ensio_ioclient_report *rep) {
 int ensio_ioclient_finalize(ensio_ioclient_report *report) {
     ensio_ioclient_report rep;
     int rc;
-    if (ensio_ioclient__embedded) return ensio_ioclient__py_finalize(report);
     if (!S.initialized) return fail("ensio_ioclient_finalize: call ensio_ioclient_init first");
-    /* as Python's Client.close: a model that declared nothing (restarts only) ends it here */
-    if (!S.closed && ensio_ioclient_close_definition()) return 1;
     memset(&rep, 0, sizeof rep);
     msg_header h;
     header(&h, K_CLOSE, DT_F64, 0, NULL);
@@ -661,8 +791,8 @@ int ensio_ioclient_finalize(ensio_ioclient_report *report) {
     h.a[1] = S.bytes_sent + HDR * (int64_t)S.nservers;
     h.a[2] = S.messages + S.nservers;
     rc = post(&h, NULL, 0, S.servers, S.nservers);
-    wait_all();
-    receive_report(&rep);
+    wait_all();  /* every server took this rank's CLOSE (or the timeout names one) */
+    receive_report(&rep); /* within the timeout (counted from here: ranks close together) */
     if (server_error()) rc = 1;
     rep.blocked_seconds = S.blocked;
     rep.bytes_sent = S.bytes_sent;
@@ -674,7 +804,6 @@ int ensio_ioclient_finalize(ensio_ioclient_report *report) {
 }
 
 int ensio_ioclient_abort(const char *reason) {
-    if (ensio_ioclient__embedded) return ensio_ioclient__py_abort(reason);
     if (!S.initialized) return fail("ensio_ioclient_abort: call ensio_ioclient_init first");
     char text[1024];
     snprintf(text, sizeof text, "%s", reason ? reason : "model aborted");
@@ -697,6 +826,30 @@ int ensio_ioclient_abort(const char *reason) {
 }
 
 /* ---------------------------------------------------------------- Fortran shim */
+
+/* An error the Fortran caller did not ask for (no ierr): the job ends.  The servers are
+ * told (ABORT: they close the files, print "ensio ioserver: model rank R failed: <error>"
+ * once and end the job with MPI_Abort); this rank waits for that, bounded, and never
+ * exits first (the launcher would kill the servers before their line is out).  Without
+ * servers to tell, this rank prints the line itself. */
+void ensio_ioclient_fatal_f(void) {
+    char text[1024];
+    int rank = S.rank; /* abort resets the state */
+    snprintf(text, sizeof text, "%s", S.server_failed ? server_err : errbuf);
+    if (S.initialized && !S.server_failed) ensio_ioclient_abort(text);
+    else if (!S.initialized) {
+        fprintf(stderr, "ensio ioclient: error: %s\n", text);
+        fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+    double until = MPI_Wtime() + 30.0;
+    while (MPI_Wtime() < until) nap();
+    fprintf(stderr, "ensio ioclient: error: model rank %d: %s (the servers did not end the job)\n",
+            rank, text);
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 2);
+}
+
 
 int ensio_ioclient_init_f(MPI_Fint world, const char *context, MPI_Fint *model_comm) {
     MPI_Comm c = MPI_COMM_NULL;
@@ -721,28 +874,4 @@ int ensio_ioclient_comm_rank_f(MPI_Fint comm, int *rank) {
 
 int ensio_ioclient_comm_size_f(MPI_Fint comm, int *size) {
     return MPI_Comm_size(MPI_Comm_f2c(comm), size);
-}
-
-/* ---------------------------------------------------------------- for ensio_ioclient_modes.c */
-
-int ensio_ioclient__fail(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(errbuf, sizeof errbuf, fmt, ap);
-    va_end(ap);
-    return 1;
-}
-
-int ensio_ioclient__ready(const char *fn) { return ready(fn, -1, 0); }
-
-int ensio_ioclient__rank(void) { return S.rank; }
-
-int ensio_ioclient__post_one(int64_t kind, const int64_t a[7], int64_t dtype, int64_t count,
-                             const char *name, const void *payload, int64_t nbytes,
-                             int64_t index) {
-    msg_header h;
-    header(&h, kind, dtype, count, name);
-    h.step = 0; /* as the Python client's restart messages */
-    memcpy(h.a, a, sizeof h.a);
-    return post(&h, payload, nbytes, &S.servers[index % S.nservers], 1);
 }

@@ -1,0 +1,219 @@
+"""Faults of an MPMD job (issue 27 items 1 and 3): one line, every rank ends, no hang.
+
+Each test runs the real layout: the Fortran model tests/data/ioclient/fault_model.f90
+(2 ranks, built once per module against ``ensio ioclient build``) and one ``ensio
+ioserver`` rank, the server first or last on the mpiexec command line. A fault must
+end the whole job with a non-zero status and its message exactly once; the
+subprocess timeout is only a safety net that fails the test, and after mpiexec
+returns no process of the job may be left (every rank ended by itself or was
+ended by the job's abort). The default run covers every fault once, the server
+alternately first and last; ``ENSIO_TEST_FULL=1`` runs both orders of each.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import matrix
+import needs
+import netCDF4
+import numpy as np
+import pytest
+import yaml
+
+from ensio.ioserver.build import build_client
+
+DATA = Path(__file__).parent / "data" / "ioclient"
+BIN = Path(sys.executable).parent
+SAFETY = 90  # seconds: a job still running then has hung (the test fails)
+NI, NJ, NSTEPS = 8, 6, 4
+
+pytestmark = [needs.tools_mark("gfortran"), needs.mark(needs.venv_tool, "mpicc")]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The Fortran fault model, compiled against a freshly built client library."""
+    tmp = tmp_path_factory.mktemp("faults")
+    r = build_client(tmp / "prefix")
+    exe = tmp / "fault_model"
+    subprocess.run([str(r.fc), "-Wall", str(DATA / "fault_model.f90"), "-o", str(exe),
+                    *r.fortran_flags.split()], check=True, timeout=120, cwd=tmp)
+    return exe
+
+
+def _raw(tmp: Path) -> dict:
+    """A config the fault model matches: tas on an 8 x 6 grid, written every step."""
+    return {"ioserver": {
+        "mode": "server", "servers": 1, "output_dir": str(tmp / "out"),
+        "calendar": {"type": "noleap", "start": "2001-01-01 00:00:00", "timestep": "1h"},
+        "domains": [{"id": "atm", "type": "rectilinear", "ni_glo": NI, "nj_glo": NJ}],
+        "grids": [{"id": "g", "domain": "atm"}],
+        "fields": [{"id": "tas", "grid": "g", "units": "K"}],
+        "files": [{"id": "inst", "name": "inst", "output_freq": "1ts",
+                   "fields": [{"field_ref": "tas", "operation": "instant"}]}],
+    }}
+
+
+def _write(tmp: Path, raw: dict) -> Path:
+    path = tmp / "iodef.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def _command(model: Path, config: Path, server_first: bool, args: tuple[str, ...] = (),
+             server_args: tuple[str, ...] = ()) -> list[str]:
+    models = ["-n", "2", str(model), *args]
+    server = ["-n", "1", str(BIN / "ensio"), "ioserver", str(config), *server_args]
+    return [str(BIN / "mpiexec"), *(server + [":"] + models if server_first
+                                    else models + [":"] + server)]
+
+
+def _leftovers(tmp: Path) -> list[str]:
+    """Command lines of processes still running that belong to this test's job."""
+    left = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if str(tmp) in cmd:
+            left.append(f"{proc.name}: {cmd}")
+    return left
+
+
+def _run(cmd: list[str], tmp: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    environ = {**os.environ, **env}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=SAFETY, env=environ,
+                          stdin=subprocess.DEVNULL)
+    _assert_job_ended(tmp)
+    return proc
+
+
+def _assert_job_ended(tmp: Path) -> None:
+    # mpiexec returned: its ranks are gone or going (hydra reaps them); a rank that still
+    # runs a moment later was left behind
+    deadline = time.monotonic() + 10
+    while _leftovers(tmp) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _leftovers(tmp), _leftovers(tmp)
+
+
+def _one_line(proc: subprocess.CompletedProcess[str], needle: str) -> str:
+    """The job failed and printed ``needle`` on exactly one line; that line."""
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0, text[-3000:]
+    hits = [line for line in text.splitlines() if needle in line]
+    assert len(hits) == 1, text[-3000:]
+    assert "DONE" not in proc.stdout, text[-3000:]  # no model rank finished normally
+    return hits[0]
+
+
+def _orders() -> list[bool]:
+    return [True, False] if matrix.full() else []
+
+
+# ----------------------------------------------------------------------------- config errors
+
+def _unknown_field(raw: dict) -> None:
+    raw["ioserver"]["files"][0]["fields"][0]["field_ref"] = "tass"
+
+
+def _bad_frequency(raw: dict) -> None:
+    raw["ioserver"]["files"][0]["output_freq"] = "6x"
+
+
+def _expression_syntax(raw: dict) -> None:
+    raw["ioserver"]["files"][0]["fields"].append(
+        {"field_ref": "tas", "name": "w", "expr": "tas + * 2"})
+
+
+def _undefined_name(raw: dict) -> None:
+    raw["ioserver"]["files"][0]["fields"].append(
+        {"field_ref": "tas", "name": "w", "expr": "tas + nosuch"})
+
+
+def _attached(raw: dict) -> None:
+    raw["ioserver"]["mode"] = "attached"
+
+
+CONFIG_FAULTS = {  # name: (change to the config, --set arguments, text of the one line)
+    "unknown_field": (_unknown_field, (), "tass"),
+    "frequency_6x": (_bad_frequency, (), "6x"),
+    "expression_syntax": (_expression_syntax, (), "expr"),
+    "undefined_name": (_undefined_name, (), "nosuch"),
+    "set_typo": (lambda raw: None, ("--set", "ioserver.servrs=1"), "servrs"),
+    "attached_config": (_attached, (), "mode server"),
+}
+_CASES = [(name, first) for i, name in enumerate(CONFIG_FAULTS)
+          for first in (_orders() or [i % 2 == 0])]
+
+
+@pytest.mark.parametrize("fault,server_first", _CASES,
+                         ids=[f"{n}-{'server_first' if f else 'server_last'}" for n, f in _CASES])
+def test_a_config_error_is_one_line_and_ends_every_rank(model: Path, tmp_path: Path, fault: str,
+                                                       server_first: bool) -> None:
+    change, extra, needle = CONFIG_FAULTS[fault]
+    raw = _raw(tmp_path)
+    change(raw)
+    proc = _run(_command(model, _write(tmp_path, raw), server_first, ("normal",), extra),
+                tmp_path)
+    line = _one_line(proc, "ensio ioserver: error:")
+    assert needle in line, line
+    assert not (tmp_path / "out").exists()  # nothing was written
+
+
+def test_a_bad_client_environment_is_one_line(model: Path, tmp_path: Path) -> None:
+    proc = _run(_command(model, _write(tmp_path, _raw(tmp_path)), True, ("normal",)),
+                tmp_path, ENSIO_IOSERVER_TIMEOUT="soon")
+    line = _one_line(proc, "ensio ioserver: error:")
+    assert "ENSIO_IOSERVER_TIMEOUT: expected a positive number of seconds, got 'soon'" in line
+
+
+def test_the_good_config_runs(model: Path, tmp_path: Path) -> None:
+    proc = _run(_command(model, _write(tmp_path, _raw(tmp_path)), False, ("normal",)), tmp_path)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert sorted(proc.stdout.split("\n")[:2]) == ["DONE 0", "DONE 1"]
+    with netCDF4.Dataset(tmp_path / "out" / "inst.nc") as ds:
+        tas = ds["tas"][...]
+    j, i = np.meshgrid(np.arange(1, NJ + 1), np.arange(1, NI + 1), indexing="ij")
+    want = np.stack([s * 1000.0 + j * 10.0 + i for s in range(1, NSTEPS + 1)])
+    np.testing.assert_allclose(tas, want.astype(np.float32), rtol=0, atol=0)
+
+
+# ----------------------------------------------------------------------------- a stopped server
+
+@pytest.mark.parametrize("server_first", [True, False] if matrix.full() else [False])
+def test_a_stopped_server_is_named_by_the_clients_after_the_timeout(
+        model: Path, tmp_path: Path, server_first: bool) -> None:
+    raw = _raw(tmp_path)
+    raw["ioserver"]["timeout_s"] = 3
+    flag = tmp_path / "go"
+    cmd = _command(model, _write(tmp_path, raw), server_first, ("wait", "6", str(flag)))
+    job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           stdin=subprocess.DEVNULL)
+    try:
+        assert job.stdout is not None
+        first = job.stdout.readline()  # the model is past step 1: the server is in its loop
+        assert first.strip() == "STEP1", first
+        server = [int(p.split(":")[0]) for p in _leftovers(tmp_path) if " ioserver " in p
+                  and "mpiexec" not in p]
+        assert len(server) == 1, _leftovers(tmp_path)
+        os.kill(server[0], signal.SIGSTOP)
+        flag.touch()
+        out, err = job.communicate(timeout=SAFETY)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    _assert_job_ended(tmp_path)
+    proc = subprocess.CompletedProcess(cmd, job.returncode, first + out, err)
+    line = _one_line(proc, "did not answer")
+    rank = 0 if server_first else 2
+    assert f"ioserver rank {rank} did not answer for 3 s" in line, line
