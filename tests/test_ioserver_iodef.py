@@ -277,6 +277,9 @@ def test_entity_expansion_is_refused(tmp_path):
     ('<field_definition><field id="a" grid_ref="g"/></field_definition><file_definition>'
      '<file id="f" output_freq="1h" name="@expname@_1h"><field field_ref="a"/></file>'
      "</file_definition>", "file[f]", "name"),
+    ('<field_definition><field id="a" grid_ref="g"/></field_definition><file_definition>'
+     '<file id="f" output_freq="1h" time_counter="exclusive"><field field_ref="a"/></file>'
+     "</file_definition>", "file[f]", "time_counter"),
 ])
 def test_unsupported_attributes_name_the_element_path(tmp_path, body, where, attr):
     msg = _one_line_error(_xml(tmp_path, body))
@@ -354,3 +357,24 @@ def test_interpolate_domain_takes_its_source_from_the_fields(tmp_path):
     coarse = next(d for d in sec["domains"] if d["id"] == "coarse")
     assert coarse["interpolate"] == {"from": "d", "method": "conservative",
                                      "renormalize": False}
+
+
+def test_keys_of_item_6_map_or_say_not_supported_yet(tmp_path):
+    p = _xml(tmp_path, """
+    <field_definition><field id="a" grid_ref="g" freq_offset="1ts" freq_op="2ts"/>
+    </field_definition>
+    <file_definition><file id="f" output_freq="6h" sync_freq="1d" time_counter="instant"
+                           time_counter_name="time_c"><field field_ref="a"/></file>
+    </file_definition>
+""")
+    expect = {("field", "freq_offset"): "1ts", ("file", "sync_freq"): "1d",
+              ("file", "time_counter"): "instant", ("file", "time_counter_name"): "time_c"}
+    if not all(supported(k, n) for k, n in expect if n != "sync_freq"):
+        assert "not supported yet" in _one_line_error(p)
+        return
+    cfg = load_ioserver_config(p)
+    assert cfg.fields["a"].freq_offset == "1ts"
+    f = cfg.files[0]
+    assert (f.time_counter, f.time_counter_name, f.time_naming) == ("instant", "time_c", "xios")
+    if supported("file", "sync_freq"):
+        assert f.sync_freq == "1d"

@@ -76,6 +76,26 @@ def pending(kind: str, key: str, conv: Callable[[Node, str], Any] = text) -> Rul
     return rule
 
 
+def pending_or_warn(kind: str, key: str, conv: Callable[[Node, str], Any],
+                    reason: str) -> Rule:
+    """Map to ``key`` when this ensio has it, else ignore with a warning (``reason``:
+    why ignoring it is harmless)."""
+    def rule(node: Node, attr: str, out: Out, warnings: list[str]) -> None:
+        if supported(kind, key):
+            out[key] = conv(node, attr)
+        else:
+            warn(reason)(node, attr, out, warnings)
+    return rule
+
+
+def _time_counter(node: Node, attr: str) -> str:
+    v = text(node, attr)
+    if v not in ("centered", "instant", "record", "none"):
+        raise node.fail(f"{v!r}: ensio writes centered, instant, record or none "
+                        "(not exclusive)", attr)
+    return v
+
+
 def warn(reason: str) -> Rule:
     def rule(node: Node, attr: str, out: Out, warnings: list[str]) -> None:
         warnings.append(f"{node.file}: {node.where} attribute {attr}: ignored ({reason})")
@@ -142,11 +162,6 @@ def _prec(node: Node, attr: str) -> int:
     return p
 
 
-def _units(node: Node, attr: str) -> str:
-    v = text(node, attr)
-    return v
-
-
 _SET_BY_MODEL = "set by the model (xios_set_*_attr), not in the iodef.xml, in ensio"
 
 # --- tables --------------------------------------------------------------------------------
@@ -209,7 +224,7 @@ FIELD: dict[str, Rule] = {
     "name": to("name"),
     "long_name": to("long_name"),
     "standard_name": to("standard_name"),
-    "unit": to("units", _units),
+    "unit": to("units"),
     "operation": to("operation"),
     "freq_op": to("freq_op", _dur),
     "freq_offset": pending("field", "freq_offset", _offset),
@@ -242,11 +257,12 @@ FIELD: dict[str, Rule] = {
 FILE: dict[str, Rule] = {
     "output_freq": to("output_freq", _dur),
     "split_freq": to("split_freq", _dur),
-    "sync_freq": pending("file", "sync_freq", _dur),
+    "sync_freq": pending_or_warn("file", "sync_freq", _dur,
+                                 "this ensio syncs after every output step, more often"),
     "enabled": to("enabled", boolean),
     "compression_level": to("compression", _int),
     "time_units": to("time_units"),
-    "time_counter": pending("file", "time_counter"),
+    "time_counter": pending("file", "time_counter", _time_counter),
     "time_counter_name": pending("file", "time_counter_name"),
     "description": quiet,  # written as the global attribute description (iodefmap)
     "type": choice({"one_file": None,

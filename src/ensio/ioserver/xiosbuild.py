@@ -51,5 +51,4 @@ def build_xios(result: BuildResult) -> tuple[Path, Path, Path]:
 def xios_flags(result: BuildResult) -> str:
     """Flags for ``<fc> model.f90 <xios_flags>``: the xios module and library, the
     client, and MPI (as :attr:`~.build.BuildResult.fortran_flags`)."""
-    lib = result.shared_lib.parent
-    return f"-I{result.header.parent} -L{lib} -Wl,-rpath,{lib} -lxios {result.fortran_flags}"
+    return result.fortran_flags.replace("-lensio_ioclient", "-lxios -lensio_ioclient", 1)
