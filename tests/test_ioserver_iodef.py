@@ -306,10 +306,11 @@ def test_structure_errors(tmp_path):
     two = tmp_path / "two.xml"
     two.write_text('<simulation><context id="a"/><context id="b"/></simulation>')
     assert "2 model contexts (a, b)" in _one_line_error(two)
-    gen = _xml(tmp_path, '<field_definition><field id="a" grid_ref="g"/></field_definition>'
-               .replace("<field_definition>", "<scalar_definition><scalar id='s'/>"
-                        "</scalar_definition><field_definition>"))
-    assert "scalars are not supported" in _one_line_error(gen)
+    sc = _xml(tmp_path, "<scalar_definition><scalar id='s'/></scalar_definition>"
+              "<grid_definition><grid id='gs'><domain domain_ref='d'/><scalar scalar_ref='s'/>"
+              "</grid></grid_definition>")
+    msg = _one_line_error(sc)
+    assert "grid[gs]/scalar[s]" in msg and "no scalars" in msg
 
 
 def test_harmless_attributes_are_warnings(tmp_path):

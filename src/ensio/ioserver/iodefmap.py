@@ -122,7 +122,8 @@ class _Mapper(FieldsMixin):
             if c.tag not in order + ignore:
                 raise c.fail(f"<{c.tag}> is not an element of a context ensio reads")
             if c.tag == "scalar_definition" and c.children:
-                raise c.fail("scalars are not supported")
+                self.warnings.append(f"{c.file}: {c.where}: ignored (ensio has no scalars; "
+                                     "a grid or field using one is an error)")
             if c.tag == "variable_definition" and c.children:
                 self.warnings.append(f"{c.file}: {c.where}: ignored (the model reads "
                                      "these with xios_getvar, which ensio does not provide)")

@@ -61,7 +61,8 @@ class Node:
 
     def child_path(self, tag: str, attrib: dict[str, str]) -> str:
         label = attrib.get("id") or attrib.get("field_ref") or attrib.get("domain_ref") \
-            or attrib.get("axis_ref") or attrib.get("group_ref") or attrib.get("name")
+            or attrib.get("axis_ref") or attrib.get("scalar_ref") or attrib.get("group_ref") \
+            or attrib.get("name")
         me = f"{tag}[{label}]" if label else tag
         return f"{self.where}/{me}" if self.where else me
 
