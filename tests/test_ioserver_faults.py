@@ -217,3 +217,56 @@ def test_a_stopped_server_is_named_by_the_clients_after_the_timeout(
     line = _one_line(proc, "did not answer")
     rank = 0 if server_first else 2
     assert f"ioserver rank {rank} did not answer for 3 s" in line, line
+
+
+# ----------------------------------------------------------------------------- mismatches
+
+def test_a_configured_domain_larger_than_the_models_is_one_line(model: Path,
+                                                                tmp_path: Path) -> None:
+    raw = _raw(tmp_path)
+    raw["ioserver"]["domains"][0].update(ni_glo=720, nj_glo=360)
+    proc = _run(_command(model, _write(tmp_path, raw), True, ("normal",)), tmp_path)
+    line = _one_line(proc, "the config does not match the model's grid")
+    assert line.startswith("ensio ioserver: domain 'atm'"), line
+    assert "reach i < 8, j < 6 of the configured ni_glo = 720, nj_glo = 360" in line, line
+
+
+def test_a_model_grid_larger_than_the_configured_one_is_one_line(model: Path,
+                                                                 tmp_path: Path) -> None:
+    proc = _run(_command(model, _write(tmp_path, _raw(tmp_path)), False, ("badrange",)),
+                tmp_path)
+    line = _one_line(proc, "outside 0..8")
+    assert line.startswith("ensio ioserver: model rank "), line
+    assert "ensio_ioclient_set_domain: domain 'atm'" in line and "ni=16" in line, line
+
+
+def test_a_field_sent_with_the_wrong_size_is_one_line_naming_the_rank(model: Path,
+                                                                      tmp_path: Path) -> None:
+    proc = _run(_command(model, _write(tmp_path, _raw(tmp_path)), True, ("badsize",)),
+                tmp_path)
+    line = _one_line(proc, "values, expected")
+    assert line.startswith("ensio ioserver: model rank 2 failed: "), line  # world rank 2
+    assert "field 'tas' on rank 2: 7 values, expected 24" in line, line
+    with netCDF4.Dataset(tmp_path / "out" / "inst.nc") as ds:  # step 1 complete, kept
+        assert ds.dimensions["time"].size == 1
+
+
+def test_a_field_never_sent_is_a_warning_naming_what_derives_from_it(model: Path,
+                                                                    tmp_path: Path) -> None:
+    raw = _raw(tmp_path)
+    io = raw["ioserver"]
+    io["fields"] += [{"id": "pr", "grid": "g", "units": "kg m-2 s-1"},
+                     {"id": "wet", "grid": "g", "expr": "pr * 2", "units": "kg m-2 s-1"}]
+    io["files"][0]["fields"] += [{"field_ref": "pr", "operation": "instant"},
+                                 {"field_ref": "tas", "name": "tp", "expr": "tas + pr",
+                                  "operation": "instant"}]
+    io["files"].append({"id": "day", "name": "day", "output_freq": "1d",
+                        "fields": [{"field_ref": "wet", "operation": "average"},
+                                   {"field_ref": "tas", "operation": "average"}]})
+    proc = _run(_command(model, _write(tmp_path, raw), False, ("normal",)), tmp_path)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text[-3000:]
+    warnings = [line for line in text.splitlines() if "warning" in line]
+    assert warnings == ["ensio ioserver: warning: field 'pr' (ioserver.fields) was never sent "
+                        "by the model: every value of inst/pr, inst/tp, day/wet is missing "
+                        "(fill)"], text[-3000:]

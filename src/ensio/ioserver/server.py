@@ -33,6 +33,7 @@ from mpi4py import MPI
 
 from .config import IOServerConfig
 from .geometry import DomainGeometry
+from .mismatch import extent_mismatch, never_sent
 from .parts import LocalDomain, assemble_geometry, domain_from_message, place
 from .pipeline import Sink, SinkFactory, domain_geometry
 from .protocol import (
@@ -41,6 +42,7 @@ from .protocol import (
     TAG_ERROR,
     TAG_MSG,
     Header,
+    IOServerError,
     Kind,
     ProtocolError,
     decode,
@@ -84,16 +86,23 @@ class ServerCore:
         Builds the output pipeline once the geometry is known.
     out_dir : Path
     history : str
+    periods : mapping, optional
+        Per source field, the step periods the field table gives it: a field due
+        by the last step that never came is warned about (:meth:`unsent`).
     """
 
     def __init__(self, cfg: IOServerConfig, iocomm: MPI.Comm, clients: Sequence[int],
                  files: Sequence[str], fields: set[str] | frozenset[str],
-                 sink_factory: SinkFactory, out_dir: Path, history: str) -> None:
+                 sink_factory: SinkFactory, out_dir: Path, history: str, *,
+                 periods: Mapping[str, Sequence[int]] | None = None) -> None:
         self.cfg = cfg
         self.iocomm = iocomm
         self.clients = tuple(clients)
         self.files = tuple(files)
         self.fields = frozenset(fields)
+        self.periods = dict(periods or {})
+        self.seen: set[str] = set()  # source fields some model rank sent
+        self.last_step = 0
         self.sink_factory = sink_factory
         self.out_dir = out_dir
         self.history = history
@@ -135,7 +144,7 @@ class ServerCore:
             raise ServerAbort(f"every model rank closed, restarts incomplete: "
                               f"{', '.join(self.restarts.incomplete)}")
         t = time.perf_counter()
-        last = max(self.closed.values(), default=0)
+        last = self.last_step = max(self.closed.values(), default=0)
         self._advance_to(last)
         sink = self._sink()
         sink.finish(last)
@@ -337,6 +346,7 @@ class ServerCore:
         key = (fid, step)
         if key in self.done:
             self._fail(src, f"model rank {src}: field {fid!r} sent twice at step {step}")
+        self.seen.add(fid)
         entry = self.pending.get(key)
         if entry is None:
             entry = _Pending(np.full(self.cfg.field_shape(fid), np.nan))
@@ -405,6 +415,9 @@ class ServerCore:
             parts = [self.domains[c][did] for c in self.clients if did in self.domains[c]]
             if not parts and did not in used:
                 continue
+            wrong = extent_mismatch(d, [p.part for p in parts])
+            if wrong is not None:
+                raise ServerAbort(wrong)
             try:
                 out[did] = domain_geometry(self.cfg, did, assemble_geometry(d, parts))
             except ValueError as exc:
@@ -419,6 +432,10 @@ class ServerCore:
         self.error_sends.append(self.iocomm.Isend([text, MPI.CHAR], dest=client, tag=TAG_ERROR))
         raise ServerAbort(reason)
 
+    def unsent(self) -> list[str]:
+        """Source fields due by the last step (run ended normally) that never came."""
+        return never_sent(self.fields, self.seen, self.periods, self.last_step)
+
     def close_files(self) -> None:
         """Abort path: close the pipeline's files (every complete record is in them)."""
         sink, self.sink = self.sink, None
@@ -431,6 +448,9 @@ def geometry_of(cfg: IOServerConfig, parts: Mapping[str, Sequence[LocalDomain]]
     """Global geometry per domain from every rank's declarations (attached/sync modes)."""
     out = {}
     for did, d in cfg.domains.items():
+        wrong = extent_mismatch(d, [p.part for p in parts.get(did, ())])
+        if wrong is not None:
+            raise IOServerError(wrong)
         try:
             out[did] = domain_geometry(cfg, did, assemble_geometry(d, parts.get(did, ())))
         except ValueError:

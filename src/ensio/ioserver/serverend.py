@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .config import IOServerConfig
+from .mismatch import unsent_warning
 from .pipeline import SinkFactory
 from .protocol import TAG_ERROR, TAG_MSG, TAG_REPORT, Header, Kind, encode
 from .report import combine_servers, server_text
@@ -71,14 +72,18 @@ def _wait_all(reqs: list[MPI.Request], seconds: float) -> None:
 
 def serve(cfg: IOServerConfig, iocomm: MPI.Comm, srvcomm: MPI.Comm, servers: Sequence[int],
           clients: Sequence[int], files: Sequence[str], fields: set[str],
-          sink_factory: SinkFactory, out_dir: Path, history: str) -> dict[str, Any]:
+          sink_factory: SinkFactory, out_dir: Path, history: str, *,
+          periods: Mapping[str, Sequence[int]] | None = None) -> dict[str, Any]:
     """Run one server rank to the end; the combined report (first server) or ``{}``.
 
     On any failure, on any server, the job ends here: every server closes its
     files, the lowest failed one prints ``ensio ioserver: <reason>`` and all
-    call ``MPI_Abort`` (exit status 2).
+    call ``MPI_Abort`` (exit status 2). After a normal end the first server warns,
+    one line each, about source fields the model never sent (naming the outputs
+    that are therefore all fill).
     """
-    core = ServerCore(cfg, iocomm, clients, files, fields, sink_factory, out_dir, history)
+    core = ServerCore(cfg, iocomm, clients, files, fields, sink_factory, out_dir, history,
+                      periods=periods)
     reason = None
     try:
         summary = core.run()
@@ -101,8 +106,11 @@ def serve(cfg: IOServerConfig, iocomm: MPI.Comm, srvcomm: MPI.Comm, servers: Seq
         _wait_all(pending, 2.0)
         iocomm.Abort(2)
     summaries = srvcomm.gather(summary, root=0)
+    unsent = srvcomm.gather(core.unsent(), root=0)
     if srvcomm.rank != 0:
         return {}
+    for fid in sorted(set().union(*unsent)):
+        print(unsent_warning(cfg, fid), file=sys.stderr, flush=True)
     combined = combine_servers(summaries)
     text = bytearray(server_text(combined).encode())
     reqs = [iocomm.Isend([text, MPI.CHAR], dest=c, tag=TAG_REPORT) for c in clients]

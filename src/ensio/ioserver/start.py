@@ -228,13 +228,14 @@ def _run_server(cfg: IOServerConfig, world: MPI.Comm, states: np.ndarray, iocomm
                              for c in clients])
     if error is not None:
         announce(world, states, servers[0], error)
-    fields = {f for f, e in plan.table.fields.items() if world.rank in e.servers}
+    periods = {f: e.periods for f, e in plan.table.fields.items() if world.rank in e.servers}
+    fields = set(periods)
     cfg.output_dir.mkdir(parents=True, exist_ok=True)
     if plan.shared:
         from .sharedfiles import server_sink_factory
 
         sink_factory = server_sink_factory(sink_factory, plan.shared, sub)
     serve(cfg, iocomm, sub, servers, clients, plan.files[world.rank], fields, sink_factory,
-          cfg.output_dir, history_line(cfg, context))
+          cfg.output_dir, history_line(cfg, context), periods=periods)
     iocomm.Free()
     sub.Free()
