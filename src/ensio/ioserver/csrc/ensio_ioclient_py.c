@@ -41,7 +41,7 @@ static int py_error(char *err, size_t nerr) {
     const char *msg = text ? PyUnicode_AsUTF8(text) : NULL;
     if (!msg) msg = "(no message)";
     int own = strcmp(name, "IOServerError") == 0 || strcmp(name, "ConfigError") == 0 ||
-              strcmp(name, "InputError") == 0;
+              strcmp(name, "InputError") == 0 || strcmp(name, "RestartError") == 0;
     if (own) snprintf(err, nerr, "%s", msg);
     else snprintf(err, nerr, "%s: %s", name, msg);
     for (char *p = err; *p; p++)
