@@ -15,6 +15,7 @@ cf:1.8.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -51,14 +52,18 @@ def programs(tmp_path_factory):
     return exes
 
 
-def _mpmd(exe: Path, config: Path) -> None:
+def _mpmd(exe: Path, config: Path, ok: bool = True,
+          **env: str) -> subprocess.CompletedProcess[str]:
     """2 model ranks and 1 server in one MPMD job, in the config's directory."""
     cmd = [str(BIN / "mpiexec"), "-n", "2", str(exe), ":", "-n", "1",
            str(BIN / "ensio"), "ioserver", config.name]
     # the timeout only turns a hang into a failure; it is not how the job ends
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                          cwd=config.parent, stdin=subprocess.DEVNULL)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+                          cwd=config.parent, stdin=subprocess.DEVNULL,
+                          env={**os.environ, **env})
+    if ok:
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return proc
 
 
 @pytest.fixture(scope="module")
@@ -173,3 +178,15 @@ def test_disabled_file_is_not_written_and_cf_checker_is_clean(xml_out):
                                                    output_filename=str(report),
                                                    output_format="text")
         assert ok and not errors, (path.name, report.read_text()[-3000:])
+
+
+def test_an_attribute_change_at_run_time_stops_the_job_with_one_line(programs, tmp_path):
+    shutil.copy(DATA / "iodef.xml", tmp_path / "iodef.xml")
+    proc = _mpmd(programs["model_xios"], tmp_path / "iodef.xml", ok=False,
+                 XIOS_TEST_SET_FIELD_ATTR="1")
+    assert proc.returncode != 0
+    lines = [x for x in proc.stderr.splitlines() if x.startswith("xios (ensio): ")]
+    assert lines, proc.stderr[-3000:]
+    assert all(x == lines[0] for x in lines)
+    assert lines[0].startswith("xios (ensio): xios_set_field_attr(tas): ")
+    assert "iodef.xml" in lines[0]

@@ -61,6 +61,9 @@ program model_xios
   call xios_set_domain_attr("atm", lonvalue_1d=lon, latvalue_1d=lat, bounds_lon_1d=lonb, &
                             bounds_lat_1d=latb)
   call xios_set_axis_attr("lev", n_glo=nk, value=[1d0, 2d0, 3d0])
+  ! the error test: a run-time attribute change ensio cannot honour stops the job
+  call get_environment_variable("XIOS_TEST_SET_FIELD_ATTR", length=i)
+  if (i > 0) call xios_set_field_attr("tas", enabled=.false.)
   call xios_close_context_definition()
 
   allocate(tas(1 - h:ni_glo + h, 1 - h:nj + h), pr(1 - h:ni_glo + h, 1 - h:nj + h))
