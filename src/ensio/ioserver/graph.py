@@ -29,7 +29,7 @@ import numpy as np
 from ..config.errors import ConfigError
 from .calendar import STEP, Calendar, Freq
 from .config import FieldDef, FileDef, IOServerConfig
-from .graphnodes import AtNode, ExprNode, Node, Output, Record, SourceNode, Step
+from .graphnodes import AtNode, ExprNode, Node, Output, Record, Sampling, SourceNode, Step
 
 __all__ = ["Graph"]
 
@@ -55,11 +55,10 @@ class Graph:
     Attributes
     ----------
     calendar : Calendar
-    sources : dict of str to tuple of frozenset of Freq
+    sources : dict of str to tuple of frozenset of Sampling
         Source field id -> the sampling conditions under which this graph uses it:
-        needed at step ``n`` iff for some condition ``n`` is on the grid of all
-        its frequencies (an empty condition: every step). Sources no output uses
-        are absent.
+        needed at step ``n`` iff for some condition ``n`` is a sample of all its
+        grids (an empty condition: every step). Sources no output uses are absent.
 
     Raises
     ------
@@ -79,7 +78,8 @@ class Graph:
         for file in self._select(files):
             for fd in file.fields:
                 if fd.enabled:
-                    self._outputs.append(Output(file, fd, self._file_stream(fd)))
+                    self._outputs.append(Output(file, fd, self._file_stream(fd),
+                                                self.calendar))
         self.sources = self._requirements()
         self._pending: dict[int, dict[str, np.ndarray]] = {}
         if first_step < 1:
@@ -143,54 +143,57 @@ class Graph:
         key = ("at", fid, str(freq))
         if key not in self._nodes:
             target = self._def_stream(fid, stack)
-            node = AtNode(self.cfg.fields[fid], target, freq)
+            node = AtNode(self.cfg.fields[fid], target, freq, self.calendar)
             self._nodes[key] = node
             self._ats.append(node)
         return self._nodes[key]
 
-    def _requirements(self) -> dict[str, tuple[frozenset[Freq], ...]]:
+    def _requirements(self) -> dict[str, tuple[frozenset[Sampling], ...]]:
         """Per source, the sampling conditions under which some output reads it."""
         cal = self.calendar
-        found: dict[str, set[frozenset[Freq]]] = {}
-        seen: set[tuple[int, frozenset[Freq]]] = set()
+        found: dict[str, set[frozenset[Sampling]]] = {}
+        seen: set[tuple[int, frozenset[Sampling]]] = set()
 
-        def require(node: Node, cond: frozenset[Freq]) -> None:
-            cond = frozenset(f for f in cond if cal.grid_period(f) != 1)
+        def require(node: Node, cond: frozenset[Sampling]) -> None:
+            cond = frozenset(f for f in cond if not f.every_step(cal))
             if (id(node), cond) in seen:
                 return
             seen.add((id(node), cond))
             if isinstance(node, SourceNode):
                 found.setdefault(node.fd.id, set()).add(cond)
             elif isinstance(node, ExprNode):
-                inner = cond | {node.freq} if node.ats else cond
+                inner = cond | {Sampling(node.freq)} if node.ats else cond
                 for ref in node.refs.values():
                     require(ref, inner)
                 for at in node.ats.values():
                     require(at, inner)
             elif isinstance(node, AtNode):  # the whole period is reduced: every sample counts
-                require(node.target, self._sampling(node.fd.operation, node.sample_freq,
+                require(node.target, self._sampling(node.fd.operation, node.sampling,
                                                     node.freq))
 
         for out in self._outputs:
-            require(out.stream, self._sampling(out.fd.operation, out.freq_op, out.out_freq))
+            require(out.stream, self._sampling(out.fd.operation, out.sampling, out.out_freq))
         # A condition that contains another one adds no step: keep the minimal ones.
         return {
             sid: tuple(sorted((c for c in conds if not any(o < c for o in conds)),
-                              key=lambda c: sorted(c)))
+                              key=lambda c: sorted(map(str, c))))
             for sid, conds in found.items()
         }
 
-    def _sampling(self, operation: str, freq_op: Freq, period: Freq) -> frozenset[Freq]:
+    def _sampling(self, operation: str, freq_op: Sampling, period: Freq
+                  ) -> frozenset[Sampling]:
         """The steps whose samples an operation over ``period`` uses.
 
         Every step of the ``freq_op`` grid, except for ``instant``: it keeps the last
         sample, the one at the period's end when that end is on the grids of the step
         and of ``freq_op`` — then only those steps are needed (6-hourly instant output
-        of a 1-hour model asks for one step in six, not all of them).
+        of a 1-hour model asks for one step in six, not all of them). A shifted
+        grid (``freq_offset``) is used whole.
         """
         cal = self.calendar
-        if operation == "instant" and cal.divides(STEP, period) and cal.divides(freq_op, period):
-            return frozenset({freq_op, period})
+        if (operation == "instant" and freq_op.shift is None and cal.divides(STEP, period)
+                and cal.divides(freq_op.freq, period)):
+            return frozenset({freq_op, Sampling(period)})
         return frozenset({freq_op})
 
     # ------------------------------------------------------------------ queries
@@ -208,7 +211,7 @@ class Graph:
         """Whether this graph uses source ``field_id`` at ``step`` (the ``is_active`` rule)."""
         self._source(field_id, "is_active")
         cal = self.calendar
-        return any(all(cal.on_grid(f, step) for f in cond)
+        return any(all(f.on(cal, step) for f in cond)
                    for cond in self.sources.get(field_id, ()))
 
     def period_steps(self, field_id: str) -> tuple[int, ...]:
@@ -218,6 +221,7 @@ class Graph:
         not periodic in steps; its boundaries are whole days from the start, so the
         daily grid stands for it: the steps are then a superset of :meth:`needs` (a
         monthly instant field of an hourly model is sent once a day, not every hour).
+        A ``freq_offset`` grid is widened the same way (:meth:`Sampling.step_period`).
         """
         self._source(field_id, "period_steps")
         daily = self.calendar.grid_period(Freq(1, "d"))
@@ -225,7 +229,7 @@ class Graph:
         for cond in self.sources.get(field_id, ()):
             p = 1
             for f in cond:
-                g = self.calendar.grid_period(f)
+                g = f.step_period(self.calendar)
                 g = daily if g is None else g
                 p = p * g // math.gcd(p, g)
             periods.add(p)

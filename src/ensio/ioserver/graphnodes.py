@@ -27,6 +27,7 @@ emitting one :class:`Record` per period.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -40,7 +41,57 @@ from .expr import parse
 from .exprtree import ExprError, evaluate
 from .timeops import ACCUMULATORS, Accumulator
 
-__all__ = ["Record", "Step", "Node", "SourceNode", "ExprNode", "AtNode", "Output"]
+__all__ = ["Record", "Step", "Node", "SourceNode", "ExprNode", "AtNode", "Output", "Sampling"]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """The steps at which a field is sampled: its ``freq_op`` grid, or XIOS's shifted one.
+
+    Without ``freq_offset`` (``shift`` None) the samples are the steps on the
+    ``freq_op`` grid, the ends of the ``freq_op`` periods (XIOS's default offset,
+    ``freq_op - timestep``). With ``freq_offset = O`` (``shift = O`` in steps) the
+    samples are at ``start + O + timestep + m·freq_op`` (m >= 0), as XIOS's
+    temporal filter takes them: step ``n`` is sampled iff ``n - 1 - shift >= 0`` is
+    on the ``freq_op`` grid counted from step 0.
+    """
+
+    freq: Freq
+    shift: int | None = None
+
+    @classmethod
+    def of(cls, fd: FieldDef, cal: Calendar) -> Sampling:
+        from .postcheck import offset_steps  # the loader checked the value
+
+        shift = None if fd.freq_offset is None else offset_steps(fd.freq_offset, cal.dt)
+        return cls(parse_freq(fd.freq_op), shift)
+
+    def __str__(self) -> str:
+        return str(self.freq) if self.shift is None else f"{self.freq}+{self.shift}ts"
+
+    def on(self, cal: Calendar, n: int) -> bool:
+        if self.shift is None:
+            return cal.on_grid(self.freq, n)
+        m = n - 1 - self.shift
+        return m >= 0 and cal.on_grid(self.freq, m)
+
+    def every_step(self, cal: Calendar) -> bool:
+        """Sampled at every step (a condition that adds nothing)."""
+        return cal.grid_period(self.freq) == 1 and not self.shift
+
+    def step_period(self, cal: Calendar) -> int | None:
+        """A ``p`` with: sampled at ``n`` ⇒ ``n % p == 0`` (None for months/years).
+
+        Exact without a shift; with one, the samples ``n ≡ 1 + shift (mod P)`` are
+        a subset of the multiples of ``gcd(P, 1 + shift)`` (the C clients' field
+        table speaks in multiples: they may send more often than needed, and the
+        graph drops the extra samples)."""
+        p = cal.grid_period(self.freq)
+        if self.shift is None:
+            return p
+        if p is None:  # month/year boundaries are whole days from the start
+            p = cal.grid_period(Freq(1, "d"))
+        return math.gcd(p, 1 + self.shift)
 
 
 
@@ -148,11 +199,11 @@ class ExprNode(Node):
 class AtNode(Node):
     """``@X`` over the periods of ``freq``: X's operation on X's samples in each period."""
 
-    def __init__(self, fd: FieldDef, target: Node, freq: Freq):
+    def __init__(self, fd: FieldDef, target: Node, freq: Freq, cal: Calendar):
         self.fd = fd
         self.target = target
         self.shape = target.shape
-        self.sample_freq = parse_freq(fd.freq_op)
+        self.sampling = Sampling.of(fd, cal)
         self.freq = freq
         self.op = ACCUMULATORS[fd.operation]
         self.accs: dict[int, Accumulator] = {}
@@ -160,7 +211,7 @@ class AtNode(Node):
     def value(self, st: Step) -> np.ndarray | None:
         cal, n = st.cal, st.step
         k = cal.period_index(self.freq, n)
-        if cal.on_grid(self.sample_freq, n):
+        if self.sampling.on(cal, n):
             v = st.get(self.target)
             if v is not None:
                 if k not in self.accs:
@@ -177,12 +228,12 @@ class AtNode(Node):
 class Output:
     """A file field: its stream sampled on its ``freq_op`` grid, reduced per output period."""
 
-    def __init__(self, file: FileDef, fd: FieldDef, stream: Node):
+    def __init__(self, file: FileDef, fd: FieldDef, stream: Node, cal: Calendar):
         self.file = file
         self.fd = fd
         self.stream = stream
         self.shape = stream.shape
-        self.freq_op = parse_freq(fd.freq_op)
+        self.sampling = Sampling.of(fd, cal)
         self.out_freq = parse_freq(file.output_freq)
         self.op = ACCUMULATORS[fd.operation]
         self.accs: dict[int, Accumulator] = {}
@@ -194,7 +245,7 @@ class Output:
 
     def sample(self, st: Step) -> None:
         cal, n = st.cal, st.step
-        if not cal.on_grid(self.freq_op, n):
+        if not self.sampling.on(cal, n):
             return
         if self.fd.operation == "once" and (self.once is not None or self.once_done):
             return

@@ -22,10 +22,15 @@ without time units) or ``none`` (no variable: the dimension only).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["TimeAxis", "time_axis"]
+__all__ = ["TimeAxis", "time_axis", "Writer"]
+
+#: ``write(record, variable name, value)``: how the writer stores one record of a
+#: time variable (the writer owns the file; this module only names and fills).
+Writer = Callable[[int, str, Any], None]
 
 
 @dataclass(frozen=True)
@@ -87,31 +92,32 @@ class TimeAxis:
                 v.setncatts(attrs("Time axis", axis="T", bounds=f"{self.counter}_bounds"))
                 ds.createVariable(f"{self.counter}_bounds", "f8", (self.dim, self.nv))
 
-    def put(self, ds: Any, idx: int, t0: float, t1: float) -> None:
+    def put(self, write: Writer, idx: int, t0: float, t1: float) -> None:
         """A new record ``idx`` of the period ``(t0, t1]`` (numbers in the file's units);
-        the instant time is ``t1`` until an instant field says otherwise."""
-        ds[self.centered][idx] = 0.5 * (t0 + t1)
-        ds[self.centered_bounds][idx, :] = [t0, t1]
+        the instant time is ``t1`` until an instant field says otherwise.
+        ``write(idx, name, value)`` stores one record of one time variable."""
+        write(idx, self.centered, 0.5 * (t0 + t1))
+        write(idx, self.centered_bounds, [t0, t1])
         if self.has_instant:
-            self.put_instant(ds, idx, t1)
+            self.put_instant(write, idx, t1)
         if self.counter is not None:
             if self.counter_holds == "record":
-                ds[self.counter][idx] = idx + 1
+                write(idx, self.counter, idx + 1)
             elif self.counter_holds == "centered":
-                ds[self.counter][idx] = 0.5 * (t0 + t1)
-                ds[f"{self.counter}_bounds"][idx, :] = [t0, t1]
-            else:  # instant: set again by put_instant
-                ds[self.counter][idx] = t1
-                ds[f"{self.counter}_bounds"][idx, :] = [t1, t1]
+                write(idx, self.counter, 0.5 * (t0 + t1))
+                write(idx, f"{self.counter}_bounds", [t0, t1])
+            elif not self.has_instant:  # instant, but no instant field: the period end
+                write(idx, self.counter, t1)
+                write(idx, f"{self.counter}_bounds", [t1, t1])
 
-    def put_instant(self, ds: Any, idx: int, t: float) -> None:
+    def put_instant(self, write: Writer, idx: int, t: float) -> None:
         """The sample time of the instant fields of record ``idx``."""
-        ds[self.instant][idx] = t
+        write(idx, self.instant, t)
         if self.instant_bounds is not None:
-            ds[self.instant_bounds][idx, :] = [t, t]
+            write(idx, self.instant_bounds, [t, t])
         if self.counter is not None and self.counter_holds == "instant":
-            ds[self.counter][idx] = t
-            ds[f"{self.counter}_bounds"][idx, :] = [t, t]
+            write(idx, self.counter, t)
+            write(idx, f"{self.counter}_bounds", [t, t])
 
 
 def time_axis(naming: str, counter: str, counter_name: str, has_instant: bool) -> TimeAxis:
