@@ -116,7 +116,7 @@ class AttachedLink(Transport):
             if self.comm.rank != owner:
                 self.comm.Gatherv([flat, MPI.DOUBLE], None, root=owner)
                 continue
-            d = self.cfg.domains[self.cfg.grids[rec.field.grid].domain]
+            d = self.cfg.domains[self.cfg.grids[rec.field.in_grid].domain]
             counts = [int(np.prod(rec.data.shape[:-len(d.shape)], dtype=int))
                       * p[d.id].part.size if d.id in p else 0 for p in self._parts]
             displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int)
