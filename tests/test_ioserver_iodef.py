@@ -379,3 +379,9 @@ def test_keys_of_item_6_map_or_say_not_supported_yet(tmp_path):
     assert (f.time_counter, f.time_counter_name, f.time_naming) == ("instant", "time_c", "xios")
     if supported("file", "sync_freq"):
         assert f.sync_freq == "1d"
+
+
+def test_set_overrides_apply_to_an_iodef_xml():
+    cfg = load_ioserver_config(DATA / "iodef.xml", ["ioserver.calendar.timestep=1h",
+                                                     "ioserver.servers=2"])
+    assert (cfg.calendar.timestep, cfg.servers) == ("1h", 2)

@@ -128,7 +128,7 @@ class FieldsMixin:
         group around everything)."""
         root = self.field_attrs(node, (), group=True)
         chain = (root,) if root else ()
-        items = [self.def_node(c, chain, [], []) for c in node.children]
+        items = [self.def_node(c, chain, []) for c in node.children]
         if not root:
             return items
         wrapper: Out = {"id": "field_definition", **_public(root)}
@@ -140,8 +140,9 @@ class FieldsMixin:
             wrapper["groups"] = gs
         return [wrapper]
 
-    def def_node(self, c: Node, chain: tuple[Out, ...], owners: list[str],
-                 _: list[str]) -> Out:
+    def def_node(self, c: Node, chain: tuple[Out, ...], owners: list[str]) -> Out:
+        """A definition element as YAML; ``owners`` = the ids of the groups it is in
+        (for ``group_ref`` in files)."""
         if c.tag == "field":
             fid = c.attrib.get("id")
             if not fid:
@@ -167,7 +168,7 @@ class FieldsMixin:
             if gid:
                 self.group_fields.setdefault(gid.strip(), [])
                 mine.append(gid.strip())
-            inner = [self.def_node(x, (attrs, *chain), mine, []) for x in c.children]
+            inner = [self.def_node(x, (attrs, *chain), mine) for x in c.children]
             out: Out = ({"id": gid.strip()} if gid else {}) | _public(attrs)
             fs = [i for i in inner if "fields" not in i and "groups" not in i]
             gs = [i for i in inner if "fields" in i or "groups" in i]
