@@ -165,69 +165,91 @@ def test_interpolated_files_equal_independent_references(tmp_path: Path, rng) ->
     _cf_clean(path, tmp_path)
 
 
-def test_interpolation_does_not_depend_on_the_number_of_servers(tmp_path: Path) -> None:
-    """The interpolated fields of an MPMD-style run with 1 and 2 servers are bitwise equal
-    (each file is written by one server from the global field)."""
-    mpiexec = Path(sys.executable).with_name("mpiexec")
-    model = Path(__file__).parent / "data" / "ioserver_e2e" / "model.py"
-    needs.tool(str(mpiexec))
+E2E = Path(__file__).parent / "data" / "ioserver_e2e"
+
+
+def _e2e_iodef(tmp: Path, mode: str, servers: int) -> Path:
+    """The end-to-end model's grid (24 x 12, land mask, 3 levels, 3 h steps) with
+    interpolated, packed and region-reduced outputs in two files (one per server)."""
     import yaml
 
-    here = Path(__file__).parent / "data" / "ioserver_e2e"
-    raw = yaml.safe_load((here / "iodef.yaml").read_text())["ioserver"]
-    dom = next(d for d in raw["domains"] if d.get("type") == "rectilinear")
-    raw["domains"].append({"id": "coarse_i", "type": "rectilinear",
-                           "ni_glo": max(dom["ni_glo"] // 2, 1),
-                           "nj_glo": max(dom["nj_glo"] // 2, 1),
-                           "interpolate": {"from": dom["id"], "method": "conservative"}})
-    raw["domains"].append({"id": "bil_i", "type": "rectilinear", "ni_glo": 9, "nj_glo": 7,
-                           "interpolate": {"from": dom["id"], "method": "bilinear"}})
-    src = next(f for f in _all_fields(raw) if _grid_domain(raw, f) == dom["id"]
-               and not f.get("expr") and not f.get("field_ref"))
-    raw["grids"] += [{"id": "gi_c", "domain": "coarse_i"}, {"id": "gi_b", "domain": "bil_i"}]
-    grid_axis = next(g.get("axis") for g in raw["grids"] if g["id"] == src["grid"])
-    if grid_axis is not None:
-        raw["grids"][-2]["axis"] = grid_axis
-        raw["grids"][-1]["axis"] = grid_axis
-    raw["files"] = [{"id": "interp", "name": "interp", "output_freq": raw["files"][0]
-                     ["output_freq"], "fields": [
-        {"field_ref": src["id"], "name": "v_c", "grid": "gi_c", "operation": "average"},
-        {"field_ref": src["id"], "name": "v_b", "grid": "gi_b", "operation": "maximum"}]}]
-    outs = []
-    for servers in (1, 2):
-        tmp = tmp_path / f"s{servers}"
+    with netCDF4.Dataset(tmp / "halves.nc", "w") as ds:
+        ds.createDimension("lat", 12)
+        ds.createDimension("lon", 24)
+        ds.createVariable("half", "i4", ("lat", "lon"))[:] = np.repeat([1, 2], 6)[:, None] \
+            * np.ones((1, 24), int)
+    ioserver = {
+        "mode": mode, "servers": servers, "output_dir": str(tmp / "out"),
+        "calendar": {"type": "noleap", "start": "2001-02-27 00:00:00", "timestep": "3h"},
+        "axes": [{"id": "lev", "n": 3, "values": [1.0, 2.0, 3.0], "units": "1",
+                  "positive": "down"},
+                 {"id": "lev_i", "n": 2, "values": [1.5, 2.75], "units": "1",
+                  "positive": "down", "interpolate": {"from": "lev"}}],
+        "domains": [{"id": "atm", "type": "rectilinear", "ni_glo": 24, "nj_glo": 12},
+                    {"id": "half", "type": "rectilinear", "ni_glo": 12, "nj_glo": 6,
+                     "interpolate": {"from": "atm", "method": "conservative"}},
+                    {"id": "pts", "type": "rectilinear", "ni_glo": 9, "nj_glo": 7,
+                     "interpolate": {"from": "atm", "method": "bilinear"}}],
+        "grids": [{"id": "g2", "domain": "atm"}, {"id": "g3", "domain": "atm", "axis": "lev"},
+                  {"id": "h2", "domain": "half"}, {"id": "p2", "domain": "pts"},
+                  {"id": "h3", "domain": "half", "axis": "lev_i"}],
+        "fields": [{"id": "tas", "grid": "g2", "units": "K"},
+                   {"id": "ta", "grid": "g3", "units": "K"},
+                   {"id": "pr", "grid": "g2", "units": "kg m-2 s-1"}],
+        "files": [
+            {"id": "a", "name": "interp_a", "output_freq": "1d", "fields": [
+                {"field_ref": "tas", "name": "tas_half", "grid": "h2", "operation": "average",
+                 "precision": 8},
+                {"field_ref": "tas", "name": "tas_pts", "grid": "p2", "operation": "maximum",
+                 "precision": 8},
+                {"field_ref": "ta", "name": "ta_half", "grid": "h3", "operation": "average",
+                 "precision": 8}]},
+            {"id": "b", "name": "interp_b", "output_freq": "1d", "time_naming": "xios",
+             "fields": [
+                {"field_ref": "pr", "name": "pr_half", "grid": "h2", "operation": "accumulate",
+                 "precision": 8, "freq_offset": "0ts"},
+                {"field_ref": "tas", "name": "tas_packed", "operation": "average",
+                 "precision": 2, "valid_min": 200.0, "valid_max": 330.0},
+                {"field_ref": "tas", "name": "tas_halves", "operation": "average",
+                 "precision": 8,
+                 "reduce": {"op": "mean", "mask": {"file": "halves.nc", "variable": "half"}}}]},
+        ],
+    }
+    path = tmp / "iodef.yaml"
+    path.write_text(yaml.safe_dump({"ioserver": ioserver}))
+    return path
+
+
+def test_interpolation_does_not_depend_on_the_number_of_servers_or_the_mode(
+        tmp_path: Path) -> None:
+    """The model of the end-to-end tests (Python client under mpiexec, land mask):
+    the post-processed files of 1 and 2 servers and of the attached mode are equal
+    bit for bit (each file is post-processed from the global field)."""
+    mpiexec = Path(sys.executable).with_name("mpiexec")
+    needs.tool(str(mpiexec))
+    runs = {}
+    for mode, servers, nprocs in (("server", 1, 3), ("server", 2, 4), ("attached", 1, 2)):
+        tmp = tmp_path / f"{mode}{servers}"
         tmp.mkdir()
-        raw2 = dict(raw, servers=servers, output_dir=str(tmp / "out"), mode="server")
-        path = tmp / "iodef.yaml"
-        path.write_text(yaml.safe_dump({"ioserver": raw2}))
-        proc = subprocess.run([str(mpiexec), "-n", str(2 + servers), sys.executable,
-                               str(model), str(path), "8"], capture_output=True, text=True,
-                              timeout=300, stdin=subprocess.DEVNULL)
+        iodef = _e2e_iodef(tmp, mode, servers)
+        proc = subprocess.run([str(mpiexec), "-n", str(nprocs), sys.executable,
+                               str(E2E / "model.py"), str(iodef), "16"], capture_output=True,
+                              text=True, timeout=300, stdin=subprocess.DEVNULL)
         assert proc.returncode == 0, proc.stderr[-3000:]
-        outs.append({n: _read(tmp / "out" / "interp.nc", n) for n in ("v_c", "v_b")})
-    for name in ("v_c", "v_b"):
-        assert np.isfinite(outs[0][name]).any()
-        np.testing.assert_array_equal(outs[0][name], outs[1][name])
-
-
-def _all_fields(raw: dict) -> list[dict]:
-    out = list(raw.get("fields", []))
-
-    def walk(g: dict, inherited: dict) -> None:
-        attrs = {**inherited, **{k: v for k, v in g.items()
-                                 if k not in ("id", "fields", "groups")}}
-        for f in g.get("fields", []):
-            out.append({**attrs, **f})
-        for sub in g.get("groups", []):
-            walk(sub, attrs)
-
-    for g in raw.get("field_groups", []):
-        walk(g, {})
-    return out
-
-
-def _grid_domain(raw: dict, f: dict) -> str | None:
-    return next((g["domain"] for g in raw["grids"] if g["id"] == f.get("grid")), None)
+        out = tmp / "out"
+        runs[(mode, servers)] = {
+            (f, n): _read(out / f"{f}.nc", n)
+            for f, names in (("interp_a", ("tas_half", "tas_pts", "ta_half")),
+                             ("interp_b", ("pr_half", "tas_packed", "tas_halves")))
+            for n in names}
+    base = runs[("server", 1)]
+    for key, values in base.items():
+        assert np.isfinite(values).any(), key
+        for other in (("server", 2), ("attached", 1)):
+            np.testing.assert_array_equal(values, runs[other][key], err_msg=str((key, other)))
+    assert base[("interp_a", "tas_half")].shape == (2, 6, 12)
+    assert base[("interp_a", "ta_half")].shape == (2, 2, 6, 12)
+    assert base[("interp_b", "tas_halves")].shape == (2, 2)
 
 
 # ---------------------------------------------------------------- freq_offset
