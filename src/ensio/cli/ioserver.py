@@ -31,13 +31,27 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     p.add_argument("config", type=Path, metavar="CONFIG",
-                   help="YAML file with an ioserver: section")
+                   help="YAML file with an ioserver: section, or an XIOS iodef.xml; "
+                        "'convert' to convert an iodef.xml to YAML")
+    p.add_argument("source", nargs="?", default=None, metavar="IODEF_XML",
+                   help="with CONFIG = convert: the iodef.xml to convert")
+    p.add_argument("-o", "--output", type=Path, default=None,
+                   help="with convert: the YAML file to write (default standard output)")
     p.add_argument("--context", default="model", help="label of the files' history (default model)")
     add_set_option(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if str(args.config) == "convert":
+        from .ioserver_convert import run_convert
+
+        return run_convert(args)
+    if args.source is not None or args.output is not None:
+        from ..errors import ConfigError
+
+        raise ConfigError(f"ensio ioserver: {args.source or '-o'}: only convert takes a "
+                          "second argument or -o")
     from mpi4py import MPI
 
     from ..ioserver import start
