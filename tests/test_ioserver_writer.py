@@ -31,6 +31,7 @@ from ensio.errors import FileOpError
 from ensio.ioserver.config import DomainDef, FieldDef, IOServerConfig
 from ensio.ioserver.configload import ioserver_from_dict
 from ensio.ioserver.geometry import DomainGeometry, regular_geometry
+from ensio.ioserver.recovery import recover_dir
 from ensio.ioserver.writer import FileSet
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -411,7 +412,7 @@ sys.stdin.read()
 
 
 @pytest.mark.parametrize("fmt", ["netcdf4", "cdf5"])
-def test_a_killed_writer_leaves_readable_files_with_every_written_record(
+def test_a_killed_writer_leaves_a_staging_file_the_recovery_publishes(
         tmp_path: Path, fmt: str) -> None:
     section = _section([{"id": "k", "name": "killed", "output_freq": "1d", "format": fmt,
                          "fields": [{"field_ref": "tas"}, {"field_ref": "ta"}]}])
@@ -426,9 +427,17 @@ def test_a_killed_writer_leaves_readable_files_with_every_written_record(
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=60)
+    # the staging file is the complete state (a CDF-5 file netCDF-C reads as it is) ...
     path = tmp_path / "killed.nc"
-    run = subprocess.run(["ncdump", "-h", str(path)], capture_output=True, timeout=60)
+    assert not path.exists()
+    staging = tmp_path / ".killed.nc.ensio-partial.ioserver"
+    run = subprocess.run(["ncdump", "-h", str(staging)], capture_output=True, timeout=60)
     assert run.returncode == 0, run.stderr
+    # ... that the recovery publishes in the configured format
+    assert [p.records for p in recover_dir(tmp_path, quiet=True)] == [3]
+    assert not staging.exists()
+    with netCDF4.Dataset(path) as ds:
+        assert ds.data_model == {"netcdf4": "NETCDF4", "cdf5": "NETCDF3_64BIT_DATA"}[fmt]
     with _open(path) as ds:
         assert ds.sizes["time"] == 3
         for k in range(3):
@@ -476,7 +485,7 @@ def test_geometry_of_a_domain_is_checked_against_its_definition() -> None:
                        np.zeros((3, 4, 3)))
 
 
-def test_masked_points_are_missing_and_a_late_split_record_reopens_its_file(
+def test_masked_points_are_missing_and_a_late_split_record_reaches_its_file(
         tmp_path: Path, rng) -> None:
     cfg = _config(tmp_path, [{
         "id": "s", "name": "s_{start}", "output_freq": "12h", "split_freq": "1d",
@@ -487,10 +496,12 @@ def test_masked_points_are_missing_and_a_late_split_record_reopens_its_file(
     geo["atm"] = DomainGeometry(atm.domain, atm.lon, atm.lat, atm.lon_bounds,
                                 atm.lat_bounds, mask=mask)
     b = _records(cfg, "s", range(4), timedelta(hours=12), rng)
-    # day 1 gets tas of both periods, day 2 starts, then ta of day 1 comes late
+    # day 1 gets tas of both periods, day 2 starts with tas, then ta of day 1 comes
+    # late: day 1's file is published only once ta moved on to day 2 too
     late = [r for r in b[0] + b[1] if r.field.name == "ta"]
     first = [r for r in b[0] + b[1] if r.field.name == "tas"]
-    stats = _write(cfg, ["s"], [first, b[2], late, b[3]], tmp_path, geo)
+    second = [[r for r in b[2] if r.field.name == name] for name in ("tas", "ta")]
+    stats = _write(cfg, ["s"], [first, second[0], late, second[1], b[3]], tmp_path, geo)
     assert [p.name for p in stats.files] == ["s_20000101.nc", "s_20000102.nc"]
     for d, path in enumerate(stats.files):
         _check_cf(path, tmp_path)

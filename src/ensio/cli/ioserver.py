@@ -32,9 +32,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("config", type=Path, metavar="CONFIG",
                    help="YAML file with an ioserver: section, or an XIOS iodef.xml; "
-                        "'convert' to convert an iodef.xml to YAML")
+                        "'convert' to convert an iodef.xml to YAML; 'recover' to publish "
+                        "what a killed server left in a directory")
     p.add_argument("source", nargs="?", default=None, metavar="IODEF_XML",
-                   help="with CONFIG = convert: the iodef.xml to convert")
+                   help="with CONFIG = convert: the iodef.xml to convert; with recover: "
+                        "the output directory")
     p.add_argument("-o", "--output", type=Path, default=None,
                    help="with convert: the YAML file to write (default standard output)")
     p.add_argument("--context", default="model", help="label of the files' history (default model)")
@@ -43,6 +45,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if str(args.config) == "recover" and args.output is None:
+        from .ioserver_recover import run_recover
+
+        return run_recover(args)
     if str(args.config) == "convert":
         from .ioserver_convert import run_convert
 

@@ -38,6 +38,8 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from .. import faults
+from ..errors import file_op
 from ..parallel.distribution import RowDistribution
 from .config import FileDef, IOServerConfig, shared_obstacle
 from .geometry import DomainGeometry
@@ -160,7 +162,8 @@ class SharedPipeline:
     def poll(self) -> None:
         """Owner: announce the records every server has written (non-blocking)."""
         for split in self._open.values():
-            split.sf.poll()
+            with file_op("write", split.sf.path):  # a full disk names the file
+                split.sf.poll()
 
     # ------------------------------------------------------------------ writing
     def _write(self, records: Sequence[Any]) -> None:
@@ -183,8 +186,11 @@ class SharedPipeline:
             mask = self._geometry[self._cfg.grids[r.field.grid].domain].mask
             if mask is not None and not mask.all():
                 data = np.where(~mask[self._slice(r.field.grid), :], np.nan, data)
-            split.sf.write_rows(idx, var.name, np.where(np.isnan(data), var.fill, data))
-        split.sf.record_done(idx, self._time_values(lay, recs))
+            with file_op("write", split.sf.path):
+                split.sf.write_rows(idx, var.name, np.where(np.isnan(data), var.fill, data))
+        with file_op("write", split.sf.path):
+            split.sf.record_done(idx, self._time_values(lay, recs))
+        faults.point(f"ioserver-shared-done {split.sf.path.name} {idx + 1}")
         split.done = max(split.done, idx + 1)
 
     def _time_values(self, lay: Any, recs: list[Any]) -> dict[str, np.ndarray]:
@@ -250,7 +256,8 @@ class SharedPipeline:
         The owner keeps announcing for at most ``grace`` seconds, until every
         record it finished itself is announced (the other servers' notices of
         those records may still be on their way; a server that failed mid-record
-        never sends its notice, hence the bound). Nothing waits for the others.
+        never sends its notice, hence the bound), then cuts the file after the
+        announced records. Nothing waits for the others.
         """
         deadline = time.monotonic() + grace
         for split in self._open.values():
@@ -260,6 +267,10 @@ class SharedPipeline:
                        and time.monotonic() < deadline):
                     sf.poll()
                     time.sleep(1e-3)  # the notices are in flight: yield the core
+                if sf.is_owner:  # drop the bytes of records never announced (a full disk)
+                    end = sf.layout.data_end(sf.numrecs)
+                    if end and os.fstat(sf._fd).st_size > end:
+                        os.ftruncate(sf._fd, end)
             except Exception:  # the run is ending with its own reason
                 pass
             finally:

@@ -6,13 +6,17 @@ are the split period's bounds, formatted with cftime's strftime; ``.nc`` is
 appended). The layout (dimensions, coordinates, attributes, spatial
 operations) is built once per file definition by :mod:`.cflayout`.
 
-Crash behaviour: files are never renamed. Each :meth:`FileSet.write` call (the
-records of one graph advance, i.e. whole output periods) writes its records
-and then syncs every file it touched, so a server killed at any later instant
-leaves files that netCDF readers open, holding every complete period written
-before that sync. (Syncing per call rather than per record is what keeps the
-fields of one period together; the records of a call are written in
-milliseconds.)
+Crash behaviour (issue 27): each file is written as a CDF-5 staging file
+(:mod:`.staged`, ``.NAME.ensio-partial.ioserver``) and published when it is
+closed (:mod:`.recovery`: renamed, or copied into netCDF-4). Each
+:meth:`FileSet.write` call (the records of one graph advance, i.e. whole output
+periods) writes its records' bytes and only then publishes them (the staging
+header's ``numrecs``), so a server killed at any instant leaves a staging file
+holding exactly the periods published before; ``ensio ioserver recover`` (or
+the next server starting in the directory) publishes it. A write that fails
+(a full disk) rolls the call's records back: the file keeps the periods
+published before, and the error names the final file. (Publishing per call
+rather than per record is what keeps the fields of one period together.)
 
 Time: ``time`` is the midpoint of the output period (t0, t1] with
 ``time_bnds``; ``time_instant`` holds the sample time of instant fields.
@@ -22,7 +26,7 @@ Values are ``<time_units> since <calendar start>`` in the configured calendar.
 from __future__ import annotations
 
 import string
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,17 +36,17 @@ import cftime
 import netCDF4
 import numpy as np
 
-from .. import __version__
+from .. import __version__, faults
 from ..config.errors import ConfigError
 from ..errors import FileOpError, file_op
 from .calendar import Calendar, parse_freq
 from .cflayout import FileLayout, VarLayout
 from .config import FileDef, IOServerConfig
 from .geometry import DomainGeometry
+from .recovery import publish, recover_dir
+from .staged import StagedFile
 
 __all__ = ["FileSet", "WriterStats"]
-
-_FORMATS = {"netcdf4": "NETCDF4", "cdf5": "NETCDF3_64BIT_DATA"}
 
 
 class _Record(Protocol):
@@ -96,12 +100,21 @@ class _NameFormatter(string.Formatter):
 
 @dataclass(eq=False)
 class _Output:
-    """One split file: its path, open dataset (or None once closed) and period → index."""
+    """One split file: its final path, staging file (None once published), period → index."""
 
     path: Path
-    ds: netCDF4.Dataset | None
+    staged: StagedFile | None
     periods: dict[int, int] = field(default_factory=dict)
     once_written: set[str] = field(default_factory=set)
+    synced: int = 0  #: multiples of the file's sync_freq made durable so far
+    moved: set[str] = field(default_factory=set)  #: fields with a record in a later split
+
+    def rollback(self) -> None:
+        """Forget the periods not published (their bytes are dropped from the file)."""
+        if self.staged is not None:
+            kept = self.staged.numrecs
+            self.periods = {p: i for p, i in self.periods.items() if i < kept}
+            self.staged.rollback()
 
 
 class FileSet:
@@ -112,6 +125,9 @@ class FileSet:
     global arrays (NaN = missing); extract and mean operations are applied
     here. Raises ValueError naming the file and field for a bad definition
     (an empty extract box, a domain without geometry) when constructed.
+
+    What earlier runs left in ``out_dir`` (staging files of a killed server)
+    is published first (:func:`.recovery.recover_dir`), with one line each.
     """
 
     def __init__(self, cfg: IOServerConfig, files: Sequence[str],
@@ -128,21 +144,28 @@ class FileSet:
                 raise ConfigError(f"ioserver.files: no file {fid!r}")
             self._layouts[fid] = FileLayout(cfg, by_id[fid], geometry)
         self._outputs: dict[tuple[str, int], _Output] = {}
-        self._current: dict[str, tuple[str, int]] = {}
         self._once: dict[str, dict[str, np.ndarray]] = {fid: {} for fid in self._layouts}
         self._paths: dict[Path, tuple[str, int]] = {}
         self._closed = False
+        self._failed = False  # a write failed: close() publishes what is complete, quietly
+        self.notes: list[str] = []  #: files published in another format than configured
+        if self._layouts:
+            with file_op("recover leftovers in", self.out_dir):
+                recover_dir(self.out_dir)
 
     # ------------------------------------------------------------------ writing
     def write(self, records: Sequence[_Record]) -> None:
-        """Write ``records`` (any files, fields and periods), then sync the files touched.
+        """Write ``records`` (any files, fields and periods), then publish them.
 
-        The files are synced even when a record fails (bad shape, unknown
-        field), so what was written before the error is readable.
+        All or nothing per file: if a record fails (bad shape, unknown field,
+        a full disk) the records of this call are rolled back in every file
+        it touched, which keep the periods published before; the error names
+        the file.
         """
         if self._closed:
             raise ValueError("FileSet.write after close")
         touched: dict[int, _Output] = {}
+        ends: dict[int, tuple[Any, Any]] = {}  # per file touched: (def, latest period end)
         try:
             for r in records:
                 lay = self._layouts.get(r.file_id)
@@ -156,37 +179,105 @@ class FileSet:
                 values = var.values(r.data, r.file_id)
                 out = self._output(lay, r)
                 touched[id(out)] = out
+                ends[id(out)] = (lay.fd, max(ends.get(id(out), (None, r.t1))[1], r.t1))
                 with _netcdf_errors("write", out.path):
                     self._put(lay, var, out, r, values)
-        finally:
+            faults.point("ioserver-data-written")
             for out in touched.values():
-                if out.ds is not None:  # a file closed by a split change is flushed
-                    with _netcdf_errors("sync", out.path):
-                        out.ds.sync()
+                assert out.staged is not None
+                with _netcdf_errors("write", out.path):
+                    out.staged.publish(len(out.periods),
+                                       durable=self._sync_due(out, *ends[id(out)]))
+                faults.point(f"ioserver-published {out.path.name} {len(out.periods)}")
+        except BaseException as exc:
+            self._failed = True
+            kept = []
+            for out in touched.values():
+                try:
+                    out.rollback()
+                except OSError:
+                    pass  # the unpublished bytes stay beyond numrecs: readers ignore them
+                kept.append(f"{out.path.name}: {len(out.periods)}")
+            if isinstance(exc, FileOpError) and kept:
+                raise FileOpError(f"{exc} (complete records kept: {', '.join(kept)})") from exc
+            raise
+        self._finish_left()
 
     def _put(self, lay: FileLayout, var: VarLayout, out: _Output, r: _Record,
              values: np.ndarray) -> None:
+        assert out.staged is not None
         if var.timed:
             idx = self._time_index(lay, out, r)
-            out.ds[var.name][idx, ...] = values
+            out.staged.write_record(idx, var.name, values)
             if var.instant and r.t_instant is not None:
-                out.ds["time_instant"][idx] = self._num(lay.fd, r.t_instant)
+                lay.time.put_instant(_timewriter(out), idx, self._num(lay.fd, r.t_instant))
         else:
             self._once[r.file_id][var.name] = values
-            out.ds[var.name][...] = values
+            out.staged.write_fixed(var.name, values)
             out.once_written.add(var.name)
 
+    def _finish_left(self) -> None:
+        """Publish the split files every timed field of their file has left.
+
+        A field may still send records of an earlier split after another one
+        started (its records come late), so a split file is published only
+        when each of its file's timed fields wrote a record in a later split;
+        the others at :meth:`close`.
+        """
+        for (fid, _), out in self._outputs.items():
+            timed = {v.name for v in self._layouts[fid].vars.values() if v.timed}
+            if out.staged is not None and out.moved and timed <= out.moved:
+                self._finish(out)
+
+    def _finish(self, out: _Output) -> None:
+        """Publish one file (its complete records) under its final name."""
+        staged, out.staged = out.staged, None
+        if staged is None:
+            return
+        try:
+            with _netcdf_errors("write", out.path):
+                done = publish(staged.path, staged.final, staged.fd, staged.numrecs,
+                               has_records=staged.record_vars)
+        finally:
+            staged.close()
+        if done.note:
+            self.notes.append(done.note)
+            if not self._failed:  # said once: the run ends on it, the rest is published quietly
+                self._failed = True
+                raise FileOpError(done.note)
+
     def close(self) -> WriterStats:
-        """Close every file; the sizes and paths of all files this set created."""
+        """Publish every file; the sizes and paths of all files this set published.
+
+        Every file is published (or, with no complete record, removed) even
+        when one fails; the first failure is raised after.
+        """
         self._closed = True
+        first: BaseException | None = None
         for out in self._outputs.values():
-            if out.ds is not None:
-                out.ds.close()
-                out.ds = None
-        paths = tuple(out.path for out in self._outputs.values())
+            try:
+                self._finish(out)
+            except Exception as exc:
+                first = first or exc
+        if first is not None:
+            raise first
+        paths = tuple(out.path for out in self._outputs.values() if out.path.exists())
         return WriterStats(sum(p.stat().st_size for p in paths), paths)
 
     # ------------------------------------------------------------------ helpers
+    def _sync_due(self, out: _Output, fd: FileDef, t_end: Any) -> bool:
+        """``sync_freq``: flush (a durable publish) when the model time of the records
+        has passed another multiple of it since the last flush (never without it)."""
+        if fd.sync_freq is None:
+            return False
+        f = parse_freq(fd.sync_freq)
+        k = self._clock.period_of(f, t_end)
+        passed = k + 1 if self._clock.boundary(f, k + 1) == t_end else k
+        if passed <= out.synced:
+            return False
+        out.synced = passed
+        return True
+
     def _num(self, fd: FileDef, t: Any) -> float:
         units = f"{fd.time_units} since {self._origin}"
         return float(cftime.date2num(t, units, self._clock.type))
@@ -202,39 +293,30 @@ class FileSet:
                 )
             idx = len(out.periods)
             out.periods[r.period] = idx
+            assert out.staged is not None
             t0, t1 = self._num(lay.fd, r.t0), self._num(lay.fd, r.t1)
-            out.ds["time"][idx] = 0.5 * (t0 + t1)
-            out.ds["time_bnds"][idx, :] = [t0, t1]
-            if lay.has_instant:
-                out.ds["time_instant"][idx] = t1
+            lay.time.put(_timewriter(out), idx, t0, t1)  # names: cflayout's TimeAxis
         return idx
 
     def _output(self, lay: FileLayout, r: _Record) -> _Output:
         fd = lay.fd
         k = self._clock.period_of(parse_freq(fd.split_freq), r.t1) if fd.split_freq else 0
         key = (fd.id, k)
-        current = self._current.get(fd.id)
-        if current == key:
-            out = self._outputs[key]
-            assert out.ds is not None
-            return out
-        if current is not None:
-            old = self._outputs[current]
-            if old.ds is not None:
-                old.ds.close()
-                old.ds = None
+        for (fid, j), other in self._outputs.items():
+            if fid == fd.id and j < k:
+                other.moved.add(r.field.name)
         out = self._outputs.get(key)
-        if out is None:
-            out = self._create(lay, k, r)
-            self._outputs[key] = out
-        else:
-            with _netcdf_errors("reopen", out.path):
-                out.ds = netCDF4.Dataset(out.path, "a")
-            out.ds.set_auto_mask(False)
-        self._current[fd.id] = key
+        if out is not None:
+            if out.staged is None:
+                raise ValueError(f"file {fd.id}: split period of {out.path.name} came back "
+                                 "after it was published")
+            return out
+        out = self._outputs[key] = self._create(lay, k, r)
         for name, values in self._once[fd.id].items():
             if name not in out.once_written:
-                out.ds[name][...] = values
+                assert out.staged is not None
+                with _netcdf_errors("write", out.path):
+                    out.staged.write_fixed(name, values)
                 out.once_written.add(name)
         return out
 
@@ -258,19 +340,12 @@ class FileSet:
         path = self._path(fd, k, r)
         with _netcdf_errors("create", path):
             path.parent.mkdir(parents=True, exist_ok=True)
-            ds = netCDF4.Dataset(path, "w", format=_FORMATS[fd.format])
-        try:
-            with _netcdf_errors("create", path):
-                ds.set_auto_mask(False)
-                self._define(ds, lay)
-                ds.sync()
-        except BaseException:
-            ds.close()
-            path.unlink(missing_ok=True)
-            raise
-        return _Output(path, ds)
+            staged = StagedFile(path, lambda ds, _fmt: self._define(ds, lay), fd.format,
+                                fd.compression, _chunk_sizes(lay))
+        return _Output(path, staged)
 
     def _define(self, ds: netCDF4.Dataset, lay: FileLayout) -> None:
+        """The header and coordinates of a file of ``lay`` (classic-compatible: no record)."""
         fd = lay.fd
         attrs: dict[str, Any] = {
             "Conventions": "CF-1.8",
@@ -290,29 +365,33 @@ class FileSet:
             v.setncatts(dict(c.attrs))
             v[...] = c.values
         for var in lay.vars.values():
-            self._define_var(ds, fd, var)
+            dims = ((var.time_dim,) if var.timed else ()) + var.dims
+            v = ds.createVariable(var.name, var.dtype, dims,
+                                  fill_value=var.dtype.type(var.fill))
+            v.setncatts(dict(var.attrs))
 
     def _define_time(self, ds: netCDF4.Dataset, lay: FileLayout) -> None:
         units = f"{lay.fd.time_units} since {self._origin}"
-        t = ds.createVariable("time", "f8", ("time",))
-        t.setncatts({"standard_name": "time", "long_name": "time", "units": units,
-                     "calendar": self._clock.type, "axis": "T", "bounds": "time_bnds"})
-        ds.createVariable("time_bnds", "f8", ("time", "nv"))
-        if lay.has_instant:
-            ti = ds.createVariable("time_instant", "f8", ("time",))
-            ti.setncatts({"standard_name": "time", "long_name": "time of the instant sample",
-                          "units": units, "calendar": self._clock.type})
+        lay.time.define(ds, units, self._clock.type)  # cf or xios names (time_naming)
 
-    def _define_var(self, ds: netCDF4.Dataset, fd: FileDef, var: VarLayout) -> None:
-        dims = (("time",) if var.timed else ()) + var.dims
-        kwargs: dict[str, Any] = {"fill_value": var.dtype.type(var.fill)}
-        if fd.format == "netcdf4" and dims:
-            # one chunk per time step and level: what cdo and plotting tools read
-            sizes = [ds.dimensions[d].size for d in var.dims]
-            if var.levels and len(sizes) > var.levels:
-                sizes[: var.levels] = [1] * var.levels
-            kwargs["chunksizes"] = ([1] if var.timed else []) + [max(s, 1) for s in sizes]
-            if fd.compression:
-                kwargs.update(zlib=True, complevel=fd.compression, shuffle=True)
-        v = ds.createVariable(var.name, var.dtype, dims, **kwargs)
-        v.setncatts(dict(var.attrs))
+
+def _timewriter(out: _Output) -> Callable[[int, str, Any], None]:
+    """``write(record, name, value)`` into a file's staging copy (for :class:`TimeAxis`)."""
+    assert out.staged is not None
+    staged = out.staged
+    return lambda idx, name, value: staged.write_record(idx, name,
+                                                        np.asarray(value, dtype=np.float64))
+
+
+def _chunk_sizes(lay: FileLayout) -> dict[str, tuple[int, ...]]:
+    """netCDF-4 chunks of the data variables: one per time step and level (what cdo
+    and plotting tools read); used when the staging file is copied into netCDF-4."""
+    out = {}
+    for var in lay.vars.values():
+        sizes = [lay.dims[d] or 1 for d in var.dims]
+        if not var.timed and not sizes:
+            continue
+        if var.levels and len(sizes) > var.levels:
+            sizes[: var.levels] = [1] * var.levels
+        out[var.name] = tuple(([1] if var.timed else []) + [max(s, 1) for s in sizes])
+    return out
