@@ -418,13 +418,32 @@ def test_xios_time_names(tmp_path: Path, rng, counter: str) -> None:
     _cf_clean(path, tmp_path)
 
 
-def test_sync_freq_is_accepted_and_files_are_complete(tmp_path: Path, rng) -> None:
+def test_sync_freq_flushes_every_that_much_model_time(tmp_path: Path, rng,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hourly records, sync_freq 6h: the publishes of the records ending at 6, 12, 18
+    and 24 h are durable (flushed), the others not; a file without sync_freq never
+    flushes before it is closed."""
+    from ensio.ioserver import staged
+
+    calls: list[tuple[str, int, bool]] = []
+    real = staged.StagedFile.publish
+
+    def spy(self, numrecs: int, *, durable: bool = False) -> None:
+        calls.append((self.final.name, numrecs, durable))
+        real(self, numrecs, durable=durable)
+
+    monkeypatch.setattr(staged.StagedFile, "publish", spy)
     nsteps = 24
-    cfg = _cfg(tmp_path, [{"id": "s", "name": "synced", "output_freq": "1h",
-                           "sync_freq": "6h", "fields": [
-                               {"field_ref": "tas", "name": "t", "precision": 8}]}])
+    cfg = _cfg(tmp_path, [
+        {"id": "s", "name": "synced", "output_freq": "1h", "sync_freq": "6h",
+         "fields": [{"field_ref": "tas", "name": "t", "precision": 8}]},
+        {"id": "u", "name": "unsynced", "output_freq": "1h",
+         "fields": [{"field_ref": "tas", "name": "t", "precision": 8}]}])
     tas = rng.normal(size=(nsteps, NJ, NI))
     out = _run(cfg, tmp_path, {"tas": tas}, nsteps)
+    durable = [n for name, n, d in calls if name == "synced.nc" and d]
+    assert durable == [6, 12, 18, 24]
+    assert not [n for name, n, d in calls if name == "unsynced.nc" and d]
     np.testing.assert_array_equal(_read(out / "synced.nc", "t"), tas)
 
 
@@ -505,3 +524,11 @@ def test_bad_interpolation_definitions_name_the_key(tmp_path: Path, where: str, 
     with pytest.raises(ConfigError) as err:
         ioserver_from_dict(raw, tmp_path)
     assert str(err.value).startswith(key), str(err.value)
+
+
+def test_configured_coordinates_only_on_an_interpolation_target(tmp_path: Path) -> None:
+    raw = _raw([])
+    raw["domains"][0]["lon"] = [float(x) for x in range(NI)]
+    raw["domains"][0]["lat"] = [float(x) for x in range(NJ)]
+    with pytest.raises(ConfigError, match=r"^ioserver\.domains\.atm\.lon: "):
+        ioserver_from_dict(raw, tmp_path)

@@ -49,6 +49,9 @@ def check_interp_defs(domains: Mapping[str, DomainDef], axes: Mapping[str, AxisD
     """Interpolation targets name an existing, different source of the right kind."""
     for d in domains.values():
         if d.interpolate is None:
+            if d.lon is not None:
+                raise ConfigError(f"ioserver.domains.{d.id}.lon: only an interpolation target "
+                                  "has configured coordinates (the model sends the others)")
             continue
         key = f"ioserver.domains.{d.id}.interpolate.from"
         src = domains.get(d.interpolate.from_)
