@@ -7,10 +7,13 @@
 ! bands, so a file written by P ranks in one decomposition is read by Q ranks in another.
 ! Variables (Fortran order, the file's netCDF dimensions reversed): state(lon, lat, lev)
 ! real(8), sst(lon, lat) real(4), kind(lon, lat) integer(4).  Ends with "DONE rank".
-! Built with ENSIO_USE_MPI defined it takes MPI from `use mpi` (a site MPI), else from
-! the module's helpers (a pip MPICH without Fortran bindings).
+! Built with ENSIO_USE_MPI defined it takes MPI from `use mpi` (a site MPI), with
+! ENSIO_USE_MPI_F08 from `use mpi_f08`, else from the module's helpers (a pip MPICH
+! without Fortran bindings).
 program model_restart
-#ifdef ENSIO_USE_MPI
+#if defined(ENSIO_USE_MPI_F08)
+  use mpi_f08
+#elif defined(ENSIO_USE_MPI)
   use mpi
 #endif
   use ensio_ioclient
@@ -27,7 +30,10 @@ program model_restart
   call get_command_argument(3, input)
   call get_command_argument(4, template)
   call get_command_argument(5, output)
-#ifdef ENSIO_USE_MPI
+#if defined(ENSIO_USE_MPI_F08)
+  call MPI_Init(ierr)
+  world = MPI_COMM_WORLD%MPI_VAL  ! the integer handle the module takes
+#elif defined(ENSIO_USE_MPI)
   call MPI_Init(ierr)
   world = MPI_COMM_WORLD
 #else
@@ -59,7 +65,7 @@ program model_restart
   call ensio_ioclient_write_restart()
   call ensio_ioclient_finalize()
   print "(a, i0)", "DONE ", rank
-#ifdef ENSIO_USE_MPI
+#if defined(ENSIO_USE_MPI) || defined(ENSIO_USE_MPI_F08)
   call MPI_Finalize(ierr)
 #else
   call ensio_ioclient_mpi_finalize()
