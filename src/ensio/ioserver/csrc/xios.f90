@@ -502,32 +502,33 @@ contains
   subroutine send_d2(fieldid, field)
     character(len=*), intent(in) :: fieldid
     real(8), intent(in) :: field(:, :)
-    integer :: k, i0, j0
-    k = halo_domain(size(field, 1), size(field, 2))
-    if (k == 0) then
-      call send_d1(fieldid, reshape(field, [size(field)]))
-    else
-      i0 = 1 - doms(k)%data_ibegin
-      j0 = 1 - doms(k)%data_jbegin
-      call send_d1(fieldid, reshape(field(i0:i0 + doms(k)%ni - 1, j0:j0 + doms(k)%nj - 1), &
-                                    [doms(k)%ni * doms(k)%nj]))
-    end if
+    call send_d1(fieldid, interior_d(reshape(field, [size(field)]), size(field, 1), &
+                                     size(field, 2), 1))
   end subroutine
 
   subroutine send_d3(fieldid, field)
     character(len=*), intent(in) :: fieldid
     real(8), intent(in) :: field(:, :, :)
-    integer :: k, i0, j0
-    k = halo_domain(size(field, 1), size(field, 2))
-    if (k == 0) then
-      call send_d1(fieldid, reshape(field, [size(field)]))
-    else
-      i0 = 1 - doms(k)%data_ibegin
-      j0 = 1 - doms(k)%data_jbegin
-      call send_d1(fieldid, reshape(field(i0:i0 + doms(k)%ni - 1, j0:j0 + doms(k)%nj - 1, :), &
-                                    [doms(k)%ni * doms(k)%nj * size(field, 3)]))
-    end if
+    call send_d1(fieldid, interior_d(reshape(field, [size(field)]), size(field, 1), &
+                                     size(field, 2), size(field, 3)))
   end subroutine
+
+  !> The array without the halo of its domain (see halo_domain), flattened.
+  function interior_d(flat, n1, n2, n3) result(out)
+    integer, intent(in) :: n1, n2, n3
+    real(8), intent(in) :: flat(n1, n2, n3)
+    real(8), allocatable :: out(:)
+    integer :: k, i0, j0
+    k = halo_domain(n1, n2)
+    if (k == 0) then
+      out = reshape(flat, [n1 * n2 * n3])
+      return
+    end if
+    i0 = 1 - doms(k)%data_ibegin
+    j0 = 1 - doms(k)%data_jbegin
+    out = reshape(flat(i0:i0 + doms(k)%ni - 1, j0:j0 + doms(k)%nj - 1, :), &
+                  [doms(k)%ni * doms(k)%nj * n3])
+  end function
 
   subroutine send_f1(fieldid, field)
     character(len=*), intent(in) :: fieldid
@@ -539,32 +540,32 @@ contains
   subroutine send_f2(fieldid, field)
     character(len=*), intent(in) :: fieldid
     real(4), intent(in) :: field(:, :)
-    integer :: k, i0, j0
-    k = halo_domain(size(field, 1), size(field, 2))
-    if (k == 0) then
-      call send_f1(fieldid, reshape(field, [size(field)]))
-    else
-      i0 = 1 - doms(k)%data_ibegin
-      j0 = 1 - doms(k)%data_jbegin
-      call send_f1(fieldid, reshape(field(i0:i0 + doms(k)%ni - 1, j0:j0 + doms(k)%nj - 1), &
-                                    [doms(k)%ni * doms(k)%nj]))
-    end if
+    call send_f1(fieldid, interior_f(reshape(field, [size(field)]), size(field, 1), &
+                                     size(field, 2), 1))
   end subroutine
 
   subroutine send_f3(fieldid, field)
     character(len=*), intent(in) :: fieldid
     real(4), intent(in) :: field(:, :, :)
-    integer :: k, i0, j0
-    k = halo_domain(size(field, 1), size(field, 2))
-    if (k == 0) then
-      call send_f1(fieldid, reshape(field, [size(field)]))
-    else
-      i0 = 1 - doms(k)%data_ibegin
-      j0 = 1 - doms(k)%data_jbegin
-      call send_f1(fieldid, reshape(field(i0:i0 + doms(k)%ni - 1, j0:j0 + doms(k)%nj - 1, :), &
-                                    [doms(k)%ni * doms(k)%nj * size(field, 3)]))
-    end if
+    call send_f1(fieldid, interior_f(reshape(field, [size(field)]), size(field, 1), &
+                                     size(field, 2), size(field, 3)))
   end subroutine
+
+  function interior_f(flat, n1, n2, n3) result(out)
+    integer, intent(in) :: n1, n2, n3
+    real(4), intent(in) :: flat(n1, n2, n3)
+    real(4), allocatable :: out(:)
+    integer :: k, i0, j0
+    k = halo_domain(n1, n2)
+    if (k == 0) then
+      out = reshape(flat, [n1 * n2 * n3])
+      return
+    end if
+    i0 = 1 - doms(k)%data_ibegin
+    j0 = 1 - doms(k)%data_jbegin
+    out = reshape(flat(i0:i0 + doms(k)%ni - 1, j0:j0 + doms(k)%nj - 1, :), &
+                  [doms(k)%ni * doms(k)%nj * n3])
+  end function
 
   ! --- the end ----------------------------------------------------------------------------
 
