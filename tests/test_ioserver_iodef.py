@@ -385,3 +385,22 @@ def test_set_overrides_apply_to_an_iodef_xml():
     cfg = load_ioserver_config(DATA / "iodef.xml", ["ioserver.calendar.timestep=1h",
                                                      "ioserver.servers=2"])
     assert (cfg.calendar.timestep, cfg.servers) == ("1h", 2)
+
+
+def test_a_nemo_shaped_iodef_with_includes():
+    m = read_iodef(DATA.parent / "xios_nemo" / "iodef.xml")
+    assert m.context == "nemo"
+    cfg = load_ioserver_config(DATA.parent / "xios_nemo" / "iodef.xml")
+    assert cfg.calendar.type == "gregorian" and cfg.mode == "server"
+    toce = cfg.fields["toce"]
+    assert (toce.operation, toce.precision, toce.missing_value) == ("average", 4, 1e20)
+    assert cfg.grid_shape(toce.grid) == (3, 8, 10)
+    f1, f2 = cfg.files
+    assert (f1.name, f1.output_freq) == ("ORCA2_grid_T", "1d")
+    thetao = next(f for f in f1.fields if f.name == "thetao")
+    assert (thetao.expr, thetao.freq_op) == ("@toce_e3t / @e3t", "1d")
+    # output_level 1 in the monthly file: mldr10_1 (level 2) is off there, on in the daily one
+    assert {f.name: f.enabled for f in f2.fields}["mldr10_1"] is False
+    assert {f.name: f.enabled for f in f1.fields}["mldr10_1"] is True
+    assert f2.name == "ORCA2_grid_T_1m_{start:%Y}-{end:%Y}" and f2.split_freq == "1y"
+    assert any("type=multiple_file" in w for w in m.warnings)
