@@ -7,11 +7,13 @@ written again by 3 ranks in longitude bands (the remapping both ways): both file
 the input's variables bitwise, and everything else of the template (auxiliary variable,
 attributes). The 4-rank file equals, variable for variable, the one a Python model
 writes through ``Client.read_restart`` / ``Client.write_restart`` in the same run
-layout, which is the Python API's file format.
+layout, which is the Python API's file format. The C twin (model_restart.c, starts
+and shapes in C order) reads and writes the Fortran ranks' file the same way.
 """
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -20,6 +22,7 @@ import netCDF4
 import numpy as np
 import pytest
 from ioclient_support import (
+    DATA,
     assert_bitwise,
     assert_same_files,
     build,
@@ -83,10 +86,19 @@ def _restart(path: Path, rng: np.random.Generator | None) -> None:
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory) -> Path:
+def built(tmp_path_factory) -> tuple[Path, Path]:
+    """The Fortran model and its C twin, compiled against the client."""
     tmp = tmp_path_factory.mktemp("ioclient-restart")
     r = build(tmp / "prefix")
-    return compile_model(r, "model_restart.F90", tmp / "model_restart")
+    c_model = tmp / "model_restart_c"
+    subprocess.run([str(r.mpicc), "-Wall", "-Werror", str(DATA / "model_restart.c"), "-o",
+                    str(c_model), *r.c_flags.split()], check=True, timeout=120)
+    return compile_model(r, "model_restart.F90", tmp / "model_restart"), c_model
+
+
+@pytest.fixture
+def model(built) -> Path:
+    return built[0]
 
 
 @pytest.fixture
@@ -130,6 +142,22 @@ def test_written_by_4_fortran_ranks_read_back_by_3_bitwise(model, files, tmp_pat
                         str(template), str(py_out)], 4, config, mode)
         assert proc.returncode == 0, proc.stderr
         assert_same_files(out4, py_out)
+
+
+@pytest.mark.parametrize("mode", ["server", "sync"])
+def test_c_model_reads_and_writes_the_fortran_ranks_restart(built, files, tmp_path, mode):
+    model, c_model = built
+    src, template = files
+    config = write_config(tmp_path / f"{mode}.yaml", mode)
+    by_fortran, by_c = tmp_path / "fortran.nc", tmp_path / "c.nc"
+    proc = run_job([str(model), str(config), "lat", str(src), str(template), str(by_fortran)],
+                   4, config, mode)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = run_job([str(c_model), str(config), "lon", str(by_fortran), str(template),
+                    str(by_c)], 3, config, mode)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("DONE") == 3
+    _check_restart(by_c, src, template)
 
 
 def test_a_missing_variable_is_one_line_naming_file_and_variable(model, tmp_path, rng):
