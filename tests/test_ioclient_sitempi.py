@@ -83,3 +83,17 @@ def test_restart_by_4_use_mpi_ranks_read_back_by_3_mpi_f08_ranks(built, tmp_path
                   str(out3s)], 3, cfg, "server")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     _check_restart(out3s, src, template)
+
+
+def test_build_takes_mpicc_and_mpifc_from_the_environment(monkeypatch, tmp_path):
+    from ensio.ioserver.build import BuildError, build_client
+
+    monkeypatch.setenv("MPICC", "mpicc.openmpi")
+    monkeypatch.setenv("MPIFC", str(tmp_path / "no-such-mpifort"))
+    with pytest.raises(BuildError, match=r"MPI Fortran compiler not found: .*no-such-mpifort "
+                                         r"\(choose one with --mpifort\)"):
+        build_client(tmp_path / "bad")
+    monkeypatch.setenv("MPIFC", "mpifort.openmpi")
+    r = build_client(tmp_path / "prefix")
+    assert (Path(r.mpicc).name, Path(r.fc).name) == ("mpicc.openmpi", "mpifort.openmpi")
+    assert "-lmpi" not in r.fortran_flags  # the wrapper links its MPI itself
