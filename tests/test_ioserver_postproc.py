@@ -301,10 +301,12 @@ def test_freq_offset_is_active_rule_is_exact_and_the_periods_a_superset(tmp_path
 # ---------------------------------------------------------------- packing, regions
 
 
+@pytest.mark.parametrize("fmt", ["netcdf4", "cdf5"])
 def test_precision_2_packs_and_xarray_and_cdo_unpack_within_half_a_quantum(
-        tmp_path: Path, rng) -> None:
+        tmp_path: Path, rng, fmt: str) -> None:
     nsteps = 24
-    cfg = _cfg(tmp_path, [{"id": "p", "name": "packed", "output_freq": "6h", "fields": [
+    cfg = _cfg(tmp_path, [{"id": "p", "name": "packed", "output_freq": "6h", "format": fmt,
+                           "fields": [
         {"field_ref": "tas", "name": "t_range", "operation": "average", "precision": 2,
          "valid_min": 200.0, "valid_max": 350.0},
         {"field_ref": "tas", "name": "t_scale", "operation": "instant", "precision": 2,
