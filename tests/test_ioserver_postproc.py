@@ -497,6 +497,20 @@ def test_sync_freq_flushes_every_that_much_model_time(tmp_path: Path, rng,
         {"field_ref": "tas", "name": "x", "reduce": {"op": "median", "mask": {
             "file": "r.nc", "variable": "b"}}}]}]},
      "ioserver.files.f.fields.x.reduce.op"),
+    ({"files": [{"id": "f", "name": "f", "output_freq": "1d", "format": "cdf5",
+                 "shared": True, "fields": [{"field_ref": "tas", "name": "x", "grid": "c2"}]}]},
+     "ioserver.files.f.fields.x.grid"),
+    ({"files": [{"id": "f", "name": "f", "output_freq": "1d", "format": "cdf5",
+                 "shared": True, "time_naming": "xios",
+                 "fields": [{"field_ref": "tas", "name": "x"}]}]},
+     "ioserver.files.f.time_naming"),
+    ({"files": [{"id": "f", "name": "f", "output_freq": "1d", "format": "cdf5",
+                 "shared": True, "fields": [{"field_ref": "tas", "name": "x", "precision": 2,
+                                             "scale_factor": 0.1}]}]},
+     "ioserver.files.f.fields.x.precision"),
+    ({"files": [{"id": "f", "name": "f", "output_freq": "1d", "fields": [
+        {"field_ref": "tas", "name": "x", "scale_factor": 0.1}]}]},
+     "ioserver.files.f.fields.x.scale_factor"),
 ])
 def test_bad_values_are_one_line_errors_naming_the_key(tmp_path: Path, patch: dict,
                                                        key: str) -> None:
