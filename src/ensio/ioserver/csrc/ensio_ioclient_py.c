@@ -11,7 +11,8 @@
  * The interpreter is the one `ensio ioclient build` ran under (ENSIO_IOCLIENT_PYTHON at
  * build time; the environment variable ENSIO_IOCLIENT_PYTHON overrides it at run time):
  * its venv gives sys.path.  No signal handlers are installed (MPI keeps its own), the
- * GIL stays with the one calling thread, and the interpreter lives until the process
+ * GIL is taken for each call and released when it returns to the model (Python threads,
+ * if any, run while the model computes), and the interpreter lives until the process
  * ends (mpi4py finds MPI initialised by the model and neither initialises nor
  * finalises it).
  */
@@ -54,9 +55,11 @@ static int py_error(char *err, size_t nerr) {
     return 1;
 }
 
-static int start_python(char *err, size_t nerr) {
-    if (module) return 0;
-    if (!Py_IsInitialized()) {
+/* Start the interpreter (once) and import the module; the caller holds the GIL after. */
+static int start_python(char *err, size_t nerr, PyGILState_STATE *gil) {
+    if (Py_IsInitialized()) {
+        *gil = PyGILState_Ensure();
+    } else {
         const char *python = getenv("ENSIO_IOCLIENT_PYTHON");
         if (!python || !*python) python = ENSIO_IOCLIENT_PYTHON;
         PyConfig config;
@@ -71,13 +74,17 @@ static int start_python(char *err, size_t nerr) {
                      st.err_msg ? st.err_msg : "?");
             return 1;
         }
+        PyEval_SaveThread();               /* the model's thread runs without the GIL */
+        *gil = PyGILState_Ensure();
     }
+    if (module) return 0;
     module = PyImport_ImportModule("ensio.ioserver.embed");
     if (!module) {
         char why[768];
         py_error(why, sizeof why);
         snprintf(err, nerr, "cannot import ensio.ioserver.embed in the embedded Python "
                  "(set ENSIO_IOCLIENT_PYTHON to the python of the ensio installation): %s", why);
+        PyGILState_Release(*gil);
         return 1;
     }
     return 0;
@@ -99,29 +106,23 @@ static int to_doubles(PyObject *res, double *out, int nout) {
 /* Create the session: Session(comm_f, config, context); 0 or 1 with err. */
 int ensio_ioclient_py_start(int comm_f, const char *config, const char *context, char *err,
                             size_t nerr) {
-    if (start_python(err, nerr)) return 1;
+    PyGILState_STATE gil;
+    int rc = 0;
+    if (start_python(err, nerr, &gil)) return 1;
     if (session) {
         snprintf(err, nerr, "the embedded client is already started");
-        return 1;
+        rc = 1;
+    } else {
+        session = PyObject_CallMethod(module, "Session", "iss", comm_f, config, context);
+        if (!session) rc = py_error(err, nerr);
     }
-    session = PyObject_CallMethod(module, "Session", "iss", comm_f, config, context);
-    return session ? 0 : py_error(err, nerr);
+    PyGILState_Release(gil);
+    return rc;
 }
 
-/* Call session.method(*Py_BuildValue(fmt, ...)) (on_module: ensio.ioserver.embed.method);
- * its number(s) into out.  0 on success, 1 with err on a Python exception. */
-int ensio_ioclient_py_call(int on_module, const char *method, double *out, int nout,
-                           char *err, size_t nerr, const char *fmt, ...) {
-    if (start_python(err, nerr)) return 1;
-    PyObject *target = on_module ? module : session;
-    if (!target) {
-        snprintf(err, nerr, "%s: the embedded client is not started", method);
-        return 1;
-    }
-    va_list ap;
-    va_start(ap, fmt);
+static int call(PyObject *target, const char *method, double *out, int nout, char *err,
+                size_t nerr, const char *fmt, va_list ap) {
     PyObject *args = Py_VaBuildValue(fmt, ap);
-    va_end(ap);
     if (!args) return py_error(err, nerr);
     if (!PyTuple_Check(args)) {
         PyObject *t = PyTuple_Pack(1, args);
@@ -139,7 +140,30 @@ int ensio_ioclient_py_call(int on_module, const char *method, double *out, int n
     return 0;
 }
 
+/* Call session.method(*Py_BuildValue(fmt, ...)) (on_module: ensio.ioserver.embed.method);
+ * its number(s) into out.  0 on success, 1 with err on a Python exception. */
+int ensio_ioclient_py_call(int on_module, const char *method, double *out, int nout,
+                           char *err, size_t nerr, const char *fmt, ...) {
+    PyGILState_STATE gil;
+    int rc = 1;
+    if (start_python(err, nerr, &gil)) return 1;
+    PyObject *target = on_module ? module : session;
+    if (target) {
+        va_list ap;
+        va_start(ap, fmt);
+        rc = call(target, method, out, nout, err, nerr, fmt, ap);
+        va_end(ap);
+    } else {
+        snprintf(err, nerr, "%s: the embedded client is not started", method);
+    }
+    PyGILState_Release(gil);
+    return rc;
+}
+
 /* Forget the session (after finalize); the interpreter stays for a later init. */
 void ensio_ioclient_py_end(void) {
+    if (!Py_IsInitialized()) return;
+    PyGILState_STATE gil = PyGILState_Ensure();
     Py_CLEAR(session);
+    PyGILState_Release(gil);
 }
