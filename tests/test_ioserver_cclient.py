@@ -392,12 +392,13 @@ def test_missing_compilers_are_one_line_errors(tmp_path, capsys):
     assert not (tmp_path / "lib").exists()
 
 
-def test_cli_build_installs_the_four_files(tmp_path, capsys):
+def test_cli_build_installs_the_client_its_python_part_and_xios(tmp_path, capsys):
     assert cli_main(["ioclient", "build", "--prefix", str(tmp_path / "p")]) == 0
     names = sorted(p.relative_to(tmp_path / "p").as_posix() for p in (tmp_path / "p").rglob("*")
                    if p.is_file())
     assert names == ["include/ensio_ioclient.h", "include/ensio_ioclient.mod",
-                     "lib/libensio_ioclient.a", "lib/libensio_ioclient.so"]
+                     "include/xios.mod", "lib/libensio_ioclient.a", "lib/libensio_ioclient.so",
+                     "lib/libensio_ioclient_py.so", "lib/libxios.a", "lib/libxios.so"]
     assert "-lensio_ioclient" in capsys.readouterr().out
 
 

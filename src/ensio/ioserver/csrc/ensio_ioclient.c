@@ -9,7 +9,7 @@
  * The state is one static struct: a C API like this (as XIOS's) has one client per
  * process; finalize resets it so a program may initialise again.
  */
-#include "ensio_ioclient.h"
+#include "ensio_ioclient_impl.h"
 
 #include <limits.h>
 #include <stdarg.h>
@@ -592,9 +592,12 @@ static double *domain_payload(const domain_t *d, const double *lon, const double
 int ensio_ioclient_set_domain(const char *domain_id, int64_t ibegin, int64_t ni,
                               int64_t jbegin, int64_t nj,
                               const double *lon, const double *lat,
-                              const double *lon_bnds, const double *lat_bnds,
+                              const double *lon_bounds, const double *lat_bounds,
                               const int *mask, const double *area) {
     const char *fn = "ensio_ioclient_set_domain";
+    if (ensio_ioclient__embedded)
+        return ensio_ioclient__py_set_domain(domain_id, ibegin, ni, jbegin, nj, lon, lat,
+                                             lon_bounds, lat_bounds, mask, area);
     if (ready(fn, 0, 0)) return 1;
     int k = domain_id ? find(S.dom, S.ndom, sizeof *S.dom, domain_id) : -1;
     if (k < 0)
@@ -608,15 +611,15 @@ int ensio_ioclient_set_domain(const char *domain_id, int64_t ibegin, int64_t ni,
     if (check_range(domain_id, "i", ibegin, ni, d->ni_glo) ||
         check_range(domain_id, "j", jbegin, nj, d->nj_glo))
         return 1;
-    if (!lon != !lat || !lon_bnds != !lat_bnds)
-        return fail("%s: domain '%s' on rank %d: give lon with lat and lon_bnds with lat_bnds",
+    if (!lon != !lat || !lon_bounds != !lat_bounds)
+        return fail("%s: domain '%s' on rank %d: give lon with lat and lon_bounds with lat_bounds",
                     fn, domain_id, S.rank);
-    if (lon_bnds && d->type == D_UNSTR && d->nvertex < 1)
+    if (lon_bounds && d->type == D_UNSTR && d->nvertex < 1)
         return fail("%s: domain '%s' on rank %d: bounds given but nvertex is 0", fn, domain_id,
                     S.rank);
     d->ibegin = ibegin, d->ni = ni, d->jbegin = jbegin, d->nj = nj;
     int64_t count, flags;
-    double *payload = domain_payload(d, lon, lat, lon_bnds, lat_bnds, mask, area, &count, &flags);
+    double *payload = domain_payload(d, lon, lat, lon_bounds, lat_bounds, mask, area, &count, &flags);
     if (!payload) return fail("%s: out of memory on rank %d", fn, S.rank);
     msg_header h;
     header(&h, K_DOMAIN, DT_F64, count, domain_id);
@@ -634,6 +637,7 @@ static int wanted(const field_t *f) { return f->nsrv > 0 && f->nper > 0; }
 
 int ensio_ioclient_close_definition(void) {
     const char *fn = "ensio_ioclient_close_definition";
+    if (ensio_ioclient__embedded) return ensio_ioclient__py_simple("close_definition");
     if (ready(fn, 0, 0)) return 1;
     for (int i = 0; i < S.nfield; i++) {
         const domain_t *d = &S.dom[S.grid[S.field[i].grid].domain];
@@ -653,6 +657,7 @@ int ensio_ioclient_close_definition(void) {
 
 int ensio_ioclient_update_timestep(int64_t step) {
     const char *fn = "ensio_ioclient_update_timestep";
+    if (ensio_ioclient__embedded) return ensio_ioclient__py_step(step);
     if (ready(fn, 1, 0)) return 1;
     if (step <= S.step)
         return fail("%s on rank %d: step %lld after step %lld (steps increase from 1)", fn,
@@ -680,6 +685,7 @@ static int find_field(const char *fn, const char *id) {
 
 static int send_field(const char *fn, const char *id, const void *data, int64_t count,
                       int dtype, size_t elsize) {
+    if (ensio_ioclient__embedded) return ensio_ioclient__py_send(id, data, count, dtype);
     if (ready(fn, 1, 1)) return 1;
     reclaim();
     int k = find_field(fn, id);
@@ -716,6 +722,7 @@ int ensio_ioclient_send_float(const char *field_id, const float *data, int64_t c
 
 int ensio_ioclient_is_active(const char *field_id, int64_t step) {
     const char *fn = "ensio_ioclient_is_active";
+    if (ensio_ioclient__embedded) return ensio_ioclient__py_is_active(field_id, step);
     if (ready(fn, -1, 0)) return -1;
     int k = find_field(fn, field_id);
     if (k < 0) return -1;
@@ -738,6 +745,7 @@ static void reset(void) {
     free(S.field), free(S.grid), free(S.axis), free(S.dom), free(S.servers);
     free(S.req), free(S.req_block), free(S.idx), free(S.req_dest);
     memset(&S, 0, sizeof S);
+    ensio_ioclient__restart_reset();
 }
 
 static void parse_report(char *text, ensio_ioclient_report *rep) {
@@ -783,7 +791,10 @@ static void receive_report(ensio_ioclient_report *rep) {
 int ensio_ioclient_finalize(ensio_ioclient_report *report) {
     ensio_ioclient_report rep;
     int rc;
+    if (ensio_ioclient__embedded) return ensio_ioclient__py_finalize(report);
     if (!S.initialized) return fail("ensio_ioclient_finalize: call ensio_ioclient_init first");
+    /* as Python's Client.close: a model that declared nothing (restarts only) ends it here */
+    if (!S.closed && ensio_ioclient_close_definition()) return 1;
     memset(&rep, 0, sizeof rep);
     msg_header h;
     header(&h, K_CLOSE, DT_F64, 0, NULL);
@@ -804,6 +815,7 @@ int ensio_ioclient_finalize(ensio_ioclient_report *report) {
 }
 
 int ensio_ioclient_abort(const char *reason) {
+    if (ensio_ioclient__embedded) return ensio_ioclient__py_abort(reason);
     if (!S.initialized) return fail("ensio_ioclient_abort: call ensio_ioclient_init first");
     char text[1024];
     snprintf(text, sizeof text, "%s", reason ? reason : "model aborted");
@@ -874,4 +886,28 @@ int ensio_ioclient_comm_rank_f(MPI_Fint comm, int *rank) {
 
 int ensio_ioclient_comm_size_f(MPI_Fint comm, int *size) {
     return MPI_Comm_size(MPI_Comm_f2c(comm), size);
+}
+
+/* ---------------------------------------------------------------- for ensio_ioclient_modes.c */
+
+int ensio_ioclient__fail(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(errbuf, sizeof errbuf, fmt, ap);
+    va_end(ap);
+    return 1;
+}
+
+int ensio_ioclient__ready(const char *fn) { return ready(fn, -1, 0); }
+
+int ensio_ioclient__rank(void) { return S.rank; }
+
+int ensio_ioclient__post_one(int64_t kind, const int64_t a[7], int64_t dtype, int64_t count,
+                             const char *name, const void *payload, int64_t nbytes,
+                             int64_t index) {
+    msg_header h;
+    header(&h, kind, dtype, count, name);
+    h.step = 0; /* as the Python client's restart messages */
+    memcpy(h.a, a, sizeof h.a);
+    return post(&h, payload, nbytes, &S.servers[index % S.nservers], 1);
 }

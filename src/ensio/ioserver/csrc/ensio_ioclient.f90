@@ -21,6 +21,18 @@
 !   end do
 !   call ensio_ioclient_finalize(report)
 !
+! Modes: without config, server mode (an MPMD job with `ensio ioserver` ranks); with
+! config="iodef.yaml", ioserver.mode of that file decides, as Python's start: attached
+! and sync run the Python client in the model process (same semantics, same files).
+!
+! Restarts (Python's Client.write_restart / read_restart): restart_begin(path,
+! template), ensio_ioclient_restart_put(variable, start, block) per variable, then
+! ensio_ioclient_write_restart() on every model rank; ensio_ioclient_read_restart(path,
+! variable, start, block) reads this rank's box (any decomposition: P ranks write, Q
+! read, bitwise).  start is the block's 0-based global index per dimension in Fortran
+! order (as the block's dimensions; the file's netCDF dimensions reversed, as
+! netCDF-Fortran shows them); blocks are real(8), real(4) or integer(4) of rank 1..3.
+!
 ! Programs built without Fortran MPI bindings (a pip MPICH has none) can use
 ! ensio_ioclient_mpi_init, ensio_ioclient_comm_world, ensio_ioclient_comm_rank/size
 ! and ensio_ioclient_mpi_finalize.
@@ -43,10 +55,44 @@ module ensio_ioclient
   public :: ensio_ioclient_finalize, ensio_ioclient_abort, ensio_ioclient_errmsg
   public :: ensio_ioclient_mpi_init, ensio_ioclient_mpi_finalize, ensio_ioclient_comm_world
   public :: ensio_ioclient_comm_rank, ensio_ioclient_comm_size
+  public :: ensio_ioclient_restart_begin, ensio_ioclient_restart_put
+  public :: ensio_ioclient_write_restart, ensio_ioclient_read_restart
 
   interface ensio_ioclient_send
     module procedure send_d1, send_d2, send_d3, send_f1, send_f2, send_f3
   end interface
+
+  interface ensio_ioclient_restart_put
+    module procedure put_d1, put_d2, put_d3, put_f1, put_f2, put_f3, put_i1, put_i2, put_i3
+  end interface
+
+  interface ensio_ioclient_read_restart
+    module procedure get_d1, get_d2, get_d3, get_f1, get_f2, get_f3, get_i1, get_i2, get_i3
+  end interface
+
+  abstract interface
+    integer(c_int) function c_put(var, ndim, start, shape, block) bind(c)
+      import :: c_int, c_char, c_int64_t, c_ptr
+      character(kind=c_char), intent(in) :: var(*)
+      integer(c_int), value :: ndim
+      integer(c_int64_t), intent(in) :: start(*), shape(*)
+      type(c_ptr), value :: block
+    end function
+    integer(c_int) function c_get(path, var, ndim, start, shape, block) bind(c)
+      import :: c_int, c_char, c_int64_t, c_ptr
+      character(kind=c_char), intent(in) :: path(*), var(*)
+      integer(c_int), value :: ndim
+      integer(c_int64_t), intent(in) :: start(*), shape(*)
+      type(c_ptr), value :: block
+    end function
+  end interface
+
+  procedure(c_put), bind(c, name="ensio_ioclient_restart_put_double") :: c_put_double
+  procedure(c_put), bind(c, name="ensio_ioclient_restart_put_float") :: c_put_float
+  procedure(c_put), bind(c, name="ensio_ioclient_restart_put_int") :: c_put_int
+  procedure(c_get), bind(c, name="ensio_ioclient_read_restart_double") :: c_get_double
+  procedure(c_get), bind(c, name="ensio_ioclient_read_restart_float") :: c_get_float
+  procedure(c_get), bind(c, name="ensio_ioclient_read_restart_int") :: c_get_int
 
   interface
     integer(c_int) function c_init(world, context, model) bind(c, name="ensio_ioclient_init_f")
@@ -54,6 +100,20 @@ module ensio_ioclient
       integer(c_int), value :: world
       character(kind=c_char), intent(in) :: context(*)
       integer(c_int), intent(out) :: model
+    end function
+    integer(c_int) function c_init_config(world, context, config, model) &
+        bind(c, name="ensio_ioclient_init_config_f")
+      import :: c_int, c_char
+      integer(c_int), value :: world
+      character(kind=c_char), intent(in) :: context(*), config(*)
+      integer(c_int), intent(out) :: model
+    end function
+    integer(c_int) function c_restart_begin(path, tmpl) bind(c, name="ensio_ioclient_restart_begin")
+      import :: c_int, c_char
+      character(kind=c_char), intent(in) :: path(*), tmpl(*)
+    end function
+    integer(c_int) function c_write_restart() bind(c, name="ensio_ioclient_write_restart")
+      import :: c_int
     end function
     integer(c_int) function c_set_domain(id, ibegin, ni, jbegin, nj, lon, lat, lonb, latb, &
                                          mask, area) bind(c, name="ensio_ioclient_set_domain")
@@ -159,14 +219,20 @@ contains
     end if
   end subroutine
 
-  subroutine ensio_ioclient_init(world, context, model_comm, ierr)
+  !> config (optional): a YAML file whose ioserver.mode decides the mode (see above).
+  subroutine ensio_ioclient_init(world, context, model_comm, ierr, config)
     integer, intent(in) :: world
     character(len=*), intent(in) :: context
     integer, intent(out) :: model_comm
     integer, intent(out), optional :: ierr
+    character(len=*), intent(in), optional :: config
     integer(c_int) :: m
     m = 0
-    call check(c_init(int(world, c_int), cstr(context), m), ierr)
+    if (present(config)) then
+      call check(c_init_config(int(world, c_int), cstr(context), cstr(config), m), ierr)
+    else
+      call check(c_init(int(world, c_int), cstr(context), m), ierr)
+    end if
     model_comm = int(m)
   end subroutine
 
@@ -174,19 +240,19 @@ contains
   !> lon/lat (ni)/(nj) rectilinear, (ni,nj) curvilinear, (ni) unstructured; bounds
   !> (2,ni)/(2,nj), (4,ni,nj), (nvertex,ni); mask (1 = valid) and area (ni,nj).
   subroutine ensio_ioclient_set_domain(domain_id, ibegin, ni, jbegin, nj, lon, lat, &
-                                       lon_bnds, lat_bnds, mask, area, ierr)
+                                       lon_bounds, lat_bounds, mask, area, ierr)
     character(len=*), intent(in) :: domain_id
     integer, intent(in) :: ibegin, ni, jbegin, nj
-    real(c_double), intent(in), target, optional :: lon(*), lat(*), lon_bnds(*), lat_bnds(*)
-    real(c_double), intent(in), target, optional :: area(*)
+    real(c_double), intent(in), target, optional :: lon(*), lat(*), lon_bounds(*)
+    real(c_double), intent(in), target, optional :: lat_bounds(*), area(*)
     integer(c_int), intent(in), target, optional :: mask(*)
     integer, intent(out), optional :: ierr
     type(c_ptr) :: p(6)
     p = c_null_ptr
     if (present(lon)) p(1) = c_loc(lon)
     if (present(lat)) p(2) = c_loc(lat)
-    if (present(lon_bnds)) p(3) = c_loc(lon_bnds)
-    if (present(lat_bnds)) p(4) = c_loc(lat_bnds)
+    if (present(lon_bounds)) p(3) = c_loc(lon_bounds)
+    if (present(lat_bounds)) p(4) = c_loc(lat_bounds)
     if (present(mask)) p(5) = c_loc(mask)
     if (present(area)) p(6) = c_loc(area)
     call check(c_set_domain(cstr(domain_id), int(ibegin, c_int64_t), int(ni, c_int64_t), &
@@ -273,6 +339,207 @@ contains
     character(len=*), intent(in) :: reason
     integer, intent(out), optional :: ierr
     call check(c_abort(cstr(reason)), ierr)
+  end subroutine
+
+  !> Start restart path (a copy of template with the variables put before write_restart).
+  subroutine ensio_ioclient_restart_begin(path, template, ierr)
+    character(len=*), intent(in) :: path, template
+    integer, intent(out), optional :: ierr
+    call check(c_restart_begin(cstr(path), cstr(template)), ierr)
+  end subroutine
+
+  !> Hand this rank's blocks to the writers (every model rank, each restart).
+  subroutine ensio_ioclient_write_restart(ierr)
+    integer, intent(out), optional :: ierr
+    call check(c_write_restart(), ierr)
+  end subroutine
+
+  !> start/shape in Fortran order -> C order (reversed), 64-bit.
+  subroutine c_order(start, shp, cstart, cshape)
+    integer, intent(in) :: start(:), shp(:)
+    integer(c_int64_t), intent(out) :: cstart(size(start)), cshape(size(start))
+    cstart = int(start(size(start):1:-1), c_int64_t)
+    cshape = int(shp(size(shp):1:-1), c_int64_t)
+  end subroutine
+
+  integer(c_int) function put(variable, what, start, shp, p) result(rc)
+    character(len=*), intent(in) :: variable, what
+    integer, intent(in) :: start(:), shp(:)
+    type(c_ptr), intent(in) :: p
+    integer(c_int64_t) :: cs(size(start)), cn(size(start))
+    procedure(c_put), pointer :: fn
+    call c_order(start, shp, cs, cn)
+    select case (what)
+    case ("double")
+      fn => c_put_double
+    case ("float")
+      fn => c_put_float
+    case default
+      fn => c_put_int
+    end select
+    rc = fn(cstr(variable), int(size(start), c_int), cs, cn, p)
+  end function
+
+  integer(c_int) function get(path, variable, what, start, shp, p) result(rc)
+    character(len=*), intent(in) :: path, variable, what
+    integer, intent(in) :: start(:), shp(:)
+    type(c_ptr), intent(in) :: p
+    integer(c_int64_t) :: cs(size(start)), cn(size(start))
+    procedure(c_get), pointer :: fn
+    call c_order(start, shp, cs, cn)
+    select case (what)
+    case ("double")
+      fn => c_get_double
+    case ("float")
+      fn => c_get_float
+    case default
+      fn => c_get_int
+    end select
+    rc = fn(cstr(path), cstr(variable), int(size(start), c_int), cs, cn, p)
+  end function
+
+  subroutine put_d1(variable, start, block, ierr)
+    character(len=*), intent(in) :: variable
+    integer, intent(in) :: start(1)
+    real(c_double), intent(in), contiguous, target :: block(:)
+    integer, intent(out), optional :: ierr
+    call check(put(variable, "double", start, shape(block), c_loc(block)), ierr)
+  end subroutine
+
+  subroutine get_d1(path, variable, start, block, ierr)
+    character(len=*), intent(in) :: path, variable
+    integer, intent(in) :: start(1)
+    real(c_double), intent(inout), contiguous, target :: block(:)
+    integer, intent(out), optional :: ierr
+    call check(get(path, variable, "double", start, shape(block), c_loc(block)), ierr)
+  end subroutine
+
+  subroutine put_d2(variable, start, block, ierr)
+    character(len=*), intent(in) :: variable
+    integer, intent(in) :: start(2)
+    real(c_double), intent(in), contiguous, target :: block(:, :)
+    integer, intent(out), optional :: ierr
+    call check(put(variable, "double", start, shape(block), c_loc(block)), ierr)
+  end subroutine
+
+  subroutine get_d2(path, variable, start, block, ierr)
+    character(len=*), intent(in) :: path, variable
+    integer, intent(in) :: start(2)
+    real(c_double), intent(inout), contiguous, target :: block(:, :)
+    integer, intent(out), optional :: ierr
+    call check(get(path, variable, "double", start, shape(block), c_loc(block)), ierr)
+  end subroutine
+
+  subroutine put_d3(variable, start, block, ierr)
+    character(len=*), intent(in) :: variable
+    integer, intent(in) :: start(3)
+    real(c_double), intent(in), contiguous, target :: block(:, :, :)
+    integer, intent(out), optional :: ierr
+    call check(put(variable, "double", start, shape(block), c_loc(block)), ierr)
+  end subroutine
+
+  subroutine get_d3(path, variable, start, block, ierr)
+    character(len=*), intent(in) :: path, variable
+    integer, intent(in) :: start(3)
+    real(c_double), intent(inout), contiguous, target :: block(:, :, :)
+    integer, intent(out), optional :: ierr
+    call check(get(path, variable, "double", start, shape(block), c_loc(block)), ierr)
+  end subroutine
+
+  subroutine put_f1(variable, start, block, ierr)
+    character(len=*), intent(in) :: variable
+    integer, intent(in) :: start(1)
+    real(c_float), intent(in), contiguous, target :: block(:)
+    integer, intent(out), optional :: ierr
+    call check(put(variable, "float", start, shape(block), c_loc(block)), ierr)
+  end subroutine
+
+  subroutine get_f1(path, variable, start, block, ierr)
+    character(len=*), intent(in) :: path, variable
+    integer, intent(in) :: start(1)
+    real(c_float), intent(inout), contiguous, target :: block(:)
+    integer, intent(out), optional :: ierr
+    call check(get(path, variable, "float", start, shape(block), c_loc(block)), ierr)
+  end subroutine
+
+  subroutine put_f2(variable, start, block, ierr)
+    character(len=*), intent(in) :: variable
+    integer, intent(in) :: start(2)
+    real(c_float), intent(in), contiguous, target :: block(:, :)
+    integer, intent(out), optional :: ierr
+    call check(put(variable, "float", start, shape(block), c_loc(block)), ierr)
+  end subroutine
+
+  subroutine get_f2(path, variable, start, block, ierr)
+    character(len=*), intent(in) :: path, variable
+    integer, intent(in) :: start(2)
+    real(c_float), intent(inout), contiguous, target :: block(:, :)
+    integer, intent(out), optional :: ierr
+    call check(get(path, variable, "float", start, shape(block), c_loc(block)), ierr)
+  end subroutine
+
+  subroutine put_f3(variable, start, block, ierr)
+    character(len=*), intent(in) :: variable
+    integer, intent(in) :: start(3)
+    real(c_float), intent(in), contiguous, target :: block(:, :, :)
+    integer, intent(out), optional :: ierr
+    call check(put(variable, "float", start, shape(block), c_loc(block)), ierr)
+  end subroutine
+
+  subroutine get_f3(path, variable, start, block, ierr)
+    character(len=*), intent(in) :: path, variable
+    integer, intent(in) :: start(3)
+    real(c_float), intent(inout), contiguous, target :: block(:, :, :)
+    integer, intent(out), optional :: ierr
+    call check(get(path, variable, "float", start, shape(block), c_loc(block)), ierr)
+  end subroutine
+
+  subroutine put_i1(variable, start, block, ierr)
+    character(len=*), intent(in) :: variable
+    integer, intent(in) :: start(1)
+    integer(c_int32_t), intent(in), contiguous, target :: block(:)
+    integer, intent(out), optional :: ierr
+    call check(put(variable, "int", start, shape(block), c_loc(block)), ierr)
+  end subroutine
+
+  subroutine get_i1(path, variable, start, block, ierr)
+    character(len=*), intent(in) :: path, variable
+    integer, intent(in) :: start(1)
+    integer(c_int32_t), intent(inout), contiguous, target :: block(:)
+    integer, intent(out), optional :: ierr
+    call check(get(path, variable, "int", start, shape(block), c_loc(block)), ierr)
+  end subroutine
+
+  subroutine put_i2(variable, start, block, ierr)
+    character(len=*), intent(in) :: variable
+    integer, intent(in) :: start(2)
+    integer(c_int32_t), intent(in), contiguous, target :: block(:, :)
+    integer, intent(out), optional :: ierr
+    call check(put(variable, "int", start, shape(block), c_loc(block)), ierr)
+  end subroutine
+
+  subroutine get_i2(path, variable, start, block, ierr)
+    character(len=*), intent(in) :: path, variable
+    integer, intent(in) :: start(2)
+    integer(c_int32_t), intent(inout), contiguous, target :: block(:, :)
+    integer, intent(out), optional :: ierr
+    call check(get(path, variable, "int", start, shape(block), c_loc(block)), ierr)
+  end subroutine
+
+  subroutine put_i3(variable, start, block, ierr)
+    character(len=*), intent(in) :: variable
+    integer, intent(in) :: start(3)
+    integer(c_int32_t), intent(in), contiguous, target :: block(:, :, :)
+    integer, intent(out), optional :: ierr
+    call check(put(variable, "int", start, shape(block), c_loc(block)), ierr)
+  end subroutine
+
+  subroutine get_i3(path, variable, start, block, ierr)
+    character(len=*), intent(in) :: path, variable
+    integer, intent(in) :: start(3)
+    integer(c_int32_t), intent(inout), contiguous, target :: block(:, :, :)
+    integer, intent(out), optional :: ierr
+    call check(get(path, variable, "int", start, shape(block), c_loc(block)), ierr)
   end subroutine
 
   subroutine ensio_ioclient_mpi_init(ierr)

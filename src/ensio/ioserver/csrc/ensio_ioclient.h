@@ -41,6 +41,29 @@
  *     error: model rank R: ioserver rank S did not answer for T s (...)" and MPI_Abort.
  * finalize is collective over the model ranks and frees model_comm; abort is not.
  *
+ * Modes: ensio_ioclient_init is server mode (the MPMD job has `ensio ioserver` ranks,
+ * whose config decides what is written).  ensio_ioclient_init_config(world, context,
+ * "iodef.yaml", &comm) reads ioserver.mode from that config, as Python's
+ * ensio.ioserver.start does: `server` continues as ensio_ioclient_init; `attached` and
+ * `sync` (no server ranks: the model ranks post-process and write) run the Python client
+ * inside the model process (libensio_ioclient_py.so, loaded on demand), so every call
+ * below has the Python API's semantics and writes the same files.  In attached/sync,
+ * set_domain is per rank but close_definition, update_timestep, send (for every active
+ * field, an empty part included), write_restart and finalize are collective over the
+ * model ranks, as in Python.
+ *
+ * Restarts (the Python Client.write_restart / read_restart): restart_begin(path,
+ * template), restart_put_<type>(variable, ndim, start, shape, block) for each variable
+ * of this rank (start: the block's global 0-based index per dimension, C order; any
+ * decomposition), then write_restart(): every model rank calls it for each restart in
+ * the same order.  The file is a copy of template with those variables replaced,
+ * renamed into place when whole; server mode writes it on server rid % S (the call
+ * returns once the blocks are in the send buffer), attached/sync on model rank 0
+ * before returning.  read_restart_<type>(path, variable, ndim, start, shape, block)
+ * reads this rank's box directly (not collective, any mode): a restart written by P
+ * ranks is read back by Q ranks, bitwise.  A restart written in this run is on disk
+ * once finalize returned (server mode) or at once (attached, sync).
+ *
  * Arrays are C order: a field on a grid with a level axis is (nk, nj, ni), without
  * one (nj, ni); unstructured (nk, ni) / (ni).  Steps are 1-based.
  * Not thread safe: call from one thread per process.
@@ -70,7 +93,7 @@ int ensio_ioclient_init(MPI_Comm world, const char *context, MPI_Comm *model_com
 int ensio_ioclient_set_domain(const char *domain_id, int64_t ibegin, int64_t ni,
                               int64_t jbegin, int64_t nj,
                               const double *lon, const double *lat,
-                              const double *lon_bnds, const double *lat_bnds,
+                              const double *lon_bounds, const double *lat_bounds,
                               const int *mask, const double *area);
 int ensio_ioclient_close_definition(void);
 int ensio_ioclient_update_timestep(int64_t step);
@@ -83,8 +106,29 @@ int ensio_ioclient_finalize(ensio_ioclient_report *report);
 int ensio_ioclient_abort(const char *reason);
 const char *ensio_ioclient_errmsg(void);
 
+/* The mode from a config's ioserver.mode (see above); config NULL or "": as init. */
+int ensio_ioclient_init_config(MPI_Comm world, const char *context, const char *config,
+                               MPI_Comm *model_comm);
+int ensio_ioclient_restart_begin(const char *path, const char *template_path);
+int ensio_ioclient_restart_put_double(const char *variable, int ndim, const int64_t *start,
+                                      const int64_t *shape, const double *block);
+int ensio_ioclient_restart_put_float(const char *variable, int ndim, const int64_t *start,
+                                     const int64_t *shape, const float *block);
+int ensio_ioclient_restart_put_int(const char *variable, int ndim, const int64_t *start,
+                                   const int64_t *shape, const int32_t *block);
+int ensio_ioclient_write_restart(void);
+int ensio_ioclient_read_restart_double(const char *path, const char *variable, int ndim,
+                                       const int64_t *start, const int64_t *shape,
+                                       double *block);
+int ensio_ioclient_read_restart_float(const char *path, const char *variable, int ndim,
+                                      const int64_t *start, const int64_t *shape, float *block);
+int ensio_ioclient_read_restart_int(const char *path, const char *variable, int ndim,
+                                    const int64_t *start, const int64_t *shape, int32_t *block);
+
 /* For the Fortran module: Fortran integer communicators (MPI_Comm_f2c / c2f). */
 int ensio_ioclient_init_f(MPI_Fint world, const char *context, MPI_Fint *model_comm);
+int ensio_ioclient_init_config_f(MPI_Fint world, const char *context, const char *config,
+                                 MPI_Fint *model_comm);
 /* The Fortran module's policy for an error without ierr: the job ends, one line
  * (see ensio_ioclient.c).  Does not return. */
 void ensio_ioclient_fatal_f(void);
