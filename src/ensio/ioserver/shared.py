@@ -37,6 +37,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..durable import fsync_path, temporary_name
+from ..errors import FileOpError, os_error_reason
 from ..io.formats import RecordLayout, raw_write, record_layout
 from ..parallel.agree import ErrorNote, agree, note_error, rebuild, root_call
 from ..parallel.distribution import RowDistribution
@@ -67,8 +68,11 @@ def _create(path: Path, define: Callable[[Any], None], durable: bool) -> RecordL
         if durable:
             fsync_path(tmp)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError | RuntimeError):  # the library's too: name the file
+            reason = os_error_reason(exc) if isinstance(exc, OSError) else str(exc)
+            raise FileOpError(f"cannot create {path}: {reason}") from exc
         raise
     if durable:
         fsync_path(path.parent, directory=True)
