@@ -85,15 +85,43 @@ def _restart(path: Path, rng: np.random.Generator | None) -> None:
         ds.member = 7
 
 
+_BAD_START = """
+program bad_start
+  use ensio_ioclient
+  implicit none
+  real(8) :: a(2, 3, 4)
+  integer :: world, comm, ierr
+  character(len=256) :: config
+  call get_command_argument(1, config)
+  call ensio_ioclient_mpi_init()
+  world = ensio_ioclient_comm_world()
+  call ensio_ioclient_init(world, "bad", comm, config=trim(config))
+  call ensio_ioclient_restart_begin("x.nc", "t.nc")
+  a = 0
+  call ensio_ioclient_restart_put("state", [0, 0], a, ierr)
+  print "(a, i0, 1x, a)", "ERR ", ierr, ensio_ioclient_errmsg()
+  call ensio_ioclient_read_restart("t.nc", "state", [0, 0, 0, 0], a, ierr)
+  print "(a, i0, 1x, a)", "ERR ", ierr, ensio_ioclient_errmsg()
+  call ensio_ioclient_finalize()
+  call ensio_ioclient_mpi_finalize()
+end program bad_start
+"""
+
+
 @pytest.fixture(scope="module")
-def built(tmp_path_factory) -> tuple[Path, Path]:
-    """The Fortran model and its C twin, compiled against the client."""
+def built(tmp_path_factory) -> tuple[Path, Path, Path]:
+    """The Fortran model, its C twin and the bad-start program, compiled against the client."""
     tmp = tmp_path_factory.mktemp("ioclient-restart")
     r = build(tmp / "prefix")
     c_model = tmp / "model_restart_c"
     subprocess.run([str(r.mpicc), "-Wall", "-Werror", str(DATA / "model_restart.c"), "-o",
                     str(c_model), *r.c_flags.split()], check=True, timeout=120)
-    return compile_model(r, "model_restart.F90", tmp / "model_restart"), c_model
+    bad = tmp / "bad_start.f90"
+    bad.write_text(_BAD_START)
+    subprocess.run([str(r.fc), str(bad), "-o", str(tmp / "bad_start"), *r.fortran_flags.split()],
+                   check=True, timeout=120, cwd=tmp)
+    return (compile_model(r, "model_restart.F90", tmp / "model_restart"), c_model,
+            tmp / "bad_start")
 
 
 @pytest.fixture
@@ -146,7 +174,7 @@ def test_written_by_4_fortran_ranks_read_back_by_3_bitwise(model, files, tmp_pat
 
 @pytest.mark.parametrize("mode", ["server", "sync"])
 def test_c_model_reads_and_writes_the_fortran_ranks_restart(built, files, tmp_path, mode):
-    model, c_model = built
+    model, c_model, _ = built
     src, template = files
     config = write_config(tmp_path / f"{mode}.yaml", mode)
     by_fortran, by_c = tmp_path / "fortran.nc", tmp_path / "c.nc"
@@ -188,3 +216,14 @@ def test_python_read_restart_reads_any_box_as_stored(files, tmp_path):
         read_restart_blocks(src, {"sst": ((10, 0), (2, 16))})
     with pytest.raises(RestartError, match="cannot read"):
         read_restart_blocks(tmp_path / "nope.nc", {"sst": ((0, 0), (1, 1))})
+
+
+def test_fortran_start_of_the_wrong_length_is_an_error_naming_the_variable(built, tmp_path):
+    config = write_config(tmp_path / "attached.yaml", "attached")
+    proc = run_job([str(built[2]), str(config)], 1, config, "attached")
+    assert proc.returncode == 0, proc.stderr
+    errors = [x for x in proc.stdout.splitlines() if x.startswith("ERR ")]
+    assert errors == [
+        "ERR 1 ensio_ioclient_restart_put: state: start has 2 indices for a 3-d block on rank 0",
+        "ERR 1 ensio_ioclient_read_restart: state: start has 4 indices for a 3-d block "
+        "on rank 0"], proc.stdout

@@ -31,7 +31,8 @@
 ! variable, start, block) reads this rank's box (any decomposition: P ranks write, Q
 ! read, bitwise).  start is the block's 0-based global index per dimension in Fortran
 ! order (as the block's dimensions; the file's netCDF dimensions reversed, as
-! netCDF-Fortran shows them); blocks are real(8), real(4) or integer(4) of rank 1..3.
+! netCDF-Fortran shows them); blocks are contiguous real(8), real(4) or integer(4)
+! arrays of any rank (start has one index per dimension).
 !
 ! Programs built without Fortran MPI bindings (a pip MPICH has none) can use
 ! ensio_ioclient_mpi_init, ensio_ioclient_comm_world, ensio_ioclient_comm_rank/size
@@ -63,11 +64,11 @@ module ensio_ioclient
   end interface
 
   interface ensio_ioclient_restart_put
-    module procedure put_d1, put_d2, put_d3, put_f1, put_f2, put_f3, put_i1, put_i2, put_i3
+    module procedure put_d, put_f, put_i
   end interface
 
   interface ensio_ioclient_read_restart
-    module procedure get_d1, get_d2, get_d3, get_f1, get_f2, get_f3, get_i1, get_i2, get_i3
+    module procedure get_d, get_f, get_i
   end interface
 
   abstract interface
@@ -114,6 +115,10 @@ module ensio_ioclient
     end function
     integer(c_int) function c_write_restart() bind(c, name="ensio_ioclient_write_restart")
       import :: c_int
+    end function
+    integer(c_int) function c_fail(text) bind(c, name="ensio_ioclient_fail_f")
+      import :: c_int, c_char
+      character(kind=c_char), intent(in) :: text(*)
     end function
     integer(c_int) function c_set_domain(id, ibegin, ni, jbegin, nj, lon, lat, lonb, latb, &
                                          mask, area) bind(c, name="ensio_ioclient_set_domain")
@@ -362,12 +367,25 @@ contains
     cshape = int(shp(size(shp):1:-1), c_int64_t)
   end subroutine
 
+  integer(c_int) function bad_start(fn, variable, nstart, ndim) result(rc)
+    character(len=*), intent(in) :: fn, variable
+    integer, intent(in) :: nstart, ndim
+    character(len=256) :: text
+    write (text, "(a, ': ', a, ': start has ', i0, ' indices for a ', i0, '-d block')") &
+        fn, variable, nstart, ndim
+    rc = c_fail(cstr(text))
+  end function
+
   integer(c_int) function put(variable, what, start, shp, p) result(rc)
     character(len=*), intent(in) :: variable, what
     integer, intent(in) :: start(:), shp(:)
     type(c_ptr), intent(in) :: p
     integer(c_int64_t) :: cs(size(start)), cn(size(start))
     procedure(c_put), pointer :: fn
+    if (size(start) /= size(shp)) then
+      rc = bad_start("ensio_ioclient_restart_put", variable, size(start), size(shp))
+      return
+    end if
     call c_order(start, shp, cs, cn)
     select case (what)
     case ("double")
@@ -386,6 +404,10 @@ contains
     type(c_ptr), intent(in) :: p
     integer(c_int64_t) :: cs(size(start)), cn(size(start))
     procedure(c_get), pointer :: fn
+    if (size(start) /= size(shp)) then
+      rc = bad_start("ensio_ioclient_read_restart", variable, size(start), size(shp))
+      return
+    end if
     call c_order(start, shp, cs, cn)
     select case (what)
     case ("double")
@@ -398,146 +420,50 @@ contains
     rc = fn(cstr(path), cstr(variable), int(size(start), c_int), cs, cn, p)
   end function
 
-  subroutine put_d1(variable, start, block, ierr)
+  subroutine put_d(variable, start, block, ierr)
     character(len=*), intent(in) :: variable
-    integer, intent(in) :: start(1)
-    real(c_double), intent(in), contiguous, target :: block(:)
+    integer, intent(in) :: start(:)
+    real(c_double), intent(in), contiguous, target :: block(..)
     integer, intent(out), optional :: ierr
     call check(put(variable, "double", start, shape(block), c_loc(block)), ierr)
   end subroutine
 
-  subroutine get_d1(path, variable, start, block, ierr)
+  subroutine get_d(path, variable, start, block, ierr)
     character(len=*), intent(in) :: path, variable
-    integer, intent(in) :: start(1)
-    real(c_double), intent(inout), contiguous, target :: block(:)
+    integer, intent(in) :: start(:)
+    real(c_double), intent(inout), contiguous, target :: block(..)
     integer, intent(out), optional :: ierr
     call check(get(path, variable, "double", start, shape(block), c_loc(block)), ierr)
   end subroutine
 
-  subroutine put_d2(variable, start, block, ierr)
+  subroutine put_f(variable, start, block, ierr)
     character(len=*), intent(in) :: variable
-    integer, intent(in) :: start(2)
-    real(c_double), intent(in), contiguous, target :: block(:, :)
-    integer, intent(out), optional :: ierr
-    call check(put(variable, "double", start, shape(block), c_loc(block)), ierr)
-  end subroutine
-
-  subroutine get_d2(path, variable, start, block, ierr)
-    character(len=*), intent(in) :: path, variable
-    integer, intent(in) :: start(2)
-    real(c_double), intent(inout), contiguous, target :: block(:, :)
-    integer, intent(out), optional :: ierr
-    call check(get(path, variable, "double", start, shape(block), c_loc(block)), ierr)
-  end subroutine
-
-  subroutine put_d3(variable, start, block, ierr)
-    character(len=*), intent(in) :: variable
-    integer, intent(in) :: start(3)
-    real(c_double), intent(in), contiguous, target :: block(:, :, :)
-    integer, intent(out), optional :: ierr
-    call check(put(variable, "double", start, shape(block), c_loc(block)), ierr)
-  end subroutine
-
-  subroutine get_d3(path, variable, start, block, ierr)
-    character(len=*), intent(in) :: path, variable
-    integer, intent(in) :: start(3)
-    real(c_double), intent(inout), contiguous, target :: block(:, :, :)
-    integer, intent(out), optional :: ierr
-    call check(get(path, variable, "double", start, shape(block), c_loc(block)), ierr)
-  end subroutine
-
-  subroutine put_f1(variable, start, block, ierr)
-    character(len=*), intent(in) :: variable
-    integer, intent(in) :: start(1)
-    real(c_float), intent(in), contiguous, target :: block(:)
+    integer, intent(in) :: start(:)
+    real(c_float), intent(in), contiguous, target :: block(..)
     integer, intent(out), optional :: ierr
     call check(put(variable, "float", start, shape(block), c_loc(block)), ierr)
   end subroutine
 
-  subroutine get_f1(path, variable, start, block, ierr)
+  subroutine get_f(path, variable, start, block, ierr)
     character(len=*), intent(in) :: path, variable
-    integer, intent(in) :: start(1)
-    real(c_float), intent(inout), contiguous, target :: block(:)
+    integer, intent(in) :: start(:)
+    real(c_float), intent(inout), contiguous, target :: block(..)
     integer, intent(out), optional :: ierr
     call check(get(path, variable, "float", start, shape(block), c_loc(block)), ierr)
   end subroutine
 
-  subroutine put_f2(variable, start, block, ierr)
+  subroutine put_i(variable, start, block, ierr)
     character(len=*), intent(in) :: variable
-    integer, intent(in) :: start(2)
-    real(c_float), intent(in), contiguous, target :: block(:, :)
-    integer, intent(out), optional :: ierr
-    call check(put(variable, "float", start, shape(block), c_loc(block)), ierr)
-  end subroutine
-
-  subroutine get_f2(path, variable, start, block, ierr)
-    character(len=*), intent(in) :: path, variable
-    integer, intent(in) :: start(2)
-    real(c_float), intent(inout), contiguous, target :: block(:, :)
-    integer, intent(out), optional :: ierr
-    call check(get(path, variable, "float", start, shape(block), c_loc(block)), ierr)
-  end subroutine
-
-  subroutine put_f3(variable, start, block, ierr)
-    character(len=*), intent(in) :: variable
-    integer, intent(in) :: start(3)
-    real(c_float), intent(in), contiguous, target :: block(:, :, :)
-    integer, intent(out), optional :: ierr
-    call check(put(variable, "float", start, shape(block), c_loc(block)), ierr)
-  end subroutine
-
-  subroutine get_f3(path, variable, start, block, ierr)
-    character(len=*), intent(in) :: path, variable
-    integer, intent(in) :: start(3)
-    real(c_float), intent(inout), contiguous, target :: block(:, :, :)
-    integer, intent(out), optional :: ierr
-    call check(get(path, variable, "float", start, shape(block), c_loc(block)), ierr)
-  end subroutine
-
-  subroutine put_i1(variable, start, block, ierr)
-    character(len=*), intent(in) :: variable
-    integer, intent(in) :: start(1)
-    integer(c_int32_t), intent(in), contiguous, target :: block(:)
+    integer, intent(in) :: start(:)
+    integer(c_int32_t), intent(in), contiguous, target :: block(..)
     integer, intent(out), optional :: ierr
     call check(put(variable, "int", start, shape(block), c_loc(block)), ierr)
   end subroutine
 
-  subroutine get_i1(path, variable, start, block, ierr)
+  subroutine get_i(path, variable, start, block, ierr)
     character(len=*), intent(in) :: path, variable
-    integer, intent(in) :: start(1)
-    integer(c_int32_t), intent(inout), contiguous, target :: block(:)
-    integer, intent(out), optional :: ierr
-    call check(get(path, variable, "int", start, shape(block), c_loc(block)), ierr)
-  end subroutine
-
-  subroutine put_i2(variable, start, block, ierr)
-    character(len=*), intent(in) :: variable
-    integer, intent(in) :: start(2)
-    integer(c_int32_t), intent(in), contiguous, target :: block(:, :)
-    integer, intent(out), optional :: ierr
-    call check(put(variable, "int", start, shape(block), c_loc(block)), ierr)
-  end subroutine
-
-  subroutine get_i2(path, variable, start, block, ierr)
-    character(len=*), intent(in) :: path, variable
-    integer, intent(in) :: start(2)
-    integer(c_int32_t), intent(inout), contiguous, target :: block(:, :)
-    integer, intent(out), optional :: ierr
-    call check(get(path, variable, "int", start, shape(block), c_loc(block)), ierr)
-  end subroutine
-
-  subroutine put_i3(variable, start, block, ierr)
-    character(len=*), intent(in) :: variable
-    integer, intent(in) :: start(3)
-    integer(c_int32_t), intent(in), contiguous, target :: block(:, :, :)
-    integer, intent(out), optional :: ierr
-    call check(put(variable, "int", start, shape(block), c_loc(block)), ierr)
-  end subroutine
-
-  subroutine get_i3(path, variable, start, block, ierr)
-    character(len=*), intent(in) :: path, variable
-    integer, intent(in) :: start(3)
-    integer(c_int32_t), intent(inout), contiguous, target :: block(:, :, :)
+    integer, intent(in) :: start(:)
+    integer(c_int32_t), intent(inout), contiguous, target :: block(..)
     integer, intent(out), optional :: ierr
     call check(get(path, variable, "int", start, shape(block), c_loc(block)), ierr)
   end subroutine

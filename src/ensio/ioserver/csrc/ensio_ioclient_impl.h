@@ -32,6 +32,8 @@ int ensio_ioclient__py_send(const char *field_id, const void *data, int64_t coun
 int ensio_ioclient__py_is_active(const char *field_id, int64_t step);
 int ensio_ioclient__py_finalize(ensio_ioclient_report *report);
 int ensio_ioclient__py_abort(const char *reason);
+/* For the Fortran module: set the error message (returns 1). */
+int ensio_ioclient_fail_f(const char *text);
 /* Forget restarts in progress and the restart counter (finalize). */
 void ensio_ioclient__restart_reset(void);
 

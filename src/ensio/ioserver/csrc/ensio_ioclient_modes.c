@@ -191,6 +191,11 @@ int ensio_ioclient__py_abort(const char *reason) {
     return 0;
 }
 
+/* The Fortran module's own argument errors, as the client's error message. */
+int ensio_ioclient_fail_f(const char *text) {
+    return ensio_ioclient__fail("%s on rank %d", text, rank_of());
+}
+
 /* ---------------------------------------------------------------- restarts */
 
 typedef struct {
