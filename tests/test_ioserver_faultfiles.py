@@ -290,3 +290,30 @@ def test_a_full_disk_keeps_complete_records_and_says_so(disk_total, shim, tmp_pa
         assert n > 0
         first = 2 * (int(path.stem[-1]) - 1) if path.stem.startswith("s_") else 0
         _check_file(path, first, n, 1 if path.stem.startswith("s_") else 2)
+
+
+def test_a_writer_starting_in_a_directory_publishes_the_leftovers_first(tmp_path, capsys):
+    from ensio.ioserver.configload import ioserver_from_dict
+    from ensio.ioserver.geometry import regular_geometry
+    from ensio.ioserver.writer import FileSet
+
+    out, log = tmp_path / "out", tmp_path / "points.log"
+    out.mkdir()
+    run = _run_child(out, 0, log, periods=3)
+    labels = log.read_text().splitlines()
+    log.unlink()
+    for p in out.iterdir():
+        p.unlink()
+    at = labels.index("ioserver-published c5.nc 3")  # the last period written, not closed
+    run = _run_child(out, at + 1, log)
+    assert run.returncode == -9
+    assert not (out / "n4.nc").exists() and not (out / "c5.nc").exists()
+    assert staging_path(out / "s_20000101.nc").exists()  # its publication came after
+    cfg = ioserver_from_dict(SECTION, out)
+    fs = FileSet(cfg, ["c5"], {"atm": regular_geometry(cfg.domains["atm"])}, out, "h")
+    fs.close()
+    lines = capsys.readouterr().err.splitlines()
+    assert f"ensio ioserver recover: {out / 'n4.nc'}: published with 3 complete records " \
+           "(netcdf4)" in lines
+    # the kill came before day 2's record was published: that file had none
+    _check_dir(out, {"n4.nc": 3, "c5.nc": 3, "s_20000101.nc": 2})
