@@ -38,6 +38,7 @@ __all__ = ["Published", "publish", "recover_dir", "no_space", "NO_SPACE"]
 
 NO_SPACE = os.strerror(errno.ENOSPC)  # "No space left on device"
 _PROBE_BYTES = 1 << 16
+_COPY_BYTES = 64 << 20  # bytes per read/write of the netCDF-4 copy
 
 
 @dataclass(frozen=True)
@@ -108,8 +109,11 @@ def _to_netcdf4(staging: Path, target: Path, numrecs: int) -> None:
             if not timed:
                 dst[name][...] = v[...]
                 continue
-            for r in range(numrecs):  # one record at a time: bounded memory
-                dst[name][r] = v[r]
+            per = max(1, v.dtype.itemsize * int(np.prod(v.shape[1:])))
+            step = max(1, _COPY_BYTES // per)  # records per copy: bounded memory
+            for r in range(0, numrecs, step):
+                end = min(r + step, numrecs)
+                dst[name][r:end] = v[r:end]
 
 
 def _staged_format(staging: Path) -> str:
