@@ -12,6 +12,7 @@ evaluation), fill where the mask says land.
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -19,7 +20,14 @@ import needs
 import netCDF4
 import numpy as np
 import pytest
-from ioclient_support import assert_same_files, build, compile_model, run_job, write_config
+from ioclient_support import (
+    DATA,
+    assert_same_files,
+    build,
+    compile_model,
+    run_job,
+    write_config,
+)
 
 pytestmark = [needs.tools_mark("gfortran"), needs.mark(needs.venv_tool, "mpicc"),
               needs.mark(needs.venv_tool, "mpiexec")]
@@ -82,6 +90,34 @@ if client is not None:
 """
 
 
+#: tests/data/ioclient/model_f.f90's grids (see test_ioserver_cclient.py) as a config.
+DOMAINS_BODY = {
+    "calendar": {"type": "standard", "start": "2000-01-01 00:00:00", "timestep": "1h"},
+    "axes": [{"id": "lev", "n": 3, "name": "lev", "units": "1", "values": [1, 2, 3]}],
+    "domains": [{"id": "atm", "type": "rectilinear", "ni_glo": 8, "nj_glo": 6},
+                {"id": "cells", "type": "unstructured", "ni_glo": 10, "nvertex": 3},
+                {"id": "ocn", "type": "curvilinear", "ni_glo": 4, "nj_glo": 3}],
+    "grids": [{"id": "atm2d", "domain": "atm"},
+              {"id": "atm3d", "domain": "atm", "axis": "lev"},
+              {"id": "cells1d", "domain": "cells"}, {"id": "ocn2d", "domain": "ocn"}],
+    "fields": [{"id": f, "grid": g} for f, g in (("tas", "atm2d"), ("ta", "atm3d"),
+                                                  ("cu", "cells1d"), ("pr", "atm2d"),
+                                                  ("sst", "ocn2d"))],
+    "files": [
+        {"id": "a", "name": "atm", "output_freq": "1ts",
+         "fields": [{"field_ref": "tas", "operation": "instant"},
+                    {"field_ref": "tas", "name": "tas_gm", "operation": "instant",
+                     "mean": "global"}]},
+        {"id": "b", "name": "ta", "output_freq": "2ts",
+         "fields": [{"field_ref": "ta", "operation": "instant"}]},
+        {"id": "c", "name": "cells", "output_freq": "2ts",
+         "fields": [{"field_ref": "cu", "operation": "average"}]},
+        {"id": "d", "name": "ocn", "output_freq": "1ts",
+         "fields": [{"field_ref": "sst", "operation": "instant"}]},
+    ],
+}
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> tuple[Path, dict[str, Path]]:
     """The Python API's output (server mode) and the Fortran model's in each mode."""
@@ -140,3 +176,34 @@ def test_a_server_config_without_server_ranks_is_one_line(runs, tmp_path):
     proc = run_job([str(model), str(cfg), str(NSTEPS)], 2, cfg, "attached")
     assert proc.returncode != 0
     assert "no ioserver ranks" in proc.stderr, proc.stderr
+
+
+def test_every_domain_type_from_fortran_equals_server_mode(tmp_path):
+    """model_f.f90 (rectilinear with bounds, mask and area; curvilinear and unstructured
+    with bounds; a halo section; a field no file wants) with init's config argument:
+    attached and sync (the embedded path) write server mode's files (the C path)."""
+    source = (DATA / "model_f.f90").read_text()
+    source = source.replace("  implicit none\n",
+                            "  implicit none\n  character(len=512) :: cfg\n", 1)
+    source = source.replace('  call ensio_ioclient_init(world, "test", comm)\n',
+                            '  call get_command_argument(1, cfg)\n'
+                            '  call ensio_ioclient_init(world, "test", comm, config=trim(cfg))\n')
+    assert "config=trim(cfg)" in source
+    (tmp_path / "model_any.f90").write_text(source)
+    r = build(tmp_path / "prefix")
+    exe = tmp_path / "model_any"
+    subprocess.run([str(r.fc), str(tmp_path / "model_any.f90"), "-o", str(exe),
+                    *r.fortran_flags.split()], check=True, timeout=120, cwd=tmp_path,
+                   capture_output=True)
+    outs = {}
+    for mode in ("server", "attached", "sync"):
+        cfg = write_config(tmp_path / f"{mode}.yaml", mode, DOMAINS_BODY)
+        proc = run_job([str(exe), str(cfg)], 2, cfg, mode)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert proc.stdout.count("REPORT") == 2 and proc.stdout.count("ERR unknown") == 2
+        outs[mode] = tmp_path / f"out-{mode}"
+    names = sorted(p.name for p in outs["server"].iterdir())
+    assert names == ["atm.nc", "cells.nc", "ocn.nc", "ta.nc"]
+    for mode in ("attached", "sync"):
+        for name in names:
+            assert_same_files(outs[mode] / name, outs["server"] / name)
