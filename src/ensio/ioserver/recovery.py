@@ -86,8 +86,7 @@ def _to_netcdf4(staging: Path, target: Path, numrecs: int) -> None:
     import netCDF4
 
     with netCDF4.Dataset(staging) as src, netCDF4.Dataset(target, "w", format="NETCDF4") as dst:
-        src.set_auto_maskandscale(False)
-        dst.set_auto_maskandscale(False)
+        src.set_auto_maskandscale(False)  # bytes as stored (packed integers stay packed)
         level = int(src.getncattr(COMPLEVEL_ATTR)) if COMPLEVEL_ATTR in src.ncattrs() else 0
         dst.setncatts({k: src.getncattr(k) for k in src.ncattrs() if not k.startswith(ATTR_PREFIX)})
         for name, dim in src.dimensions.items():
@@ -102,6 +101,7 @@ def _to_netcdf4(staging: Path, target: Path, numrecs: int) -> None:
                 if level:
                     kwargs.update(zlib=True, complevel=level, shuffle=True)
             w = dst.createVariable(name, v.dtype, v.dimensions, **kwargs)
+            w.set_auto_maskandscale(False)  # the Dataset's setting covers only older variables
             w.setncatts({k: v.getncattr(k) for k in attrs
                          if k != "_FillValue" and not k.startswith(ATTR_PREFIX)})
         for name, v in src.variables.items():
