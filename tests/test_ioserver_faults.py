@@ -270,3 +270,79 @@ def test_a_field_never_sent_is_a_warning_naming_what_derives_from_it(model: Path
     assert warnings == ["ensio ioserver: warning: field 'pr' (ioserver.fields) was never sent "
                         "by the model: every value of inst/pr, inst/tp, day/wet is missing "
                         "(fill)"], text[-3000:]
+
+
+@pytest.mark.parametrize("server_first", [True, False] if matrix.full() else [True])
+def test_a_stopped_model_rank_is_named_by_the_server_after_the_timeout(
+        model: Path, tmp_path: Path, server_first: bool) -> None:
+    raw = _raw(tmp_path)
+    raw["ioserver"]["timeout_s"] = 3
+    flag = tmp_path / "go"
+    cmd = _command(model, _write(tmp_path, raw), server_first, ("wait", "6", str(flag)))
+    job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           stdin=subprocess.DEVNULL)
+    rank = 2 if server_first else 1  # the second model rank
+    try:
+        assert job.stdout is not None
+        first = job.stdout.readline()
+        assert first.strip() == "STEP1", first
+        os.kill(_rank_pid(tmp_path, "fault_model", rank), signal.SIGSTOP)
+        flag.touch()  # the other model rank goes on to its end and waits for the report
+        out, err = job.communicate(timeout=SAFETY)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    _assert_job_ended(tmp_path)
+    proc = subprocess.CompletedProcess(cmd, job.returncode, first + out, err)
+    line = _one_line(proc, "sent nothing for")
+    assert line.startswith(f"ensio ioserver: model rank {rank} sent nothing for 3 s"), line
+    assert "did not answer" not in proc.stderr  # the waiting model rank blamed no server
+
+
+# ----------------------------------------------------------------------------- a rank that dies
+
+def _rank_pid(tmp: Path, role: str, world_rank: int) -> int:
+    """PID of the job's process of ``role`` ("ioserver" or "fault_model") and world rank."""
+    for line in _leftovers(tmp):
+        pid, cmd = line.split(": ", 1)
+        if "mpiexec" in cmd or role not in cmd:
+            continue
+        env = (Path("/proc") / pid / "environ").read_bytes().split(b"\0")
+        if f"PMI_RANK={world_rank}".encode() in env:
+            return int(pid)
+    raise AssertionError(f"no {role} process of world rank {world_rank}: {_leftovers(tmp)}")
+
+
+KILLS = [("fault_model", True), ("ioserver", False)]  # (who dies, server first)
+
+
+@pytest.mark.parametrize("who,server_first", KILLS + ([("fault_model", False),
+                                                       ("ioserver", True)]
+                                                      if matrix.full() else []))
+def test_a_killed_rank_ends_the_whole_job_at_once(model: Path, tmp_path: Path, who: str,
+                                                 server_first: bool) -> None:
+    # MPICH's mpiexec ends the whole job when a process dies: it SIGKILLs the survivors
+    # (no rank can say anything) and prints "BAD TERMINATION ... PID n" -- a PID of the
+    # job, not always the dead one's. The flag never appears: no model rank could have
+    # ended by itself. (Under a launcher that lets the survivors run, the servers' and
+    # clients' timeouts name the silent rank: the SIGSTOP tests.)
+    cmd = _command(model, _write(tmp_path, _raw(tmp_path)), server_first,
+                   ("wait", "6", str(tmp_path / "never")))
+    job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           stdin=subprocess.DEVNULL)
+    try:
+        assert job.stdout is not None
+        first = job.stdout.readline()
+        assert first.strip() == "STEP1", first
+        rank = (0 if server_first else 2) if who == "ioserver" else (2 if server_first else 1)
+        pid = _rank_pid(tmp_path, who, rank)
+        os.kill(pid, signal.SIGKILL)
+        out, err = job.communicate(timeout=SAFETY)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    _assert_job_ended(tmp_path)
+    text = first + out + err
+    assert job.returncode != 0, text[-3000:]
+    assert "BAD TERMINATION" in text and "Killed (signal 9)" in text, text[-3000:]
+    assert "DONE" not in text

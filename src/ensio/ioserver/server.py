@@ -124,6 +124,7 @@ class ServerCore:
         self.aborted: set[int] = set()
         self.drain_end: float | None = None
         self.restarts = RestartAssembler(len(self.clients))  # client ids: world ranks
+        self.heard = {c: time.monotonic() for c in self.clients}  # last message of each
 
     # ------------------------------------------------------------------ receive loop
     def run(self) -> dict[str, float]:
@@ -164,6 +165,7 @@ class ServerCore:
         msg = np.empty(status.Get_count(MPI.BYTE), np.uint8)
         src = status.Get_source()
         self.iocomm.Recv([msg, MPI.BYTE], source=src, tag=TAG_MSG)
+        self.heard[src] = time.monotonic()
         return src, msg, t
 
     def _next_message(self) -> tuple[int, np.ndarray, float]:
@@ -181,12 +183,15 @@ class ServerCore:
             if self.stash:
                 src = min(self.stash)
                 return src, self.stash.pop(src), time.perf_counter()
-            self.iocomm.Probe(source=MPI.ANY_SOURCE, tag=TAG_MSG, status=status)
+            self._probe_any(status)
             return self._recv(status)
         for r in waiting:
             if r in self.stash:
                 return r, self.stash.pop(r), time.perf_counter()
+        silent_since = time.monotonic()
         while True:  # poll: the awaited ranks, else small messages from the others
+            if time.monotonic() - silent_since > self.cfg.timeout_s:
+                raise ServerAbort(self._silence())
             for r in waiting:
                 if self.iocomm.Iprobe(source=r, tag=TAG_MSG, status=status):
                     return self._recv(status)
@@ -199,7 +204,32 @@ class ServerCore:
                     if not self._starts_entry(src, msg):
                         return src, msg, t
                     self.stash[src] = msg
+                    silent_since = time.monotonic()
             time.sleep(1e-4)  # stalled on purpose (back-pressure); yield the core
+
+    def _probe_any(self, status: MPI.Status) -> None:
+        """``Probe(ANY_SOURCE)`` that gives up after ``timeout_s`` without any message.
+
+        Every model rank sends at least a STEP per step to every server, so a
+        silence that long means a stopped, hung or dead model rank (or a model
+        step longer than the limit): the run ends naming it, instead of waiting
+        forever. Polling also leaves the core to the model while idle.
+        """
+        if self.iocomm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_MSG, status=status):
+            return
+        start = time.monotonic()
+        while not self.iocomm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_MSG, status=status):
+            if time.monotonic() - start > self.cfg.timeout_s:
+                raise ServerAbort(self._silence())
+            time.sleep(1e-4)
+
+    def _silence(self) -> str:
+        """Who the server gave up on: the open model rank heard from longest ago."""
+        open_ranks = [c for c in self.clients if c not in self.closed]
+        rank = min(open_ranks, key=lambda c: (self.heard[c], c))
+        return (f"model rank {rank} sent nothing for {time.monotonic() - self.heard[rank]:.0f} s "
+                f"(stopped, hung or dead? {len(open_ranks)} model ranks still open; the limit "
+                f"is ioserver.timeout_s = {self.cfg.timeout_s:g} s without any message)")
 
     def _starts_entry(self, src: int, msg: np.ndarray) -> bool:
         """Whether a message is a FIELD part of a (field, step) not held yet."""

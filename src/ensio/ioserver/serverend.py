@@ -13,6 +13,7 @@ report to every client.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -105,6 +106,7 @@ def serve(cfg: IOServerConfig, iocomm: MPI.Comm, srvcomm: MPI.Comm, servers: Seq
         _wait_all([srvcomm.Ibarrier()], 10.0)  # the line is out before anyone aborts
         _wait_all(pending, 2.0)
         iocomm.Abort(2)
+        os._exit(2)  # should MPI_Abort return (MPICH's has, under load): never a hang
     summaries = srvcomm.gather(summary, root=0)
     unsent = srvcomm.gather(core.unsent(), root=0)
     if srvcomm.rank != 0:

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define MAGIC ((int64_t)0x314F494F49534E45LL)
 enum { K_DOMAIN = 1, K_FIELD = 2, K_STEP = 3, K_CLOSE = 4, K_ABORT = 5, K_DEFINED = 6 };
@@ -115,6 +116,13 @@ static void reclaim(void) {
 
 /* ---------------------------------------------------------------- a server that stopped */
 
+/* MPI_Abort, and an exit should it return (MPICH's has been seen to, under load, with
+ * a stopped process in the job): the launcher ends the others when a rank exits 2. */
+static void end_job(void) {
+    MPI_Abort(MPI_COMM_WORLD, 2);
+    _exit(2);
+}
+
 static void nap(void) {
     struct timespec ts = {0, 100000}; /* 0.1 ms: the model is blocked anyway */
     nanosleep(&ts, NULL);
@@ -135,7 +143,7 @@ static void server_lost(int server, const char *what) {
             "for %g s (%s; stopped or hung? the limit is ioserver.timeout_s or "
             "ENSIO_IOSERVER_TIMEOUT)\n", S.rank, server, S.timeout, what);
     fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 2);
+    end_job();
 }
 
 /* Wait until any send request completes, at most S.timeout seconds (the model is
@@ -770,8 +778,10 @@ static void receive_report(ensio_ioclient_report *rep) {
         for (;;) {
             MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, S.io, &flag, &st);
             if (flag) break;
-            if (MPI_Wtime() - t0 > S.timeout)
-                server_lost(S.servers[0], "no report after every model rank closed");
+            /* twice the timeout: the servers may wait that long for a silent model rank
+             * (they end the job naming it, ensio.ioserver.server) before they report */
+            if (MPI_Wtime() - t0 > 2 * S.timeout)
+                server_lost(S.servers[0], "no report after this rank closed");
             nap();
         }
         if (st.MPI_TAG == TAG_ERROR) {
@@ -852,14 +862,14 @@ void ensio_ioclient_fatal_f(void) {
     else if (!S.initialized) {
         fprintf(stderr, "ensio ioclient: error: %s\n", text);
         fflush(stderr);
-        MPI_Abort(MPI_COMM_WORLD, 2);
+        end_job();
     }
     double until = MPI_Wtime() + 30.0;
     while (MPI_Wtime() < until) nap();
     fprintf(stderr, "ensio ioclient: error: model rank %d: %s (the servers did not end the job)\n",
             rank, text);
     fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 2);
+    end_job();
 }
 
 
