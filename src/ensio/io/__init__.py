@@ -2,7 +2,7 @@
 
 ``formats`` (one ``MemberStore`` per file format) < ``scan`` (member metadata
 and consistency) < ``txn`` (locks, journals, run record: crash safety) <
-``tiles`` (tile geometry and tile files) < ``node`` (node-local staging and
+``tiles`` (tile geometry and tile files) < ``node`` (node-local copies and
 backup) < ``modes`` (the ensemble-I/O object of each ``io.mode``) <
 ``products`` (copies, mean, spread, CF metadata). ``tests/test_import_rules.py``
 keeps that order.
@@ -24,12 +24,14 @@ if TYPE_CHECKING:
     from .modes.ensemble import EnsembleIO, open_ensemble
     from .modes.stats import IOStats
     from .txn.commit import RunTransaction
+    from .txn.transaction import Transaction
 
 __all__ = [
     "EnsembleIO",
     "IOStats",
     "MemberStore",
     "RunTransaction",
+    "Transaction",
     "VarInfo",
     "open_ensemble",
     "open_member",
@@ -44,6 +46,7 @@ _HOMES = {
     "EnsembleIO": ".modes.ensemble",
     "IOStats": ".modes.stats",
     "RunTransaction": ".txn.commit",
+    "Transaction": ".txn.transaction",
 }
 
 

@@ -111,7 +111,7 @@ def already(io: ShuffleEnsembleIO, root: Path, keys: tuple[str, str],
     if not (held if held is not None else digests == dict(entry.get("members", {}))):
         return None
     products = dict(entry.get("products", {}))
-    lost = root_call(comm, lambda: ShuffleTransaction.roll_forward(products))
+    lost = root_call(comm, lambda: ShuffleTransaction.publish_recorded(products))
     if lost:
         entry["note"] = f"; note: {', '.join(lost)} changed or removed since"
     return entry

@@ -35,8 +35,8 @@ from mpi4py import MPI
 from ... import __version__
 from ...config.analysis import OutputSection
 from ...config.schema import ConfigError, Coordinates, IOSection
-from ...durable import copy_identity, replacing
-from ...errors import FileOpError, file_op, os_error_reason
+from ...durable import replacing
+from ...errors import FileOpError, os_error_reason
 from ...layout.block import EnsembleBlock
 from ...layout.state import StateLayout, VariableLayout
 from ...parallel.agree import all_call, root_call
@@ -44,7 +44,7 @@ from ...parallel.distribution import RowDistribution
 from ..modes.copies import copy_members
 from ..modes.ensemble import IOStats, open_ensemble
 from ..tiles.tileproducts import TileProducts, tile_paths
-from ..txn.staging import partial_path
+from ..txn.staging import PartialFiles
 from ..txn.transaction import Staging
 from . import cf
 
@@ -189,12 +189,13 @@ def write_member_copies(
 ) -> IOStats:
     """Collective: analysis member m = a copy of ``sources[m]`` with the state replaced.
 
-    Every file is copied complete under a temporary name
-    (:func:`~ensio.io.txn.staging.partial_path`, beside its target), its state variables are
-    written in place by the ensemble-I/O object, and only then is it renamed
-    to its target, so an interrupted run never leaves a file that looks
-    finished. The sources are not touched, so no journal is needed. Errors
-    (a missing source, a full disk) are raised on every rank.
+    Every file is copied complete under the name ``stage`` gives it (without
+    ``stage``: its own :class:`~ensio.io.txn.staging.PartialFiles`, beside its
+    target), its state variables are written in place by the ensemble-I/O
+    object, and only then is it renamed to its target, so an interrupted run
+    never leaves a file that looks finished. The sources are not touched, so
+    no journal is needed. Errors (a missing source, a full disk) are raised
+    on every rank.
 
     Parameters
     ----------
@@ -225,22 +226,15 @@ def write_member_copies(
     out_io = dataclasses.replace(
         io, journal=False, tasks=None if tasks is None else min(tasks, comm.size)
     )
-    temps = [partial_path(t) if stage is None else stage(t) for t in targets]
-    mine = range(comm.rank, len(targets), comm.size)
+    # without the run's transaction each copy is its own (this rank's share renames)
+    own = PartialFiles(targets[m] for m in range(comm.rank, len(targets), comm.size))
+    temps = [(own.stage if stage is None else stage)(t) for t in targets]
     all_call(comm, lambda: copy_members(sources, temps, comm.rank, comm.size))
     with open_ensemble(temps, block.layout, out_io, comm) as ens:
         stats = ens.write(block)
     if stage is None:
-        all_call(comm, lambda: [_rename(temps[m], targets[m]) for m in mine])
+        all_call(comm, own.commit)
     return stats
-
-
-def _rename(temp: Path, target: Path) -> None:
-    """``temp`` replaces ``target`` keeping its identity (mode, owner; a symlink stays)."""
-    real = Path(os.path.realpath(target))
-    with file_op("write", target):
-        copy_identity(real, temp)
-        os.replace(temp, real)
 
 
 def product_paths(output: OutputSection, base_dir: Path) -> dict[str, Path]:

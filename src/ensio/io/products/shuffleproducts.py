@@ -15,7 +15,7 @@ transaction (``stage``: :meth:`ensio.io.txn.shufflecommit.ShuffleTransaction.sta
 before the run's decision, their digests go into the run-record entry, and
 the transaction renames them into place after it; a kill in between is
 rolled forward by the next run
-(:meth:`~ensio.io.txn.shufflecommit.ShuffleTransaction.roll_forward`).
+(:meth:`~ensio.io.txn.shufflecommit.ShuffleTransaction.publish_recorded`).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ per-directory :class:`DirectoryJournal` s, decided by the global record:
    the new bytes are already in place. The product tiles staged under
    :meth:`ShuffleTransaction.stage` names are renamed into place; a kill
    before that is rolled forward by the next run
-   (:meth:`ShuffleTransaction.roll_forward`).
+   (:meth:`ShuffleTransaction.publish_recorded`).
 
 Recovery (the next run under the lock, or ``ensio recover LOCAL_DIR``;
 :meth:`DirectoryJournal.recover`) of a journal with a marker asks the record:
@@ -268,7 +268,7 @@ class ShuffleTransaction(Transaction):
         return len(mine)
 
     @staticmethod
-    def roll_forward(products: Mapping[str, str]) -> list[str]:
+    def publish_recorded(products: Mapping[str, str]) -> list[str]:
         """Rank 0, rerun of a committed run: staged product tiles of it renamed into place.
 
         A product whose final file does not hold the recorded digest but whose

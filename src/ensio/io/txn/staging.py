@@ -20,6 +20,10 @@ transaction's (:func:`ensio.io.txn.journal.commit`), and a recovery started by
 the owning process itself (a second ensemble-I/O object of the same run)
 leaves it alone.
 
+:class:`PartialFiles` is the transaction of files written without a run
+transaction (the online mode's member copies): partial names, each renamed
+by its commit.
+
 Standard library only (with :mod:`ensio.locks` for the owner record).
 """
 
@@ -31,13 +35,16 @@ import os
 import secrets
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 from ... import faults
 from ...durable import copy_identity, fsync_path, temporary_name, temporary_of
+from ...errors import file_op
 from ...locks import Holder, process_start
+from .transaction import RecoveryReport, Transaction
 
-__all__ = ["STAGED_NAME", "TRANSACTION_NAME", "discard", "is_own", "new_token", "partial_path",
-           "read_pairs", "remove_temporaries", "roll_forward", "staged_path",
+__all__ = ["STAGED_NAME", "TRANSACTION_NAME", "PartialFiles", "discard", "is_own", "new_token",
+           "partial_path", "read_pairs", "remove_temporaries", "roll_forward", "staged_path",
            "write_transaction"]
 
 TRANSACTION_NAME = "TRANSACTION"
@@ -179,3 +186,50 @@ def discard(jdir: Path) -> int:
             removed += 1
     faults.point("staged-discarded")
     return removed
+
+
+class PartialFiles(Transaction):
+    """Files without a journal, each its own commit: written under its partial name
+    (:func:`partial_path`), renamed over its target by :meth:`commit`.
+
+    What the online mode's member copies are (no run transaction there): a
+    copy that is not renamed is never mistaken for a finished one, and a
+    rerun overwrites the partial file (no token). A rename keeps the
+    target's identity (mode, owner; a symbolic link stays a link).
+    """
+
+    def __init__(self, targets: Iterable[str | Path]) -> None:
+        self.targets = [Path(t) for t in targets]
+
+    def begin(self) -> None:
+        """Nothing to publish: a partial file is recognised by its name."""
+
+    def stage(self, target: str | Path) -> Path:
+        return partial_path(target)
+
+    def commit(self) -> int:
+        """Rename every partial file over its target; how many."""
+        for target in self.targets:
+            real = Path(os.path.realpath(target))
+            with file_op("write", target):
+                copy_identity(real, self.stage(target))
+                os.replace(self.stage(target), real)
+        return len(self.targets)
+
+    def abort(self) -> None:
+        """Delete the partial files (the targets stay as they were)."""
+        for target in self.targets:
+            self.stage(target).unlink(missing_ok=True)
+
+    @classmethod
+    def recover(cls, directory: Path, **options: Any) -> RecoveryReport:
+        """Delete the partial files a killed writer left in ``directory`` (only when no
+        writer runs there: a partial file is never renamed after a kill)."""
+        removed = 0
+        with contextlib.suppress(FileNotFoundError):
+            for entry in os.scandir(directory):
+                found = temporary_of(entry.name)
+                if found is not None and found[1] == "partial":
+                    Path(entry.path).unlink(missing_ok=True)
+                    removed += 1
+        return RecoveryReport("rolled_back" if removed else "clean", staged=removed)
