@@ -131,7 +131,8 @@ def roll_forward(pairs: Iterable[tuple[str | Path, str | Path]], *, fsync: bool,
 
     The one roll-forward of ensio: a journal's staged files after its
     ``COMMITTED`` marker (``pairs``: :func:`read_pairs`), a shuffle run's
-    product tiles after its decision (:func:`ensio.io.products.shuffleproducts.roll_forward`).
+    product tiles after its decision
+    (:meth:`ensio.io.txn.shufflecommit.ShuffleTransaction.publish_recorded`).
     Idempotent (a renamed file is gone from its staged name). The new file
     takes the permission bits and owner of the file it replaces.
 
