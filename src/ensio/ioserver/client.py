@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import abc
 import json
+import os
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 from mpi4py import MPI
@@ -74,10 +76,38 @@ class Transport(abc.ABC):
         raise IOServerError(f"{type(self).__name__} cannot write restarts")
 
 
-def recv_text(comm: MPI.Comm, source: int, tag: int) -> tuple[str, int]:
-    """Receive one ``MPI_CHAR`` text message; (text, its source)."""
+def server_lost(server: int, rank: int, first: bool, seconds: float, what: str) -> NoReturn:
+    """A server did not answer for ``seconds``: one line, and the job ends (as the C client).
+
+    Every waiting model rank gets here; the first model rank speaks at once, the
+    others give it a grace period (they may have noticed first), then speak
+    themselves: one line in the normal case, never a hang.
+    """
+    if not first:
+        time.sleep(min(seconds, 10.0))
+    print(f"ensio ioclient: error: model rank {rank}: ioserver rank {server} did not answer "
+          f"for {seconds:g} s ({what}; stopped or hung? the limit is ioserver.timeout_s)",
+          file=sys.stderr, flush=True)
+    MPI.COMM_WORLD.Abort(2)
+    os._exit(2)  # should MPI_Abort return
+
+
+def recv_text(comm: MPI.Comm, source: int, tag: int,
+              deadline: tuple[float, int, bool, str] | None = None) -> tuple[str, int]:
+    """Receive one ``MPI_CHAR`` text message; (text, its source).
+
+    ``deadline`` = (seconds, this world rank, is the first model rank, what is
+    awaited): a server silent that long ends the job (:func:`server_lost`).
+    """
     status = MPI.Status()
-    comm.Probe(source=source, tag=tag, status=status)
+    if deadline is None:
+        comm.Probe(source=source, tag=tag, status=status)
+    else:
+        start = time.monotonic()
+        while not comm.Iprobe(source=source, tag=tag, status=status):
+            if time.monotonic() - start > deadline[0]:
+                server_lost(source, deadline[1], deadline[2], deadline[0], deadline[3])
+            time.sleep(1e-4)
     buf = bytearray(status.Get_count(MPI.CHAR))
     comm.Recv([buf, MPI.CHAR], source=status.Get_source(), tag=tag)
     return buf.decode(errors="replace"), status.Get_source()
@@ -104,6 +134,8 @@ class ServerLink(Transport):
         self._rank = rank
         self._reqs: list[MPI.Request] = []
         self._owner: list[int] = []
+        self._dest: list[int] = []  # server of each request (named when it stays silent)
+        self._first = rank == min(set(range(iocomm.size)) - set(servers))
         self._held: dict[int, list[int]] = {}  # message id -> [open requests, bytes]
         self._next = 0
         self._bytes = 0
@@ -116,6 +148,7 @@ class ServerLink(Transport):
         for i in sorted(done, reverse=True):
             owner = self._owner.pop(i)
             self._reqs.pop(i)
+            self._dest.pop(i)
             held = self._held[owner]
             held[0] -= 1
             if held[0] == 0:
@@ -127,7 +160,13 @@ class ServerLink(Transport):
             return
         if block:
             t = time.perf_counter()
-            idx = MPI.Request.Waitany(self._reqs)
+            idx, done = MPI.Request.Testany(self._reqs)
+            while not done:
+                if time.perf_counter() - t > self.table.timeout_s:
+                    server_lost(self._dest[0], self._rank, self._first, self.table.timeout_s,
+                                "a send stays pending")
+                time.sleep(1e-4)
+                idx, done = MPI.Request.Testany(self._reqs)
             self.blocked += time.perf_counter() - t
             self._drop([idx])
         done = MPI.Request.Testsome(self._reqs) if self._reqs else None
@@ -144,9 +183,12 @@ class ServerLink(Transport):
         self._next += 1
         self._held[ident] = [len(dests), msg.nbytes]
         self._bytes += msg.nbytes
-        for d in dests:
-            self._reqs.append(self.iocomm.Isend([msg, MPI.BYTE], dest=d, tag=TAG_MSG))
+        close = int(msg[:HEADER_BYTES].view(np.int64)[1]) == Kind.CLOSE
+        for d in dests:  # CLOSE synchronously: its completion proves that server took it
+            send = self.iocomm.Issend if close else self.iocomm.Isend
+            self._reqs.append(send([msg, MPI.BYTE], dest=d, tag=TAG_MSG))
             self._owner.append(ident)
+            self._dest.append(d)
         self.bytes_sent += msg.nbytes * len(dests)
         self.messages += len(dests)
 
@@ -194,7 +236,13 @@ class ServerLink(Transport):
         self.blocked = before + time.perf_counter() - t  # the whole flush, counted once
         status = MPI.Status()
         while True:  # the report, unless a server's verdict comes first
-            self.iocomm.Probe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status)
+            # twice the limit: the servers may wait that long for a silent model rank
+            recv_wait = time.monotonic()
+            while not self.iocomm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status):
+                if time.monotonic() - recv_wait > 2 * self.table.timeout_s:
+                    server_lost(self.servers[0], self._rank, self._first,
+                                2 * self.table.timeout_s, "no report after this rank closed")
+                time.sleep(1e-4)
             if status.Get_tag() == TAG_ERROR:
                 self.check_errors()
             elif status.Get_tag() == TAG_REPORT:

@@ -200,7 +200,9 @@ def _start_server_mode(world: MPI.Comm, cfg: IOServerConfig | None, problem: str
     iocomm = world.Dup()
     clients = tuple(r for r in range(world.size) if r not in servers)
     if not is_server:
-        text, _ = recv_text(iocomm, servers[0], TAG_TABLE)
+        first = world.rank == clients[0]
+        text, _ = recv_text(iocomm, servers[0], TAG_TABLE,
+                            (cfg.timeout_s, world.rank, first, "no field table at start"))
         if text.startswith(VERDICT_ERROR):
             announce(world, states, servers[0], text.removeprefix(VERDICT_ERROR))
         link = ServerLink(iocomm, parse_table(text), servers,
