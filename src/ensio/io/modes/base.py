@@ -8,16 +8,16 @@ what a run checks before it locks anything (:meth:`~EnsembleIO.check_run`),
 where its lock and run record live (:meth:`~EnsembleIO.run_root`), how the
 object is opened under that lock (:meth:`~EnsembleIO.open_run`), which files
 the run record hashes (:meth:`~EnsembleIO.member_files`), whether they already
-hold this analysis (:meth:`~EnsembleIO.already`), and the transaction that
-commits members, copies, products and the record together
-(:meth:`~EnsembleIO.commit`).
+hold this analysis (:meth:`~EnsembleIO.already`), the transaction
+(:meth:`~EnsembleIO.transaction`) and the commit of members, copies,
+products and the record together under it (:meth:`~EnsembleIO.commit`).
 
 The defaults are ``files`` mode's: member files on the global file system,
 one :class:`~ensio.io.txn.commit.RunTransaction` in the members' directory.
 A mode that keeps them (tiled files, a test's toy mode) overrides only what
 differs; ``shuffle`` (:class:`~ensio.io.modes.shuffle.ShuffleEnsembleIO`,
 hook bodies in :mod:`ensio.io.modes.shufflerun`) overrides the lock root,
-the rerun check and the commit (its
+the rerun check, the transaction and the commit (its
 :class:`~ensio.io.txn.shufflecommit.ShuffleTransaction` across node-local
 directories). Every commit is a :class:`~ensio.io.txn.transaction.Transaction`.
 
@@ -50,7 +50,7 @@ from ..tiles.tileproducts import TileProducts, tile_paths
 from ..txn.commit import RunTransaction
 from ..txn.journal import journal_root
 from ..txn.runrecord import file_digests, find_run, holds, record_line, runs_path, staged_runs
-from ..txn.transaction import Staging
+from ..txn.transaction import Staging, Transaction
 from .stats import IOStats
 
 __all__ = ["EnsembleIO", "ProductWriters", "RunCommit"]
@@ -205,6 +205,17 @@ class EnsembleIO(abc.ABC):
             entry["note"] = f"; note: {', '.join(changed)} changed or removed since"
         return entry
 
+    def transaction(self, run: RunCommit, targets: Sequence[Path]) -> Transaction:
+        """Collective: the transaction this mode's :meth:`commit` writes under.
+
+        ``files`` mode's: one :class:`~ensio.io.txn.commit.RunTransaction` in the
+        run root, ``targets`` (copies, products, extra files, the run record)
+        written under its staged names. A mode with another commit (``shuffle``:
+        its two-phase commit across local directories) returns its own
+        :class:`~ensio.io.txn.transaction.Transaction`.
+        """
+        return RunTransaction(run.root, run.comm, targets, fsync=run.config.io.fsync)
+
     def commit(self, analysis: EnsembleBlock, run: RunCommit) -> IOStats | None:
         """Collective: members, products, copies and the run record, committed together.
 
@@ -221,8 +232,7 @@ class EnsembleIO(abc.ABC):
         copies = [] if config.io.in_place else self.copy_targets(config)
         runs = runs_path(root)
         extra = [target for target, _ in run.extra]
-        with RunTransaction(root, comm, [*copies, *product_files, *extra, runs],
-                            fsync=config.io.fsync) as txn:  # fmt: skip
+        with self.transaction(run, [*copies, *product_files, *extra, runs]) as txn:
             t = time.perf_counter()
             with file_op("write"), run.bars.phase("write", config.ensemble.size,
                                                   "members") as advance:  # fmt: skip

@@ -427,10 +427,11 @@ class ShuffleEnsembleIO(EnsembleIO):
             raise rebuild(first)
         return {k: v for part, _ in parts for k, v in part.items()}
 
-    def transaction(self, global_root: Path) -> ShuffleTransaction:
+    def transaction(self, run: RunCommit, targets: Sequence[Path] = ()) -> ShuffleTransaction:
         """Collective: a new two-phase commit over this object's local directories,
-        decided by the run record of ``global_root``."""
-        return ShuffleTransaction(self.comm, self.disk, self.root, global_root,
+        decided by the run record of the run root (its files are staged by name:
+        ``targets`` is not needed)."""
+        return ShuffleTransaction(self.comm, self.disk, self.root, run.root,
                                   fsync=self.io.fsync, journaled=self.io.journal)
 
     # ------------------------------------------------- run hooks (shufflerun)

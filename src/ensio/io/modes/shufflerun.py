@@ -125,7 +125,7 @@ def commit_run(io: ShuffleEnsembleIO, analysis: RowSetBlock, run: RunCommit) -> 
     t = time.perf_counter()
     for target, write in run.extra:  # before the decision, in place (a rerun rewrites them)
         root_call(comm, lambda p=target, w=write: _rewrite_extra(p, w))
-    txn = io.transaction(run.root)
+    txn = io.transaction(run)
     with run.bars.phase("products"):  # staged names, renamed after the decision
         products = run.products.write_rows(
             comm, analysis.plan, analysis.layout, io.tile_products(),
