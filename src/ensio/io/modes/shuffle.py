@@ -156,7 +156,7 @@ class ShuffleEnsembleIO(EnsembleIO):
         _check_hosts(hosts, per)
         f = comm.rank % per  # the file this rank reads; rank f holds it (io.node.placemap)
         m, p, first = f // n_tiles, f % n_tiles, comm.rank < n_tiles
-        holder = holder_rank(f, comm.size)  # = f: the staging rule
+        holder = holder_rank(f, comm.size)  # = f: the placement rule
         self.local = format_local_dir(io.local_dir, base, rank=holder, host=hosts[holder])
         self.path = self.local / ens.tile_path(ens.numbers[m], p, base).name
         note: ErrorNote = None

@@ -2,7 +2,7 @@
 
 ``io.mode: shuffle`` runs on N_mpi = N_e × P × S ranks (S ≥ 1, the
 *multiple*). The files are numbered ``f = m · P + p`` (member-major) and
-file f lives in the local directory of rank f (the staging rule,
+file f lives in the local directory of rank f (the placement rule,
 :mod:`ensio.io.node.placemap`). Rank ``r = q · (N_e · P) + f`` is ``(m, p, q)``:
 it reads *part q* of tile p of member m, i.e. the tile's interior rows, in
 increasing global order, cut into S consecutive pieces

@@ -65,7 +65,7 @@ def describe(ens: EnsembleSection, digests: list[TileDigest]) -> tuple[TileGeome
     """Geometry and global layout from member 1's P tile digests (rank 0).
 
     Untiled members (no ``{tile}``) are one tile each (P = 1): the whole grid,
-    no halo, so rank m reads member m's file, as the staging rule places it.
+    no halo, so rank m reads member m's file, as the placement rule places it.
     """
     names = [v.name for v in ens.variables]
     paths = [Path(d.source) for d in digests]

@@ -13,7 +13,7 @@ destination untouched (the temporaries are removed).
 
 A copy whose destination already has the source's size and modification time
 (the time is copied with the data) — or, with ``checksum``, the same sha256 —
-is skipped, so running a stage twice copies nothing the second time.
+is skipped, so running ``ensio stage`` twice copies nothing the second time.
 
 Standard library only (the backup's detached worker imports it).
 """
