@@ -190,7 +190,7 @@ class ServerCore:
                 return r, self.stash.pop(r), time.perf_counter()
         silent_since = time.monotonic()
         while True:  # poll: the awaited ranks, else small messages from the others
-            if time.monotonic() - silent_since > self.cfg.timeout_s:
+            if self.closed and time.monotonic() - silent_since > self.cfg.timeout_s:
                 raise ServerAbort(self._silence())
             for r in waiting:
                 if self.iocomm.Iprobe(source=r, tag=TAG_MSG, status=status):
@@ -208,18 +208,21 @@ class ServerCore:
             time.sleep(1e-4)  # stalled on purpose (back-pressure); yield the core
 
     def _probe_any(self, status: MPI.Status) -> None:
-        """``Probe(ANY_SOURCE)`` that gives up after ``timeout_s`` without any message.
+        """``Probe(ANY_SOURCE)`` that gives up after ``timeout_s`` without any message
+        once some model rank has closed.
 
-        Every model rank sends at least a STEP per step to every server, so a
-        silence that long means a stopped, hung or dead model rank (or a model
-        step longer than the limit): the run ends naming it, instead of waiting
-        forever. Polling also leaves the core to the model while idle.
+        A model rank that closed waits for the report, which waits for every
+        other rank; one silent that long while another already ended is
+        stopped, hung or dead (under a launcher that lets the others run): the
+        run ends naming it, instead of waiting forever. Before any rank closed,
+        silence is allowed (a long initialisation or model step). Polling also
+        leaves the core to the model while idle.
         """
         if self.iocomm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_MSG, status=status):
             return
         start = time.monotonic()
         while not self.iocomm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_MSG, status=status):
-            if time.monotonic() - start > self.cfg.timeout_s:
+            if self.closed and time.monotonic() - start > self.cfg.timeout_s:
                 raise ServerAbort(self._silence())
             time.sleep(1e-4)
 
