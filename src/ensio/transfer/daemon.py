@@ -36,6 +36,7 @@ import threading
 import time
 from pathlib import Path
 
+from . import view
 from .network import Network, parse_ranges
 from .persist import persist_loop, wait_persisted
 from .pool import MemfdPool
@@ -230,6 +231,10 @@ class Daemon:
                                         partial=msg.get("partial") == "1")
                 if reply.verb == "ABSENT" and self.network.can_pull(msg.get("conn")):
                     reply = self._pull(peer, msg, wait)
+                if reply.verb == "ABSENT" and wait is not None and msg.get("await") == "1":
+                    reply = self._await(peer, msg, wait)  # not produced yet (view.py)
+            elif msg.verb == "LIST":
+                reply = view.listing(self.table, msg.get("dir"))
             elif msg.verb == "CHMOD":
                 reply = self.table.chmod(msg.get("path"), int(msg.get("mode"), 8))
             elif msg.verb in ("UNLINK", "RENAME", "DROP"):
@@ -276,6 +281,18 @@ class Daemon:
         if self.network.pull(msg.get("conn"), path, msg.int("wait_ms", 600_000)):
             return self.table.open(peer, path, wait)
         return Reply("ABSENT")
+
+    def _await(self, peer: Peer, msg: Message, wait: float) -> Reply:
+        """A consumer's open of a name not produced yet: wait for it (:mod:`.view`).
+
+        On the process's shared connection (``defer``) ``BUSY``: the interposer asks
+        again on a connection of its own, and the wait happens then.
+        """
+        if msg.get("defer") == "1":
+            return Reply("BUSY")
+        path = msg.get("path")
+        return view.await_reply(self.table, self.log, peer, path, msg.get("conn"), wait,
+                                lambda left: self.table.open(peer, path, left))
 
     def _reply(self, conn: socket.socket, reply: Reply) -> None:
         try:

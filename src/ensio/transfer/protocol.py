@@ -58,10 +58,17 @@ Requests (interposer → daemon), and their replies
     ``ERR errno=`` (EIO: the producer died; ETIMEDOUT). With ``defer=1`` the daemon
     answers ``BUSY`` instead of blocking: the interposer asks so on the process's shared
     connection, then waits with a second ``OPEN`` on a connection of its own, without
-    holding its lock (the process's other threads go on).
+    holding its lock (the process's other threads go on). ``await=1`` (the process
+    consumes ``conn`` and does not produce it): a name neither held nor on disk is
+    waited for, up to ``wait_ms``, until a producer creates it or a real file appears
+    (then ``ABSENT``); ``ERR errno=ETIMEDOUT`` when nothing does (:mod:`.view`).
 ``STAT path=``
     As ``OPEN`` without waiting (a file being written is reported at its current
     size). → ``OK mode=`` + descriptor | ``ABSENT`` | ``ERR errno=``
+``LIST dir=``
+    The held names (not failed) directly in the absolute directory ``dir``, for the
+    interposer's ``readdir``/``glob`` view. → ``OK n= bytes=`` + a sealed memfd of the
+    names, one a line (a directory may hold more than one packet carries)
 ``CHMOD path= mode=``
     New permission bits (octal) of a held file. → ``OK`` | ``ABSENT`` | ``ERR errno=``
 ``UNLINK path=``

@@ -1,0 +1,105 @@
+"""What a consumer's file-system view needs from the daemon: names not there yet, listings.
+
+Two answers of the daemon for the interposer's directory and wait calls
+(``csrc/ensio_interpose_dirs.c``, ``csrc/ensio_interpose_consume.c``):
+
+* :func:`await_name`: a consumer opens a name its connection says will be produced
+  (``OPEN … await=1``, sent only for a connection the process consumes and does not
+  produce) that is neither held nor on disk. Workflow jobs are often started before
+  their producer, so the open waits for the producer's ``CREATE`` (or for a real file
+  at the path: fallback, a producer without the interposer) up to the connection's
+  ``consumer_timeout_s``, then fails with ``ETIMEDOUT`` and one log line naming the
+  file and the connection. The wait is logged when it begins: that line is what a
+  workflow (and the tests) see of a consumer that started first.
+* :func:`listing`: the held names of one directory (``LIST dir=``), so ``readdir``,
+  ``glob`` and ``ls`` list transferred files beside the real ones. Failed files are
+  left out: their open fails with EIO and no tool should pick them up by a wildcard.
+  The names go back in a sealed memfd (one per line): a directory may hold more names
+  than one packet carries.
+
+Both read the table under its lock (:class:`~.table.Table`'s ``cond``, notified by
+every ``CREATE``) and change nothing in it.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import time
+
+from .entries import Peer, Reply
+from .table import Table
+
+__all__ = ["REAL_FILE_POLL_S", "await_name", "listing"]
+
+#: How often a waiting open looks for a real file at the path (a fallback or
+#: uninterposed producer writes it without telling the daemon); a ``CREATE`` wakes it
+#: at once.
+REAL_FILE_POLL_S = 0.25
+
+
+def await_name(table: Table, log: logging.Logger, peer: Peer, path: str, conn: str,
+               wait_s: float) -> bool:
+    """Wait until ``path`` is held or exists on disk; False after ``wait_s`` (logged).
+
+    The caller then opens it as usual (a held file still being written is waited for
+    within what is left of the same timeout by the table's own open).
+    """
+    deadline = time.monotonic() + wait_s
+    with table.cond:
+        if path in table.entries or os.path.lexists(path):
+            return True
+        log.info("%s: consumer %s waits for it to be produced (connection %s, up to %.0f s)",
+                 path, peer, _conn_name(conn), wait_s)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                log.error("%s: open by %s timed out (ETIMEDOUT) after %.0f s: never produced "
+                          "(connection %s)", path, peer, wait_s, _conn_name(conn))
+                return False
+            table.cond.wait(min(left, REAL_FILE_POLL_S))
+            if path in table.entries or os.path.lexists(path):
+                log.info("%s: produced, consumer %s stops waiting", path, peer)
+                return True
+
+
+def await_reply(table: Table, log: logging.Logger, peer: Peer, path: str, conn: str,
+                wait_s: float, open_again) -> Reply:
+    """An ``OPEN … await=1`` that found nothing: wait, then ``open_again(left_s)``.
+
+    ``ABSENT`` when a real file appeared (the interposer opens it), ``ERR ETIMEDOUT``
+    when nothing did.
+    """
+    start = time.monotonic()
+    if not await_name(table, log, peer, path, conn, wait_s):
+        return Reply.err(errno.ETIMEDOUT)
+    return open_again(max(0.0, wait_s - (time.monotonic() - start)))
+
+
+def listing(table: Table, directory: str) -> Reply:
+    """``OK n=`` with a sealed memfd of the held names in ``directory``, one a line."""
+    prefix = directory.rstrip("/") + "/"
+    with table.cond:
+        names = sorted(p[len(prefix):] for p, e in table.entries.items()
+                       if p.startswith(prefix) and "/" not in p[len(prefix):]
+                       and e.state != "failed")
+    fd = os.memfd_create("ensio-list", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        data = "".join(f"{n}\n" for n in names).encode("utf-8", "surrogateescape")
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
+                    | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL)
+        os.lseek(fd, 0, os.SEEK_SET)
+    except OSError:
+        os.close(fd)
+        raise
+    return Reply("OK", {"n": len(names), "bytes": len(data)}, fd)
+
+
+def _conn_name(conn: str) -> str:
+    """``identity:name`` → ``name`` (what the user wrote in the config)."""
+    return conn.rsplit(":", 1)[-1] if conn else "?"
