@@ -39,13 +39,16 @@ static int consumer_reply(int rc, const char *reply, const int fds[2], int flags
     return ei_set_cloexec(fd, flags & O_CLOEXEC);
 }
 
-/* The OPEN request of a consumer's open (defer: answer BUSY instead of waiting). */
+/* The OPEN request of a consumer's open (defer: answer BUSY instead of waiting). A
+ * process that only consumes the connection waits for a name not produced yet (await=1);
+ * one that also produces it would wait for itself. */
 static int open_text(char *msg, size_t room, const struct ei_rule *r, const char *path,
                      int defer)
 {
-    return snprintf(msg, room, "OPEN\npath=%s\nwait_ms=%ld\nconn=%s%s%s", path,
+    return snprintf(msg, room, "OPEN\npath=%s\nwait_ms=%ld\nconn=%s%s%s%s", path,
                     r->timeout_ms, r->conn, defer ? "\ndefer=1" : "",
-                    r->partial ? "\npartial=1" : "");
+                    r->partial ? "\npartial=1" : "",
+                    r->role == EI_CONSUMER ? "\nawait=1" : "");
 }
 
 /* A consumer's open (lock held): the daemon's read-only descriptor, -2: use the real
