@@ -47,6 +47,7 @@ __all__ = [
 Pattern = Literal["1-1", "1-N", "N-1", "all-to-all"]
 Mode = Literal["sync", "async"]
 Fallback = Literal["files", "error"]
+Keep = Literal["until-consumed", "until-unlinked"]
 
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 _MEMBER = re.compile(r"\{member(?::0?(\d+)d)?\}")
@@ -148,8 +149,18 @@ class ConnectionDef:
     Attributes
     ----------
     memory_mb : float or None
-        The most memory the connection's files may hold on a host (None: no limit).
-        Past it a producer's new file follows ``fallback``.
+        The most memory the connection's files may hold on a host. None: the
+        connection shares the host's default budget with every other connection
+        without ``memory_mb`` (half the host's memory, or of the memory limit of the
+        daemon's cgroup when lower: :func:`~.budget.default_budget_bytes`, computed by
+        the daemon on the producer's host). Past it a producer's new file follows
+        ``fallback``.
+    keep : "until-consumed" or "until-unlinked"
+        ``until-consumed``: the daemon releases a complete file's memory once a
+        process of every ``to`` component has opened it and ended (its last
+        connection to the daemon closed: exit or crash); a later open sees the real
+        path. ``until-unlinked``: held until unlinked, replaced or the daemon stops
+        (files several processes of a component read one after the other).
     fallback : "files" or "error"
         ``files``: the file goes to its real path (the budget is exceeded, or no
         daemon runs); ``error``: the producer's open fails with ENOSPC.
@@ -177,6 +188,7 @@ class ConnectionDef:
     mode: Mode = "sync"
     memory_mb: float | None = None
     fallback: Fallback = "files"
+    keep: Keep = "until-consumed"
     persist: bool = False
     consumer_timeout_s: float = 600.0
     serve_partial: bool = False

@@ -48,11 +48,14 @@ def rules_text(cfg: TransferConfig, component: str, rank: int = 0) -> str:
     are plain files for this component. A connection it produces in ``async`` mode or
     to other hosts adds a ``route`` line: the mode, and the hosts that receive the
     files of producer process ``rank`` (by the connection's ``pattern``). A connection
-    it consumes with ``serve_partial`` adds a ``partial`` line.
+    it consumes with ``serve_partial`` adds a ``partial`` line. A connection it
+    produces adds a ``keep`` line (``keep`` and the ``to`` components), which only the
+    daemon reads (:mod:`.budget`; the interposer skips lines it does not know).
     """
     lines = ["ensio-transfer-rules 1", f"component {component}"]
     routes = []
     partial = []
+    keeps = []
     for conn in cfg.connections:
         role = _role(conn, component)
         if role is None:
@@ -66,6 +69,9 @@ def rules_text(cfg: TransferConfig, component: str, rank: int = 0) -> str:
                 if variant.encoded() not in seen:
                     seen.add(variant.encoded())
                     lines.append(f"{head} {variant.encoded()}")
+        if role in ("P", "B"):  # the daemon reads it at HELLO (budget.py): who consumes
+            keeps.append(f"keep {cfg.identity or 'local'}:{conn.name} {conn.keep} "
+                         f"{','.join(conn.to)}")
         if conn.serve_partial and role in ("C", "B"):
             partial.append(f"partial {cfg.identity or 'local'}:{conn.name}")
         producer = role in ("P", "B")
@@ -74,7 +80,7 @@ def rules_text(cfg: TransferConfig, component: str, rank: int = 0) -> str:
             mode = "A" if conn.mode == "async" else "S"
             routes.append(f"route {cfg.identity or 'local'}:{conn.name} {mode} "
                           f"{','.join(targets) or '-'}")
-    return "\n".join(lines + routes + partial) + "\n"
+    return "\n".join(lines + keeps + routes + partial) + "\n"
 
 
 def prepare(config: str | os.PathLike | TransferConfig, component: str,
