@@ -151,6 +151,7 @@ CONFIG_FAULTS = {  # name: (change to the config, --set arguments, text of the o
     "undefined_name": (_undefined_name, (), "nosuch"),
     "set_typo": (lambda raw: None, ("--set", "ioserver.servrs=1"), "servrs"),
     "attached_config": (_attached, (), "mode server"),
+    "command_line": (lambda raw: None, ("--sett", "x"), "unrecognized arguments: --sett x"),
 }
 _CASES = [(name, first) for i, name in enumerate(CONFIG_FAULTS)
           for first in (_orders() or [i % 2 == 0])]

@@ -11,11 +11,53 @@ rank) is printed once and every rank exits 2 (:mod:`ensio.ioserver.handshake`).
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from .options import add_set_option
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "run", "refuse", "guard_parse_errors"]
+
+
+def refuse(text: str) -> int:
+    """A server rank's own error before its setup (its command line): exit status 2.
+
+    It goes through the setup handshake (:mod:`ensio.ioserver.handshake`), so the
+    model ranks of the MPMD job learn it and end too (one line) instead of waiting
+    in their first collective for a process that exited; alone, this process
+    prints the line itself.
+    """
+    from mpi4py import MPI
+
+    from ..ioserver.handshake import SetupFailed, exchange_status
+
+    try:
+        exchange_status(MPI.COMM_WORLD, True, text)
+    except SetupFailed:
+        return 2
+    raise AssertionError("a setup with an error raises SetupFailed")
+
+
+def guard_parse_errors(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
+    """Route argparse's errors of ``ensio ioserver CONFIG ...`` through :func:`refuse`.
+
+    argparse would print the usage and exit before MPI starts, and the model
+    ranks would wait for this process forever. Not for ``convert``/``recover``
+    (no MPMD job).
+    """
+    if list(argv[1:2]) in (["convert"], ["recover"]):
+        return
+
+    def error(message: str) -> NoReturn:
+        raise SystemExit(refuse(f"command line: {message}"))
+
+    parsers = [parser]
+    for action in parser._actions:  # the sub-command parsers (argparse keeps no public list)
+        if isinstance(action, argparse._SubParsersAction):
+            parsers += list(action.choices.values())
+    for p in parsers:
+        p.error = error  # type: ignore[method-assign]
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -54,10 +96,8 @@ def run(args: argparse.Namespace) -> int:
 
         return run_convert(args)
     if args.source is not None or args.output is not None:
-        from ..errors import ConfigError
-
-        raise ConfigError(f"ensio ioserver: {args.source or '-o'}: only convert takes a "
-                          "second argument or -o")
+        return refuse(f"command line: {args.source or '-o'}: only convert takes a second "
+                      "argument or -o")
     from mpi4py import MPI
 
     from ..ioserver import start

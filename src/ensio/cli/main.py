@@ -74,6 +74,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ensio {__version__}")
         raise SystemExit(0)
     parser = build_parser(commands_for(argv))
+    if argv[:1] == ["ioserver"]:  # an MPMD job's server ranks: errors reach every rank
+        from .ioserver import guard_parse_errors
+
+        guard_parse_errors(parser, argv)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
