@@ -10,29 +10,34 @@
 # docs/benchmarks.md. Every run's iodef, log and output files stay in $WORKDIR.
 #
 # Environment (defaults in brackets):
+#   MODEL      python or fortran (the Fortran twin, MPMD server mode) [python]
 #   RANKS      model ranks P [1]
 #   SERVERS    server counts [1,2]
 #   REPEAT     runs per mode; the best is reported [3]
 #   EXTRA      more arguments (e.g. "--nx 512 --ny 256 --every 12")
 #   WORKDIR    run directories [${TMPDIR:-/tmp}/ensio-bench-ioserver]
-#   OUT        directory for the JSON result [benchmarks/results]
-#   PLOT       bar chart [docs/img/ioserver.png]
+#   OUT        directory for the JSON result [benchmarks/results]; the file is
+#              ioserver.json (ioserver-fortran.json with MODEL=fortran)
+#   PLOT       bar chart [docs/img/ioserver.png, docs/img/ioserver-fortran.png]
 set -euo pipefail
 
 source "$(dirname "$0")/common.sh"
 
-RANKS=${RANKS:-1} SERVERS=${SERVERS:-1,2} REPEAT=${REPEAT:-3}
+MODEL=${MODEL:-python} RANKS=${RANKS:-1} SERVERS=${SERVERS:-1,2} REPEAT=${REPEAT:-3}
 WORKDIR=${WORKDIR:-${TMPDIR:-/tmp}/ensio-bench-ioserver}
+suffix=""
+[ "$MODEL" = python ] || suffix="-$MODEL"
 OUT=${OUT:-$repo/benchmarks/results}
-PLOT=${PLOT:-$repo/docs/img/ioserver.png}
+PLOT=${PLOT:-$repo/docs/img/ioserver$suffix.png}
+JSON=$OUT/ioserver$suffix.json
 mkdir -p "$OUT" "$(dirname "$PLOT")"
 rm -rf "$WORKDIR"
 
 # shellcheck disable=SC2086  # EXTRA is split on purpose
-"$ensio" bench ioserver --ranks "$RANKS" --servers "$SERVERS" --repeat "$REPEAT" \
-  --workdir "$WORKDIR" --json "$OUT/ioserver.json" --plot "$PLOT" ${EXTRA:-}
+"$ensio" bench ioserver --model "$MODEL" --ranks "$RANKS" --servers "$SERVERS" \
+  --repeat "$REPEAT" --workdir "$WORKDIR" --json "$JSON" --plot "$PLOT" ${EXTRA:-}
 
-"$python" - "$OUT/ioserver.json" <<'PY'
+"$python" - "$JSON" <<'PY'
 import json, sys
 from ensio.bench.ioserver import markdown_rows
 from ensio.bench.machine import machine_markdown
@@ -41,7 +46,8 @@ r = json.load(open(sys.argv[1]))
 st, p = r["settings"], r["projection"]
 print("\n### Machine\n")
 print(machine_markdown(r["machine"]))
-print(f"\n{st['ranks']} model rank(s) on {r['cores']} cores; {st['fields']} 3-D fields "
+print(f"\n{st.get('model', 'python')} model, {st['ranks']} model rank(s) on {r['cores']} "
+      f"cores; {st['fields']} 3-D fields "
       f"{st['nx']}x{st['ny']}x{st['nz']} + 1 2-D field every {st['every']} of {st['steps']} "
       f"steps ({8 * st['nx'] * st['ny'] * (st['nz'] * st['fields'] + 1) / 1e6:.1f} MB per "
       f"output), "

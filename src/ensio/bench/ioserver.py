@@ -8,6 +8,12 @@ ranks, F 3-D fields every k steps) without output and with ``sync``,
 job, best of ``repeat`` runs, all in the same invocation so the ratios compare
 like with like.
 
+``model = "fortran"`` runs the Fortran twin of the same model
+(:mod:`ensio.models.stencilf`, built once per invocation with ``ensio ioclient
+build``'s library): the mode comes from the iodef, server mode is an MPMD job
+``mpiexec -n P model : -n S ensio ioserver iodef.yaml``. A compiled model computes a
+step several times faster than numpy, so the same output is a larger share of its time.
+
 Honesty about this machine: with P model ranks and S servers on fewer than P+S
 cores the servers steal the model's cores, so the measured server cost
 includes that competition. :func:`projection` then models a node with
@@ -33,10 +39,14 @@ from typing import Any
 import numpy as np
 import yaml
 
+from ..errors import ConfigError
 from ..models.stencil import iodef
 from .childenv import child_env
 
-__all__ = ["IOServerBenchSettings", "bench_ioserver", "projection", "result_table",
+#: The stencil model in Python (``ensio model stencil``) or its Fortran twin.
+MODELS = ("python", "fortran")
+
+__all__ = ["MODELS", "IOServerBenchSettings", "bench_ioserver", "projection", "result_table",
            "plot_result", "copy_seconds_per_byte"]
 
 
@@ -61,6 +71,11 @@ class IOServerBenchSettings:
     repeat: int = 3
     servers: tuple[int, ...] = (1, 2)
     compression: int = 1
+    model: str = "python"
+
+    def __post_init__(self) -> None:
+        if self.model not in MODELS:
+            raise ConfigError(f"model: expected one of {', '.join(MODELS)}, got {self.model!r}")
 
     @property
     def bytes_per_output(self) -> int:
@@ -77,24 +92,45 @@ def _ensio_command() -> list[str]:
     return [sys.executable, "-m", "ensio"]
 
 
-def _run(st: IOServerBenchSettings, mode: str, servers: int, root: Path,
-         rep: int) -> dict[str, Any]:
-    """One ``mpiexec`` run of the stencil model; its JSON result."""
-    name = "none" if mode == "none" else (f"server{servers}" if mode == "server" else mode)
-    run_dir = root / f"{name}-{rep}"
-    run_dir.mkdir(parents=True, exist_ok=True)
+def _python_argv(st: IOServerBenchSettings, mode: str, servers: int, run_dir: Path,
+                 config: Path | None) -> list[str]:
+    """``mpiexec -n P+S ensio model stencil ...`` (the last S ranks serve)."""
     nprocs = st.ranks + (servers if mode == "server" else 0)
     argv = [_mpiexec(), "-n", str(nprocs), *_ensio_command(), "model", "stencil",
             "--nx", str(st.nx), "--ny", str(st.ny), "--nz", str(st.nz),
             "--fields", str(st.fields), "--steps", str(st.steps), "--sweeps", str(st.sweeps),
             "--json", str(run_dir / "result.json")]
-    if mode == "none":
-        argv += ["--mode", "none"]
-    else:
+    return argv + (["--mode", "none"] if config is None else
+                   ["--iodef", str(config), "--mode", mode])
+
+
+def _fortran_argv(st: IOServerBenchSettings, exe: Path, mode: str, servers: int,
+                  run_dir: Path, config: Path | None) -> list[str]:
+    """``mpiexec -n P stencil-f ...`` and, in server mode, ``: -n S ensio ioserver CONFIG``."""
+    from ..models.stencilf import stencil_argv
+
+    argv = [_mpiexec(), "-n", str(st.ranks), *stencil_argv(
+        exe, config, nx=st.nx, ny=st.ny, nz=st.nz, fields=st.fields, steps=st.steps,
+        sweeps=st.sweeps, json_path=run_dir / "result.json")]
+    if mode == "server":
+        argv += [":", "-n", str(servers), *_ensio_command(), "ioserver", str(config)]
+    return argv
+
+
+def _run(st: IOServerBenchSettings, mode: str, servers: int, root: Path,
+         rep: int, exe: Path | None = None) -> dict[str, Any]:
+    """One ``mpiexec`` run of the stencil model (the Fortran ``exe`` if given); its result."""
+    name = "none" if mode == "none" else (f"server{servers}" if mode == "server" else mode)
+    run_dir = root / f"{name}-{rep}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config = None
+    if mode != "none":
         cfg = {"ioserver": iodef(st.nx, st.ny, st.nz, st.fields, st.every, mode,
                                  max(servers, 1), "output", compression=st.compression)}
-        (run_dir / "iodef.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-        argv += ["--iodef", str(run_dir / "iodef.yaml"), "--mode", mode]
+        config = run_dir / "iodef.yaml"
+        config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    argv = (_python_argv(st, mode, servers, run_dir, config) if exe is None
+            else _fortran_argv(st, exe, mode, servers, run_dir, config))
     log = run_dir / "log.txt"
     with log.open("w") as out:
         proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=out,
@@ -103,6 +139,8 @@ def _run(st: IOServerBenchSettings, mode: str, servers: int, root: Path,
         tail = log.read_text().strip().splitlines()[-3:]
         raise RuntimeError(f"{name} run failed (exit {proc.returncode}): {' | '.join(tail)}")
     res = json.loads((run_dir / "result.json").read_text())
+    if exe is not None:  # the Fortran model does not know the config's mode: the label
+        res["mode"] = mode
     res["run_dir"] = str(run_dir)
     return res
 
@@ -153,9 +191,16 @@ def bench_ioserver(st: IOServerBenchSettings, workdir: str | Path | None = None,
     """Run every mode ``st.repeat`` times; costs relative to the no-output run (best times)."""
     from .machine import describe_machine
 
-    root = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(
+    root = Path(workdir).resolve() if workdir is not None else Path(tempfile.mkdtemp(
         prefix="ensio-bench-ioserver-"))
     root.mkdir(parents=True, exist_ok=True)
+    exe = None
+    if st.model == "fortran":
+        from ..models.stencilf import build_stencil
+
+        if on_step is not None:
+            on_step("building the Fortran model (ensio ioclient build)")
+        exe = build_stencil(root / "fortran")
     modes: list[tuple[str, int]] = [("none", 0), ("sync", 0), ("attached", 0)]
     modes += [("server", s) for s in st.servers]
     runs: dict[str, list[dict[str, Any]]] = {}
@@ -164,7 +209,7 @@ def bench_ioserver(st: IOServerBenchSettings, workdir: str | Path | None = None,
             label = f"server{s}" if mode == "server" else mode
             if on_step is not None:
                 on_step(f"{label} (repeat {rep + 1}/{st.repeat})")
-            runs.setdefault(label, []).append(_run(st, mode, s, root, rep))
+            runs.setdefault(label, []).append(_run(st, mode, s, root, rep, exe))
     best = {k: min(v, key=lambda r: r["seconds"]) for k, v in runs.items()}
     t0 = best["none"]["seconds"]
     rows = []
@@ -188,7 +233,8 @@ def bench_ioserver(st: IOServerBenchSettings, workdir: str | Path | None = None,
     by = {r["mode"]: r for r in rows}
     cost_server = by[f"server{st.servers[0]}"]["cost"]
     return {
-        "settings": asdict(st), "machine": describe_machine(root), "workdir": str(root),
+        "settings": asdict(st), "model": st.model, "machine": describe_machine(root),
+        "workdir": str(root),
         "cores": os.cpu_count(),
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "rows": rows, "t_no_output": t0,
@@ -210,7 +256,8 @@ def result_table(res: Mapping[str, Any]) -> Any:
     from rich.table import Table
 
     st = res["settings"]
-    t = Table(title=f"ensio bench ioserver: {st['ranks']} model rank(s), {st['fields']} 3-D "
+    t = Table(title=f"ensio bench ioserver: {st.get('model', 'python')} model, "
+                    f"{st['ranks']} model rank(s), {st['fields']} 3-D "
                     f"fields {st['nx']}x{st['ny']}x{st['nz']} every {st['every']} of "
                     f"{st['steps']} steps; {res['cores']} cores")
     for c in ("mode", "procs", "seconds", "cost", "cost in loop", "client s", "close s",

@@ -12,9 +12,14 @@ __all__ = ["add_arguments", "run"]
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Arguments of ``ensio bench ioserver``."""
-    from ..bench.ioserver import IOServerBenchSettings
+    from ..bench.ioserver import MODELS, IOServerBenchSettings
 
     d = IOServerBenchSettings()
+    p.add_argument("--model", choices=MODELS, default=d.model,
+                   help="the stencil model in Python (ensio model stencil, the default) or "
+                        "its Fortran twin, built with ensio ioclient build into DIR/fortran "
+                        "(needs mpicc and gfortran); server mode then runs MPMD with "
+                        "ensio ioserver")
     p.add_argument("--workdir", type=Path, default=None, metavar="DIR",
                    help="keep every run's iodef, log and output files here "
                         "(default: a temporary directory, kept)")
@@ -46,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     st = IOServerBenchSettings(ranks=args.ranks, nx=args.nx, ny=args.ny, nz=args.nz,
                                fields=args.fields, every=args.every, steps=args.steps,
                                sweeps=args.sweeps, repeat=args.repeat, servers=args.servers,
-                               compression=args.compression)
+                               compression=args.compression, model=args.model)
     res = run_with_status("ensio bench ioserver",
                           lambda on_step: bench_ioserver(st, args.workdir, on_step))
     Console().print(result_table(res))
