@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 from . import view
+from .hugemem import open_memory_source
 from .network import Network, parse_ranges
 from .persist import persist_loop, wait_persisted
 from .pool import MemfdPool
@@ -67,12 +68,15 @@ class Daemon:
 
     def __init__(self, socket_dir: str | os.PathLike, idle_timeout: float = 600.0,
                  log: logging.Logger | None = None,
-                 pool_mb: float = DEFAULT_POOL_MB) -> None:
+                 pool_mb: float = DEFAULT_POOL_MB, huge_pages: str | None = "off") -> None:
         self.dir = Path(socket_dir)
         self.idle_timeout = idle_timeout
         self.log = log or _file_logger(self.dir / LOG_NAME)
         self._lock_fd = _take_lock(self.dir / LOCK_NAME)
-        self.pool = MemfdPool(int(pool_mb * 1024 * 1024), self.log)
+        # huge_pages: "auto" (a private huge-page tmpfs if the machine allows, hugemem.py),
+        # "off" (memfds); None: $ENSIO_TRANSFER_HUGE_PAGES, else auto
+        self.memory = open_memory_source(self.dir, self.log, huge_pages)
+        self.pool = MemfdPool(int(pool_mb * 1024 * 1024), self.log, memory=self.memory)
         self.table = Table(self.log, self.pool)
         self.network = Network(self.table, self.log, on_activity=lambda: self._count(0))
         self._stop = threading.Event()
@@ -124,6 +128,7 @@ class Daemon:
             self.log.info("memfd pool: %d new files took pre-faulted memory, %d found none "
                           "ready", self.pool.taken, self.pool.missed)
         self.pool.close()
+        self.memory.close()
         self.network.close()
         if not wait_persisted(self.table, timeout=120.0):
             self.log.error("write-behind still pending after 120 s at exit")
@@ -359,7 +364,7 @@ def serve(socket_dir: str | os.PathLike, idle_timeout: float = 600.0,
         Another daemon serves ``socket_dir``.
     """
     os.environ.pop("LD_PRELOAD", None)  # the daemon itself is never interposed
-    d = Daemon(socket_dir, idle_timeout=idle_timeout, pool_mb=pool_mb)
+    d = Daemon(socket_dir, idle_timeout=idle_timeout, pool_mb=pool_mb, huge_pages=None)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: d.stop())
     d.serve_forever()

@@ -43,6 +43,8 @@ import os
 import threading
 import time
 
+from .hugemem import MemorySource
+
 __all__ = ["MemfdPool", "fallocate_keep_size", "supply_memfd", "trim"]
 
 FALLOC_FL_KEEP_SIZE = 0x01
@@ -80,11 +82,15 @@ def trim(fd: int) -> None:
 
 
 def supply_memfd(pool: MemfdPool | None, path: str) -> tuple[int, bool]:
-    """The memory of a new file: a memfd pre-faulted from ``pool`` (True), else a fresh
-    one named after ``path`` (False). Sealing allowed; the caller owns it."""
+    """The memory of a new file: one pre-faulted from ``pool`` (True), else a fresh one
+    named after ``path`` (False), from the pool's :class:`~.hugemem.MemorySource` (a
+    huge-page tmpfs file, which cannot be sealed, or a memfd, sealing allowed). The
+    caller owns it."""
     fd = pool.take() if pool is not None else None
     if fd is not None:
         return fd, True
+    if pool is not None:
+        return pool.memory.new(path), False
     return os.memfd_create(os.path.basename(path) or "ensio",
                            os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING), False
 
@@ -122,8 +128,9 @@ class MemfdPool:
     """
 
     def __init__(self, limit: int, log: logging.Logger, idle_s: float = 300.0,
-                 quiet_s: float = 1.0) -> None:
+                 quiet_s: float = 1.0, memory: MemorySource | None = None) -> None:
         self.limit = max(0, int(limit))
+        self.memory = memory if memory is not None else MemorySource()  # where files come from
         self.idle_s = idle_s
         self.quiet_s = quiet_s
         self._last_request = -quiet_s  # the daemon's last request (monotonic seconds)
@@ -259,7 +266,7 @@ class MemfdPool:
         size = self._entry_size()
         if not size or self._held() + size > self.limit or not _available_ok(size):
             return False
-        fd = os.memfd_create("ensio-pool", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        fd = self.memory.new("ensio-pool")
         self._partial = (fd, 0, size)
         return True
 

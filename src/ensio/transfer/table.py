@@ -178,11 +178,14 @@ class Table:
         The descriptor received from the producer shares its open file description,
         and with it any lock the producer took (HDF5 flocks its files): a fresh
         description from ``/proc/self/fd`` carries none. A writable mapping still
-        alive (EBUSY) gets a sealed copy instead.
+        alive (EBUSY) gets a sealed copy instead. A file that takes no seals (a
+        huge-page tmpfs file, :mod:`.hugemem`: ``F_SEAL_SEAL`` from its creation) is
+        held read-only unsealed: the producer's descriptors are closed by now.
         """
         assert e.fd is not None
         try:
-            fcntl.fcntl(e.fd, fcntl.F_ADD_SEALS, SEALS)
+            if not fcntl.fcntl(e.fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SEAL:
+                fcntl.fcntl(e.fd, fcntl.F_ADD_SEALS, SEALS)
             if e.pooled:
                 trim(e.fd)  # sealed: no one writes past the end any more
             fresh = os.open(f"/proc/self/fd/{e.fd}", os.O_RDONLY | os.O_CLOEXEC)
