@@ -8,6 +8,7 @@
  *   ensio_interpose_writes.c  write, pwrite, writev, ftruncate, mmap: async dirty ranges
  *   ensio_interpose_partial.c read, pread, readv, mmap, exec: partial descriptors
  *   ensio_interpose_paths.c   the rules file, path canonicalization, glob matching
+ *   ensio_interpose_dirs.c    opendir/readdir/getdents64/glob/scandir: held names listed
  *   ensio_interpose_daemon.c  the staging daemon's socket (protocol: ensio/transfer/protocol.py)
  *
  * Built into one shared object by `ensio run` (ensio/transfer/build.py); loaded with
@@ -131,6 +132,7 @@ EI_HIDDEN const struct ei_rule *ei_classify(int dirfd, const char *path, char ou
                                             int want);
 EI_HIDDEN int ei_glob_match(const char *pat, const char *s);
 EI_HIDDEN int ei_canonical(int dirfd, const char *path, char out[PATH_MAX]);
+EI_HIDDEN int ei_dir_may_hold(const char *dir);  /* dir absolute, normalized */
 
 /* daemon: every call with ei_lock held */
 #define EI_REPLY_MAX 1024

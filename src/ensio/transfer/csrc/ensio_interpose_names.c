@@ -6,7 +6,8 @@
  * times are the memory file's, the permission bits those of the producer's create.
  * Names the daemon does not hold are real files, so fallback and persisted files
  * behave as files. The glibc-internal __xstat family is interposed as well: programs
- * built against glibc < 2.33 call it instead of stat.
+ * built against glibc < 2.33 call it instead of stat. Extended attributes of a held file
+ * are the memory file's (ls -l asks for them after its statx).
  */
 #include "ensio_interpose.h"
 
@@ -16,6 +17,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #define EXPORT __attribute__((visibility("default")))
@@ -30,18 +32,12 @@ int __xstat64(int, const char *, struct stat64 *);
 int __lxstat64(int, const char *, struct stat64 *);
 int __fxstatat64(int, int, const char *, struct stat64 *, int);
 
-/* Is (dirfd, path) a held transferred file? 1: *fd is a read-only descriptor of it
- * (close it) and *mode its permission bits; 0: not ours, call the real function;
- * -1: error (errno, e.g. EIO for a file whose producer died). */
-static int held(int dirfd, const char *path, int *fd, mode_t *mode, const struct ei_rule **rule,
-                int want)
+/* The daemon's answer for canon (lock taken here), as held() answers; *absent: the
+ * daemon answered that it holds no such file. */
+static int lookup(const char *canon, int *fd, mode_t *mode, int *absent)
 {
-    ei_init();
-    char canon[PATH_MAX];
-    const struct ei_rule *r = ei_classify(dirfd, path, canon, want);
-    if (rule) *rule = r;
-    if (r == NULL) return 0;
     int rc = 0;
+    *absent = 0;
     pthread_mutex_lock(&ei_lock);
     int keeper = ei_local_file(canon, mode);
     if (keeper >= 0) {
@@ -58,12 +54,50 @@ static int held(int dirfd, const char *path, int *fd, mode_t *mode, const struct
                 if (*fd >= 0) ei_real.close(*fd);
                 errno = (int)ei_reply_long(reply, "errno", EIO);
                 rc = -1;
-            } else if (*fd >= 0) {
-                ei_real.close(*fd);
+            } else {
+                *absent = 1;
+                if (*fd >= 0) ei_real.close(*fd);
             }
         }
     }
     pthread_mutex_unlock(&ei_lock);
+    return rc;
+}
+
+/* A name this process only consumes, neither held nor on disk: its producer may not
+ * have started yet (workflow jobs often start consumers first), so stat and access wait
+ * for it as open does (OPEN await=1, up to the connection's consumer_timeout_s): tools
+ * such as ncks stat a file before they open it. Lock not held; as held() answers. */
+static int not_yet(const struct ei_rule *r, const char *canon, int *fd, mode_t *mode)
+{
+    REAL(int (*)(int, const char *, struct stat *, int), fstatat);
+    struct stat st;
+    if (real_fstatat(AT_FDCWD, canon, &st, AT_SYMLINK_NOFOLLOW) == 0 || errno != ENOENT)
+        return 0;  /* a real file (or a directory we cannot search): the real call answers */
+    int waited = ei_consume_wait(r, canon, O_RDONLY | O_CLOEXEC);
+    if (waited == -2) return 0;  /* a real file appeared */
+    if (waited < 0) return -1;   /* ETIMEDOUT, EIO: errno */
+    ei_real.close(waited);
+    int absent;
+    return lookup(canon, fd, mode, &absent);  /* complete now: its permission bits */
+}
+
+/* Is (dirfd, path) a held transferred file? 1: *fd is a read-only descriptor of it
+ * (close it) and *mode its permission bits; 0: not ours, call the real function;
+ * -1: error (errno, e.g. EIO for a file whose producer died). A name this process only
+ * consumes and nobody produced yet is waited for (not_yet). */
+static int held(int dirfd, const char *path, int *fd, mode_t *mode, const struct ei_rule **rule,
+                int want)
+{
+    ei_init();
+    char canon[PATH_MAX];
+    const struct ei_rule *r = ei_classify(dirfd, path, canon, want);
+    if (rule) *rule = r;
+    if (r == NULL) return 0;
+    int absent;
+    int rc = lookup(canon, fd, mode, &absent);
+    if (rc == 0 && absent && (want & EI_CONSUMER) && r->role == EI_CONSUMER)
+        rc = not_yet(r, canon, fd, mode);
     return rc;
 }
 
@@ -432,4 +466,79 @@ EXPORT int renameat2(int od, const char *old, int nd, const char *new, unsigned 
     if (rc != -2) return rc;
     if (real_renameat2 == NULL) { errno = ENOSYS; return -1; }
     return after_real_rename(real_renameat2(od, old, nd, new, flags), drop, cnew);
+}
+
+/* ---- extended attributes ---------------------------------------------------------- */
+
+/* A held file answers as the memory file it is: get and list come from the memfd itself
+ * (ENODATA, an empty list: what `ls -l` and SELinux/ACL probes expect of a tmpfs file),
+ * set is ENOTSUP (nothing would carry them to disk or to other hosts). Other names are
+ * the real call's. */
+#define XATTR_BODY(follow, realcall, fcall)                              \
+    int fd_;                                                             \
+    mode_t mode_;                                                        \
+    int h_ = held(AT_FDCWD, path, &fd_, &mode_, NULL, EI_CONSUMER | EI_PRODUCER); \
+    (void)(follow);                                                      \
+    if (h_ == 0) return (realcall);                                      \
+    if (h_ < 0) return -1;                                               \
+    ssize_t rc_ = (fcall);                                               \
+    int saved_ = errno;                                                  \
+    ei_real.close(fd_);                                                  \
+    errno = saved_;                                                      \
+    return rc_
+
+EXPORT ssize_t getxattr(const char *path, const char *name, void *value, size_t size)
+{
+    REAL(ssize_t (*)(const char *, const char *, void *, size_t), getxattr);
+    XATTR_BODY(1, real_getxattr(path, name, value, size), fgetxattr(fd_, name, value, size));
+}
+
+EXPORT ssize_t lgetxattr(const char *path, const char *name, void *value, size_t size)
+{
+    REAL(ssize_t (*)(const char *, const char *, void *, size_t), lgetxattr);
+    XATTR_BODY(0, real_lgetxattr(path, name, value, size), fgetxattr(fd_, name, value, size));
+}
+
+EXPORT ssize_t listxattr(const char *path, char *list, size_t size)
+{
+    REAL(ssize_t (*)(const char *, char *, size_t), listxattr);
+    XATTR_BODY(1, real_listxattr(path, list, size), flistxattr(fd_, list, size));
+}
+
+EXPORT ssize_t llistxattr(const char *path, char *list, size_t size)
+{
+    REAL(ssize_t (*)(const char *, char *, size_t), llistxattr);
+    XATTR_BODY(0, real_llistxattr(path, list, size), flistxattr(fd_, list, size));
+}
+
+static ssize_t not_supported(void)
+{
+    errno = ENOTSUP;
+    return -1;
+}
+
+EXPORT int setxattr(const char *path, const char *name, const void *value, size_t size,
+                    int flags)
+{
+    REAL(int (*)(const char *, const char *, const void *, size_t, int), setxattr);
+    XATTR_BODY(1, real_setxattr(path, name, value, size, flags), not_supported());
+}
+
+EXPORT int lsetxattr(const char *path, const char *name, const void *value, size_t size,
+                     int flags)
+{
+    REAL(int (*)(const char *, const char *, const void *, size_t, int), lsetxattr);
+    XATTR_BODY(0, real_lsetxattr(path, name, value, size, flags), not_supported());
+}
+
+EXPORT int removexattr(const char *path, const char *name)
+{
+    REAL(int (*)(const char *, const char *), removexattr);
+    XATTR_BODY(1, real_removexattr(path, name), fremovexattr(fd_, name));
+}
+
+EXPORT int lremovexattr(const char *path, const char *name)
+{
+    REAL(int (*)(const char *, const char *), lremovexattr);
+    XATTR_BODY(0, real_lremovexattr(path, name), fremovexattr(fd_, name));
 }

@@ -196,3 +196,21 @@ const struct ei_rule *ei_classify(int dirfd, const char *path, char out[PATH_MAX
         }
     return first;
 }
+
+/* Can the absolute, normalized directory dir hold files of some rule (its pattern's
+ * directory part matches dir)? The directory view (ensio_interpose_dirs.c) asks the
+ * daemon only for such directories. */
+int ei_dir_may_hold(const char *dir)
+{
+    if (!ei_active) return 0;
+    char pdir[PATH_MAX];
+    for (int i = 0; i < nrules; i++) {
+        size_t n = (size_t)(rules[i].last - rules[i].pattern);  /* with the last '/' */
+        if (n == 0 || n >= sizeof pdir) continue;
+        memcpy(pdir, rules[i].pattern, n - 1);
+        pdir[n - 1] = '\0';
+        if (n == 1) { pdir[0] = '/'; pdir[1] = '\0'; }
+        if (ei_glob_match(pdir, dir)) return 1;
+    }
+    return 0;
+}
