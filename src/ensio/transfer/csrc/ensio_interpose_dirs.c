@@ -293,11 +293,10 @@ struct linux_dirent64_ {
 
 /* The getdents view of fd (lock held): a new one when fd reads a new directory or
  * starts again at its beginning. */
-static struct view *fd_view(int fd)
+static struct view *fd_view(int fd, off_t pos)
 {
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISDIR(st.st_mode)) return NULL;
-    off_t pos = lseek(fd, 0, SEEK_CUR);
     struct view **s = &views;
     for (; *s; s = &(*s)->next)
         if ((*s)->dir == NULL && (*s)->fd == fd) break;
@@ -330,11 +329,13 @@ EXPORT ssize_t getdents64(int fd, void *buf, size_t count)
 {
     REAL(ssize_t (*)(int, void *, size_t), getdents64);
     ei_init();
+    if (!ei_active) return real_getdents64(fd, buf, count);
+    off_t pos = lseek(fd, 0, SEEK_CUR);  /* 0: the listing starts (again) */
     ssize_t got = real_getdents64(fd, buf, count);
-    if (!ei_active || got < 0) return got;
+    if (got < 0) return got;
     int saved = errno;
     pthread_mutex_lock(&ei_lock);
-    struct view *v = fd_view(fd);
+    struct view *v = fd_view(fd, pos);
     if (v && got > 0) {
         for (ssize_t off = 0; off < got;) {
             struct linux_dirent64_ *e = (struct linux_dirent64_ *)((char *)buf + off);
