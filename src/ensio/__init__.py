@@ -10,7 +10,9 @@ so light processes (pool workers, the ``ensio`` command) start fast.
 
 from __future__ import annotations
 
-from typing import Any
+TYPE_CHECKING = False  # importing typing costs every ``ensio`` command ~15 ms
+if TYPE_CHECKING:
+    from typing import Any
 
 __version__ = "0.1.0"
 

@@ -14,14 +14,15 @@ synthrun``, ``ensio model l96 run``) must start fast.
 
 from __future__ import annotations
 
-import argparse
-import importlib
 import os
 import sys
-from collections.abc import Sequence
 
 from .. import __version__
-from ..errors import ConfigError, EnsioError, os_error_message
+
+TYPE_CHECKING = False  # typing itself costs ~15 ms of every launch (issue 28 item 2)
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Sequence
 
 #: Subcommand modules, in the order ``ensio --help`` lists them.
 COMMANDS = (
@@ -45,6 +46,9 @@ COMMANDS = (
 
 def build_parser(commands: Sequence[str] = COMMANDS) -> argparse.ArgumentParser:
     """The ``ensio`` parser with the sub-commands ``commands`` (default: all)."""
+    import argparse
+    import importlib
+
     parser = argparse.ArgumentParser(
         prog="ensio",
         description="High-throughput ensemble data assimilation.",
@@ -73,6 +77,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         # parsers (which import every sub-command's module): ~1 s saved
         print(f"ensio {__version__}")
         raise SystemExit(0)
+    if argv[:1] == ["run"]:
+        # ensio run --transfer: exec COMMAND from its launch record when it holds (standard
+        # library only); otherwise, on to the full path below (which writes the record)
+        from ..transfer.launch import launch_recorded
+
+        launch_recorded(argv[1:])
+    from ..errors import ConfigError, EnsioError, os_error_message
+
     parser = build_parser(commands_for(argv))
     if argv[:1] == ["ioserver"]:  # an MPMD job's server ranks: errors reach every rank
         from .ioserver import guard_parse_errors

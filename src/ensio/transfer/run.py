@@ -25,8 +25,8 @@ from typing import NoReturn
 
 from ..config.errors import ConfigError
 from ..durable import atomic_write
-from .build import interposer
-from .config import ConnectionDef, TransferConfig, load_transfer_config
+from . import build, launch
+from .config import ConnectionDef, FilePattern, TransferConfig, load_transfer_config
 from .errors import TransferError
 from .hosts import consumer_hosts, process_rank, this_host
 from .protocol import Client, encode
@@ -95,13 +95,17 @@ def prepare(config: str | os.PathLike | TransferConfig, component: str,
     TransferError
         No compiler, an unsafe socket directory, a daemon that does not start.
     """
+    checks = None if isinstance(config, TransferConfig) else _config_checks(config)
     cfg = config if isinstance(config, TransferConfig) else load_transfer_config(config)
     if component not in cfg.components:
         where = f"{cfg.source}: " if cfg.source else ""
         raise ConfigError(f"{where}--component {component!r} is not one of the components "
                           f"({', '.join(cfg.components)})")
-    lib = interposer()
+    if checks is not None:  # before the build reads them: a later change shows
+        checks += [launch.stat_line(str(build.csrc_dir() / n)) for n in build.SOURCES]
+    lib = build.interposer()
     sock = ensure_daemon(socket_dir, idle_timeout=idle_timeout, pool_mb=cfg.pool_mb)
+    socket_st = os.stat(sock)  # before NETWORK: a daemon restarted after it has another
     rules = Path(sock).parent / "rules" / f"{cfg.identity or 'local'}-{component}.rules"
     rules.parent.mkdir(mode=0o700, exist_ok=True)
     rank = process_rank()
@@ -109,7 +113,29 @@ def prepare(config: str | os.PathLike | TransferConfig, component: str,
         register_network(cfg, Path(sock))
         rules = rules.with_name(f"{rules.stem}-{rank}.rules")
     atomic_write(rules, rules_text(cfg, component, rank), fsync=False)
+    if checks is not None:
+        checks += [launch.stat_line(str(lib)), launch.stat_line(str(rules)), *launch.env_lines()]
+        checks += sorted({launch.link_line(_fixed_dir(p)) for c in cfg.connections
+                          for p in c.patterns})
+        launch.write_record(str(Path(sock).parent), launch.record_key(os.fspath(config), component),
+                            checks, str(lib), str(rules), str(sock),
+                            (socket_st.st_ino, socket_st.st_mtime_ns))
     return command_env(lib, rules, Path(sock))
+
+
+def _config_checks(config: str | os.PathLike) -> list[str] | None:
+    """The launch record's check of the config file, taken before it is read (None: it
+    cannot be stat'ed, and loading it reports why)."""
+    try:
+        return [launch.stat_line(os.path.realpath(config))]
+    except OSError:
+        return None
+
+
+def _fixed_dir(pattern: FilePattern) -> str:
+    """The directory before a pattern's first wildcard (what :meth:`FilePattern.resolved`
+    resolves links of)."""
+    return pattern.literal_prefix().rsplit("/", 1)[0] or "/"
 
 
 def register_network(cfg: TransferConfig, sock: Path) -> None:
@@ -139,9 +165,8 @@ def register_network(cfg: TransferConfig, sock: Path) -> None:
 
 def command_env(lib: Path, rules: Path, sock: Path) -> dict[str, str]:
     """The variables that put a program under the interposer."""
-    previous = os.environ.get("LD_PRELOAD", "")
-    kept = " ".join(p for p in previous.replace(":", " ").split() if "ensio_interpose" not in p)
-    return {"LD_PRELOAD": f"{lib} {kept}".strip(), "ENSIO_TRANSFER_RULES": str(rules),
+    return {"LD_PRELOAD": launch.preload_value(str(lib), os.environ.get("LD_PRELOAD", "")),
+            "ENSIO_TRANSFER_RULES": str(rules),
             "ENSIO_TRANSFER_SOCKET": str(sock)}
 
 

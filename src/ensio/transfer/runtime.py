@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .errors import TransferError
+from .launch import socket_dir_path
 from .protocol import LOCK_NAME, LOG_NAME, SOCKET_NAME, Client, DaemonUnavailable, FileStatus
 
 __all__ = ["daemon_status", "ensure_daemon", "prepare_dir", "socket_dir", "stop_daemon"]
@@ -34,15 +35,8 @@ _POLL = 0.02  # seconds between looks at a condition we cannot be notified of
 
 
 def socket_dir(given: str | os.PathLike | None = None) -> Path:
-    """The socket directory (not created)."""
-    if given is not None:
-        return Path(given)
-    if os.environ.get("ENSIO_TRANSFER_DIR"):
-        return Path(os.environ["ENSIO_TRANSFER_DIR"])
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime and os.path.isdir(runtime):
-        return Path(runtime) / "ensio-transfer"
-    return Path(f"/tmp/ensio-transfer-{os.getuid()}")
+    """The socket directory (not created; the rule is :func:`.launch.socket_dir_path`)."""
+    return Path(socket_dir_path(None if given is None else os.fspath(given)))
 
 
 def prepare_dir(path: str | os.PathLike) -> Path:
