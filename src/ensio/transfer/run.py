@@ -112,7 +112,7 @@ def prepare(config: str | os.PathLike | TransferConfig, component: str,
     if cfg.hosts:
         register_network(cfg, Path(sock))
         rules = rules.with_name(f"{rules.stem}-{rank}.rules")
-    atomic_write(rules, rules_text(cfg, component, rank), fsync=False)
+    _write_rules(rules, rules_text(cfg, component, rank))
     if checks is not None:
         checks += [launch.stat_line(str(lib)), launch.stat_line(str(rules)), *launch.env_lines()]
         checks += sorted({launch.link_line(_fixed_dir(p)) for c in cfg.connections
@@ -121,6 +121,17 @@ def prepare(config: str | os.PathLike | TransferConfig, component: str,
                             checks, str(lib), str(rules), str(sock),
                             (socket_st.st_ino, socket_st.st_mtime_ns))
     return command_env(lib, rules, Path(sock))
+
+
+def _write_rules(path: Path, text: str) -> None:
+    """Replace the rules file unless it already says ``text``: the launch records of other
+    ranks (and hosts) check it by its inode and time, and must stay valid."""
+    try:
+        if path.read_text() == text:
+            return
+    except OSError:
+        pass
+    atomic_write(path, text, fsync=False)
 
 
 def _config_checks(config: str | os.PathLike) -> list[str] | None:
