@@ -10,11 +10,14 @@ is asserted; ``launch_ms`` is the benchmark's.
 from __future__ import annotations
 
 import os
+import secrets
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from transfer_support import (  # noqa: F401  (the *_fixture names are fixtures)
     Host,
     host_fixture,
@@ -116,6 +119,30 @@ def test_another_cache_component_or_rank_is_another_record(host: Host, config: P
     # ranks share the rules file: one rank's full path must not make another's record stale
     assert took_hot_path(launch_run(host, config, "true", env=env)[1])
     assert took_hot_path(launch_run(host, config, "true", env=ranked)[1])
+
+
+def test_a_hosts_config_is_recorded_per_rank_and_a_new_secret_is_sent(host: Host):
+    with socket.socket() as s:  # a free port (the daemon binds it after this closes)
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = host.work / "h.yaml"
+    config.write_text(yaml.safe_dump({
+        "components": ["model", "post"],
+        "hosts": {"a": {"address": "127.0.0.1", "port": port, "components": ["model", "post"]}},
+        "connections": [{"name": "restarts", "from": "model", "to": "post",
+                         "files": [str(host.work / "fc" / "mem*.nc")]}]}))
+    env = dict(host.env, ENSIO_TRANSFER_HOST="a", ENSIO_TRANSFER_RANK="1")
+    proc, imported = launch_run(host, config, "env", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert not took_hot_path(imported)
+    assert printed_env(proc)["ENSIO_TRANSFER_RULES"].endswith("-model-1.rules")
+    proc, imported = launch_run(host, config, "env", env=env)
+    assert took_hot_path(imported) and proc.returncode == 0
+    secret = host.work / "h.yaml.secret"
+    secret.write_text(secrets.token_hex(32) + "\n")  # stays 0600
+    proc, imported = launch_run(host, config, "true", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert not took_hot_path(imported)  # the daemon got the new secret (NETWORK again)
 
 
 def test_a_restarted_daemon_takes_the_full_path(host: Host, config: Path):

@@ -111,6 +111,8 @@ def prepare(config: str | os.PathLike | TransferConfig, component: str,
     rank = process_rank()
     if cfg.hosts:
         register_network(cfg, Path(sock))
+        if checks is not None:  # the daemon was given it: another secret must be sent again
+            checks.append(launch.stat_line(str(cfg.secret)))
         rules = rules.with_name(f"{rules.stem}-{rank}.rules")
     _write_rules(rules, rules_text(cfg, component, rank))
     if checks is not None:
