@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 from . import view
+from .budget import KEEP_DEFAULT, read_keep_lines
 from .hugemem import open_memory_source
 from .network import Network, parse_ranges
 from .persist import persist_loop, wait_persisted
@@ -156,6 +157,7 @@ class Daemon:
     def _serve_client(self, conn: socket.socket, pid: int) -> None:
         """One connection: HELLO, then requests until it closes (a producer's death)."""
         peer = Peer(id=next(self._ids), component="?", pid=pid)
+        keeps: dict[str, tuple[str, frozenset[str]]] = {}
         self._count(+1)
         try:
             while True:
@@ -172,6 +174,7 @@ class Daemon:
                         self._reply(conn, Reply.err(errno.EPROTO))
                         break
                     peer = Peer(id=peer.id, component=msg.get("component", "?"), pid=pid)
+                    keeps = read_keep_lines(msg.get("rules", ""))  # keep lines (budget.py)
                     self._reply(conn, Reply("OK", {"proto": PROTOCOL_VERSION,
                                                    "pid": os.getpid()}))
                     continue
@@ -179,7 +182,7 @@ class Daemon:
                     self.network.names.drain()  # what opens would see now
                     self._send_status(conn)
                     continue
-                reply = self._dispatch(peer, msg)
+                reply = self._dispatch(peer, msg, keeps)
                 if msg.verb == "RANGES" and msg.get("ack") == "0":
                     continue  # the interposer does not wait for an answer
                 self._reply(conn, reply)
@@ -192,8 +195,12 @@ class Daemon:
             self.network.peer_gone(peer)
             self._count(-1)
 
-    def _dispatch(self, peer: Peer, msg: Message) -> Reply:
-        """One request → the table's reply; a descriptor received and not kept is closed."""
+    def _dispatch(self, peer: Peer, msg: Message,
+                  keeps: dict[str, tuple[str, frozenset[str]]] | None = None) -> Reply:
+        """One request → the table's reply; a descriptor received and not kept is closed.
+
+        ``keeps``: the producer's ``keep`` lines (conn → keep, consumers; :mod:`.budget`).
+        """
         self.pool.touch()
         try:
             if msg.verb == "CREATE":  # without a descriptor: the daemon supplies the memory
@@ -202,22 +209,16 @@ class Daemon:
                     budget=msg.int("budget", -1), fallback=msg.get("fallback", "files"),
                     persist=msg.get("persist") == "1", mode=int(msg.get("mode", "644"), 8),
                     excl=msg.get("excl") == "1", keep=msg.get("keep") == "1",
-                    exist=msg.get("exist") == "1")
-                if reply.verb == "OK":
-                    try:
-                        if msg.get("targets"):
-                            self.network.announce(peer, int(str(reply.fields["id"])), {
-                                **msg.fields, "component": peer.component,
-                                "mode": str(reply.fields["mode"])})
-                    except OSError:
-                        if reply.fd is not None:
-                            os.close(reply.fd)  # the producer's descriptor, never sent
-                        raise
-                    return reply
+                    exist=msg.get("exist") == "1",
+                    policy=(keeps or {}).get(msg.get("conn"), KEEP_DEFAULT))
+                if reply.verb == "OK":  # the descriptor received is the table's now
+                    return self._announce(peer, msg, reply) if msg.get("targets") else reply
             elif msg.verb == "COMPLETE":
                 reply = self.table.complete(peer, msg.int("id"))
                 if reply.verb == "OK" and self.table.is_current(msg.int("id")):
-                    self.network.finish(msg.int("id"), parse_ranges(msg.get("r")))
+                    failed = self.network.finish(msg.int("id"), parse_ranges(msg.get("r")))
+                    if failed:  # the producer's close fails: its run must not look fine
+                        reply = Reply("ERR", {"errno": errno.EIO, "fatal": 1, "say": failed})
                 else:  # unlinked or replaced while written: the other hosts drop it too
                     self.network.abort(msg.int("id"))
             elif msg.verb == "RANGES":
@@ -244,6 +245,9 @@ class Daemon:
                 reply = self.table.chmod(msg.get("path"), int(msg.get("mode"), 8))
             elif msg.verb in ("UNLINK", "RENAME", "DROP"):
                 reply = self._name_change(msg)
+            elif msg.verb == "EXIT":  # exit status 0: what it opened is consumed (budget.py)
+                self.table.consumer_exited(peer.pid)
+                reply = Reply("OK")
             elif msg.verb == "STOP":
                 reply = Reply("OK")
             else:
@@ -255,6 +259,29 @@ class Daemon:
             if fd is not None:
                 os.close(fd)
         return reply
+
+    def _announce(self, peer: Peer, msg: Message, reply: Reply) -> Reply:
+        """A new file for other hosts: open its streams before the producer writes. A host
+        that refuses us (a wrong secret) or cannot be reached fails the producer's open
+        (``fatal``: one line on its stderr, and its run fails), unless the connection's
+        consumers there pull what they miss (``all-to-all``)."""
+        entry_id = int(str(reply.fields["id"]))
+        try:
+            failed = self.network.announce(peer, entry_id, {
+                **msg.fields, "component": peer.component, "mode": str(reply.fields["mode"])})
+        except OSError:
+            if reply.fd is not None:
+                os.close(reply.fd)  # the producer's descriptor, never sent
+            raise
+        if failed is None or self.network.can_pull(msg.get("conn")):
+            return reply
+        self.network.abort(entry_id)
+        self.table.drop(msg.get("path"))
+        if reply.fd is not None:
+            os.close(reply.fd)
+        code, why = failed
+        self.log.error("%s: open by %s fails: %s", msg.get("path"), peer, why)
+        return Reply("ERR", {"errno": code, "fatal": 1, "say": f"{msg.get('path')}: {why}"})
 
     def _name_change(self, msg: Message) -> Reply:
         """Unlink, rename or drop here; then on the hosts holding copies (:mod:`.names`),

@@ -63,6 +63,12 @@ class Entry:
     progress: Progress | None = None  # arriving from another host, its final size known
     origin: str = ""       # a copy from another host: "identity@host" (names.py)
     why: str = ""          # failed: why (the log line of an open)
+    failed_at: float = 0.0  # failed: when (wall clock; a real file written later wins)
+    budget_key: str = ""   # whose budget it counts against: its connection, or the host's
+    keep: str = "until-unlinked"   # the connection's keep (budget.py)
+    consumers: frozenset[str] = frozenset()   # the connection's to components
+    consumed: set[str] = field(default_factory=set)   # components that consumed it
+    readers: set[tuple[int, str]] = field(default_factory=set)  # (pid, component) opened it
 
     def size(self) -> int:
         return os.fstat(self.fd).st_size if self.fd is not None else 0

@@ -89,6 +89,8 @@ class Network:
         self.log = log
         self.on_activity = on_activity  # the daemon's idle clock
         self._down: dict[str, float] = {}  # host → until when it is not retried
+        self._failures: dict[int, tuple[int, str]] = {}  # entry id → why a stream failed
+        self._control_errors: dict[tuple[str, str], tuple[int, str]] = {}  # why no control
         self.lock = threading.Lock()
         self.experiments: dict[str, Experiment] = {}
         self.listeners: dict[str, socket.socket] = {}
@@ -306,8 +308,13 @@ class Network:
 
     # -- producer host: outgoing streams -------------------------------------------------------
 
-    def announce(self, writer: Peer, entry_id: int, fields: dict[str, str]) -> None:
-        """A file with ``targets`` was created: open a stream to each other host."""
+    def announce(self, writer: Peer, entry_id: int, fields: dict[str, str]
+                 ) -> tuple[int, str] | None:
+        """A file with ``targets`` was created: open a stream to each other host.
+
+        Returns None, or (errno, why) of the first host that refused us or could not be
+        reached (the daemon fails the producer's open with it, :mod:`.daemon`).
+        """
         identity = fields.get("conn", "").split(":", 1)[0]
         exp = self.experiments.get(identity)
         targets = [t for t in fields.get("targets", "").split(",") if t]
@@ -315,8 +322,9 @@ class Network:
             if targets:
                 self.log.error("%s: targets %s but experiment %s is not registered here",
                                fields.get("path"), ",".join(targets), identity)
-            return
+            return None
         streams = []
+        failed: tuple[int, str] | None = None
         path = fields.get("path", "?")
         for t in targets:
             if t == exp.host:
@@ -325,6 +333,10 @@ class Network:
             s = None
             if self.names.ensure(target):
                 s = self._open_stream(exp, t, entry_id, fields)
+            else:
+                self._failures[entry_id] = self._control_errors.get(
+                    target, (errno.EHOSTUNREACH, f"host {t} cannot be reached"))
+            failed = failed or self._failures.pop(entry_id, None)
             if s is not None:
                 streams.append(s)
                 self.names.note(path, [target])
@@ -333,6 +345,7 @@ class Network:
         with self.lock:
             self.streams[entry_id] = streams
             self._writers[entry_id] = writer.id
+        return failed
 
     def _open_stream(self, exp: Experiment, target: str, entry_id: int,
                      fields: dict[str, str]) -> Stream | None:
@@ -344,6 +357,8 @@ class Network:
         if self._down.get(target, 0.0) > time.monotonic():
             self.log.error("%s: not streamed to host %s: it did not answer recently", path,
                            target)
+            self._failures[entry_id] = (errno.EHOSTUNREACH, f"host {target} ({endpoint}) did "
+                                        "not answer recently: the file cannot reach it")
             return None
         fd = self.table.dup_fd(entry_id)
         if fd is None:
@@ -359,6 +374,12 @@ class Network:
         except (OSError, TransferError) as exc:
             self.log.error("%s: cannot stream to host %s (%s): %s", path, target, endpoint,
                            getattr(exc, "strerror", None) or exc)
+            refused = isinstance(exc, AuthError)
+            self._failures[entry_id] = (
+                errno.EACCES if refused else getattr(exc, "errno", None) or errno.EHOSTUNREACH,
+                f"host {target} ({endpoint}) " + ("refused this host (wrong secret?): "
+                                                  if refused else "cannot be reached: ")
+                + str(getattr(exc, "strerror", None) or exc).replace("\n", " "))
             if not isinstance(exc, AuthError):  # unreachable: do not stall every file on it
                 self._down[target] = time.monotonic() + _DOWN_S
             os.close(fd)
@@ -377,8 +398,9 @@ class Network:
         for s in streams:
             s.add(ranges)
 
-    def finish(self, entry_id: int, final: list[tuple[int, int]]) -> None:
-        """The producer closed: each host gets the rest and seals its copy (in parallel)."""
+    def finish(self, entry_id: int, final: list[tuple[int, int]]) -> str | None:
+        """The producer closed: each host gets the rest and seals its copy (in parallel).
+        None, or what failed (one line: the producer's close fails with it)."""
         with self.lock:
             streams = self.streams.pop(entry_id, [])
             self._writers.pop(entry_id, None)
@@ -395,6 +417,8 @@ class Network:
         for s, err in zip(streams, errors, strict=True):
             if err is not None:
                 self.log.error("%s: %s", s.path, err)
+        bad = [f"{s.path}: {err}" for s, err in zip(streams, errors, strict=True) if err]
+        return "; ".join(bad).replace("\n", " ") if bad else None
 
     def abort(self, entry_id: int) -> None:
         """End the streams of ``entry_id`` unfinished (the other hosts fail their copies)."""
@@ -436,13 +460,24 @@ class Network:
         endpoint = None if exp is None else exp.peers.get(host)
         if exp is None or endpoint is None:
             raise OSError(errno.EHOSTUNREACH, f"host {host} is not in experiment {identity}")
-        sock = _connect(endpoint, patience=0.0)
+        try:
+            sock = _connect(endpoint, patience=0.0)
+        except OSError as exc:
+            self._control_errors[(identity, host)] = (
+                exc.errno or errno.EHOSTUNREACH,
+                f"host {host} ({endpoint}) cannot be reached: {exc.strerror or exc}")
+            raise
         try:
             sock.settimeout(_HANDSHAKE_S)
             client_handshake(sock, read_secret(exp.secret_path), exp.identity, exp.host)
         except (OSError, TransferError) as exc:
             sock.close()
+            if isinstance(exc, AuthError):
+                self._control_errors[(identity, host)] = (
+                    errno.EACCES, f"host {host} ({endpoint}) refused this host: "
+                    f"{exc.strerror or exc} (the same secret file on both hosts?)")
             raise OSError(getattr(exc, "errno", None) or errno.EACCES, str(exc)) from None
+        self._control_errors.pop((identity, host), None)
         return sock
 
 

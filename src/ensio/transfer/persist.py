@@ -39,11 +39,13 @@ def persist_loop(table: Table) -> None:
             if table.entries.get(e.path) is e and e.path == target:
                 materialize.publish(tmp, target, fsync=True)
                 e.persist_state = "done"
+                table.ours.add(target)  # ours: a later version shadowing it is no stale file
             else:
                 tmp.unlink(missing_ok=True)
                 if table.entries.get(e.path) is e:  # renamed meanwhile: its new name
                     table.persist_queue.put(e)
             table.cond.notify_all()
+        table.release_consumed()  # consumed while its write-behind was pending
 
 
 def wait_persisted(table: Table, timeout: float) -> bool:

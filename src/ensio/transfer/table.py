@@ -37,6 +37,7 @@ import threading
 import time
 
 from . import materialize
+from .budget import default_budget_bytes, newer_on_disk, releasable
 from .entries import Entry, Peer, Reply
 from .pool import MemfdPool, supply_memfd, trim
 from .progress import Progress
@@ -49,9 +50,15 @@ SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_S
 class Table:
     """The held files of one daemon, guarded by one lock (``cond``)."""
 
-    def __init__(self, log: logging.Logger, pool: MemfdPool | None = None) -> None:
+    def __init__(self, log: logging.Logger, pool: MemfdPool | None = None,
+                 default_budget: int | None = None) -> None:
         self.log = log
         self.pool = pool
+        #: the shared budget of connections without ``memory_mb`` (:mod:`.budget`)
+        self.default_budget = default_budget_bytes() if default_budget is None \
+            else default_budget
+        self._stale_warned: set[str] = set()   # real files shadowed, reported once
+        self.ours: set[str] = set()            # real paths this daemon wrote itself
         self.cond = threading.Condition()
         self.entries: dict[str, Entry] = {}
         self._ids = itertools.count(1)
@@ -62,15 +69,22 @@ class Table:
 
     def create(self, peer: Peer, path: str, memfd: int | None, *, conn: str, budget: int,
                fallback: str, persist: bool, mode: int, excl: bool, keep: bool,
-               exist: bool = False, origin: str = "") -> Reply:
+               exist: bool = False, origin: str = "",
+               policy: tuple[str, frozenset[str]] = ("until-unlinked", frozenset())
+               ) -> Reply:
         """Register ``memfd`` as the new version of ``path`` being written by ``peer``.
 
         ``memfd`` None: the daemon supplies the memory, pre-faulted from the pool when
         it has some (:mod:`.pool`), and an ``OK`` reply carries a descriptor of it for
         the producer. ``exist``: the open had no ``O_CREAT``, so the file must exist
         (held or on disk). The caller keeps ownership of ``memfd`` unless the reply is
-        ``OK``.
+        ``OK``. ``budget`` -1: the host's default budget (:mod:`.budget`), except for a
+        copy from another host (``origin``: budgets apply on the producer's host).
+        ``policy``: the connection's ``keep`` and its ``to`` components.
         """
+        key = conn
+        if budget < 0 and not origin:
+            budget, key = self.default_budget, ""
         with self.cond:
             cur = self.entries.get(path)
             if excl and ((cur is not None and cur.state != "failed") or os.path.lexists(path)):
@@ -83,8 +97,9 @@ class Table:
                 self.log.warning("%s: %s opened it for writing while %s still writes it: refused "
                                  "(EBUSY)", path, peer, cur.writer or cur.component)
                 return Reply.err(errno.EBUSY)
-            if budget >= 0 and self._usage(conn, exclude=cur) >= budget:
-                return self._over_budget(peer, path, conn, fallback)
+            if budget >= 0 and self._usage(key, exclude=cur) >= budget:
+                return self._over_budget(peer, path, key, fallback)
+            self._warn_stale(path, cur, origin, keep)
             source = os.dup(cur.fd) if keep and cur is not None and cur.fd is not None else None
             mode = self._existing_mode(path, cur, mode)
         supplied = memfd is None
@@ -108,7 +123,8 @@ class Table:
             self._drop(path)
             entry = Entry(id=next(self._ids), path=path, fd=memfd, conn=conn,
                           component=peer.component, writer=peer, mode=mode, budget=budget,
-                          fallback=fallback, persist=persist, pooled=pooled, origin=origin)
+                          fallback=fallback, persist=persist, pooled=pooled, origin=origin,
+                          budget_key=key, keep=policy[0], consumers=policy[1])
             self.entries[path] = entry
             self._by_id[entry.id] = entry
             self._note_writers()
@@ -125,8 +141,20 @@ class Table:
         except OSError:
             return mode
 
+    def _warn_stale(self, path: str, cur: Entry | None, origin: str, keep: bool) -> None:
+        """(lock held) A real file the new held file shadows: once per path, a warning
+        (programs under ``ensio run`` read memory, every other program the disk)."""
+        if cur is not None or origin or keep or path in self._stale_warned \
+                or path in self.ours or not os.path.lexists(path):
+            return
+        self._stale_warned.add(path)
+        self.log.warning("%s: a real file exists at this transferred path: programs under "
+                         "ensio run read the transferred file, other programs the stale real "
+                         "one (reported once)", path)
+
     def _over_budget(self, peer: Peer, path: str, conn: str, fallback: str) -> Reply:
-        name = conn.split(":", 1)[-1]
+        name = conn.split(":", 1)[-1] if conn else \
+            f"(default budget of the host: {self.default_budget >> 20} MiB)"
         if fallback == "files":
             self.log.warning("%s: connection %s is at its memory budget: %s writes the real "
                              "file (fallback: files)", path, name, peer)
@@ -135,8 +163,9 @@ class Table:
                        "ENOSPC (fallback: error)", path, name, peer)
         return Reply.err(errno.ENOSPC)
 
-    def _usage(self, conn: str, exclude: Entry | None = None) -> int:
-        return sum(e.size() for e in self.entries.values() if e.conn == conn and e is not exclude)
+    def _usage(self, key: str, exclude: Entry | None = None) -> int:
+        return sum(e.size() for e in self.entries.values()
+                   if e.budget_key == key and e is not exclude)
 
     def complete(self, peer: Peer, entry_id: int) -> Reply:
         """The producer closed the file: seal it, check the budget, wake the consumers."""
@@ -154,7 +183,7 @@ class Table:
             e.writer = None
             if self.pool is not None:
                 self.pool.learn(e.size())
-            over = e.budget >= 0 and self._usage(e.conn) > e.budget
+            over = e.budget >= 0 and self._usage(e.budget_key) > e.budget
             if over and e.fallback == "error":
                 # Kept: failing the close would lose a complete file (and netCDF 4.9
                 # crashes on a failed close); the connection's next open fails instead.
@@ -169,7 +198,8 @@ class Table:
                 self.persist_queue.put(e)
             self.cond.notify_all()
         if over:
-            self._spill(e, f"over the memory budget of connection {e.conn.split(':', 1)[-1]}")
+            self._spill(e, f"over the memory budget of connection {e.conn.split(':', 1)[-1]}"
+                        if e.budget_key else "over the host's default transfer budget")
         return Reply("OK")
 
     def _seal(self, e: Entry) -> None:
@@ -211,6 +241,7 @@ class Table:
         with self.cond:
             if self.entries.get(e.path) is e:
                 materialize.publish(tmp, e.path, fsync=False)
+                self.ours.add(e.path)
                 self.log.warning("%s: %s: written to the real path (fallback: files)", e.path,
                                  why)
                 self._drop(e.path)
@@ -222,6 +253,7 @@ class Table:
         """Mark ``e`` failed (lock held): its memory is released, consumers get EIO."""
         e.state = "failed"
         e.why = why
+        e.failed_at = time.time()
         e.writer = None
         e.release()
         self._note_writers()
@@ -257,6 +289,9 @@ class Table:
                 e = self.entries.get(path)
                 if e is None:
                     return Reply("ABSENT")
+                if e.state == "failed" and e.origin and newer_on_disk(path, e.failed_at):
+                    self._drop(path)  # written to disk after its host was lost: that file
+                    return Reply("ABSENT")
                 if e.state == "failed":
                     if wait_s is not None:
                         self.log.error("%s: open by %s fails with EIO: %s (component %s)", path,
@@ -265,6 +300,8 @@ class Table:
                 mine = e.writer is not None and e.writer.id == peer.id
                 if e.state == "complete" or wait_s is None or mine:
                     assert e.fd is not None
+                    if wait_s is not None and not mine and peer.component in e.consumers:
+                        e.readers.add((peer.pid, peer.component))  # consumed at its exit
                     fd = os.open(f"/proc/self/fd/{e.fd}", os.O_RDONLY | os.O_CLOEXEC)
                     return Reply("OK", {"mode": f"0{e.mode:o}"}, fd)
                 if partial and e.state == "writing" and e.progress is not None:
@@ -378,12 +415,13 @@ class Table:
         return Reply("OK")
 
     def lose_origin(self, origin: str, why: str, drop: bool = False) -> int:
-        """Every copy from ``origin`` is lost (new opens get EIO), or with ``drop`` forgotten
-        (new opens see the real files); readers that have one open keep their bytes. How
-        many copies that was."""
+        """The copies from ``origin`` still arriving are lost (new opens get EIO), or with
+        ``drop`` every copy is forgotten (new opens see the real files); readers that have
+        one open keep their bytes. Complete copies stay served when the host is lost:
+        their bytes are sealed and whole. How many copies that was."""
         with self.cond:
             gone = [e for e in self.entries.values() if e.origin == origin and
-                    (drop or e.state != "failed")]
+                    (drop or e.state not in ("failed", "complete"))]
             for e in gone:
                 if drop:
                     self._drop(e.path)
@@ -391,6 +429,33 @@ class Table:
                     self._fail(e, why)
             self.cond.notify_all()
             return len(gone)
+
+    # -- consumption (keep: until-consumed, budget.py) ----------------------------------------
+
+    def consumer_exited(self, pid: int) -> int:
+        """Process ``pid`` exited with status 0: the files it opened are consumed for its
+        component; those every declared component consumed are released. How many."""
+        with self.cond:
+            for e in self.entries.values():
+                mine = {r for r in e.readers if r[0] == pid}
+                e.readers -= mine
+                e.consumed.update(component for _, component in mine)
+            return self._release_consumed()
+
+    def release_consumed(self) -> int:
+        """Release what is consumed now (a write-behind just finished)."""
+        with self.cond:
+            return self._release_consumed()
+
+    def _release_consumed(self) -> int:
+        done = [e for e in self.entries.values() if releasable(e)]
+        for e in done:
+            self.log.info("%s: consumed by %s: memory released (keep: until-consumed)",
+                          e.path, ", ".join(sorted(e.consumers)))
+            self._drop(e.path)
+        if done:
+            self.cond.notify_all()
+        return len(done)
 
     def drop(self, path: str) -> Reply:
         with self.cond:
@@ -448,6 +513,7 @@ class Table:
             return [{"path": e.path, "size": e.size(), "state": e.state,
                      "component": e.component, "conn": e.conn.split(":", 1)[-1],
                      "persist": e.persist_state or ("no" if not e.persist else ""),
+                     "consumed": ",".join(sorted(e.consumed)),
                      "waiters": e.waiters, "sent": e.sent, "after_close": e.after_close}
                     for e in sorted(self.entries.values(), key=lambda x: x.path)]
 
@@ -456,13 +522,18 @@ class Table:
             return len(self.entries)
 
     def shut(self) -> None:
-        """Daemon exit: complete files of ``fallback: files`` that are not on disk yet are
-        written to their real paths; every other held file is logged as lost."""
+        """Daemon exit: complete files of ``fallback: files`` that are not on disk yet and
+        that some declared consumer has not consumed are written to their real paths;
+        consumed ones are released; every other held file is logged as lost."""
         self.persist_queue.put(None)
         with self.cond:
             held = list(self.entries.values())
         for e in held:
-            if e.state == "complete" and e.persist_state != "done" and e.fallback == "files":
+            consumed = bool(e.consumers) and e.consumers <= e.consumed
+            if e.state == "complete" and e.persist_state != "done" and consumed:
+                self.log.info("%s: consumed by %s: released at daemon exit, not written",
+                              e.path, ", ".join(sorted(e.consumers)))
+            elif e.state == "complete" and e.persist_state != "done" and e.fallback == "files":
                 e.state = "spilling"
                 self._spill(e, "held at daemon exit")
             elif e.persist_state != "done":

@@ -9,6 +9,13 @@
  *
  * When the daemon cannot be reached (never started, killed), the process says so
  * once on stderr and uses real files for every new open from then on.
+ *
+ * A reply with say= is printed on stderr (one line: a refusal the program's own message
+ * would not explain, e.g. another host refusing our secret); with fatal=1 the process's
+ * run fails: an exit status of 0 becomes 1 (report_exit, fail_run), so a workflow never
+ * takes a producer whose files did not reach their consumers for a success. A process
+ * that opened a transferred file as a consumer and exits with status 0 tells the daemon
+ * (EXIT): what it read is consumed (keep: until-consumed, ensio/transfer/budget.py).
  */
 #include "ensio_interpose.h"
 
@@ -30,6 +37,10 @@ static pid_t sock_pid;
 static dev_t sock_dev;
 static ino_t sock_ino;
 static int down;  /* the daemon is unreachable: real files from now on */
+static int fatal;         /* a reply said fatal=1: this run must not exit 0 */
+static int consumed_any;  /* an OPEN answered with a descriptor: report EXIT */
+static pid_t exit_pid;    /* on_exit registered in this process */
+static int exit_status = -1;
 
 void ei_say(const char *fmt, ...)
 {
@@ -134,9 +145,10 @@ static int open_connection(char *why, size_t whylen)
     }
     int high = ei_real.fcntl(s, F_DUPFD_CLOEXEC, 500);
     if (high >= 0) { ei_real.close(s); s = high; }
-    char hello[256], reply[EI_REPLY_MAX];
-    int n = snprintf(hello, sizeof hello, "HELLO\ncomponent=%s\npid=%d\nproto=1", ei_component,
-                     (int)getpid());
+    char hello[PATH_MAX + 256], reply[EI_REPLY_MAX];
+    const char *rules = getenv("ENSIO_TRANSFER_RULES");  /* its keep lines: the daemon's */
+    int n = snprintf(hello, sizeof hello, "HELLO\ncomponent=%s\npid=%d\nproto=1\nrules=%s",
+                     ei_component, (int)getpid(), rules && !strchr(rules, '\n') ? rules : "");
     if (send_packet(s, hello, (size_t)n, -1) != 0 || recv_packet(s, reply, NULL) != 0
         || !ei_reply_is(reply, "OK")) {
         snprintf(why, whylen, "%s: no answer to HELLO", path);
@@ -144,6 +156,44 @@ static int open_connection(char *why, size_t whylen)
         return -1;
     }
     return s;
+}
+
+/* say= and fatal= of a reply; an OPEN answered with a descriptor marks this process as a
+ * consumer (its exit with status 0 is reported). */
+static void reply_notes(const char *msg, const char *reply, int got_fd)
+{
+    const char *say = strstr(reply, "\nsay=");
+    if (say) {
+        const char *end = strchrnul(say + 5, '\n');
+        ei_say("%.*s", (int)(end - say - 5), say + 5);
+    }
+    if (ei_reply_long(reply, "fatal", 0)) fatal = 1;
+    if (got_fd >= 0 && strncmp(msg, "OPEN\n", 5) == 0 && ei_reply_is(reply, "OK"))
+        consumed_any = 1;
+}
+
+/* Exit with status 0 of a consumer: tell the daemon (EXIT), on a connection of our own
+ * (another thread may hold the lock forever). A fatal refusal turns status 0 into 1. */
+static void report_exit(int status, void *arg)
+{
+    (void)arg;
+    exit_status = status;
+    if (status != 0 || !consumed_any || getpid() != exit_pid || fatal) return;
+    char why[PATH_MAX + 64], reply[EI_REPLY_MAX];
+    int s = open_connection(why, sizeof why);
+    if (s < 0) return;
+    if (send_packet(s, "EXIT\nstatus=0", 13, -1) == 0) recv_packet(s, reply, NULL);
+    ei_real.close(s);
+}
+
+/* After every other destructor (ei_destructor completes the files still open, and their
+ * COMPLETE may fail): a fatal refusal makes an exit status of 0 a failure. */
+__attribute__((destructor(101))) static void fail_run(void)
+{
+    if (fatal && exit_status == 0 && getpid() == exit_pid) {
+        fflush(NULL);
+        _exit(1);
+    }
 }
 
 static int connect_daemon(void)
@@ -157,6 +207,10 @@ static int connect_daemon(void)
     sock_pid = getpid();
     sock_dev = st.st_dev;
     sock_ino = st.st_ino;
+    if (exit_pid != getpid()) {  /* once per process (a child inherits the parent's) */
+        exit_pid = getpid();
+        on_exit(report_exit, NULL);
+    }
     return 0;
 }
 
@@ -169,6 +223,7 @@ int ei_request2_private(const char *msg, size_t len, char reply[EI_REPLY_MAX], i
     int rc = send_packet(s, msg, len, -1) == 0 && recv_packet_fds(s, reply, recv_fds, 2) == 0
              ? 0 : -1;
     ei_real.close(s);
+    if (rc == 0) reply_notes(msg, reply, recv_fds[0]);
     return rc;
 }
 
@@ -201,6 +256,7 @@ int ei_request(const char *msg, size_t len, int send_fd, char reply[EI_REPLY_MAX
         gone("connection lost");
         return -1;
     }
+    reply_notes(msg, reply, recv_fd ? *recv_fd : -1);
     return 0;
 }
 
@@ -212,6 +268,7 @@ int ei_request2(const char *msg, size_t len, char reply[EI_REPLY_MAX], int recv_
         gone("connection lost");
         return -1;
     }
+    reply_notes(msg, reply, recv_fds[0]);
     return 0;
 }
 

@@ -1,0 +1,103 @@
+"""Bounded memory of the staging daemon: the default budget, and when a file is consumed.
+
+Two decisions of :class:`~.table.Table` that need facts from outside the protocol:
+
+* The **default budget**. A connection without ``memory_mb`` shares one budget with
+  every other such connection on the host: half the memory the daemon may use, that
+  is half of the smaller of the host's ``MemTotal`` and the memory limit of the
+  daemon's cgroup (cgroup v2 ``memory.max``, v1 ``memory.limit_in_bytes``; a batch
+  job's allocation), computed once by the daemon on the producer's host
+  (:func:`default_budget_bytes`). Past it, ``fallback`` decides as for an explicit
+  ``memory_mb``: the default ``files`` spills to the real path, so a run that never
+  set a budget still cannot take the host's memory.
+* **Consumption** (``keep: until-consumed``, the default). The producer's rules file
+  (``run.rules_text``) has one ``keep CONN POLICY TO,TO`` line per connection it
+  produces; the interposer names that file in its ``HELLO`` and the daemon reads the
+  lines there (:func:`read_keep_lines`), so each new file knows its declared consumer
+  components. A process of such a component that opened the file (``OPEN``, not
+  ``STAT``) and then exits with status 0 (the interposer's ``on_exit`` report,
+  ``EXIT``) has consumed it for its component. When every declared component has, the
+  daemon releases the memory (:func:`releasable`); a later open sees the real path.
+  A process that crashes or exits non-zero consumed nothing: a retried job finds its
+  input again. Counting at exit rather than at ``close`` lets a program open a file
+  twice (a metadata pass, then the data: ``ensio analyse``, CDO) and still find it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+from .entries import Entry
+
+__all__ = ["KEEP_DEFAULT", "default_budget_bytes", "read_keep_lines", "releasable"]
+
+KEEP_DEFAULT = ("until-unlinked", frozenset())  # no keep line: held until unlinked
+
+
+def _meminfo_total() -> int | None:
+    with contextlib.suppress(OSError, ValueError), open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+def cgroup_limit_bytes() -> int | None:
+    """The memory limit of this process's cgroup (v2 or v1), None when unlimited."""
+    with contextlib.suppress(OSError, ValueError), open("/proc/self/cgroup") as f:
+        for line in f:
+            hid, controllers, rel = line.rstrip("\n").split(":", 2)
+            if hid == "0" and controllers == "":
+                text = Path("/sys/fs/cgroup", rel.lstrip("/"), "memory.max").read_text()
+            elif "memory" in controllers.split(","):
+                text = Path("/sys/fs/cgroup/memory", rel.lstrip("/"),
+                            "memory.limit_in_bytes").read_text()
+            else:
+                continue
+            text = text.strip()
+            if text != "max" and int(text) < (1 << 60):
+                return int(text)
+    return None
+
+
+def default_budget_bytes() -> int:
+    """Half of min(MemTotal, the cgroup's memory limit): the shared budget of the
+    connections without ``memory_mb`` on this host (at least 64 MiB)."""
+    sizes = [s for s in (_meminfo_total(), cgroup_limit_bytes()) if s]
+    return max(64 << 20, min(sizes) // 2) if sizes else 4 << 30
+
+
+def read_keep_lines(rules: str) -> dict[str, tuple[str, frozenset[str]]]:
+    """``keep CONN POLICY TO,TO`` lines of a rules file: conn → (policy, consumers).
+
+    A missing or unreadable file gives {} (its files are then kept until unlinked):
+    it is only ever the daemon's own socket directory's file, written by ``ensio run``.
+    """
+    out: dict[str, tuple[str, frozenset[str]]] = {}
+    if not rules:
+        return out
+    with contextlib.suppress(OSError, UnicodeDecodeError), open(rules, encoding="utf-8") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) == 4 and parts[0] == "keep" and \
+                    parts[2] in ("until-consumed", "until-unlinked"):
+                out[parts[1]] = (parts[2], frozenset(filter(None, parts[3].split(","))))
+    return out
+
+
+def releasable(e: Entry) -> bool:
+    """Whether ``e`` is consumed and may be released now (``keep: until-consumed``,
+    complete, every declared component has consumed it, no write-behind pending)."""
+    return (e.keep == "until-consumed" and e.state == "complete" and bool(e.consumers)
+            and e.consumers <= e.consumed and e.persist_state != "pending")
+
+
+def newer_on_disk(path: str, since: float) -> bool:
+    """Whether a real file at ``path`` was modified after ``since`` (wall-clock seconds):
+    written after a copy from another host was lost, so it is the file to read."""
+    try:
+        return os.stat(path).st_mtime > since
+    except OSError:
+        return False
