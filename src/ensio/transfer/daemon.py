@@ -79,6 +79,7 @@ class Daemon:
         self.memory = open_memory_source(self.dir, self.log, huge_pages)
         self.pool = MemfdPool(int(pool_mb * 1024 * 1024), self.log, memory=self.memory)
         self.table = Table(self.log, self.pool)
+        self.runs = view.Runs()  # producer runs going or finished, per connection
         self.network = Network(self.table, self.log, on_activity=lambda: self._count(0))
         self._stop = threading.Event()
         self._clients = 0
@@ -193,6 +194,7 @@ class Daemon:
             conn.close()
             self.table.peer_gone(peer)
             self.network.peer_gone(peer)
+            self.runs.peer_gone(peer)
             self._count(-1)
 
     def _dispatch(self, peer: Peer, msg: Message,
@@ -239,6 +241,9 @@ class Daemon:
                     reply = self._pull(peer, msg, wait)
                 if reply.verb == "ABSENT" and wait is not None and msg.get("await") == "1":
                     reply = self._await(peer, msg, wait)  # not produced yet (view.py)
+            elif msg.verb == "RUN":
+                reply = self.runs.start(peer, _names(msg.get("produces")),
+                                        _names(msg.get("consumes")))
             elif msg.verb == "LIST":
                 reply = view.listing(self.table, msg.get("dir"))
             elif msg.verb == "CHMOD":
@@ -323,8 +328,8 @@ class Daemon:
         if msg.get("defer") == "1":
             return Reply("BUSY")
         path = msg.get("path")
-        return view.await_reply(self.table, self.log, peer, path, msg.get("conn"), wait,
-                                lambda left: self.table.open(peer, path, left))
+        return view.await_reply(self.table, self.log, self.runs, peer, path, msg.get("conn"),
+                                wait, lambda left: self.table.open(peer, path, left))
 
     def _reply(self, conn: socket.socket, reply: Reply) -> None:
         try:
@@ -347,6 +352,10 @@ class Daemon:
             self._clients += delta
             self._last_active = time.monotonic()
             self._state.notify_all()
+
+
+def _names(text: str) -> list[str]:
+    return [x for x in text.split(",") if x]
 
 
 def _peer_credentials(conn: socket.socket) -> tuple[int, int]:

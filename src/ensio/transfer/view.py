@@ -10,7 +10,8 @@ Two answers of the daemon for the interposer's directory and wait calls
   at the path: fallback, a producer without the interposer) up to the connection's
   ``consumer_timeout_s``, then fails with ``ETIMEDOUT`` and one log line naming the
   file and the connection. The wait is logged when it begins: that line is what a
-  workflow (and the tests) see of a consumer that started first.
+  workflow (and the tests) see of a consumer that started first. No wait once the
+  connection's producer has finished (:class:`Runs`): the name will not come.
 * :func:`listing`: the held names of one directory (``LIST dir=``), so ``readdir``,
   ``glob`` and ``ls`` list transferred files beside the real ones. Failed files are
   left out: their open fails with EIO and no tool should pick them up by a wildcard.
@@ -27,17 +28,70 @@ import errno
 import fcntl
 import logging
 import os
+import threading
 import time
 
 from .entries import Peer, Reply
 from .table import Table
 
-__all__ = ["REAL_FILE_POLL_S", "await_name", "listing"]
+__all__ = ["REAL_FILE_POLL_S", "Runs", "await_name", "await_reply", "listing"]
 
 #: How often a waiting open looks for a real file at the path (a fallback or
 #: uninterposed producer writes it without telling the daemon); a ``CREATE`` wakes it
 #: at once.
 REAL_FILE_POLL_S = 0.25
+
+
+class Runs:
+    """Which connections have a producer run going, and which have finished one.
+
+    A run is one program started by ``ensio run`` (or a native launcher) under the
+    interposer, from its start to its exit: its first process says ``RUN`` with the
+    connections it produces and consumes, and the end of that connection is the end of
+    the run (the process exits; a program that execs another says ``RUN`` again). A
+    connection's producer is *finished* when no producer run of it is live and one
+    ended after the last consumer run of it ended: the consumers of that round are
+    reading what it left, so a name it did not produce will not come (ENOENT at once).
+    A consumer started before its producer (no producer run since the consumers' last
+    one), or while a producer runs, waits. The test is made when a wait would begin: a
+    producer run ending while consumers wait does not end their wait (a job may run
+    several producer programs one after the other); the timeout does.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._live: dict[str, int] = {}
+        self._producer_end: dict[str, int] = {}
+        self._consumer_end: dict[str, int] = {}
+        self._by_peer: dict[int, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+
+    def start(self, peer: Peer, produces: list[str], consumes: list[str]) -> Reply:
+        with self._lock:
+            if peer.id in self._by_peer:
+                return Reply("OK")
+            self._by_peer[peer.id] = (tuple(produces), tuple(consumes))
+            for conn in produces:
+                self._live[conn] = self._live.get(conn, 0) + 1
+        return Reply("OK")
+
+    def peer_gone(self, peer: Peer) -> None:
+        with self._lock:
+            run = self._by_peer.pop(peer.id, None)
+            if run is None:
+                return
+            self._seq += 1
+            for conn in run[0]:
+                self._live[conn] -= 1
+                self._producer_end[conn] = self._seq
+            for conn in run[1]:
+                self._consumer_end[conn] = self._seq
+
+    def finished(self, conn: str) -> bool:
+        """No producer run of ``conn`` is live and one ended after its consumers' last."""
+        with self._lock:
+            return (self._live.get(conn, 0) == 0
+                    and self._producer_end.get(conn, 0) > self._consumer_end.get(conn, 0))
 
 
 def await_name(table: Table, log: logging.Logger, peer: Peer, path: str, conn: str,
@@ -65,13 +119,15 @@ def await_name(table: Table, log: logging.Logger, peer: Peer, path: str, conn: s
                 return True
 
 
-def await_reply(table: Table, log: logging.Logger, peer: Peer, path: str, conn: str,
-                wait_s: float, open_again) -> Reply:
+def await_reply(table: Table, log: logging.Logger, runs: Runs, peer: Peer, path: str,
+                conn: str, wait_s: float, open_again) -> Reply:
     """An ``OPEN … await=1`` that found nothing: wait, then ``open_again(left_s)``.
 
-    ``ABSENT`` when a real file appeared (the interposer opens it), ``ERR ETIMEDOUT``
-    when nothing did.
+    ``ABSENT`` when a real file appeared (the interposer opens it) or the connection's
+    producer finished without it (:class:`Runs`), ``ERR ETIMEDOUT`` when nothing came.
     """
+    if runs.finished(conn):
+        return Reply("ABSENT")
     start = time.monotonic()
     if not await_name(table, log, peer, path, conn, wait_s):
         return Reply.err(errno.ETIMEDOUT)

@@ -223,7 +223,11 @@ static void init_once(void)
 
 void ei_init(void) { pthread_once(&once, init_once); }
 
-__attribute__((constructor)) static void ei_constructor(void) { ei_init(); }
+__attribute__((constructor)) static void ei_constructor(void)
+{
+    ei_init();
+    if (ei_active) ei_announce_run();  /* outside the once: it talks to the daemon */
+}
 
 /* Normal exit with a written file still open: complete it, as the kernel's close
  * would have made the file complete on disk. (A killed producer runs no destructor:

@@ -214,3 +214,41 @@ int ei_dir_may_hold(const char *dir)
     }
     return 0;
 }
+
+/* Append conn to the comma-separated list out (room bytes) unless it is there. */
+static void add_conn(char *out, size_t room, const char *conn)
+{
+    size_t len = strlen(conn), used = strlen(out);
+    for (const char *p = out; *p;) {
+        const char *end = strchrnul(p, ',');
+        if ((size_t)(end - p) == len && strncmp(p, conn, len) == 0) return;
+        p = *end ? end + 1 : end;
+    }
+    if (used + len + 2 < room)
+        snprintf(out + used, room - used, "%s%s", used ? "," : "", conn);
+}
+
+/* The first process of a run (ENSIO_TRANSFER_RUN unset, or our pid: the same process
+ * after an exec) tells the daemon which connections it produces and consumes; its
+ * connection's end is the run's end (ensio/transfer/view.py, Runs). Its children are not
+ * runs of their own. Called once at start-up, after the rules are loaded. */
+void ei_announce_run(void)
+{
+    char mine[32];
+    snprintf(mine, sizeof mine, "%d", (int)getpid());
+    const char *top = getenv("ENSIO_TRANSFER_RUN");
+    if (top && strcmp(top, mine) != 0) return;
+    if (top == NULL) setenv("ENSIO_TRANSFER_RUN", mine, 1);
+    static char produces[4096], consumes[4096];
+    for (int i = 0; i < nrules; i++) {
+        if (rules[i].role & EI_PRODUCER) add_conn(produces, sizeof produces, rules[i].conn);
+        if (rules[i].role & EI_CONSUMER) add_conn(consumes, sizeof consumes, rules[i].conn);
+    }
+    char msg[8192 + 256], reply[EI_REPLY_MAX];
+    int n = snprintf(msg, sizeof msg, "RUN\ncomponent=%s\nproduces=%s\nconsumes=%s", ei_component,
+                     produces, consumes);
+    if (n <= 0 || (size_t)n >= sizeof msg) return;
+    pthread_mutex_lock(&ei_lock);
+    if (ei_daemon_usable()) ei_request(msg, (size_t)n, -1, reply, NULL);
+    pthread_mutex_unlock(&ei_lock);
+}
