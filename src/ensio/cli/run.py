@@ -4,13 +4,16 @@ Starts COMMAND (unmodified: a model, ``cdo``, ``nccopy``, ``ensio analyse``) so
 that the files of the transfer config's connections move between components through
 memory on this host instead of the file system. ``ensio run`` becomes COMMAND
 (``exec``): the exit status is COMMAND's.
+
+A launch whose record holds never reaches this module: ``cli/main.py`` hands it to
+:mod:`ensio.transfer.launch` before argparse is imported. ``--launcher`` prints the path
+of ``ensio-launch`` (:mod:`ensio.transfer.launcher`), the same command without Python.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 __all__ = ["add_parser", "run"]
 
@@ -27,13 +30,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "system. The interposer is compiled on first use with the system C compiler."
         ),
     )
-    p.add_argument("--transfer", type=Path, required=True, metavar="CONFIG",
-                   help="transfer config (YAML: components, connections)")
-    p.add_argument("--component", required=True, metavar="NAME",
-                   help="the component COMMAND belongs to")
-    p.add_argument("--socket-dir", type=Path, metavar="DIR",
+    p.add_argument("--transfer", metavar="CONFIG",
+                   help="transfer config (YAML: components, connections); required")
+    p.add_argument("--component", metavar="NAME",
+                   help="the component COMMAND belongs to; required")
+    p.add_argument("--socket-dir", metavar="DIR",
                    help="the daemon's directory (default: $ENSIO_TRANSFER_DIR, "
                         "$XDG_RUNTIME_DIR/ensio-transfer or /tmp/ensio-transfer-UID)")
+    p.add_argument("--launcher", action="store_true",
+                   help="print the path of ensio-launch (building it first if needed): the "
+                        "same command without Python, for job scripts, and exit")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
                    help="the program and its arguments")
     p.set_defaults(func=run)
@@ -41,11 +47,21 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Prepare, then exec COMMAND (returns only if it cannot be started)."""
+    if args.launcher:
+        from ..transfer.launcher import launcher
+
+        print(launcher())
+        return 0
     from ..transfer.run import exec_command, prepare
 
     argv = list(args.command)
     if argv and argv[0] == "--":
         argv = argv[1:]
+    for option, value in (("--transfer", args.transfer), ("--component", args.component)):
+        if value is None:
+            print(f"ensio run: error: the following arguments are required: {option}",
+                  file=sys.stderr)
+            return 2
     if not argv:
         print("ensio run: error: no COMMAND given (ensio run --transfer T --component C "
               "-- COMMAND ...)", file=sys.stderr)

@@ -10,7 +10,9 @@ first launch of a (config, component, rank, host) in a daemon directory writes a
 every later one only checks that record and execs COMMAND. This module is that check,
 in the standard library's cheapest modules (``os``, ``zlib``, ``_socket``): the
 ``ensio`` command reaches it before importing argparse or the rest of ensio
-(``cli/main.py``).
+(``cli/main.py``). ``csrc/ensio_launch.c`` (``ensio-launch``, :mod:`.launcher`) is the
+same check in C, for job scripts that want no Python at all: keep the two in step (the
+tests run every case through both).
 
 A record holds what its environment was derived from, and the hot path execs only if
 all of it is unchanged; anything else (a difference, a missing or unreadable record,
@@ -193,9 +195,9 @@ def recorded_env(config: str, component: str, socket_dir: str | None = None
             socket_id = fields[1:]
         elif not _line_holds(fields):
             return None
-    lib, rules, sock = (values.get(k) for k in ("LIB", "ENSIO_TRANSFER_RULES",
-                                                "ENSIO_TRANSFER_SOCKET"))
-    if lib is None or rules is None or sock is None or socket_id is None:
+    lib = values.pop("LIB", None)
+    sock = values.get("ENSIO_TRANSFER_SOCKET")
+    if lib is None or sock is None or socket_id is None:
         return None
     if not _safe_dir(sock_dir):
         return None
@@ -205,8 +207,8 @@ def recorded_env(config: str, component: str, socket_dir: str | None = None
         return None
     if [str(st.st_ino), str(st.st_mtime_ns)] != socket_id or not _daemon_answers(sock):
         return None
-    return {"LD_PRELOAD": preload_value(lib, os.environ.get("LD_PRELOAD", "")),
-            "ENSIO_TRANSFER_RULES": rules, "ENSIO_TRANSFER_SOCKET": sock}
+    values["LD_PRELOAD"] = preload_value(lib, os.environ.get("LD_PRELOAD", ""))
+    return values
 
 
 def launch_recorded(argv: list[str]) -> None:
@@ -231,18 +233,19 @@ def launch_recorded(argv: list[str]) -> None:
         return
 
 
-def write_record(sock_dir: str, key: str, checks: list[str], lib: str, rules: str,
-                 sock: str, socket_id: tuple[int, int]) -> bool:
-    """Write the launch record of ``key`` (``checks``: ``stat``/``link``/``env`` lines,
-    made by :func:`stat_line`, :func:`link_line`, :func:`env_lines`); False when a value
-    cannot be written in a record (a tab or newline in a path: no record, every launch
-    takes the full path)."""
+def write_record(sock_dir: str, key: str, checks: list[str], lib: str, env: dict[str, str],
+                 socket_id: tuple[int, int]) -> bool:
+    """Write the launch record of ``key``: ``checks`` (``stat``/``link``/``env`` lines, made
+    by :func:`stat_line`, :func:`link_line`, :func:`env_lines`), the interposer ``lib`` and
+    every variable of ``env`` (COMMAND's, but ``LD_PRELOAD``: made again from ``lib`` and
+    the launching environment). False when a value cannot be written in a record (a tab or
+    newline in a path: no record, every launch takes the full path)."""
     from ..durable import atomic_write
 
-    body = [MAGIC, f"key\t{key}", *checks, f"set\tLIB\t{lib}",
-            f"set\tENSIO_TRANSFER_RULES\t{rules}", f"set\tENSIO_TRANSFER_SOCKET\t{sock}",
+    sets = [("LIB", lib), *((k, v) for k, v in sorted(env.items()) if k != "LD_PRELOAD")]
+    body = [MAGIC, f"key\t{key}", *checks, *(f"set\t{k}\t{v}" for k, v in sets),
             f"socket\t{socket_id[0]}\t{socket_id[1]}", "end", ""]
-    if any("\n" in line for line in body[:-1]) or "\t" in key + lib + rules + sock:
+    if any("\n" in line for line in body[:-1]) or any("\t" in k + v for k, v in sets):
         return False
     if any(len(line.split("\t")) not in (2, 3, 5) for line in body[1:-2]):
         return False

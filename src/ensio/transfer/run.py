@@ -119,10 +119,11 @@ def prepare(config: str | os.PathLike | TransferConfig, component: str,
         checks += [launch.stat_line(str(lib)), launch.stat_line(str(rules)), *launch.env_lines()]
         checks += sorted({launch.link_line(_fixed_dir(p)) for c in cfg.connections
                           for p in c.patterns})
+    env = command_env(lib, rules, Path(sock))
+    if checks is not None:
         launch.write_record(str(Path(sock).parent), launch.record_key(os.fspath(config), component),
-                            checks, str(lib), str(rules), str(sock),
-                            (socket_st.st_ino, socket_st.st_mtime_ns))
-    return command_env(lib, rules, Path(sock))
+                            checks, str(lib), env, (socket_st.st_ino, socket_st.st_mtime_ns))
+    return env
 
 
 def _write_rules(path: Path, text: str) -> None:
