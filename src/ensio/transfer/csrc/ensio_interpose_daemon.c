@@ -12,13 +12,15 @@
  *
  * A reply with say= is printed on stderr (one line: a refusal the program's own message
  * would not explain, e.g. another host refusing our secret); with fatal=1 the process's
- * run fails: an exit status of 0 becomes 1 (report_exit, fail_run), so a workflow never
+ * run fails: an exit status of 0 becomes 1 (report_exit, fail_run, and _exit/_Exit for
+ * programs that leave without exit(): dash), so a workflow never
  * takes a producer whose files did not reach their consumers for a success. A process
  * that opened a transferred file as a consumer and exits with status 0 tells the daemon
  * (EXIT): what it read is consumed (keep: until-consumed, ensio/transfer/budget.py).
  */
 #include "ensio_interpose.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -28,6 +30,7 @@
 #include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -178,7 +181,11 @@ static void report_exit(int status, void *arg)
 {
     (void)arg;
     exit_status = status;
-    if (status != 0 || !consumed_any || getpid() != exit_pid || fatal) return;
+    if (fatal && status == 0 && getpid() == exit_pid) {
+        fflush(NULL);
+        _exit(1);
+    }
+    if (status != 0 || !consumed_any || getpid() != exit_pid) return;
     char why[PATH_MAX + 64], reply[EI_REPLY_MAX];
     int s = open_connection(why, sizeof why);
     if (s < 0) return;
@@ -186,15 +193,32 @@ static void report_exit(int status, void *arg)
     ei_real.close(s);
 }
 
-/* After every other destructor (ei_destructor completes the files still open, and their
- * COMPLETE may fail): a fatal refusal makes an exit status of 0 a failure. */
+/* Late among the destructors (ei_destructor completes the files still open, and their
+ * COMPLETE may fail): a fatal refusal fails the run. glibc may run the destructors before
+ * the on_exit handlers (seen with Python), so the status may be unknown (-1) here: a
+ * non-zero one becomes 1, which is a failure still. */
 __attribute__((destructor(101))) static void fail_run(void)
 {
-    if (fatal && exit_status == 0 && getpid() == exit_pid) {
+    if (fatal && exit_status <= 0 && getpid() == exit_pid) {
         fflush(NULL);
         _exit(1);
     }
 }
+
+/* _exit and _Exit skip on_exit and destructors (dash's exit builtin, children after
+ * fork): a fatal refusal turns their status 0 into 1 as well. */
+static void exit_now(const char *name, int status) __attribute__((noreturn));
+static void exit_now(const char *name, int status)
+{
+    void (*real)(int) = (void (*)(int))dlsym(RTLD_NEXT, name);
+    if (fatal && status == 0 && getpid() == exit_pid) status = 1;
+    if (real) real(status);
+    syscall(SYS_exit_group, status);
+    for (;;) {}
+}
+
+__attribute__((visibility("default"))) void _exit(int status) { exit_now("_exit", status); }
+__attribute__((visibility("default"))) void _Exit(int status) { exit_now("_Exit", status); }
 
 static int connect_daemon(void)
 {
