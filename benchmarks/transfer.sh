@@ -16,7 +16,8 @@
 #   FILES      files per run [8]
 #   SIZE_MB    MiB of data per file [64]
 #   REPEAT     runs per case; the best is reported [5]
-#   EXTRA      more arguments (e.g. "--cases pagecache,fsync,direct --poll-ms 10")
+#   EXTRA      more arguments (e.g. "--cases pagecache,fsync,direct --poll-ms 10",
+#              "--launches 21"); ENSIO_TRANSFER_HUGE_PAGES=off measures with memfds
 #   WORKDIR    run directories [${TMPDIR:-/tmp}/ensio-bench-transfer]
 #   OUT        directory for the JSON result [benchmarks/results]
 #   PLOT       bar chart [docs/img/transfer.png]
@@ -38,7 +39,7 @@ rm -rf "$WORKDIR"
 "$python" - "$OUT/transfer.json" <<'PY'
 import json, sys
 from ensio.bench.machine import machine_markdown
-from ensio.bench.transfer import markdown_rows
+from ensio.bench.transfer import headline, markdown_rows
 
 r = json.load(open(sys.argv[1]))
 st = r["settings"]
@@ -63,4 +64,5 @@ print(f"speedup_fsync {fmt(r['speedup_fsync'], '.2f')}, speedup_pagecache "
       f"{fmt(r['speedup_pagecache'], '.2f')}, memcpy_fraction "
       f"{fmt(r['memcpy_fraction'], '.3f')}, async_after_close_ratio "
       f"{fmt(r['async_after_close_ratio'], '.3f')}; verified {r['verified']}")
+print(headline(r))
 PY

@@ -26,7 +26,9 @@ from ensio.bench.transfer import TransferBenchSettings, summary
 from ensio.bench.transfer_cases import CASES, unavailable
 
 FILES, SIZE_MB, FIELDS = 3, 0.05, 2
-KEYS = ("speedup_fsync", "speedup_pagecache", "memcpy_fraction", "async_after_close_ratio")
+KEYS = ("speedup_fsync", "speedup_pagecache", "memcpy_fraction", "limit_ratio",
+        "async_after_close_ratio")
+LAUNCHES = 3
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +39,7 @@ def bench(interposer_cache: Path, tmp_path_factory: pytest.TempPathFactory):
     argv = [sys.executable, "-m", "ensio", "bench", "transfer", "--files", str(FILES),
             "--size-mb", str(SIZE_MB), "--fields", str(FIELDS), "--repeat", "1",
             "--workdir", str(tmp / "work"), "--json", str(tmp / "out" / "t.json"),
-            "--plot", str(tmp / "t.png")]
+            "--plot", str(tmp / "t.png"), "--launches", str(LAUNCHES)]
     res = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env,
                          stdin=subprocess.DEVNULL)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -46,9 +48,21 @@ def bench(interposer_cache: Path, tmp_path_factory: pytest.TempPathFactory):
 
 def test_run_writes_the_keys_and_the_plot(bench):
     data, tmp = bench
-    for key in KEYS[:3]:
+    for key in KEYS[:4]:
         assert math.isfinite(data[key]) and data[key] > 0, key
+    assert data["statistic"] == "median"
+    assert len(data["launch_ms_all"]) == LAUNCHES
+    assert data["launch_ms"] == pytest.approx(float(np.median(data["launch_ms_all"])))
+    assert data["launch_ms"] > 0
     rows = {r["case"]: r for r in data["rows"]}
+    two_ns = [rows[n]["measured"] for n in ("direct-2ns", "direct-2ns-async")]
+    assert (data["tcp_fraction"] is not None) == any(two_ns)
+    assert len(data["raw_tcp_seconds"]) == (1 if any(two_ns) else 0)
+    if any(two_ns):
+        assert math.isfinite(data["tcp_fraction"]) and data["tcp_fraction"] > 0
+    # huge pages: said by the daemon, seen by every one-host direct consumer
+    assert data["huge_pages"] == ("transparent huge pages" in data["memory"])
+    assert data["memory_backings"] == (["tmpfs-huge"] if data["huge_pages"] else ["memfd"])
     assert list(rows) == list(CASES)
     measured_async = rows["direct-async"]["measured"]
     assert (data["async_after_close_ratio"] is None) == (not measured_async)
@@ -88,6 +102,8 @@ def test_every_consumer_read_what_the_producer_wrote(bench):
         assert row["verified"] is True
         direct = CASES[row["case"]].exchange == "direct"
         assert set(cons["sources"]) == {"memory" if direct else "file"}, row["case"]
+        if direct and row["hosts"] == 1:
+            assert set(cons["backings"]) == set(data["memory_backings"]), row["case"]
         assert row["read_from"] == ("memory" if direct else "file")
         if direct:
             assert cons["on_disk"] == []
@@ -123,43 +139,46 @@ def test_which_cases_can_be_measured(monkeypatch):
     assert "refuses mode async" in unavailable(CASES["direct-async"], _Host())
 
 
-def test_summary_ratios_take_the_faster_file_exchange():
-    names = ("pagecache", "fsync", "pagecache-poll", "fsync-poll", "direct", "direct-async")
+def test_summary_ratios_are_of_medians_and_take_the_faster_file_exchange():
+    names = ("pagecache", "fsync", "pagecache-poll", "fsync-poll", "direct", "direct-async",
+             "direct-2ns", "direct-2ns-async")
     st = TransferBenchSettings(files=2, size_mb=1.0, fields=1, cases=names)
 
-    def run(seconds, after=0.1):
-        return [{"seconds": seconds, "producer_seconds": seconds - after,
-                 "after_close_seconds": after, "last_close_seconds": 0.01, "run_dir": "x",
-                 "verified": True, "sources": ["file"]},
-                {"seconds": seconds * 2, "producer_seconds": seconds - after,
-                 "after_close_seconds": after * 3, "last_close_seconds": 0.01, "run_dir": "y",
-                 "verified": True, "sources": ["file"]}]
+    def run(seconds, after=0.1, backing="file"):
+        one = {"producer_seconds": seconds - after, "last_close_seconds": 0.01,
+               "verified": True, "sources": ["file"], "backings": [backing]}
+        return [{**one, "seconds": seconds, "after_close_seconds": after, "run_dir": "x"},
+                {**one, "seconds": seconds * 2, "after_close_seconds": after * 3,
+                 "run_dir": "y"},
+                {**one, "seconds": seconds * 8, "after_close_seconds": after * 5,
+                 "run_dir": "z"}]
 
     runs = {"pagecache": run(4.0), "pagecache-poll": run(3.0), "fsync": run(10.0),
-            "fsync-poll": run(12.0), "direct": run(1.0, after=0.3),
-            "direct-async": run(0.9, after=0.1)}
+            "fsync-poll": run(12.0), "direct": run(1.0, after=0.3, backing="tmpfs-huge"),
+            "direct-async": run(0.9, after=0.1, backing="tmpfs-huge"),
+            "direct-2ns": run(2.0, after=0.4), "direct-2ns-async": run(1.5, after=0.1)}
+    # medians: pagecache-poll 6, fsync 20, direct 2, direct-2ns-async 3 (the faster)
+    res = summary(st, runs, {}, 0.25, {}, fresh_s=[0.5, 1.0, 9.0], tcp_s=[0.6, 0.9, 1.2],
+                  launch_s=[0.05, 0.02, 0.5])
+    assert res["speedup_pagecache"] == pytest.approx(6.0 / 2.0)
+    assert res["speedup_fsync"] == pytest.approx(20.0 / 2.0)
+    assert res["memcpy_fraction"] == pytest.approx(0.25 / 2.0)
+    assert res["limit_ratio"] == pytest.approx(2.0 / 1.0)
+    assert res["tcp_fraction"] == pytest.approx(0.9 / 3.0)
+    assert res["raw_tcp_gb_per_s"] == pytest.approx(st.files * st.bytes_per_file / 0.9 / 1e9)
+    assert res["launch_ms"] == pytest.approx(50.0)
+    assert res["huge_pages"] is True and res["memory_backings"] == ["tmpfs-huge"]
+    assert res["async_after_close_ratio"] == pytest.approx(0.1 / 0.4)  # two namespaces
+    runs["direct-async"] = run(0.9, backing="memfd")
     res = summary(st, runs, {}, 0.25, {})
-    assert res["speedup_pagecache"] == pytest.approx(3.0)
-    assert res["speedup_fsync"] == pytest.approx(10.0)
-    assert res["memcpy_fraction"] == pytest.approx(0.25)
-    assert res["async_after_close_ratio"] == pytest.approx(0.1 / 0.3)
-    skipped = {"direct-async": "not supported"}
-    res = summary(st, {k: v for k, v in runs.items() if k != "direct-async"}, skipped, 0.25, {})
-    assert res["async_after_close_ratio"] is None
+    assert res["huge_pages"] is False
+    assert res["memory_backings"] == ["memfd", "tmpfs-huge"]
+    assert res["limit_ratio"] is None and res["tcp_fraction"] is None
+    assert res["launch_ms"] is None
+    skipped = {"direct-async": "not supported", "direct-2ns-async": "no",
+               "direct-2ns": "no"}
+    kept = {k: v for k, v in runs.items() if k not in skipped}
+    res = summary(st, kept, skipped, 0.25, {}, tcp_s=[1.0])
+    assert res["async_after_close_ratio"] is None and res["tcp_fraction"] is None
     assert [(r["case"], r["reason"]) for r in res["rows"] if not r["measured"]] == [
-        ("direct-async", "not supported")]
-    assert res["rows"][0]["direct_speedup"] == pytest.approx(4.0)
-    assert res["rows"][0]["median_seconds"] == pytest.approx(6.0)  # of 4 and 8
-
-
-@pytest.mark.parametrize(("args", "message"), [
-    (["--cases", "pagecache,nope"], "argument --cases: unknown case 'nope'"),
-    (["--files", "0"], "argument --files: must be positive, got '0'"),
-    (["--size-mb", "x"], "argument --size-mb: expected a number, got 'x'"),
-])
-def test_bad_arguments_are_one_line_errors(tmp_path, args, message):
-    p = subprocess.run([sys.executable, "-m", "ensio", "bench", "transfer", *args,
-                        "--workdir", str(tmp_path / "w")], capture_output=True, text=True,
-                       env=dict(os.environ, PYTHONPATH=str(SRC)), timeout=60)
-    assert p.returncode == 2 and message in p.stderr.strip().splitlines()[-1]
-    assert not (tmp_path / "w").exists()  # nothing was run or written
+        (n, skipped[n]) for n in names if n in skipped]

@@ -20,6 +20,16 @@ time of each case is reported, as is a ``memcpy`` of the same bytes
 (numpy, between two buffers of one file's size, already touched) measured in every
 round, best of all. Every run checks that the consumer read exactly the arrays the
 producer wrote (SHA-256 per variable): ``verified``.
+
+The headline ratios (issue 28's acceptance) are of medians over the repeats:
+``speedup_pagecache`` and ``speedup_fsync`` (the better file exchange / direct),
+``limit_ratio`` (direct / the same bytes written into fresh memfds, the floor of any
+producer putting a file into memory), ``launch_ms`` (``ensio run --transfer … --
+true`` with the daemon running, :func:`launch_seconds`), ``tcp_fraction`` (raw TCP
+``sendfile`` of the same bytes over the same veth pair, :mod:`.transfer_tcp` / the
+faster two-namespace case) and ``memcpy_fraction``; ``huge_pages`` says whether the
+direct cases' memory was the daemon's huge-page tmpfs (:mod:`ensio.transfer.hugemem`),
+and ``memory`` the daemon's own line on it.
 """
 
 from __future__ import annotations
@@ -28,6 +38,8 @@ import contextlib
 import math
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -41,7 +53,8 @@ from .transfer_cases import CASES, Case, DirectHost, Placement, direct_host, run
 from .transfer_programs import field_shape
 
 __all__ = ["TransferBenchSettings", "bench_transfer", "fresh_memory_write_seconds",
-           "markdown_rows", "memcpy_seconds", "plot_result", "result_table", "summary"]
+           "headline", "launch_seconds", "markdown_rows", "memcpy_seconds", "plot_result",
+           "result_table", "summary"]
 
 BASELINES = ("pagecache", "fsync")
 
@@ -56,7 +69,8 @@ class TransferBenchSettings:
     this long after writing each variable, as a model computes between its outputs
     (the overlap the seed's asynchronous mode exists for; 0 writes back to back);
     ``pool_mb``: the staging daemons' pool of pre-faulted memfds (None: their
-    default; 0: none), see :mod:`ensio.transfer.pool`."""
+    default; 0: none), see :mod:`ensio.transfer.pool`; ``launches``: how many
+    ``ensio run --transfer … -- true`` give ``launch_ms`` (0: not measured)."""
 
     files: int = 8
     size_mb: float = 64.0
@@ -68,6 +82,7 @@ class TransferBenchSettings:
     compute_ms: float = 0.0
     pool_mb: float | None = None
     seed: int = 20041
+    launches: int = 11
     timeout_s: float = 600.0
 
     @property
@@ -150,6 +165,7 @@ def bench_transfer(st: TransferBenchSettings, workdir: str | Path | None = None,
         copies: list[float] = []
         fresh: list[float] = []
         prefaulted: list[float] = []
+        tcp: list[float] = []
         for rep in range(st.repeat):
             for case in cases[rep % len(cases):] + cases[:rep % len(cases)]:
                 if case.name in skipped:
@@ -161,20 +177,96 @@ def bench_transfer(st: TransferBenchSettings, workdir: str | Path | None = None,
                 _check(case, r)
                 runs.setdefault(case.name, []).append(r)
                 shutil.rmtree(Path(r["run_dir"]) / "data", ignore_errors=True)
+            if 2 in places:
+                if on_step is not None:
+                    on_step(f"raw TCP (repeat {rep + 1}/{st.repeat})")
+                tcp.append(_raw_tcp(places[2], st))
             copies.append(memcpy_seconds(st.bytes_per_file, st.files))
             fresh.append(fresh_memory_write_seconds(st.bytes_per_file, st.files, st.warm))
             prefaulted.append(fresh_memory_write_seconds(st.bytes_per_file, st.files, st.warm,
                                                          prefaulted=True))
         features = sorted(host.features) if host is not None else []
+        launches: list[float] = []
+        if host is not None and not host.error and st.launches > 0:
+            if on_step is not None:
+                on_step(f"launch ({st.launches} × ensio run --transfer … -- true)")
+            launches = launch_seconds(host, root / "launch", st.launches)
+        memory = _memory_line(host)
     total = st.files * st.bytes_per_file
     return summary(st, runs, skipped, min(copies), {
+        "memory": memory, "launch_command": _ensio_command()[0],
         "fresh_memory_write_seconds": min(fresh),
         "fresh_memory_write_gb_per_s": total / min(fresh) / 1e9,
         "prefaulted_memory_write_gb_per_s": total / min(prefaulted) / 1e9,
         "machine": describe_machine(root), "workdir": str(root), "cores": os.cpu_count(),
         "load_average_start": load_start,
         "load_average": list(os.getloadavg()), "daemon_features": features,
-        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
+        fresh_s=fresh, tcp_s=tcp, launch_s=launches)
+
+
+def _ensio_command() -> list[str]:
+    """How a user starts ensio: the console script beside this interpreter (what
+    ``pip install`` puts on PATH), else on PATH, else ``python -m ensio``."""
+    beside = Path(sys.executable).with_name("ensio")
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return [str(beside)]
+    found = shutil.which("ensio")
+    return [found] if found else [sys.executable, "-m", "ensio"]
+
+
+def launch_seconds(host: DirectHost, directory: Path, count: int) -> list[float]:
+    """Wall seconds of ``count`` launches of ``ensio run --transfer CFG --component
+    consumer -- true`` on ``host`` (its daemon is running: reused, as a workflow's
+    second and later launches find it), each from before the fork to the exit.
+
+    Raises
+    ------
+    RuntimeError
+        A launch failed (its stderr's last line).
+    """
+    from .childenv import child_env
+    from .transfer_cases import Case, _config
+
+    directory.mkdir(parents=True, exist_ok=True)
+    config = _config(Case("launch", "direct", "create"), directory / "transfer.yaml",
+                     directory, host)
+    env = {**child_env(drop_preload=True), **host.env("consumer")}
+    argv = [*_ensio_command(), "run", "--transfer", str(config), "--component", "consumer",
+            "--", "true"]
+    out = []
+    for _ in range(count):
+        t = time.perf_counter()
+        p = subprocess.run(argv, env=env, cwd=directory, stdin=subprocess.DEVNULL,
+                           capture_output=True, text=True, timeout=120)
+        out.append(time.perf_counter() - t)
+        if p.returncode != 0:
+            tail = (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1]
+            raise RuntimeError(f"ensio run --transfer … -- true failed: {tail}")
+    return out
+
+
+def _raw_tcp(pair: Placement, st: TransferBenchSettings) -> float:
+    """One raw TCP ``sendfile`` of the run's bytes between the namespaces of ``pair``."""
+    from .transfer_netns import ADDRESSES
+    from .transfer_tcp import raw_tcp_seconds
+
+    prefix = {r: pair.prefix(r) for r in ("producer", "consumer")}
+    return raw_tcp_seconds(prefix, ADDRESSES, st.bytes_per_file, st.files, st.timeout_s)
+
+
+def _memory_line(host: DirectHost | None) -> str | None:
+    """The one-host daemon's line on its memory (huge-page tmpfs or memfds, and why)."""
+    from ..transfer.protocol import LOG_NAME
+
+    if host is None:
+        return None
+    try:
+        lines = (host.dir / LOG_NAME).read_text().splitlines()
+    except OSError:
+        return None
+    found = [ln.split("memory: ", 1)[1] for ln in lines if "memory: " in ln]
+    return found[-1] if found else None
 
 
 def _placements(cases: Sequence[Case], stack: contextlib.ExitStack, pool_mb: float | None
@@ -209,25 +301,31 @@ def _check(case: Case, r: Mapping[str, Any]) -> None:
 
 
 def summary(st: TransferBenchSettings, runs: Mapping[str, Sequence[Mapping[str, Any]]],
-            skipped: Mapping[str, str], t_memcpy: float, extra: Mapping[str, Any]
-            ) -> dict[str, Any]:
-    """Rows per case (best run) and the headline ratios, from the measured runs.
+            skipped: Mapping[str, str], t_memcpy: float, extra: Mapping[str, Any], *,
+            fresh_s: Sequence[float] = (), tcp_s: Sequence[float] = (),
+            launch_s: Sequence[float] = ()) -> dict[str, Any]:
+    """Rows per case (best run and median) and the headline ratios (of medians).
 
-    ``speedup_fsync`` and ``speedup_pagecache`` divide the faster of the two ways of
-    telling the consumer (pipe or polling) by the direct sync case, so the file
-    exchange is given its best showing. ``memcpy_fraction`` is the direct case's
-    bandwidth over memcpy's (N·S bytes each). ``async_after_close_ratio`` is the time
-    from the producer's last close call (the netCDF close: the file handed over; a sync
-    close may itself wait for the transfer) to the consumer's last byte, the shortest of
-    the repeats, async over sync: across the two namespaces when both were measured
-    (where async has something to hide), else on one host. A ratio whose cases were not
-    measured is None.
+    ``speedup_fsync`` and ``speedup_pagecache`` divide the faster (by median) of the
+    two ways of telling the consumer (pipe or polling) by the direct sync case, so the
+    file exchange is given its best showing. ``memcpy_fraction`` is the direct case's
+    bandwidth over memcpy's (N·S bytes each; memcpy's best). ``limit_ratio``: direct
+    over ``fresh_s`` (the bytes written into fresh memory, each round). ``tcp_fraction``:
+    ``tcp_s`` (raw TCP of the bytes) over the faster two-namespace case (throughput
+    ratio). ``launch_ms``: the median of ``launch_s``. ``huge_pages``: every one-host
+    direct run read the daemon's huge-page tmpfs (None: none measured).
+    ``async_after_close_ratio`` is the time from the producer's last close call (the
+    netCDF close: the file handed over; a sync close may itself wait for the transfer)
+    to the consumer's last byte, the shortest of the repeats, async over sync: across
+    the two namespaces when both were measured (where async has something to hide),
+    else on one host. A ratio whose cases were not measured is None.
     """
     total = st.files * st.bytes_per_file
     best = {k: min(v, key=lambda r: r["seconds"]) for k, v in runs.items()}
+    median = {k: float(np.median([r["seconds"] for r in v])) for k, v in runs.items() if v}
 
     def seconds(*names: str) -> float | None:
-        got = [best[n]["seconds"] for n in names if n in best]
+        got = [median[n] for n in names if n in median]
         return min(got) if got else None
 
     direct = seconds("direct")
@@ -255,9 +353,20 @@ def summary(st: TransferBenchSettings, runs: Mapping[str, Sequence[Mapping[str, 
     after = {n: min(x["after_close_seconds"] for x in v) for n, v in runs.items()}
     by_hosts = {"1": _ratio(after.get("direct-async"), after.get("direct")),
                 "2": _ratio(after.get("direct-2ns-async"), after.get("direct-2ns"))}
+    one_host = [b for n in ("direct", "direct-async") for r in runs.get(n, ())
+                for b in r.get("backings", ())]
     return {
+        "statistic": "median",
         "speedup_fsync": _ratio(fsync, direct),
         "speedup_pagecache": _ratio(pagecache, direct),
+        "huge_pages": (all(b == "tmpfs-huge" for b in one_host) if one_host else None),
+        "memory_backings": sorted(set(one_host)),
+        "limit_ratio": _ratio(direct, _median(fresh_s)),
+        "launch_ms": None if not launch_s else 1000.0 * float(np.median(launch_s)),
+        "launch_ms_all": [1000.0 * x for x in launch_s],
+        "tcp_fraction": _ratio(_median(tcp_s), seconds("direct-2ns", "direct-2ns-async")),
+        "raw_tcp_seconds": list(tcp_s),
+        "raw_tcp_gb_per_s": None if not tcp_s else total / _median(tcp_s) / 1e9,
         "memcpy_fraction": _ratio(t_memcpy, direct),
         "async_after_close_ratio": by_hosts["2"] if by_hosts["2"] is not None else by_hosts["1"],
         "async_after_close_ratio_by_hosts": by_hosts,
@@ -268,6 +377,10 @@ def summary(st: TransferBenchSettings, runs: Mapping[str, Sequence[Mapping[str, 
         "memcpy_seconds": t_memcpy, "memcpy_gb_per_s": total / t_memcpy / 1e9,
         "rows": rows, **extra,
     }
+
+
+def _median(xs: Sequence[float]) -> float | None:
+    return float(np.median(xs)) if len(xs) else None
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:
@@ -305,10 +418,21 @@ def result_table(res: Mapping[str, Any]) -> Any:
                  f"{_fmt(res['memcpy_fraction'], '.3f')}, async_after_close_ratio "
                  f"{_fmt(res['async_after_close_ratio'], '.3f', 'not measured')}; "
                  f"verified {res['verified']}")
+    t.caption += "\n" + headline(res)
     for r in res["rows"]:
         if not r["measured"]:
             t.caption += f"\n{r['case']} not measured: {r['reason']}"
     return t
+
+
+def headline(res: Mapping[str, Any]) -> str:
+    """Issue 28's acceptance numbers (medians) in one line."""
+    return (f"medians: speedup_pagecache {_fmt(res.get('speedup_pagecache'), '.2f')} "
+            f"(huge pages: {_fmt(res.get('huge_pages'), '', 'not measured')}), limit_ratio "
+            f"{_fmt(res.get('limit_ratio'), '.2f')}, launch_ms "
+            f"{_fmt(res.get('launch_ms'), '.0f', 'not measured')}, tcp_fraction "
+            f"{_fmt(res.get('tcp_fraction'), '.2f', 'not measured')}; memory: "
+            f"{res.get('memory') or 'unknown'}")
 
 
 def plot_result(res: Mapping[str, Any], path: str | Path) -> None:

@@ -322,6 +322,7 @@ def run_case(case: Case, settings: Mapping[str, Any], run_dir: Path,
             "last_close_seconds": prod["closes"][-1] - prod["close_calls"][-1],
             "bytes": cons["bytes"],
             "verified": cons["sha256"] == prod["sha256"], "sources": sorted(set(cons["sources"])),
+            "backings": sorted(set(cons.get("backings", []))),
             "on_disk": cons["on_disk"], "run_dir": str(run_dir)}
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -159,26 +160,53 @@ def consumer(spec: dict[str, Any]) -> dict[str, Any]:
         t_end = time.monotonic()
     sums = [[_digest(a) for a in arrays] for arrays in got]
     nbytes = sum(a.nbytes for arrays in got for a in arrays)
-    sources = [_source(path) for path in paths]
+    backings = [_backing(path) for path in paths]
+    sources = ["file" if b == "file" else "memory" for b in backings]
     names = {os.path.basename(p) for p in paths}
-    on_disk = sorted(names & set(os.listdir(os.path.dirname(paths[0]))))
+    on_disk = sorted(names & _real_listing(os.path.dirname(paths[0])))
     for path in paths:
         os.unlink(path)
     return {"t_end": t_end, "opened": opened, "sha256": sums, "bytes": nbytes,
-            "sources": sources, "on_disk": on_disk}
+            "sources": sources, "backings": backings, "on_disk": on_disk}
 
 
 def _source(path: str) -> str:
-    """``memory`` if opening ``path`` gives a memfd (the staging daemon's), else ``file``.
+    """``memory`` if opening ``path`` gives the staging daemon's memory, else ``file``.
 
-    The directory listing beside it (``readdir`` is not interposed) shows what is
-    really on disk: together they prove a direct case never touched the file system.
+    The daemon's memory is a memfd (``/memfd:NAME``) or a file of its private huge-page
+    tmpfs (:mod:`ensio.transfer.hugemem`: no name, on a mount of no namespace, so
+    ``/#INODE (deleted)``). The directory listing beside it (taken with the interposer's
+    view off, :func:`_real_listing`) shows what is really on disk:
+    together they prove a direct case never touched the file system.
     """
+    return "file" if _backing(path) == "file" else "memory"
+
+
+def _backing(path: str) -> str:
+    """What opening ``path`` gives: ``memfd``, ``tmpfs-huge`` (the daemon's huge-page
+    tmpfs) or ``file``."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        return "memory" if os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:") else "file"
+        link = os.readlink(f"/proc/self/fd/{fd}")
     finally:
         os.close(fd)
+    if link.startswith("/memfd:"):
+        return "memfd"
+    if re.fullmatch(r"/#\d+ \(deleted\)", link):
+        return "tmpfs-huge"
+    return "file"
+
+
+def _real_listing(directory: str) -> set[str]:
+    """The names really on disk in ``directory``: listed by a child without the
+    interposer (whose directory view also lists the held names)."""
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    out = subprocess.run([sys.executable, "-c", "import os, sys; print('\\n'.join("
+                          "os.listdir(sys.argv[1])))", directory], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    return set(out.split())
 
 
 def _poll(path: str, every: float, deadline: float) -> None:

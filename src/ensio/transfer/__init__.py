@@ -18,6 +18,11 @@ interposer reports (``csrc/ensio_interpose_writes.c``) while the producer runs, 
 after its close only what was written again; on one host ``async`` behaves as
 ``sync`` (the memory is shared, nothing is sent).
 
+Memory: the daemon's held files are in 2 MiB pages where the machine allows it, on a
+private tmpfs mounted by a short-lived helper in a mount namespace of its own and
+detached at once (:mod:`.hugemem`; ``ENSIO_TRANSFER_HUGE_PAGES=off``: memfds), and
+pre-faulted between output bursts (:mod:`.pool`).
+
 Where the rest extends it:
 
 * ``workflow.transfer`` in ``ensio cycle``: :func:`.run.prepare` returns the
