@@ -91,6 +91,8 @@ def test_a_consumer_times_out_with_one_line_naming_file_and_connection(host: Hos
     r = host.run(cfg, "post", "ncdump", "-h", "out/never.nc")
     assert r.returncode != 0
     assert "Connection timed out" in r.stderr  # ETIMEDOUT, as the program reports it
+    said = [x for x in r.stderr.splitlines() if x.startswith("ensio-transfer")]
+    assert len(said) == 1 and "out/never.nc" in said[0] and "connection restarts" in said[0]
     lines = [x for x in host.log().splitlines() if "ETIMEDOUT" in x]
     assert len(lines) == 1, host.log()
     assert str(host.work / "out" / "never.nc") in lines[0]

@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <string.h>
 #include <unistd.h>
 
 /* The consumer's reply: the descriptor, -1 with errno, -2: the real path, -3: BUSY.
@@ -73,5 +74,11 @@ int ei_consume_wait(const struct ei_rule *r, const char *path, int flags)
     pthread_mutex_lock(&ei_lock);
     int got = consumer_reply(rc, reply, fds, flags);
     pthread_mutex_unlock(&ei_lock);
+    if (got == -1 && errno == ETIMEDOUT) {  /* the program may say only "timed out" */
+        const char *conn = strrchr(r->conn, ':');
+        ei_say("%s: not complete within consumer_timeout_s = %ld s (connection %s): ETIMEDOUT",
+               path, r->timeout_ms / 1000, conn ? conn + 1 : r->conn);
+        errno = ETIMEDOUT;
+    }
     return got == -3 ? -2 : got;
 }
