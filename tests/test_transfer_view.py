@@ -253,3 +253,28 @@ def test_c_getdents64_scandir_wordexp_and_xattrs(host: Host) -> None:
     assert lines["scandir"].split() == every
     assert lines["wordexp"].split() == ["out/mem001.nc", "out/mem002.nc", "x", "out/real.txt"]
     assert lines["xattr"].split() == ["-1", str(errno.ENODATA), "0", "-1", str(errno.ENOTSUP)]
+
+
+def test_after_a_finished_producer_enoent_at_once_and_the_next_round_waits(host: Host) -> None:
+    """Round 1: the producer ran and ended, so a name it did not write is ENOENT at once.
+    Its consumers read and end; round 2's consumer, started before round 2's producer,
+    waits again."""
+    cfg = write_config(host.work / "t.yaml", ["out/*.txt"], consumer_timeout_s=60)
+    (host.work / "out").mkdir()
+    assert host.run(cfg, "model", "sh", "-c", "echo one > out/a.txt").returncode == 0
+    r = host.run(cfg, "post", "cat", "out/b.txt", timeout=30)
+    assert r.returncode != 0 and "No such file" in r.stderr, r.stderr
+    assert "waits for it" not in host.log()
+    r = host.run(cfg, "post", "cat", "out/a.txt")
+    assert (r.returncode, r.stdout) == (0, "one\n"), r.stderr
+    target = host.work / "out" / "c.txt"
+    consumer = host.start(cfg, "post", "cat", "out/c.txt")
+    try:
+        wait_for(lambda: _waiting_logged(host, target), what="round 2's consumer waiting")
+        assert host.run(cfg, "model", "sh", "-c", "echo two > out/c.txt").returncode == 0
+        out, err = consumer.communicate(timeout=60)
+    finally:
+        if consumer.poll() is None:
+            consumer.kill()
+            consumer.communicate()
+    assert (consumer.returncode, out) == (0, "two\n"), err
