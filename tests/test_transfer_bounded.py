@@ -3,8 +3,9 @@
 Protocol-level tests drive the daemon with the Python client (the interposer's packets);
 the others run unmodified programs (``cp``, ``cmp``, ``sh``) under ``ensio run``:
 
-* a file is released once a process of every declared consumer component opened it and
-  exited with status 0 (``keep: until-consumed``, the default); ``until-unlinked`` keeps it;
+* a file is consumed once a process of every declared consumer component opened it and
+  exited with status 0; with ``keep: until-consumed`` (the default) its memory is released
+  when its budget needs it for a new file (instead of spilling); ``until-unlinked`` keeps it;
 * connections without ``memory_mb`` share a default budget of half the machine's memory;
 * ``ensio transfer stop`` writes only files some consumer has not consumed;
 * a real file shadowed by a transferred one is a warning, once;
@@ -103,27 +104,34 @@ def held(dm: Daemon) -> dict[str, str]:
     return {Path(s["path"]).name: s["state"] for s in dm.table.status()}
 
 
-def test_a_file_is_released_when_every_declared_consumer_exited_with_status_0(
-        daemon, files, rng):
+def consumed(dm: Daemon) -> dict[str, str]:
+    return {Path(s["path"]).name: s["consumed"] for s in dm.table.status()}
+
+
+def test_a_consumed_file_is_released_when_its_budget_needs_the_memory(daemon, files, rng):
     data = rng.bytes(5000)
-    path = files / "mem001.nc"
-    with client(daemon, "model", "until-consumed", to="post,arch") as prod:
-        assert produce(prod, path, data) == "OK"
+    one, two = files / "mem001.nc", files / "mem002.nc"
+    prod = client(daemon, "model", "until-consumed", to="post,arch")
+    assert produce(prod, one, data, budget=5000) == "OK"
     post, arch, other = (Client(daemon.socket_path, component=c) for c in
                          ("post", "arch", "other"))
-    assert read(other, path) == data  # not a declared consumer: counts for nothing
+    assert read(other, one) == data  # not a declared consumer: counts for nothing
     assert other.request(encode("EXIT", status=0)).verb == "OK"
-    assert read(post, path) == data
-    assert post.request(encode("EXIT", status=0)).verb == "OK"
-    assert held(daemon) == {"mem001.nc": "complete"}  # arch has not read it yet
-    st = post.request(encode("STAT", path=str(path)))  # a stat is no read
+    st = arch.request(encode("STAT", path=str(one)))  # a stat is no read
     os.close(st.fd)
-    assert read(arch, path) == data
+    assert read(post, one) == data
+    assert post.request(encode("EXIT", status=0)).verb == "OK"
+    assert consumed(daemon) == {"mem001.nc": "post"}
+    assert produce(prod, two, rng.bytes(5000), budget=5000) == "FALLBACK"  # arch has not
+    assert read(arch, one) == data
     assert arch.request(encode("EXIT", status=0)).verb == "OK"
-    assert held(daemon) == {}
-    assert read(post, path) == "ABSENT"  # the real path now (nothing there)
-    assert f"{path}: consumed by arch, post: memory released" in logtext(daemon)
-    for c in (post, arch, other):
+    assert consumed(daemon) == {"mem001.nc": "arch,post"}
+    assert produce(prod, two, rng.bytes(5000), budget=5000) == "OK"
+    assert held(daemon) == {"mem002.nc": "complete"}
+    assert read(post, one) == "ABSENT"  # the real path now (nothing there)
+    assert (f"{one}: consumed by arch, post: memory released for {two}"
+            in logtext(daemon))
+    for c in (prod, post, arch, other):
         c.close()
 
 
@@ -134,20 +142,23 @@ def test_a_consumer_that_ends_without_exit_0_consumed_nothing(daemon, files, rng
         assert produce(prod, path, data) == "OK"
     with Client(daemon.socket_path, component="post") as post:  # crashes: no EXIT
         assert read(post, path) == data
-    with Client(daemon.socket_path, component="post") as post:  # its retry finds the file
+    assert consumed(daemon) == {"mem001.nc": ""}
+    with Client(daemon.socket_path, component="post") as post:  # its retry
         assert read(post, path) == data
         assert post.request(encode("EXIT", status=0)).verb == "OK"
-    assert held(daemon) == {}
+    assert consumed(daemon) == {"mem001.nc": "post"}
 
 
 def test_until_unlinked_keeps_a_consumed_file(daemon, files, rng):
     path = files / "mem001.nc"
-    with client(daemon, "model", "until-unlinked") as prod:
-        assert produce(prod, path, rng.bytes(100)) == "OK"
+    prod = client(daemon, "model", "until-unlinked")
+    assert produce(prod, path, rng.bytes(1000), budget=1000) == "OK"
     with Client(daemon.socket_path, component="post") as post:
         assert isinstance(read(post, path), bytes)
         assert post.request(encode("EXIT", status=0)).verb == "OK"
+    assert produce(prod, files / "mem002.nc", rng.bytes(1000), budget=1000) == "FALLBACK"
     assert held(daemon) == {"mem001.nc": "complete"}
+    prod.close()
 
 
 def test_the_default_budget_is_half_the_machine_memory_and_spills(daemon, files, rng):
@@ -239,8 +250,9 @@ def test_a_lost_host_fails_only_its_incomplete_copies(tmp_path, rng):
 @pytest.mark.parametrize("keep", ["until-consumed", "until-unlinked"])
 def test_memory_is_released_after_consumption_under_a_2_file_budget(host: Host, rng, keep):
     """cp writes five files of 300 kB one after the other under a budget of two; cmp reads
-    each after it is written. Consumed files are released, so nothing reaches the disk;
-    kept ones fill the budget and the third spills (fallback: files)."""
+    each after it is written. Consumed files are released as new ones need the memory, so
+    nothing reaches the disk; kept ones fill the budget and the third spills (fallback:
+    files)."""
     w = host.work
     (w / "src").mkdir()
     (w / "fc").mkdir()
@@ -269,9 +281,9 @@ def test_memory_is_released_after_consumption_under_a_2_file_budget(host: Host, 
                 p.wait()
     names = {Path(s.path).name for s in host.status()}
     on_disk = sorted(p.name for p in (w / "fc").iterdir())
-    if keep == "until-consumed":
-        assert names == set() and on_disk == []
-        assert host.log().count("consumed by post: memory released") == 5
+    if keep == "until-consumed":  # each new file past the budget releases a consumed one
+        assert names == {"mem4.nc", "mem5.nc"} and on_disk == []
+        assert host.log().count("consumed by post: memory released for") == 3
     else:
         assert names == {"mem1.nc", "mem2.nc"}
         assert on_disk == ["mem3.nc", "mem4.nc", "mem5.nc"]

@@ -16,11 +16,19 @@ Two decisions of :class:`~.table.Table` that need facts from outside the protoco
   lines there (:func:`read_keep_lines`), so each new file knows its declared consumer
   components. A process of such a component that opened the file (``OPEN``, not
   ``STAT``) and then exits with status 0 (the interposer's ``on_exit`` report,
-  ``EXIT``) has consumed it for its component. When every declared component has, the
-  daemon releases the memory (:func:`releasable`); a later open sees the real path.
-  A process that crashes or exits non-zero consumed nothing: a retried job finds its
-  input again. Counting at exit rather than at ``close`` lets a program open a file
-  twice (a metadata pass, then the data: ``ensio analyse``, CDO) and still find it.
+  ``EXIT``) has consumed it for its component. Once every declared component has, the
+  file is *releasable* (:func:`releasable`): when a new file of the same budget needs
+  the memory, the table releases consumed files, oldest first, before it would spill
+  the new one or refuse it; ``ensio transfer stop`` does not write them. A later open
+  of a released file sees the real path.
+
+  Why at exit with status 0: a process that crashes or exits non-zero consumed nothing,
+  so a retried job finds its input again; and a program may open a file twice (a
+  metadata pass, then the data: ``ensio analyse``, CDO). Why only under the budget's
+  pressure: a component often reads one file with several programs one after the other
+  (``ncdump -h``, then ``cdo``), each its own process; released at once, the second
+  would find nothing. Memory stays bounded by the budget either way, and consumed
+  files are what gives way first.
 """
 
 from __future__ import annotations
@@ -88,8 +96,8 @@ def read_keep_lines(rules: str) -> dict[str, tuple[str, frozenset[str]]]:
 
 
 def releasable(e: Entry) -> bool:
-    """Whether ``e`` is consumed and may be released now (``keep: until-consumed``,
-    complete, every declared component has consumed it, no write-behind pending)."""
+    """Whether ``e`` may be released for a new file (``keep: until-consumed``, complete,
+    every declared component consumed it, no write-behind pending)."""
     return (e.keep == "until-consumed" and e.state == "complete" and bool(e.consumers)
             and e.consumers <= e.consumed and e.persist_state != "pending")
 

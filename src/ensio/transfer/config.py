@@ -156,11 +156,12 @@ class ConnectionDef:
         the daemon on the producer's host). Past it a producer's new file follows
         ``fallback``.
     keep : "until-consumed" or "until-unlinked"
-        ``until-consumed``: the daemon releases a complete file's memory once a
-        process of every ``to`` component has opened it and ended (its last
-        connection to the daemon closed: exit or crash); a later open sees the real
-        path. ``until-unlinked``: held until unlinked, replaced or the daemon stops
-        (files several processes of a component read one after the other).
+        ``until-consumed``: a complete file is consumed once a process of every
+        ``to`` component opened it and exited with status 0; a consumed file's memory
+        is released when the budget needs it for a new file (before that file would
+        spill), and ``ensio transfer stop`` does not write it (:mod:`.budget`). A
+        later open of a released file sees the real path. ``until-unlinked``: held
+        until unlinked, replaced or the daemon stops.
     fallback : "files" or "error"
         ``files``: the file goes to its real path (the budget is exceeded, or no
         daemon runs); ``error``: the producer's open fails with ENOSPC.

@@ -45,7 +45,6 @@ def persist_loop(table: Table) -> None:
                 if table.entries.get(e.path) is e:  # renamed meanwhile: its new name
                     table.persist_queue.put(e)
             table.cond.notify_all()
-        table.release_consumed()  # consumed while its write-behind was pending
 
 
 def wait_persisted(table: Table, timeout: float) -> bool:

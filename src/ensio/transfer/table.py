@@ -97,7 +97,8 @@ class Table:
                 self.log.warning("%s: %s opened it for writing while %s still writes it: refused "
                                  "(EBUSY)", path, peer, cur.writer or cur.component)
                 return Reply.err(errno.EBUSY)
-            if budget >= 0 and self._usage(key, exclude=cur) >= budget:
+            if budget >= 0 and self._usage(key, exclude=cur) >= budget and \
+                    self._release_consumed(key, budget - 1, path, skip=cur, uncounted=cur):
                 return self._over_budget(peer, path, key, fallback)
             self._warn_stale(path, cur, origin, keep)
             source = os.dup(cur.fd) if keep and cur is not None and cur.fd is not None else None
@@ -183,7 +184,8 @@ class Table:
             e.writer = None
             if self.pool is not None:
                 self.pool.learn(e.size())
-            over = e.budget >= 0 and self._usage(e.budget_key) > e.budget
+            over = e.budget >= 0 and self._usage(e.budget_key) > e.budget and \
+                self._release_consumed(e.budget_key, e.budget, e.path, skip=e)
             if over and e.fallback == "error":
                 # Kept: failing the close would lose a complete file (and netCDF 4.9
                 # crashes on a failed close); the connection's next open fails instead.
@@ -432,30 +434,29 @@ class Table:
 
     # -- consumption (keep: until-consumed, budget.py) ----------------------------------------
 
-    def consumer_exited(self, pid: int) -> int:
+    def consumer_exited(self, pid: int) -> None:
         """Process ``pid`` exited with status 0: the files it opened are consumed for its
-        component; those every declared component consumed are released. How many."""
+        component (released when their budget needs the memory: ``_release_consumed``)."""
         with self.cond:
             for e in self.entries.values():
                 mine = {r for r in e.readers if r[0] == pid}
                 e.readers -= mine
                 e.consumed.update(component for _, component in mine)
-            return self._release_consumed()
 
-    def release_consumed(self) -> int:
-        """Release what is consumed now (a write-behind just finished)."""
-        with self.cond:
-            return self._release_consumed()
-
-    def _release_consumed(self) -> int:
-        done = [e for e in self.entries.values() if releasable(e)]
-        for e in done:
-            self.log.info("%s: consumed by %s: memory released (keep: until-consumed)",
-                          e.path, ", ".join(sorted(e.consumers)))
+    def _release_consumed(self, key: str, target: int, why: str, skip: Entry | None,
+                          uncounted: Entry | None = None) -> bool:
+        """(lock held) Release consumed files of budget ``key`` (never ``skip``), oldest
+        first, until its usage (without ``uncounted``) is at most ``target``; whether it
+        is still above (:mod:`.budget`)."""
+        for e in sorted((e for e in self.entries.values() if e.budget_key == key
+                         and e is not skip and releasable(e)), key=lambda x: x.id):
+            if self._usage(key, exclude=uncounted) <= target:
+                break
+            self.log.info("%s: consumed by %s: memory released for %s (keep: until-consumed)",
+                          e.path, ", ".join(sorted(e.consumers)), why)
             self._drop(e.path)
-        if done:
             self.cond.notify_all()
-        return len(done)
+        return self._usage(key, exclude=uncounted) > target
 
     def drop(self, path: str) -> Reply:
         with self.cond:
