@@ -18,8 +18,10 @@ the newline; a path containing a newline is never interposed, so none is sent)::
 
 Requests (interposer → daemon), and their replies
 -------------------------------------------------
-``HELLO component= pid= proto=``
-    First packet of a connection. → ``OK proto= pid=`` (the daemon's process id)
+``HELLO component= pid= proto= [rules=]``
+    First packet of a connection. ``rules``: the process's rules file, whose ``keep``
+    lines give the declared consumers of the connections it produces (:mod:`.budget`).
+    → ``OK proto= pid=`` (the daemon's process id)
 ``CREATE path= conn= budget= fallback= persist= mode= excl= keep= exist=`` + memfd
     A producer creates (or opens for writing) ``path``; the packet carries the
     producer's new memfd. ``budget`` is the connection's limit in bytes (-1: none),
@@ -87,6 +89,17 @@ Requests (interposer → daemon), and their replies
 ``DROP path=``
     A real file was renamed onto a transferred name: forget what was held there.
     → ``OK``
+``EXIT status=0``
+    The process (a consumer: it opened a transferred file) exits with status 0: the
+    files it opened are consumed for its component (``keep``, :mod:`.budget`). Sent at
+    exit on a connection of its own. → ``OK``
+
+Any ``ERR`` may carry ``say=`` (one line the interposer prints on the program's
+stderr: what the program's own message cannot tell, e.g. another host refused our
+secret) and ``fatal=1`` (the program's run must fail: an exit status of 0 becomes 1).
+``CREATE`` answers so when a host of ``targets`` refuses us or cannot be reached
+(``EACCES`` / ``EHOSTUNREACH``; not for ``all-to-all``, whose consumers pull),
+``COMPLETE`` when a stream to another host failed (``EIO``).
 
 ``UNLINK``, ``RENAME`` and ``DROP`` are answered only after every other host holding a
 copy of the names acknowledged the change, or was given up on (:mod:`.names`).
@@ -98,8 +111,8 @@ Control requests (``ensio run``, ``ensio transfer status|stop``)
     ``identity``; it listens on ``listen`` (TCP, that address only) and accepts
     streams proved with the secret in ``PATH``; ``pull`` lists the connections
     (``identity:name``) pulled on demand. → ``OK`` | ``ERR errno= why=``
-``STATUS`` → ``FILE path= size= state= component= conn= persist= waiters= sent=
-after_close=`` … ``END`` (``waiters``: consumers blocked in an open of the file;
+``STATUS`` → ``FILE path= size= state= component= conn= persist= consumed= waiters=
+sent= after_close=`` … ``END`` (``consumed``: the components that consumed it) (``waiters``: consumers blocked in an open of the file;
 ``sent``: bytes streamed to other hosts, ``after_close`` of them after the producer's
 close)
 ``STOP`` → ``OK``; the daemon then exits (see :mod:`.daemon` for held files).
