@@ -86,28 +86,51 @@ contains
     integer, intent(in) :: comm, rank, nproc, nx, nj, nz, n, sweeps
     real(8), intent(inout) :: t(nx, 0:nj + 1, nz), lap(nx, nj, nz)
     real(8), intent(inout) :: sbuf(nx, nz), rbuf(nx, nz)
-    real(8) :: vert, force
-    integer :: s, i, j, k, im, ip
+    real(8) :: force
+    integer :: s, i, j, k
     force = 1d-3 * sin(0.01d0 * n)
     do s = 1, sweeps
       call halo(comm, rank, nproc, t, nx, nj, nz, sbuf, rbuf)
       do k = 1, nz
         do j = 1, nj
+          ! the interior in one vectorisable loop, the periodic ends apart
+          do i = 2, nx - 1
+            lap(i, j, k) = (((t(i, j - 1, k) + t(i, j + 1, k)) + t(i - 1, j, k)) &
+                            + t(i + 1, j, k)) - t(i, j, k) * 4d0
+          end do
+          lap(1, j, k) = (((t(1, j - 1, k) + t(1, j + 1, k)) + t(nx, j, k)) &
+                          + t(min(2, nx), j, k)) - t(1, j, k) * 4d0
+          if (nx > 1) lap(nx, j, k) = (((t(nx, j - 1, k) + t(nx, j + 1, k)) &
+                                        + t(nx - 1, j, k)) + t(1, j, k)) - t(nx, j, k) * 4d0
+          ! numpy: vert = 0; vert[1:] += T[k-1] - T[k]; vert[:-1] += T[k+1] - T[k]
+          if (nz == 1) then
+            do i = 1, nx
+              lap(i, j, k) = (lap(i, j, k) + 0d0 * 0.5d0) * kappa
+            end do
+          else if (k == 1) then
+            do i = 1, nx
+              lap(i, j, k) = (lap(i, j, k) + ((0d0 + t(i, j, 2)) - t(i, j, 1)) * 0.5d0) * kappa
+            end do
+          else if (k == nz) then
+            do i = 1, nx
+              lap(i, j, k) = (lap(i, j, k) + ((0d0 + t(i, j, k - 1)) - t(i, j, k)) * 0.5d0) &
+                             * kappa
+            end do
+          else
+            do i = 1, nx
+              lap(i, j, k) = (lap(i, j, k) + ((((0d0 + t(i, j, k - 1)) - t(i, j, k)) &
+                              + t(i, j, k + 1)) - t(i, j, k)) * 0.5d0) * kappa
+            end do
+          end if
+        end do
+      end do
+      do k = 1, nz
+        do j = 1, nj
           do i = 1, nx
-            im = merge(nx, i - 1, i == 1)
-            ip = merge(1, i + 1, i == nx)
-            lap(i, j, k) = (((t(i, j - 1, k) + t(i, j + 1, k)) + t(im, j, k)) + t(ip, j, k)) &
-                           - t(i, j, k) * 4d0
-            vert = 0d0
-            if (nz > 1) then
-              if (k > 1) vert = (vert + t(i, j, k - 1)) - t(i, j, k)
-              if (k < nz) vert = (vert + t(i, j, k + 1)) - t(i, j, k)
-            end if
-            lap(i, j, k) = (lap(i, j, k) + vert * 0.5d0) * kappa
+            t(i, j, k) = (t(i, j, k) + lap(i, j, k)) + force
           end do
         end do
       end do
-      t(:, 1:nj, :) = (t(:, 1:nj, :) + lap) + force
     end do
   end subroutine
 
