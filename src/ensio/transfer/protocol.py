@@ -112,9 +112,9 @@ Control requests (``ensio run``, ``ensio transfer status|stop``)
     streams proved with the secret in ``PATH``; ``pull`` lists the connections
     (``identity:name``) pulled on demand. → ``OK`` | ``ERR errno= why=``
 ``STATUS`` → ``FILE path= size= state= component= conn= persist= consumed= waiters=
-sent= after_close=`` … ``END`` (``consumed``: the components that consumed it) (``waiters``: consumers blocked in an open of the file;
-``sent``: bytes streamed to other hosts, ``after_close`` of them after the producer's
-close)
+sent= after_close=`` … ``END`` (``consumed``: the components that consumed it;
+``waiters``: consumers blocked in an open of the file; ``sent``: bytes streamed to
+other hosts, ``after_close`` of them after the producer's close)
 ``STOP`` → ``OK``; the daemon then exits (see :mod:`.daemon` for held files).
 
 Errors are Linux ``errno`` numbers: daemon and interposer run on the same host.
