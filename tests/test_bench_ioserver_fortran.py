@@ -6,6 +6,8 @@ another decomposition, so the Fortran halo exchange is checked too). Every outpu
 mode's file of the Fortran model must equal the Python model's, variable for variable
 and bitwise (values, time axis, coordinates, attributes; the history names the time),
 and its history must name the mode that ran. Nothing is asserted about the times.
+The bench writes float32 (``precision: 4``); one more run with ``precision: 8`` checks
+the float64 numbers themselves, on odd sizes (one longitude, one level).
 """
 
 from __future__ import annotations
@@ -18,10 +20,13 @@ from pathlib import Path
 import needs
 import netCDF4
 import pytest
-from ioclient_support import assert_same_files
+import yaml
+from ioclient_support import MPIEXEC, TIMEOUT, assert_same_files
 
 from ensio.bench.ioserver import IOServerBenchSettings
 from ensio.errors import ConfigError
+from ensio.models.stencil import iodef
+from ensio.models.stencilf import stencil_argv
 
 #: NY odd: the model's initial state is symmetric about the equator, and 2 ranks must
 #: split rows 4 + 3 (not at the equator) for a wrong halo row to show in the files.
@@ -77,6 +82,32 @@ def test_fortran_files_equal_the_python_model_files(runs, mode):
     with netCDF4.Dataset(got[0]) as ds:
         assert f"mode {mode.rstrip('1')})" in ds.history  # the config's mode ran
         assert len(ds["time_instant"]) == STEPS // EVERY
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(("nx", "ny", "nz"), [(5, 7, 3), (1, 3, 1)])
+def test_fortran_float64_numbers_equal_numpys(runs, tmp_path, nx, ny, nz):
+    fwork, _ = runs
+    exe = fwork / "fortran" / "bin" / "ensio-stencil-f"  # what the bench built
+    out = {}
+    for who in ("fortran", "python"):
+        cfg = tmp_path / f"{who}.yaml"
+        body = iodef(nx, ny, nz, 2, 3, "sync", 1, str(tmp_path / who), precision=8)
+        cfg.write_text(yaml.safe_dump({"ioserver": body}))
+        sizes = dict(nx=nx, ny=ny, nz=nz, fields=2, steps=7, sweeps=3)
+        argv = ([MPIEXEC, "-n", "2", *stencil_argv(exe, cfg, json_path=tmp_path / "f.json",
+                                                     **sizes)] if who == "fortran" else
+                [MPIEXEC, "-n", "1", sys.executable, "-m", "ensio", "model", "stencil",
+                 "--iodef", str(cfg), "--mode", "sync", "--json", str(tmp_path / "p.json"),
+                 *(f"--{k}={v}" for k, v in sizes.items())])
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT,
+                              stdin=subprocess.DEVNULL)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        out[who] = sorted((tmp_path / who).glob("*.nc"))
+    assert len(out["python"]) == 1 and len(out["fortran"]) == 1, out
+    with netCDF4.Dataset(out["python"][0]) as ds:
+        assert ds["f00"].dtype == "f8" and ds["f00"].shape == (2, nz, ny, nx)
+    assert_same_files(out["fortran"][0], out["python"][0])
 
 
 def test_unknown_model_is_a_config_error():
