@@ -124,6 +124,11 @@ class StagedFile:
             finally:
                 os.close(fd)
         try:
+            # Locked before netCDF defines it: another server's start-up recovery
+            # in the same directory must never see this file unlocked (it would
+            # delete it as a leftover without records). netCDF-C truncates the
+            # same inode, so the lock stays.
+            self._fd = self._create_locked()
             with netCDF4.Dataset(self.path, "w", format="NETCDF3_64BIT_DATA") as ds:
                 define(ds, "cdf5")
                 if fmt == "netcdf4":
@@ -131,9 +136,9 @@ class StagedFile:
                     ds.setncattr(COMPLEVEL_ATTR, int(complevel))
                     for name, sizes in (chunks or {}).items():
                         ds[name].setncattr(CHUNKS_ATTR, np.asarray(sizes, dtype=np.int64))
-            self._fd = os.open(self.path, os.O_RDWR)
-            if not lock_staging(self._fd):  # pragma: no cover - we just created it
-                raise FileExistsError(f"{self.final}: {self.path.name} is locked")
+            if os.fstat(self._fd).st_ino != os.stat(self.path).st_ino:  # pragma: no cover
+                raise OSError(errno.EIO, "the staging file was replaced while it was created",
+                              str(self.path))
             self.layout = record_layout(self.path)
             _, infos = read_classic_header(self._fd, self.path)
         except BaseException as exc:
@@ -146,6 +151,17 @@ class StagedFile:
             raise
         self._fixed = {n: i for n, i in infos.items() if i.raw_offset is not None}
         faults.point("ioserver-staged")
+
+    def _create_locked(self) -> int:
+        """Create the staging file empty and take its lock, or fail; a recovery that
+        locked and removed it between the two is noticed and the create repeated."""
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            if not lock_staging(fd):  # pragma: no cover - a recovery holds it a moment
+                fcntl.flock(fd, fcntl.LOCK_EX)  # we created it: only a recovery can
+            if os.fstat(fd).st_nlink > 0:
+                return fd
+            os.close(fd)  # removed by a recovery before our lock: create it again
 
     @property
     def fd(self) -> int:
