@@ -121,3 +121,27 @@ def test_consumer_reads_and_maps_huge_page_memory(host, tmp_path: Path):
     assert re.fullmatch(r"/#\d+ \(deleted\)", link.strip()), link  # the tmpfs, not a memfd
     assert not (out / "a.nc").exists()
     assert "a private tmpfs with transparent huge pages" in host.log()
+
+
+def test_a_machine_that_refuses_gives_memfds_and_says_why(tmp_path: Path, monkeypatch, caplog):
+    from ensio.transfer import hugemem
+
+    def refuse(mountpoint: Path) -> int:
+        raise RuntimeError("cannot mount a private tmpfs with huge pages: unshare: "
+                           "unshare failed: Operation not permitted")
+
+    monkeypatch.setattr(hugemem, "_mount_private_tmpfs", refuse)
+    monkeypatch.setattr(hugemem, "thp_available", lambda: None)
+    with caplog.at_level(logging.INFO):
+        src = open_memory_source(tmp_path, logging.getLogger("test"), "auto")
+    assert src.kind == "memfd" and "Operation not permitted" in src.why
+    assert "memfds with the kernel's default pages (cannot mount" in caplog.text
+    monkeypatch.setattr(hugemem, "thp_available", lambda: "shmem_enabled is 'deny'")
+    assert open_memory_source(tmp_path, logging.getLogger("test")).why == \
+        "shmem_enabled is 'deny'"
+
+
+def test_the_environment_switches_it_off(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("ENSIO_TRANSFER_HUGE_PAGES", "off")
+    src = open_memory_source(tmp_path, logging.getLogger("test"))
+    assert src.kind == "memfd" and src.why == "ENSIO_TRANSFER_HUGE_PAGES=off"
