@@ -322,14 +322,13 @@ class Daemon:
     def _await(self, peer: Peer, msg: Message, wait: float) -> Reply:
         """A consumer's open of a name not produced yet: wait for it (:mod:`.view`).
 
-        On the process's shared connection (``defer``) ``BUSY``: the interposer asks
-        again on a connection of its own, and the wait happens then.
+        On the process's shared connection (``defer``) ``BUSY`` when it would wait: the
+        interposer asks again on a connection of its own, and the wait happens then.
         """
-        if msg.get("defer") == "1":
-            return Reply("BUSY")
         path = msg.get("path")
         return view.await_reply(self.table, self.log, self.runs, peer, path, msg.get("conn"),
-                                wait, lambda left: self.table.open(peer, path, left))
+                                wait, lambda left: self.table.open(peer, path, left),
+                                defer=msg.get("defer") == "1")
 
     def _reply(self, conn: socket.socket, reply: Reply) -> None:
         try:

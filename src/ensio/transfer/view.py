@@ -120,14 +120,18 @@ def await_name(table: Table, log: logging.Logger, peer: Peer, path: str, conn: s
 
 
 def await_reply(table: Table, log: logging.Logger, runs: Runs, peer: Peer, path: str,
-                conn: str, wait_s: float, open_again) -> Reply:
+                conn: str, wait_s: float, open_again, defer: bool = False) -> Reply:
     """An ``OPEN … await=1`` that found nothing: wait, then ``open_again(left_s)``.
 
-    ``ABSENT`` when a real file appeared (the interposer opens it) or the connection's
-    producer finished without it (:class:`Runs`), ``ERR ETIMEDOUT`` when nothing came.
+    ``ABSENT`` when a real file is there or appears (the interposer opens it) or the
+    connection's producer finished without it (:class:`Runs`), ``ERR ETIMEDOUT`` when
+    nothing came. ``defer``: ``BUSY`` instead of waiting (on the process's shared
+    connection: the interposer waits on one of its own).
     """
-    if runs.finished(conn):
+    if runs.finished(conn) or os.path.lexists(path):
         return Reply("ABSENT")
+    if defer:
+        return Reply("BUSY")
     start = time.monotonic()
     if not await_name(table, log, peer, path, conn, wait_s):
         return Reply.err(errno.ETIMEDOUT)
