@@ -296,7 +296,8 @@ def plot_result(res: Mapping[str, Any], path: str | Path) -> None:
     ax.bar(labels, values, color=colors)
     ax.axhline(1.0, color="k", lw=0.8, ls="--", label="goal 1 %")
     ax.set_ylabel("output cost (t − t_no_output) / t_no_output  [%]")
-    ax.set_title("ensio bench ioserver (measured; last bar modelled)")
+    ax.set_title(f"ensio bench ioserver, {res.get('model', 'python')} model "
+                 "(measured; last bar modelled)")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
