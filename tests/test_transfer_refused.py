@@ -74,3 +74,59 @@ def test_a_producer_that_ignores_the_refusal_does_not_exit_0(split_secret, progr
     assert p.stdout == "went on\n"  # the program ran to its end (stdout flushed) ...
     assert p.returncode == 1        # ... and its run failed all the same
     assert len(_refusal(p.stderr, path)) == 1, p.stderr
+
+
+HALF = r"""
+import sys
+f = open(sys.argv[1], "wb", buffering=0)
+f.write(b"CDF\x01" + bytes(1 << 20))
+print("written", flush=True)
+sys.stdin.readline()
+"""
+
+READ = "import hashlib, sys; print(hashlib.sha256(open(sys.argv[1], 'rb').read()).hexdigest())"
+
+
+def test_a_dead_sending_daemon_loses_only_its_incomplete_files(two_hosts, tmp_path):
+    """a's daemon is killed while a producer still writes y.nc: b keeps serving the
+    complete x.nc, fails y.nc (EIO), and once a real y.nc is written after the loss,
+    serves that."""
+    import hashlib
+    import os
+    import signal
+
+    from transfer_support import daemon_pid, process_gone, wait_for
+
+    a, b = two_hosts
+    cfg = a.work / "t.yaml"
+    hosts = {h: {"address": ADDRESSES["ab".index(h)], "port": PORT, "components": [c]}
+             for h, c in (("a", "model"), ("b", "post"))}
+    cfg.write_text(yaml.safe_dump({
+        "components": ["model", "post"], "hosts": hosts,
+        "connections": [{"name": "restarts", "from": "model", "to": "post",
+                         "files": ["fc/*.nc"], "keep": "until-unlinked"}]}, sort_keys=False))
+    (a.work / "fc").mkdir()
+    data = os.urandom(300_000)
+    (a.work / "x.src").write_bytes(data)
+    assert b.run(cfg, "post", "true").returncode == 0
+    assert a.run(cfg, "model", "cp", "x.src", "fc/x.nc").returncode == 0
+    prod = a.start(cfg, "model", sys.executable, "-c", HALF, "fc/y.nc")
+    try:
+        assert prod.stdout.readline() == "written\n"
+        wait_for(lambda: {Path(s.path).name for s in b.status() or []} >= {"x.nc", "y.nc"},
+                 what="both files held on b")
+        pid = daemon_pid(a.dir)
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: process_gone(pid), what="a's daemon's death")
+    finally:
+        prod.kill()
+        prod.communicate(timeout=60)
+    got = b.run(cfg, "post", sys.executable, "-c", READ, "fc/x.nc")
+    assert got.stdout.strip() == hashlib.sha256(data).hexdigest(), got.stderr
+    lost = b.run(cfg, "post", sys.executable, "-c", READ, "fc/y.nc")
+    assert lost.returncode != 0 and "Input/output error" in lost.stderr
+    (a.work / "fc" / "y.nc").write_bytes(b"written later")  # e.g. a fallback write on a
+    later = b.run(cfg, "post", sys.executable, "-c", READ, "fc/y.nc")
+    assert later.stdout.strip() == hashlib.sha256(b"written later").hexdigest(), later.stderr
+    assert "lost contact with host a: 0 incomplete copies from it are lost; complete ones " \
+        "stay served" in b.log()  # y.nc failed already: its stream broke off

@@ -11,8 +11,9 @@ One daemon per directory: the daemon holds an exclusive ``flock`` on
 It exits on ``STOP`` (``ensio transfer stop``), on SIGTERM/SIGINT, or after
 ``idle_timeout`` seconds without clients, without held files and without TCP
 activity (an experiment registered, a stream received: :mod:`.network`). At exit, complete
-files of ``fallback: files`` connections that are not on disk yet are written to
-their real paths; anything else held is logged as lost.
+files of ``fallback: files`` connections that are not on disk yet and that some declared
+consumer has not consumed are written to their real paths; consumed ones are released
+(:mod:`.budget`); anything else held is logged as lost.
 
 The daemon keeps up to ``pool_mb`` MiB of pre-faulted memfds ready for producers
 (:mod:`.pool`; 0 turns it off): a ``CREATE`` without a descriptor gets one of them,

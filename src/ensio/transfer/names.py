@@ -169,10 +169,15 @@ class Names:
                     return
 
     def _end(self, target: Target) -> None:
-        """(target lock held) Shut the control connection down: the other host, when it
-        reads its end, marks every copy from here lost."""
+        """(target lock held) Give the control connection up (``GIVEUP``, best effort,
+        then shut it down): the other host, when it reads that, marks every copy from
+        here lost, since a rename or unlink may have been missed. A connection that just
+        ends (this daemon died) loses only the copies still arriving there."""
         sock = self.controls.pop(target, None)
         if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.settimeout(0.2)  # a stopped peer's full buffer must not hold us up
+                send_frame(sock, "GIVEUP")
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
             sock.close()
@@ -247,6 +252,11 @@ class Names:
                 m = None
             if m is None:
                 self._lost(origin, ctl)
+            elif m.verb == "GIVEUP":
+                ctl.ended = True
+                self.table.lose_origin(origin_key(origin), f"lost contact with host "
+                                       f"{origin[1]}, which gave up on us (a rename or unlink "
+                                       "there may not have reached us)", everything=True)
             elif m.verb == "BYE":
                 ctl.ended = True
                 n = self.table.lose_origin(origin_key(origin), "", drop=True)
@@ -262,10 +272,14 @@ class Names:
                     continue  # the next read finds the end
 
     def _lost(self, origin: Target, ctl: _Incoming) -> None:
-        """(ctl.lock held) The connection ended without ``BYE``: its host's copies are lost."""
+        """(ctl.lock held) The connection ended without ``BYE`` or ``GIVEUP``: its host's
+        daemon died. The copies still arriving are lost; complete ones stay served (their
+        bytes are whole, and a dead daemon renames and unlinks nothing more)."""
         ctl.ended = True
-        self.table.lose_origin(origin_key(origin), f"lost contact with host {origin[1]} (a "
-                               "rename or unlink there may not have reached us)")
+        n = self.table.lose_origin(origin_key(origin), f"lost contact with host {origin[1]} "
+                                   "(its daemon died) before the file was complete")
+        self.log.warning("lost contact with host %s: %d incomplete copies from it are lost; "
+                         "complete ones stay served", origin[1], n)
 
     def _apply(self, m) -> Reply:
         if m.verb == "UNLINK":

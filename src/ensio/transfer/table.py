@@ -416,14 +416,16 @@ class Table:
             self.cond.notify_all()
         return Reply("OK")
 
-    def lose_origin(self, origin: str, why: str, drop: bool = False) -> int:
-        """The copies from ``origin`` still arriving are lost (new opens get EIO), or with
-        ``drop`` every copy is forgotten (new opens see the real files); readers that have
-        one open keep their bytes. Complete copies stay served when the host is lost:
-        their bytes are sealed and whole. How many copies that was."""
+    def lose_origin(self, origin: str, why: str, drop: bool = False,
+                    everything: bool = False) -> int:
+        """The copies from ``origin`` still arriving are lost (new opens get EIO), with
+        ``everything`` the complete ones too, or with ``drop`` every copy is forgotten
+        (new opens see the real files); readers that have one open keep their bytes.
+        How many copies that was."""
+        lost = ("failed",) if everything else ("failed", "complete")
         with self.cond:
             gone = [e for e in self.entries.values() if e.origin == origin and
-                    (drop or e.state not in ("failed", "complete"))]
+                    (drop or e.state not in lost)]
             for e in gone:
                 if drop:
                     self._drop(e.path)
