@@ -36,10 +36,15 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .entries import Entry
 
-__all__ = ["KEEP_DEFAULT", "default_budget_bytes", "read_keep_lines", "releasable"]
+if TYPE_CHECKING:
+    from .table import Table
+
+__all__ = ["KEEP_DEFAULT", "default_budget_bytes", "read_keep_lines", "release_consumed",
+           "releasable", "warn_stale"]
 
 KEEP_DEFAULT = ("until-unlinked", frozenset())  # no keep line: held until unlinked
 
@@ -109,3 +114,31 @@ def newer_on_disk(path: str, since: float) -> bool:
         return os.stat(path).st_mtime > since
     except OSError:
         return False
+
+
+def release_consumed(table: Table, key: str, target: int, why: str, skip: Entry | None,
+                     uncounted: Entry | None = None) -> bool:
+    """(table lock held) Release consumed files of budget ``key`` (never ``skip``), oldest
+    first, until its usage (without ``uncounted``) is at most ``target``; whether it is
+    still above. ``why``: the file that needs the memory (logged)."""
+    for e in sorted((e for e in table.entries.values() if e.budget_key == key
+                     and e is not skip and releasable(e)), key=lambda x: x.id):
+        if table.usage(key, exclude=uncounted) <= target:
+            break
+        table.log.info("%s: consumed by %s: memory released for %s (keep: until-consumed)",
+                       e.path, ", ".join(sorted(e.consumers)), why)
+        table.drop(e.path)  # the table's lock is re-entrant
+    return table.usage(key, exclude=uncounted) > target
+
+
+def warn_stale(table: Table, path: str, cur: Entry | None, origin: str, keep: bool) -> None:
+    """(table lock held) A real file a new held file shadows (not one the daemon wrote
+    itself, not a rewrite that keeps its content): a warning, once per path. Programs
+    under ``ensio run`` read memory, every other program the disk."""
+    if cur is not None or origin or keep or path in table.stale_warned \
+            or path in table.ours or not os.path.lexists(path):
+        return
+    table.stale_warned.add(path)
+    table.log.warning("%s: a real file exists at this transferred path: programs under "
+                      "ensio run read the transferred file, other programs the stale real "
+                      "one (reported once)", path)

@@ -37,7 +37,7 @@ import threading
 import time
 
 from . import materialize
-from .budget import default_budget_bytes, newer_on_disk, releasable
+from .budget import default_budget_bytes, newer_on_disk, release_consumed, warn_stale
 from .entries import Entry, Peer, Reply
 from .pool import MemfdPool, supply_memfd, trim
 from .progress import Progress
@@ -57,7 +57,7 @@ class Table:
         #: the shared budget of connections without ``memory_mb`` (:mod:`.budget`)
         self.default_budget = default_budget_bytes() if default_budget is None \
             else default_budget
-        self._stale_warned: set[str] = set()   # real files shadowed, reported once
+        self.stale_warned: set[str] = set()    # real files shadowed, reported once
         self.ours: set[str] = set()            # real paths this daemon wrote itself
         self.cond = threading.Condition()
         self.entries: dict[str, Entry] = {}
@@ -97,10 +97,10 @@ class Table:
                 self.log.warning("%s: %s opened it for writing while %s still writes it: refused "
                                  "(EBUSY)", path, peer, cur.writer or cur.component)
                 return Reply.err(errno.EBUSY)
-            if budget >= 0 and self._usage(key, exclude=cur) >= budget and \
-                    self._release_consumed(key, budget - 1, path, skip=cur, uncounted=cur):
+            if budget >= 0 and self.usage(key, exclude=cur) >= budget and \
+                    release_consumed(self, key, budget - 1, path, skip=cur, uncounted=cur):
                 return self._over_budget(peer, path, key, fallback)
-            self._warn_stale(path, cur, origin, keep)
+            warn_stale(self, path, cur, origin, keep)
             source = os.dup(cur.fd) if keep and cur is not None and cur.fd is not None else None
             mode = self._existing_mode(path, cur, mode)
         supplied = memfd is None
@@ -142,17 +142,6 @@ class Table:
         except OSError:
             return mode
 
-    def _warn_stale(self, path: str, cur: Entry | None, origin: str, keep: bool) -> None:
-        """(lock held) A real file the new held file shadows: once per path, a warning
-        (programs under ``ensio run`` read memory, every other program the disk)."""
-        if cur is not None or origin or keep or path in self._stale_warned \
-                or path in self.ours or not os.path.lexists(path):
-            return
-        self._stale_warned.add(path)
-        self.log.warning("%s: a real file exists at this transferred path: programs under "
-                         "ensio run read the transferred file, other programs the stale real "
-                         "one (reported once)", path)
-
     def _over_budget(self, peer: Peer, path: str, conn: str, fallback: str) -> Reply:
         name = conn.split(":", 1)[-1] if conn else \
             f"(default budget of the host: {self.default_budget >> 20} MiB)"
@@ -164,7 +153,7 @@ class Table:
                        "ENOSPC (fallback: error)", path, name, peer)
         return Reply.err(errno.ENOSPC)
 
-    def _usage(self, key: str, exclude: Entry | None = None) -> int:
+    def usage(self, key: str, exclude: Entry | None = None) -> int:
         return sum(e.size() for e in self.entries.values()
                    if e.budget_key == key and e is not exclude)
 
@@ -184,8 +173,8 @@ class Table:
             e.writer = None
             if self.pool is not None:
                 self.pool.learn(e.size())
-            over = e.budget >= 0 and self._usage(e.budget_key) > e.budget and \
-                self._release_consumed(e.budget_key, e.budget, e.path, skip=e)
+            over = e.budget >= 0 and self.usage(e.budget_key) > e.budget and \
+                release_consumed(self, e.budget_key, e.budget, e.path, skip=e)
             if over and e.fallback == "error":
                 # Kept: failing the close would lose a complete file (and netCDF 4.9
                 # crashes on a failed close); the connection's next open fails instead.
@@ -438,27 +427,12 @@ class Table:
 
     def consumer_exited(self, pid: int) -> None:
         """Process ``pid`` exited with status 0: the files it opened are consumed for its
-        component (released when their budget needs the memory: ``_release_consumed``)."""
+        component (released when their budget needs the memory, :mod:`.budget`)."""
         with self.cond:
             for e in self.entries.values():
                 mine = {r for r in e.readers if r[0] == pid}
                 e.readers -= mine
                 e.consumed.update(component for _, component in mine)
-
-    def _release_consumed(self, key: str, target: int, why: str, skip: Entry | None,
-                          uncounted: Entry | None = None) -> bool:
-        """(lock held) Release consumed files of budget ``key`` (never ``skip``), oldest
-        first, until its usage (without ``uncounted``) is at most ``target``; whether it
-        is still above (:mod:`.budget`)."""
-        for e in sorted((e for e in self.entries.values() if e.budget_key == key
-                         and e is not skip and releasable(e)), key=lambda x: x.id):
-            if self._usage(key, exclude=uncounted) <= target:
-                break
-            self.log.info("%s: consumed by %s: memory released for %s (keep: until-consumed)",
-                          e.path, ", ".join(sorted(e.consumers)), why)
-            self._drop(e.path)
-            self.cond.notify_all()
-        return self._usage(key, exclude=uncounted) > target
 
     def drop(self, path: str) -> Reply:
         with self.cond:
