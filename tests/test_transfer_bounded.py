@@ -286,6 +286,7 @@ def test_memory_is_released_after_consumption_under_a_2_file_budget(host: Host, 
         assert host.log().count("consumed by post: memory released for") == 3
     else:
         assert names == {"mem1.nc", "mem2.nc"}
+        assert {s.consumed for s in host.status()} == {"post"}  # ensio transfer status
         assert on_disk == ["mem3.nc", "mem4.nc", "mem5.nc"]
         assert "over the memory budget of connection restarts: written to the real path" in \
             host.log()

@@ -240,6 +240,7 @@ class FileStatus:
     waiters: int = 0
     sent: int = 0          #: bytes streamed to other hosts
     after_close: int = 0   #: of which after the producer's close
+    consumed: str = ""     #: the components that consumed it, comma-separated (keep)
 
 
 class Client:
@@ -293,7 +294,8 @@ class Client:
             yield FileStatus(path=msg.get("path"), size=msg.int("size"), state=msg.get("state"),
                              component=msg.get("component"), connection=msg.get("conn"),
                              persist=msg.get("persist"), waiters=msg.int("waiters"),
-                             sent=msg.int("sent"), after_close=msg.int("after_close"))
+                             sent=msg.int("sent"), after_close=msg.int("after_close"),
+                             consumed=msg.get("consumed", ""))
 
     def stop(self) -> None:
         """Ask the daemon to exit."""
