@@ -6,7 +6,10 @@ An ``LD_PRELOAD`` interposer (``csrc/``) gives a producer's matching files memor
 unmodified programs (a model, CDO, NCO, ``ensio analyse``) exchange netCDF files
 without the file system. ``ensio run`` (:mod:`.run`) builds the interposer
 (:mod:`.build`), starts the daemon when absent (:mod:`.runtime`) and starts the
-program under it. The message format shared with the C side is :mod:`.protocol`; the
+program under it; a later launch of the same config and component only checks the
+launch record the first one wrote and execs (:mod:`.launch`, before argparse or YAML;
+``csrc/ensio_launch.c``, built by :mod:`.launcher`, is the same check without Python).
+The message format shared with the C side is :mod:`.protocol`; the
 config is :mod:`.config`.
 
 Across hosts (the config's ``hosts``, :mod:`.hosts`): the daemon of each host also
