@@ -326,9 +326,11 @@ class Daemon:
         On the process's shared connection (``defer``) ``BUSY`` when it would wait: the
         interposer asks again on a connection of its own, and the wait happens then.
         """
-        path = msg.get("path")
-        return view.await_reply(self.table, self.log, self.runs, peer, path, msg.get("conn"),
-                                wait, lambda left: self.table.open(peer, path, left),
+        path, conn = msg.get("path"), msg.get("conn")
+        if conn.split(":", 1)[0] in self.network.experiments:
+            return Reply("ABSENT")  # producers on other hosts: their runs are not seen here
+        return view.await_reply(self.table, self.log, self.runs, peer, path, conn, wait,
+                                lambda left: self.table.open(peer, path, left),
                                 defer=msg.get("defer") == "1")
 
     def _reply(self, conn: socket.socket, reply: Reply) -> None:
