@@ -397,7 +397,8 @@ def test_cli_build_installs_the_client_its_python_part_and_xios(tmp_path, capsys
     names = sorted(p.relative_to(tmp_path / "p").as_posix() for p in (tmp_path / "p").rglob("*")
                    if p.is_file())
     assert names == ["include/ensio_ioclient.h", "include/ensio_ioclient.mod",
-                     "include/xios.mod", "lib/libensio_ioclient.a", "lib/libensio_ioclient.so",
+                     "include/ensio_ioclient_c.mod", "include/xios.mod",
+                     "lib/libensio_ioclient.a", "lib/libensio_ioclient.so",
                      "lib/libensio_ioclient_py.so", "lib/libxios.a", "lib/libxios.so"]
     assert "-lensio_ioclient" in capsys.readouterr().out
 

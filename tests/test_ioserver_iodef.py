@@ -19,7 +19,7 @@ import yaml
 from ensio.cli.main import main as cli_main
 from ensio.config.errors import ConfigError
 from ensio.ioserver.configload import load_ioserver_config
-from ensio.ioserver.iodef import iodef_yaml, load_iodef, read_iodef
+from ensio.ioserver.iodef import iodef_yaml, read_iodef
 from ensio.ioserver.iodefattrs import supported
 
 DATA = Path(__file__).parent / "data" / "xios_model"
@@ -237,7 +237,7 @@ def test_round_trip_through_convert_gives_the_same_config(tmp_path):
     out.parent.mkdir()
     assert cli_main(["ioserver", "convert", str(DATA / "iodef.xml"), "-o", str(out)]) == 0
     from_yaml = load_ioserver_config(out)
-    from_xml = load_iodef(DATA / "iodef.xml")
+    from_xml = load_ioserver_config(DATA / "iodef.xml")
     assert from_yaml == from_xml
     assert from_xml.output_dir == DATA.resolve()
     text, _ = iodef_yaml(DATA / "iodef.xml")

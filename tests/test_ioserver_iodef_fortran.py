@@ -27,9 +27,8 @@ import numpy as np
 import pytest
 import yaml
 
-from ensio.ioserver.build import build_client
+from ensio.ioserver.build import build_client, xios_flags
 from ensio.ioserver.iodefattrs import supported
-from ensio.ioserver.xiosbuild import xios_flags
 
 DATA = Path(__file__).parent / "data" / "xios_model"
 BIN = Path(sys.executable).parent

@@ -56,7 +56,7 @@ def run_build(args: argparse.Namespace) -> int:
     print(f"built {r.shared_lib}, {r.static_lib}{extra}, {r.header}, {r.module}")
     print(f"C:       {r.mpicc} model.c {r.c_flags}")
     print(f"Fortran: {r.fc} model.f90 {r.fortran_flags}")
-    from ..ioserver.xiosbuild import xios_flags  # module xios: an XIOS model relinked
+    from ..ioserver.build import xios_flags  # module xios: an XIOS model relinked
 
     print(f"XIOS:    {r.fc} model.f90 {xios_flags(r)}")
     return 0

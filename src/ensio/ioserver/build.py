@@ -8,6 +8,13 @@ wheel, which has no Fortran bindings: gfortran then compiles the module)::
     DIR/include/ensio_ioclient.h      DIR/include/ensio_ioclient.mod
     DIR/lib/libensio_ioclient.so      DIR/lib/libensio_ioclient.a
     DIR/lib/libensio_ioclient_py.so   (attached/sync modes and read_restart)
+    DIR/include/xios.mod              DIR/lib/libxios.{so,a}
+
+The last two are XIOS's Fortran interface (module ``xios``, ``csrc/xios.f90``) over
+the client, so a model written against XIOS relinks with ``-lxios -lensio_ioclient``
+(plus MPI) instead of XIOS's ``-lxios -lstdc++``. Both Fortran modules use the C
+entry points' interfaces of ``csrc/ensio_ioclient_c.f90`` (installed as
+``ensio_ioclient_c.mod``).
 
 A site MPI (``--mpifort`` with Fortran bindings) lets a model that does ``use mpi`` /
 ``use mpi_f08`` compile against the module with the same compiler. The model, the
@@ -37,10 +44,12 @@ from pathlib import Path
 
 from ..errors import EnsioError
 
-__all__ = ["BuildError", "BuildResult", "build_client", "csrc_dir", "mpi_flags"]
+__all__ = ["BuildError", "BuildResult", "build_client", "build_xios", "csrc_dir", "mpi_flags",
+           "xios_flags"]
 
 _SOURCES = ("ensio_ioclient.h", "ensio_ioclient_impl.h", "ensio_ioclient.c",
-            "ensio_ioclient_modes.c", "ensio_ioclient_py.c", "ensio_ioclient.f90")
+            "ensio_ioclient_modes.c", "ensio_ioclient_py.c", "ensio_ioclient_c.f90",
+            "ensio_ioclient.f90")
 _CFLAGS = ("-std=c99", "-D_POSIX_C_SOURCE=200809L", "-O2", "-fPIC", "-Wall")
 _FFLAGS = ("-O2", "-fPIC", "-Wall")
 
@@ -185,15 +194,17 @@ def build_client(prefix: str | os.PathLike, mpicc: str | os.PathLike | None = No
         work = Path(tmp)
         _run([str(cc), *cflags, "-c", str(src / "ensio_ioclient.c"), "-o", "c.o"], work)
         _run([str(cc), *cflags, "-c", str(src / "ensio_ioclient_modes.c"), "-o", "m.o"], work)
-        _run([str(fort), *_FFLAGS, *([] if wrapper else includes), "-J", str(work), "-c",
-              str(src / "ensio_ioclient.f90"), "-o", "f.o"], work)
-        _run([str(cc), "-shared", "-o", "libensio_ioclient.so", "c.o", "m.o", "f.o", "-ldl",
+        for source, obj in (("ensio_ioclient_c.f90", "fc.o"), ("ensio_ioclient.f90", "f.o")):
+            _run([str(fort), *_FFLAGS, *([] if wrapper else includes), "-J", str(work),
+                  "-I", str(work), "-c", str(src / source), "-o", obj], work)
+        _run([str(cc), "-shared", "-o", "libensio_ioclient.so", "c.o", "m.o", "fc.o", "f.o",
+              "-ldl",
               *_fortran_runtime(fort, work)], work)
         embedded = _python_build(cc, src, work, pylib)
         ar = shutil.which("ar") or shutil.which("gcc-ar")
         if ar is None:
             raise BuildError("ioclient build: ar not found (needed for libensio_ioclient.a)")
-        _run([ar, "rcs", "libensio_ioclient.a", "c.o", "m.o", "f.o"], work)
+        _run([ar, "rcs", "libensio_ioclient.a", "c.o", "m.o", "fc.o", "f.o"], work)
         result = BuildResult(
             prefix=prefix, shared_lib=prefix / "lib" / "libensio_ioclient.so",
             static_lib=prefix / "lib" / "libensio_ioclient.a",
@@ -205,11 +216,11 @@ def build_client(prefix: str | os.PathLike, mpicc: str | os.PathLike | None = No
         _install(work / "libensio_ioclient.a", result.static_lib)
         _install(src / "ensio_ioclient.h", result.header)
         _install(work / "ensio_ioclient.mod", result.module)
+        # the interfaces both Fortran modules use: needed beside them by a compiler
+        _install(work / "ensio_ioclient_c.mod", result.module.with_name("ensio_ioclient_c.mod"))
         if embedded:
             _install(work / pylib.name, pylib)
-    from .xiosbuild import build_xios  # XIOS's module (xios.mod, libxios) over the client
-
-    build_xios(result)
+    build_xios(result)  # XIOS's module (xios.mod, libxios) over the client
     return result
 
 
@@ -219,3 +230,34 @@ def _install(src: Path, dst: Path) -> None:
     tmp = dst.with_name(f".{dst.name}.tmp{os.getpid()}")
     shutil.copyfile(src, tmp)
     os.replace(tmp, dst)
+
+
+def build_xios(result: BuildResult) -> tuple[Path, Path, Path]:
+    """Compile ``xios.f90`` with the client's Fortran compiler into ``result.prefix``.
+
+    Returns ``(libxios.so, libxios.a, xios.mod)``; a compiler failure is a
+    :class:`~.build.BuildError` (one line).
+    """
+    lib = result.shared_lib.parent
+    inc = result.header.parent
+    with tempfile.TemporaryDirectory(prefix="ensio-xios-") as tmp:
+        work = Path(tmp)
+        _run([str(result.fc), *_FFLAGS, "-J", str(work), "-I", str(inc), "-c",
+              str(csrc_dir() / "xios.f90"), "-o", "xios.o"], work)
+        _run([str(result.fc), "-shared", "-o", "libxios.so", "xios.o", f"-L{lib}",
+              f"-Wl,-rpath,{lib}", "-lensio_ioclient"], work)
+        ar = shutil.which("ar") or shutil.which("gcc-ar")
+        if ar is None:
+            raise BuildError("ioclient build: ar not found (needed for libxios.a)")
+        _run([ar, "rcs", "libxios.a", "xios.o"], work)
+        out = (lib / "libxios.so", lib / "libxios.a", inc / "xios.mod")
+        _install(work / "libxios.so", out[0])
+        _install(work / "libxios.a", out[1])
+        _install(work / "xios.mod", out[2])
+    return out
+
+
+def xios_flags(result: BuildResult) -> str:
+    """Flags for ``<fc> model.f90 <xios_flags>``: the xios module and library, the
+    client, and MPI (as :attr:`~.build.BuildResult.fortran_flags`)."""
+    return result.fortran_flags.replace("-lensio_ioclient", "-lxios -lensio_ioclient", 1)

@@ -83,10 +83,11 @@ def load_ioserver_config(path: str | Path, overrides: Iterable[str] = ()) -> IOS
     """Read the ``ioserver:`` section of a YAML file (safely) and resolve it; an XIOS
     ``iodef.xml`` (``*.xml`` or content starting with ``<``) is read by :mod:`.iodef`."""
     path = Path(path)
-    from .iodef import is_iodef_xml, load_iodef  # here: the XML reader only when needed
+    from .iodef import iodef_section, is_iodef_xml  # here: the XML reader only when needed
 
     if is_iodef_xml(path):
-        return load_iodef(path, overrides)
+        return ioserver_from_dict(iodef_section(path, overrides),
+                                  base_dir=path.resolve().parent)
     raw = read_yaml(path)
     if not isinstance(raw, dict) or "ioserver" not in raw:
         raise ConfigError(f"{path}: ioserver: required config section is missing")

@@ -23,11 +23,10 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..config.load import apply_overrides
-from .config import IOServerConfig
 from .iodefmap import Mapped, map_simulation
 from .iodefxml import looks_like_xml, read_xml
 
-__all__ = ["is_iodef_xml", "read_iodef", "load_iodef", "iodef_yaml"]
+__all__ = ["is_iodef_xml", "read_iodef", "iodef_section", "iodef_yaml"]
 
 _log = logging.getLogger("ensio.ioserver.iodef")
 
@@ -42,17 +41,15 @@ def read_iodef(path: str | Path) -> Mapped:
     return map_simulation(read_xml(path))
 
 
-def load_iodef(path: str | Path, overrides: Iterable[str] = ()) -> IOServerConfig:
-    """Read, map and resolve an iodef.xml; ``overrides`` are ``ioserver.key=value``
-    (the same dotted keys as for a YAML file). Warnings go to the log (stderr)."""
-    from .configload import ioserver_from_dict
-
-    path = Path(path)
-    mapped = read_iodef(path)
+def iodef_section(path: str | Path, overrides: Iterable[str] = ()) -> dict:
+    """The ``ioserver:`` mapping of an iodef.xml with ``overrides`` applied
+    (``ioserver.key=value``, the same dotted keys as for a YAML file), for
+    :func:`.configload.load_ioserver_config` to resolve like a YAML file's.
+    Warnings go to the log (stderr)."""
+    mapped = read_iodef(Path(path))
     for w in mapped.warnings:
         _warn(w)
-    raw = apply_overrides({"ioserver": mapped.section}, overrides)
-    return ioserver_from_dict(raw["ioserver"], base_dir=path.resolve().parent)
+    return apply_overrides({"ioserver": mapped.section}, overrides)["ioserver"]
 
 
 def iodef_yaml(path: str | Path, yaml_path: str | Path | None = None) -> tuple[str, Mapped]:

@@ -179,7 +179,6 @@ static int grow_requests(int extra) {
     int *dd = realloc(S.req_dest, (size_t)cap * sizeof *dd);
     if (dd) S.req_dest = dd;
     if (!r || !b || !x || !dd) return fail("out of memory for send requests on rank %d", S.rank);
-
     S.capreq = cap;
     return 0;
 }
@@ -385,7 +384,6 @@ static int parse_line(char **w, int n) {
         double t = strtod(w[1], NULL);
         if (!S.timeout_env && t > 0) S.timeout = t; /* the environment beats the config */
     }
-
     return 0; /* calendar and lines of later versions: not needed by the client */
 }
 
@@ -871,7 +869,6 @@ void ensio_ioclient_fatal_f(void) {
     fflush(stderr);
     end_job();
 }
-
 
 int ensio_ioclient_init_f(MPI_Fint world, const char *context, MPI_Fint *model_comm) {
     MPI_Comm c = MPI_COMM_NULL;

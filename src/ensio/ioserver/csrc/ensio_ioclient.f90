@@ -39,17 +39,11 @@
 ! and ensio_ioclient_mpi_finalize.
 module ensio_ioclient
   use, intrinsic :: iso_c_binding
+  use ensio_ioclient_c
   implicit none
   private
 
-  type, bind(c), public :: ensio_ioclient_report_t
-    real(c_double) :: blocked_seconds = 0
-    integer(c_int64_t) :: bytes_sent = 0
-    real(c_double) :: server_busy_fraction = 0
-    integer(c_int64_t) :: server_memory_hwm_bytes = 0
-    integer(c_int64_t) :: bytes_written = 0
-    integer(c_int64_t) :: files_written = 0
-  end type
+  public :: ensio_ioclient_report_t
 
   public :: ensio_ioclient_init, ensio_ioclient_set_domain, ensio_ioclient_close_definition
   public :: ensio_ioclient_update_timestep, ensio_ioclient_send, ensio_ioclient_is_active
@@ -71,123 +65,6 @@ module ensio_ioclient
     module procedure get_d, get_f, get_i
   end interface
 
-  abstract interface
-    integer(c_int) function c_put(var, ndim, start, shape, block) bind(c)
-      import :: c_int, c_char, c_int64_t, c_ptr
-      character(kind=c_char), intent(in) :: var(*)
-      integer(c_int), value :: ndim
-      integer(c_int64_t), intent(in) :: start(*), shape(*)
-      type(c_ptr), value :: block
-    end function
-    integer(c_int) function c_get(path, var, ndim, start, shape, block) bind(c)
-      import :: c_int, c_char, c_int64_t, c_ptr
-      character(kind=c_char), intent(in) :: path(*), var(*)
-      integer(c_int), value :: ndim
-      integer(c_int64_t), intent(in) :: start(*), shape(*)
-      type(c_ptr), value :: block
-    end function
-  end interface
-
-  procedure(c_put), bind(c, name="ensio_ioclient_restart_put_double") :: c_put_double
-  procedure(c_put), bind(c, name="ensio_ioclient_restart_put_float") :: c_put_float
-  procedure(c_put), bind(c, name="ensio_ioclient_restart_put_int") :: c_put_int
-  procedure(c_get), bind(c, name="ensio_ioclient_read_restart_double") :: c_get_double
-  procedure(c_get), bind(c, name="ensio_ioclient_read_restart_float") :: c_get_float
-  procedure(c_get), bind(c, name="ensio_ioclient_read_restart_int") :: c_get_int
-
-  interface
-    integer(c_int) function c_init(world, context, model) bind(c, name="ensio_ioclient_init_f")
-      import :: c_int, c_char
-      integer(c_int), value :: world
-      character(kind=c_char), intent(in) :: context(*)
-      integer(c_int), intent(out) :: model
-    end function
-    integer(c_int) function c_init_config(world, context, config, model) &
-        bind(c, name="ensio_ioclient_init_config_f")
-      import :: c_int, c_char
-      integer(c_int), value :: world
-      character(kind=c_char), intent(in) :: context(*), config(*)
-      integer(c_int), intent(out) :: model
-    end function
-    integer(c_int) function c_restart_begin(path, tmpl) bind(c, name="ensio_ioclient_restart_begin")
-      import :: c_int, c_char
-      character(kind=c_char), intent(in) :: path(*), tmpl(*)
-    end function
-    integer(c_int) function c_write_restart() bind(c, name="ensio_ioclient_write_restart")
-      import :: c_int
-    end function
-    integer(c_int) function c_fail(text) bind(c, name="ensio_ioclient_fail_f")
-      import :: c_int, c_char
-      character(kind=c_char), intent(in) :: text(*)
-    end function
-    integer(c_int) function c_set_domain(id, ibegin, ni, jbegin, nj, lon, lat, lonb, latb, &
-                                         mask, area) bind(c, name="ensio_ioclient_set_domain")
-      import :: c_int, c_char, c_int64_t, c_ptr
-      character(kind=c_char), intent(in) :: id(*)
-      integer(c_int64_t), value :: ibegin, ni, jbegin, nj
-      type(c_ptr), value :: lon, lat, lonb, latb, mask, area
-    end function
-    integer(c_int) function c_close_definition() bind(c, name="ensio_ioclient_close_definition")
-      import :: c_int
-    end function
-    integer(c_int) function c_update_timestep(step) bind(c, name="ensio_ioclient_update_timestep")
-      import :: c_int, c_int64_t
-      integer(c_int64_t), value :: step
-    end function
-    integer(c_int) function c_send_double(id, data, count) bind(c, name="ensio_ioclient_send_double")
-      import :: c_int, c_char, c_double, c_int64_t
-      character(kind=c_char), intent(in) :: id(*)
-      real(c_double), intent(in) :: data(*)
-      integer(c_int64_t), value :: count
-    end function
-    integer(c_int) function c_send_float(id, data, count) bind(c, name="ensio_ioclient_send_float")
-      import :: c_int, c_char, c_float, c_int64_t
-      character(kind=c_char), intent(in) :: id(*)
-      real(c_float), intent(in) :: data(*)
-      integer(c_int64_t), value :: count
-    end function
-    integer(c_int) function c_is_active(id, step) bind(c, name="ensio_ioclient_is_active")
-      import :: c_int, c_char, c_int64_t
-      character(kind=c_char), intent(in) :: id(*)
-      integer(c_int64_t), value :: step
-    end function
-    integer(c_int) function c_finalize(report) bind(c, name="ensio_ioclient_finalize")
-      import :: c_int, ensio_ioclient_report_t
-      type(ensio_ioclient_report_t), intent(out) :: report
-    end function
-    integer(c_int) function c_abort(reason) bind(c, name="ensio_ioclient_abort")
-      import :: c_int, c_char
-      character(kind=c_char), intent(in) :: reason(*)
-    end function
-    type(c_ptr) function c_errmsg() bind(c, name="ensio_ioclient_errmsg")
-      import :: c_ptr
-    end function
-    integer(c_size_t) function c_strlen(s) bind(c, name="strlen")
-      import :: c_size_t, c_ptr
-      type(c_ptr), value :: s
-    end function
-    subroutine c_fatal() bind(c, name="ensio_ioclient_fatal_f")
-    end subroutine
-    integer(c_int) function c_mpi_init() bind(c, name="ensio_ioclient_mpi_init_f")
-      import :: c_int
-    end function
-    integer(c_int) function c_mpi_finalize() bind(c, name="ensio_ioclient_mpi_finalize_f")
-      import :: c_int
-    end function
-    integer(c_int) function c_comm_world() bind(c, name="ensio_ioclient_comm_world_f")
-      import :: c_int
-    end function
-    integer(c_int) function c_comm_rank(comm, rank) bind(c, name="ensio_ioclient_comm_rank_f")
-      import :: c_int
-      integer(c_int), value :: comm
-      integer(c_int), intent(out) :: rank
-    end function
-    integer(c_int) function c_comm_size(comm, size) bind(c, name="ensio_ioclient_comm_size_f")
-      import :: c_int
-      integer(c_int), value :: comm
-      integer(c_int), intent(out) :: size
-    end function
-  end interface
 
 contains
 

@@ -38,6 +38,9 @@
 ! program stops, as XIOS stops on an error.
 module xios
   use, intrinsic :: iso_c_binding
+  use ensio_ioclient_c, only: c_init, c_set_domain, c_close_definition, c_update_timestep, &
+    c_send_double, c_send_float, c_is_active, c_finalize, c_abort, c_errmsg, c_strlen, &
+    c_mpi_init, c_mpi_finalize, c_mpi_initialized, c_comm_world, report_t => ensio_ioclient_report_t
   use, intrinsic :: iso_fortran_env, only: error_unit
   implicit none
   private
@@ -62,15 +65,6 @@ module xios
     xios_minute = xios_duration(0, 0, 0, 0, 1, 0, 0), &
     xios_second = xios_duration(0, 0, 0, 0, 0, 1, 0), &
     xios_timestep = xios_duration(0, 0, 0, 0, 0, 0, 1)
-
-  type, bind(c) :: report_t
-    real(c_double) :: blocked_seconds = 0
-    integer(c_int64_t) :: bytes_sent = 0
-    real(c_double) :: server_busy_fraction = 0
-    integer(c_int64_t) :: server_memory_hwm_bytes = 0
-    integer(c_int64_t) :: bytes_written = 0
-    integer(c_int64_t) :: files_written = 0
-  end type
 
   !> One domain's attributes as the model set them (flat arrays in Fortran order).
   type :: domain_t
@@ -105,74 +99,6 @@ module xios
 
   interface operator(+)
     module procedure duration_plus_duration
-  end interface
-
-  interface
-    integer(c_int) function c_init(world, context, model) bind(c, name="ensio_ioclient_init_f")
-      import :: c_int, c_char
-      integer(c_int), value :: world
-      character(kind=c_char), intent(in) :: context(*)
-      integer(c_int), intent(out) :: model
-    end function
-    integer(c_int) function c_set_domain(id, ibegin, ni, jbegin, nj, lon, lat, lonb, latb, &
-                                         mask, area) bind(c, name="ensio_ioclient_set_domain")
-      import :: c_int, c_char, c_int64_t, c_ptr
-      character(kind=c_char), intent(in) :: id(*)
-      integer(c_int64_t), value :: ibegin, ni, jbegin, nj
-      type(c_ptr), value :: lon, lat, lonb, latb, mask, area
-    end function
-    integer(c_int) function c_close_definition() bind(c, name="ensio_ioclient_close_definition")
-      import :: c_int
-    end function
-    integer(c_int) function c_update_timestep(step) bind(c, name="ensio_ioclient_update_timestep")
-      import :: c_int, c_int64_t
-      integer(c_int64_t), value :: step
-    end function
-    integer(c_int) function c_send_double(id, data, count) bind(c, name="ensio_ioclient_send_double")
-      import :: c_int, c_char, c_double, c_int64_t
-      character(kind=c_char), intent(in) :: id(*)
-      real(c_double), intent(in) :: data(*)
-      integer(c_int64_t), value :: count
-    end function
-    integer(c_int) function c_send_float(id, data, count) bind(c, name="ensio_ioclient_send_float")
-      import :: c_int, c_char, c_float, c_int64_t
-      character(kind=c_char), intent(in) :: id(*)
-      real(c_float), intent(in) :: data(*)
-      integer(c_int64_t), value :: count
-    end function
-    integer(c_int) function c_is_active(id, step) bind(c, name="ensio_ioclient_is_active")
-      import :: c_int, c_char, c_int64_t
-      character(kind=c_char), intent(in) :: id(*)
-      integer(c_int64_t), value :: step
-    end function
-    integer(c_int) function c_finalize(report) bind(c, name="ensio_ioclient_finalize")
-      import :: c_int, report_t
-      type(report_t), intent(out) :: report
-    end function
-    integer(c_int) function c_abort(reason) bind(c, name="ensio_ioclient_abort")
-      import :: c_int, c_char
-      character(kind=c_char), intent(in) :: reason(*)
-    end function
-    type(c_ptr) function c_errmsg() bind(c, name="ensio_ioclient_errmsg")
-      import :: c_ptr
-    end function
-    integer(c_size_t) function c_strlen(s) bind(c, name="strlen")
-      import :: c_size_t, c_ptr
-      type(c_ptr), value :: s
-    end function
-    integer(c_int) function c_mpi_init() bind(c, name="ensio_ioclient_mpi_init_f")
-      import :: c_int
-    end function
-    integer(c_int) function c_mpi_finalize() bind(c, name="ensio_ioclient_mpi_finalize_f")
-      import :: c_int
-    end function
-    integer(c_int) function c_mpi_initialized(flag) bind(c, name="MPI_Initialized")
-      import :: c_int
-      integer(c_int), intent(out) :: flag
-    end function
-    integer(c_int) function c_comm_world() bind(c, name="ensio_ioclient_comm_world_f")
-      import :: c_int
-    end function
   end interface
 
 contains
