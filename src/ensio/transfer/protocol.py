@@ -68,9 +68,8 @@ Requests (interposer → daemon), and their replies
     As ``OPEN`` without waiting (a file being written is reported at its current
     size). → ``OK mode=`` + descriptor | ``ABSENT`` | ``ERR errno=``
 ``RUN component= produces=CONN,... consumes=CONN,...``
-    The first process of a program started under the interposer (the one ``ensio
-    run`` starts; again after it execs) names the connections it produces and
-    consumes; its connection's end is the run's end. A consumer's ``OPEN … await=1``
+    Every program under the interposer (at each exec) names the connections it
+    produces and consumes; its connection's end is the run's end. A consumer's ``OPEN … await=1``
     does not wait once the connection's producer finished (a producer run ended after
     its consumers' last run, none is live: :class:`.view.Runs`). → ``OK``
 ``LIST dir=``

@@ -45,13 +45,14 @@ REAL_FILE_POLL_S = 0.25
 class Runs:
     """Which connections have a producer run going, and which have finished one.
 
-    A run is one program started by ``ensio run`` (or a native launcher) under the
-    interposer, from its start to its exit: its first process says ``RUN`` with the
-    connections it produces and consumes, and the end of that connection is the end of
-    the run (the process exits; a program that execs another says ``RUN`` again). A
-    connection's producer is *finished* when no producer run of it is live and one
-    ended after the last consumer run of it ended: the consumers of that round are
-    reading what it left, so a name it did not produce will not come (ENOENT at once).
+    A run is one program under the interposer, from its start (each exec) to its exit:
+    it says ``RUN`` with the connections it produces and consumes, and the end of that
+    connection is the end of the run. The first process ``ensio run`` starts is a run
+    for the whole of it (a shell running several programs covers the gaps between
+    them); its children are runs too. A connection's producer is *finished* when no
+    producer run of it is live and one ended after the last consumer run of it ended:
+    the consumers of that round are reading what it left, so a name it did not produce
+    will not come (ENOENT at once).
     A consumer started before its producer (no producer run since the consumers' last
     one), or while a producer runs, waits. The test is made when a wait would begin: a
     producer run ending while consumers wait does not end their wait (a job may run

@@ -133,7 +133,7 @@ EI_HIDDEN const struct ei_rule *ei_classify(int dirfd, const char *path, char ou
 EI_HIDDEN int ei_glob_match(const char *pat, const char *s);
 EI_HIDDEN int ei_canonical(int dirfd, const char *path, char out[PATH_MAX]);
 EI_HIDDEN int ei_dir_may_hold(const char *dir);  /* dir absolute, normalized */
-EI_HIDDEN void ei_announce_run(void);  /* RUN: the first process of a run, at start-up */
+EI_HIDDEN void ei_announce_run(void);  /* RUN: this program's connections, at start-up */
 
 /* daemon: every call with ei_lock held */
 #define EI_REPLY_MAX 1024

@@ -228,22 +228,15 @@ static void add_conn(char *out, size_t room, const char *conn)
         snprintf(out + used, room - used, "%s%s", used ? "," : "", conn);
 }
 
-/* The first process of a run tells the daemon which connections it produces and
- * consumes; its connection's end is the run's end (ensio/transfer/view.py, Runs). It
- * marks its environment ENSIO_TRANSFER_RUN=<pid>:<rules file>, so its children are not
- * runs of their own, while the same process after an exec (same pid) and a nested `ensio
- * run` of another component (another rules file) are. Called once at start-up, after
- * the rules are loaded. */
+/* Every program started under the interposer (each exec) tells the daemon which
+ * connections it produces and consumes; its connection's end is its end
+ * (ensio/transfer/view.py, Runs: a connection's producer is live while any of its
+ * programs runs, so the first process of a run, a shell running several programs, covers
+ * the gaps between them). Nothing is written to the environment: bash, for one, keeps
+ * its own and answers getenv from it once a variable is set. Called once at start-up,
+ * after the rules are loaded. */
 void ei_announce_run(void)
 {
-    char mine[PATH_MAX + 32];
-    const char *rules_file = getenv("ENSIO_TRANSFER_RULES");
-    snprintf(mine, sizeof mine, "%d:%s", (int)getpid(), rules_file ? rules_file : "");
-    const char *top = getenv("ENSIO_TRANSFER_RUN");
-    const char *colon = top ? strchr(top, ':') : NULL;
-    if (top && strcmp(top, mine) != 0 && colon && strcmp(colon + 1, strchr(mine, ':') + 1) == 0)
-        return;  /* a child of this run's first process */
-    setenv("ENSIO_TRANSFER_RUN", mine, 1);
     static char produces[4096], consumes[4096];
     for (int i = 0; i < nrules; i++) {
         if (rules[i].role & EI_PRODUCER) add_conn(produces, sizeof produces, rules[i].conn);
