@@ -26,7 +26,8 @@ __all__ = ["SOURCES", "cache_dir", "csrc_dir", "find_compiler", "interposer"]
 SOURCES = ("ensio_interpose.h", "ensio_interpose.c", "ensio_interpose_paths.c",
            "ensio_interpose_names.c", "ensio_interpose_stdio.c", "ensio_interpose_daemon.c",
            "ensio_interpose_writes.c", "ensio_interpose_partial.c",
-           "ensio_interpose_consume.c", "ensio_interpose_dirs.c")
+           "ensio_interpose_consume.c", "ensio_interpose_dirs.c",
+           "ensio_interpose_glob.c", "ensio_interpose_xattr.c")
 _FLAGS = ("-shared", "-fPIC", "-O2", "-Wall", "-fvisibility=hidden", "-U_FORTIFY_SOURCE")
 _LIBS = ("-ldl", "-lpthread")
 

@@ -8,7 +8,9 @@
  *   ensio_interpose_writes.c  write, pwrite, writev, ftruncate, mmap: async dirty ranges
  *   ensio_interpose_partial.c read, pread, readv, mmap, exec: partial descriptors
  *   ensio_interpose_paths.c   the rules file, path canonicalization, glob matching
- *   ensio_interpose_dirs.c    opendir/readdir/getdents64/glob/scandir: held names listed
+ *   ensio_interpose_dirs.c    opendir/readdir/getdents64: held names listed
+ *   ensio_interpose_glob.c    glob, scandir, wordexp on those listings
+ *   ensio_interpose_xattr.c   *xattr of transferred names
  *   ensio_interpose_daemon.c  the staging daemon's socket (protocol: ensio/transfer/protocol.py)
  *
  * Built into one shared object by `ensio run` (ensio/transfer/build.py); loaded with
@@ -133,6 +135,11 @@ EI_HIDDEN const struct ei_rule *ei_classify(int dirfd, const char *path, char ou
 EI_HIDDEN int ei_glob_match(const char *pat, const char *s);
 EI_HIDDEN int ei_canonical(int dirfd, const char *path, char out[PATH_MAX]);
 EI_HIDDEN int ei_dir_may_hold(const char *dir);  /* dir absolute, normalized */
+/* Is (dirfd, path) a held file (ensio_interpose_names.c)? 1: *fd a read-only descriptor
+ * of it and *mode its bits; 0: not ours; -1 errno. A consumer-only name not produced yet
+ * is waited for. */
+EI_HIDDEN int ei_held(int dirfd, const char *path, int *fd, mode_t *mode,
+                      const struct ei_rule **rule, int want);
 EI_HIDDEN void ei_announce_run(void);  /* RUN: this program's connections, at start-up */
 
 /* daemon: every call with ei_lock held */

@@ -6,8 +6,8 @@
  * times are the memory file's, the permission bits those of the producer's create.
  * Names the daemon does not hold are real files, so fallback and persisted files
  * behave as files. The glibc-internal __xstat family is interposed as well: programs
- * built against glibc < 2.33 call it instead of stat. Extended attributes of a held file
- * are the memory file's (ls -l asks for them after its statx).
+ * built against glibc < 2.33 call it instead of stat. Extended attributes:
+ * ensio_interpose_xattr.c.
  */
 #include "ensio_interpose.h"
 
@@ -17,7 +17,6 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/xattr.h>
 #include <unistd.h>
 
 #define EXPORT __attribute__((visibility("default")))
@@ -32,7 +31,7 @@ int __xstat64(int, const char *, struct stat64 *);
 int __lxstat64(int, const char *, struct stat64 *);
 int __fxstatat64(int, int, const char *, struct stat64 *, int);
 
-/* The daemon's answer for canon (lock taken here), as held() answers; *absent: the
+/* The daemon's answer for canon (lock taken here), as ei_held() answers; *absent: the
  * daemon answered that it holds no such file. */
 static int lookup(const char *canon, int *fd, mode_t *mode, int *absent)
 {
@@ -67,7 +66,7 @@ static int lookup(const char *canon, int *fd, mode_t *mode, int *absent)
 /* A name this process only consumes, neither held nor on disk: its producer may not
  * have started yet (workflow jobs often start consumers first), so stat and access wait
  * for it as open does (OPEN await=1, up to the connection's consumer_timeout_s): tools
- * such as ncks stat a file before they open it. Lock not held; as held() answers. */
+ * such as ncks stat a file before they open it. Lock not held; as ei_held() answers. */
 static int not_yet(const struct ei_rule *r, const char *canon, int *fd, mode_t *mode)
 {
     REAL(int (*)(int, const char *, struct stat *, int), fstatat);
@@ -86,8 +85,8 @@ static int not_yet(const struct ei_rule *r, const char *canon, int *fd, mode_t *
  * (close it) and *mode its permission bits; 0: not ours, call the real function;
  * -1: error (errno, e.g. EIO for a file whose producer died). A name this process only
  * consumes and nobody produced yet is waited for (not_yet). */
-static int held(int dirfd, const char *path, int *fd, mode_t *mode, const struct ei_rule **rule,
-                int want)
+int ei_held(int dirfd, const char *path, int *fd, mode_t *mode, const struct ei_rule **rule,
+            int want)
 {
     ei_init();
     char canon[PATH_MAX];
@@ -104,7 +103,7 @@ static int held(int dirfd, const char *path, int *fd, mode_t *mode, const struct
 #define STAT_BODY(dirfd, path, buf, fstatfn, realcall)                   \
     int fd_;                                                             \
     mode_t mode_;                                                        \
-    int h_ = held(dirfd, path, &fd_, &mode_, NULL, EI_CONSUMER);         \
+    int h_ = ei_held(dirfd, path, &fd_, &mode_, NULL, EI_CONSUMER);         \
     if (h_ == 0) return (realcall);                                      \
     if (h_ < 0) return -1;                                               \
     int rc_ = fstatfn(fd_, buf);                                         \
@@ -213,7 +212,7 @@ EXPORT int statx(int dirfd, const char *path, int flags, unsigned int mask, stru
     if (empty(path, flags)) return real_statx(dirfd, path, flags, mask, buf);
     int fd;
     mode_t mode;
-    int h = held(dirfd, path, &fd, &mode, NULL, EI_CONSUMER);
+    int h = ei_held(dirfd, path, &fd, &mode, NULL, EI_CONSUMER);
     if (h == 0) return real_statx(dirfd, path, flags, mask, buf);
     if (h < 0) return -1;
     int rc = real_statx(fd, "", AT_EMPTY_PATH, mask, buf);
@@ -232,7 +231,7 @@ static int access_held(int dirfd, const char *path, int amode, int *answered)
     int fd;
     mode_t mode;
     const struct ei_rule *r;
-    int h = held(dirfd, path, &fd, &mode, &r, (amode & W_OK) ? EI_PRODUCER : EI_CONSUMER);
+    int h = ei_held(dirfd, path, &fd, &mode, &r, (amode & W_OK) ? EI_PRODUCER : EI_CONSUMER);
     *answered = h != 0;
     if (h <= 0) return -1;
     ei_real.close(fd);
@@ -363,13 +362,13 @@ static int link_held(int od, const char *old, int nd, const char *new, int flags
     mode_t mode;
     int want = EI_CONSUMER | EI_PRODUCER;
     *rc = -1;
-    int h = empty(old, flags) ? 0 : held(od, old, &fd, &mode, NULL, want);
+    int h = empty(old, flags) ? 0 : ei_held(od, old, &fd, &mode, NULL, want);
     if (h > 0) {
         ei_real.close(fd);
         errno = EXDEV;
     }
     if (h != 0) return 1;
-    h = held(nd, new, &fd, &mode, NULL, want);
+    h = ei_held(nd, new, &fd, &mode, NULL, want);
     if (h > 0) {
         ei_real.close(fd);
         errno = EEXIST;
@@ -466,79 +465,4 @@ EXPORT int renameat2(int od, const char *old, int nd, const char *new, unsigned 
     if (rc != -2) return rc;
     if (real_renameat2 == NULL) { errno = ENOSYS; return -1; }
     return after_real_rename(real_renameat2(od, old, nd, new, flags), drop, cnew);
-}
-
-/* ---- extended attributes ---------------------------------------------------------- */
-
-/* A held file answers as the memory file it is: get and list come from the memfd itself
- * (ENODATA, an empty list: what `ls -l` and SELinux/ACL probes expect of a tmpfs file),
- * set is ENOTSUP (nothing would carry them to disk or to other hosts). Other names are
- * the real call's. */
-#define XATTR_BODY(follow, realcall, fcall)                              \
-    int fd_;                                                             \
-    mode_t mode_;                                                        \
-    int h_ = held(AT_FDCWD, path, &fd_, &mode_, NULL, EI_CONSUMER | EI_PRODUCER); \
-    (void)(follow);                                                      \
-    if (h_ == 0) return (realcall);                                      \
-    if (h_ < 0) return -1;                                               \
-    ssize_t rc_ = (fcall);                                               \
-    int saved_ = errno;                                                  \
-    ei_real.close(fd_);                                                  \
-    errno = saved_;                                                      \
-    return rc_
-
-EXPORT ssize_t getxattr(const char *path, const char *name, void *value, size_t size)
-{
-    REAL(ssize_t (*)(const char *, const char *, void *, size_t), getxattr);
-    XATTR_BODY(1, real_getxattr(path, name, value, size), fgetxattr(fd_, name, value, size));
-}
-
-EXPORT ssize_t lgetxattr(const char *path, const char *name, void *value, size_t size)
-{
-    REAL(ssize_t (*)(const char *, const char *, void *, size_t), lgetxattr);
-    XATTR_BODY(0, real_lgetxattr(path, name, value, size), fgetxattr(fd_, name, value, size));
-}
-
-EXPORT ssize_t listxattr(const char *path, char *list, size_t size)
-{
-    REAL(ssize_t (*)(const char *, char *, size_t), listxattr);
-    XATTR_BODY(1, real_listxattr(path, list, size), flistxattr(fd_, list, size));
-}
-
-EXPORT ssize_t llistxattr(const char *path, char *list, size_t size)
-{
-    REAL(ssize_t (*)(const char *, char *, size_t), llistxattr);
-    XATTR_BODY(0, real_llistxattr(path, list, size), flistxattr(fd_, list, size));
-}
-
-static ssize_t not_supported(void)
-{
-    errno = ENOTSUP;
-    return -1;
-}
-
-EXPORT int setxattr(const char *path, const char *name, const void *value, size_t size,
-                    int flags)
-{
-    REAL(int (*)(const char *, const char *, const void *, size_t, int), setxattr);
-    XATTR_BODY(1, real_setxattr(path, name, value, size, flags), not_supported());
-}
-
-EXPORT int lsetxattr(const char *path, const char *name, const void *value, size_t size,
-                     int flags)
-{
-    REAL(int (*)(const char *, const char *, const void *, size_t, int), lsetxattr);
-    XATTR_BODY(0, real_lsetxattr(path, name, value, size, flags), not_supported());
-}
-
-EXPORT int removexattr(const char *path, const char *name)
-{
-    REAL(int (*)(const char *, const char *), removexattr);
-    XATTR_BODY(1, real_removexattr(path, name), fremovexattr(fd_, name));
-}
-
-EXPORT int lremovexattr(const char *path, const char *name)
-{
-    REAL(int (*)(const char *, const char *), lremovexattr);
-    XATTR_BODY(0, real_lremovexattr(path, name), fremovexattr(fd_, name));
 }
