@@ -49,8 +49,9 @@ class Runs:
     it says ``RUN`` with the connections it produces and consumes, and the end of that
     connection is the end of the run. The first process ``ensio run`` starts is a run
     for the whole of it (a shell running several programs covers the gaps between
-    them); its children are runs too. A connection's producer is *finished* when no
-    producer run of it is live and one ended after the last consumer run of it ended:
+    them); its children are live runs too, but their end ends no round. A
+    connection's producer is *finished* when no producer run of it is live and one
+    ended after the last consumer run of it ended:
     the consumers of that round are reading what it left, so a name it did not produce
     will not come (ENOENT at once).
     A consumer started before its producer (no producer run since the consumers' last
@@ -65,27 +66,36 @@ class Runs:
         self._live: dict[str, int] = {}
         self._producer_end: dict[str, int] = {}
         self._consumer_end: dict[str, int] = {}
-        self._by_peer: dict[int, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+        #: peer id → (pid, component, produces, consumes, a child of a live run)
+        self._by_peer: dict[int, tuple[int, str, tuple[str, ...], tuple[str, ...], bool]] = {}
 
     def start(self, peer: Peer, produces: list[str], consumes: list[str]) -> Reply:
+        parent = _parent_pid(peer.pid)
         with self._lock:
             if peer.id in self._by_peer:
                 return Reply("OK")
-            self._by_peer[peer.id] = (tuple(produces), tuple(consumes))
+            child = any(pid == parent and comp == peer.component
+                        for pid, comp, *_ in self._by_peer.values())
+            self._by_peer[peer.id] = (peer.pid, peer.component, tuple(produces),
+                                      tuple(consumes), child)
             for conn in produces:
                 self._live[conn] = self._live.get(conn, 0) + 1
         return Reply("OK")
 
     def peer_gone(self, peer: Peer) -> None:
+        """A run ended. Only a run's first program (not a child of a live run of the same
+        component: ``sh -c 'cat a; cat b'``) ends a round of its connections."""
         with self._lock:
             run = self._by_peer.pop(peer.id, None)
             if run is None:
                 return
+            _pid, _comp, produces, consumes, child = run
             self._seq += 1
-            for conn in run[0]:
+            for conn in produces:
                 self._live[conn] -= 1
-                self._producer_end[conn] = self._seq
-            for conn in run[1]:
+                if not child:
+                    self._producer_end[conn] = self._seq
+            for conn in consumes if not child else ():
                 self._consumer_end[conn] = self._seq
 
     def finished(self, conn: str) -> bool:
@@ -159,6 +169,15 @@ def listing(table: Table, directory: str) -> Reply:
         os.close(fd)
         raise
     return Reply("OK", {"n": len(names), "bytes": len(data)}, fd)
+
+
+def _parent_pid(pid: int) -> int:
+    """The parent of ``pid`` (0 if it is gone): ``/proc/<pid>/stat``'s fourth field."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 def _conn_name(conn: str) -> str:

@@ -140,6 +140,7 @@ EI_HIDDEN int ei_dir_may_hold(const char *dir);  /* dir absolute, normalized */
  * is waited for. */
 EI_HIDDEN int ei_held(int dirfd, const char *path, int *fd, mode_t *mode,
                       const struct ei_rule **rule, int want);
+EI_HIDDEN int ei_only_consumes(const char *canon);  /* no matching rule produces it */
 EI_HIDDEN void ei_announce_run(void);  /* RUN: this program's connections, at start-up */
 
 /* daemon: every call with ei_lock held */

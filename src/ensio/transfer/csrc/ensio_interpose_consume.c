@@ -49,7 +49,7 @@ static int open_text(char *msg, size_t room, const struct ei_rule *r, const char
     return snprintf(msg, room, "OPEN\npath=%s\nwait_ms=%ld\nconn=%s%s%s%s", path,
                     r->timeout_ms, r->conn, defer ? "\ndefer=1" : "",
                     r->partial ? "\npartial=1" : "",
-                    r->role == EI_CONSUMER ? "\nawait=1" : "");
+                    ei_only_consumes(path) ? "\nawait=1" : "");
 }
 
 /* A consumer's open (lock held): the daemon's read-only descriptor, -2: use the real

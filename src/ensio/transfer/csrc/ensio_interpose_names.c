@@ -95,7 +95,7 @@ int ei_held(int dirfd, const char *path, int *fd, mode_t *mode, const struct ei_
     if (r == NULL) return 0;
     int absent;
     int rc = lookup(canon, fd, mode, &absent);
-    if (rc == 0 && absent && (want & EI_CONSUMER) && r->role == EI_CONSUMER)
+    if (rc == 0 && absent && (want & EI_CONSUMER) && ei_only_consumes(canon))
         rc = not_yet(r, canon, fd, mode);
     return rc;
 }

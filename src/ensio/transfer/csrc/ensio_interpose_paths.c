@@ -250,3 +250,18 @@ void ei_announce_run(void)
     if (ei_daemon_usable()) ei_request(msg, (size_t)n, -1, reply, NULL);
     pthread_mutex_unlock(&ei_lock);
 }
+
+/* Does this process only consume canon (absolute, normalized)? Some rule matching it
+ * consumes, none produces: a component that also produces the name (ensio analyse
+ * rewriting forecasts as analyses, its undo journal beside them) must not wait for it. */
+int ei_only_consumes(const char *canon)
+{
+    int consumes = 0;
+    for (int i = 0; i < nrules; i++)
+        if (strncmp(canon, rules[i].pattern, rules[i].prefix_len) == 0
+            && ei_glob_match(rules[i].pattern, canon)) {
+            if (rules[i].role & EI_PRODUCER) return 0;
+            consumes = 1;
+        }
+    return consumes;
+}
