@@ -24,7 +24,19 @@ after its close only what was written again; on one host ``async`` behaves as
 Memory: the daemon's held files are in 2 MiB pages where the machine allows it, on a
 private tmpfs mounted by a short-lived helper in a mount namespace of its own and
 detached at once (:mod:`.hugemem`; ``ENSIO_TRANSFER_HUGE_PAGES=off``: memfds), and
-pre-faulted between output bursts (:mod:`.pool`).
+pre-faulted between output bursts (:mod:`.pool`). Every file counts against a
+budget (its connection's ``memory_mb``, else half the machine's or job's memory);
+files every declared consumer has read (its process exited 0) are released first
+when a budget needs room (:mod:`.budget`).
+
+Consumers: an open or stat of a name a connection will produce waits until the
+producer creates and closes it, or ``consumer_timeout_s``; the held names appear in
+directory listings, ``glob`` and ``scandir`` (:mod:`.view` answers both; C side
+``csrc/ensio_interpose_dirs.c``, ``_glob.c``, ``_xattr.c``).
+
+Launch: the first ``ensio run`` of a config and component writes a launch record and
+later launches only check it and exec COMMAND without importing the package
+(:mod:`.launch`; the same check in C is ``ensio-launch``, built by :mod:`.launcher`).
 
 Where the rest extends it:
 
