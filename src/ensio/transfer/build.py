@@ -21,7 +21,7 @@ from pathlib import Path
 
 from .errors import TransferError
 
-__all__ = ["SOURCES", "cache_dir", "csrc_dir", "find_compiler", "interposer"]
+__all__ = ["SOURCES", "cache_dir", "compile_into", "csrc_dir", "find_compiler", "interposer"]
 
 SOURCES = ("ensio_interpose.h", "ensio_interpose.c", "ensio_interpose_paths.c",
            "ensio_interpose_names.c", "ensio_interpose_stdio.c", "ensio_interpose_daemon.c",
@@ -78,19 +78,31 @@ def interposer(cc: str | None = None, cache: str | os.PathLike | None = None) ->
     if lib.exists():
         return lib
     out_dir.mkdir(parents=True, exist_ok=True)
-    print(f"ensio: building the transfer interposer with {compiler} -> {lib}", file=sys.stderr)
     sources = [str(csrc_dir() / n) for n in SOURCES if n.endswith(".c")]
-    with tempfile.TemporaryDirectory(prefix=".ensio-build-", dir=out_dir) as tmp:
-        built = Path(tmp) / lib.name
-        cmd = [str(compiler), *_FLAGS, "-o", str(built), *sources, *_LIBS]
+    return compile_into(compiler, [*_FLAGS, *sources, *_LIBS], lib, "the transfer interposer")
+
+
+def compile_into(compiler: Path, args: list[str], target: Path, what: str) -> Path:
+    """``compiler args -o target``, built under a temporary name beside ``target`` and
+    renamed into place (atomic: a concurrent build of the same sources is harmless).
+
+    Raises
+    ------
+    TransferError
+        The compiler cannot run, or failed: one line naming ``what`` and its first error.
+    """
+    print(f"ensio: building {what} with {compiler} -> {target}", file=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix=".ensio-build-", dir=target.parent) as tmp:
+        built = Path(tmp) / target.name
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            proc = subprocess.run([str(compiler), *args, "-o", str(built)], capture_output=True,
+                                  text=True, check=False)
         except OSError as exc:
             raise TransferError(f"cannot run the C compiler {compiler}: {exc.strerror}") from None
         if proc.returncode != 0:
             lines = [x for x in (proc.stderr + proc.stdout).splitlines() if x.strip()]
             first = next((x for x in lines if "error" in x.lower()), lines[0] if lines else "")
-            raise TransferError(f"building the transfer interposer failed ({compiler.name}, "
+            raise TransferError(f"building {what} failed ({compiler.name}, "
                                 f"exit {proc.returncode}): {first.strip()}")
-        os.replace(built, lib)  # atomic: a concurrent build of the same sources is harmless
-    return lib
+        os.replace(built, target)
+    return target

@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import hashlib
 import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-from .build import cache_dir, csrc_dir, find_compiler
+from .build import cache_dir, compile_into, csrc_dir, find_compiler
 from .errors import TransferError
 
 __all__ = ["SOURCE", "launcher"]
@@ -56,18 +54,4 @@ def launcher(cc: str | None = None, cache: str | os.PathLike | None = None) -> P
     if exe.exists():
         return exe
     out_dir.mkdir(parents=True, exist_ok=True)
-    print(f"ensio: building the transfer launcher with {compiler} -> {exe}", file=sys.stderr)
-    with tempfile.TemporaryDirectory(prefix=".ensio-build-", dir=out_dir) as tmp:
-        built = Path(tmp) / exe.name
-        cmd = [str(compiler), *flags, "-o", str(built), str(source)]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        except OSError as exc:
-            raise TransferError(f"cannot run the C compiler {compiler}: {exc.strerror}") from None
-        if proc.returncode != 0:
-            lines = [x for x in (proc.stderr + proc.stdout).splitlines() if x.strip()]
-            first = next((x for x in lines if "error" in x.lower()), lines[0] if lines else "")
-            raise TransferError(f"building ensio-launch failed ({compiler.name}, "
-                                f"exit {proc.returncode}): {first.strip()}")
-        os.replace(built, exe)  # atomic: a concurrent build of the same source is harmless
-    return exe
+    return compile_into(compiler, [*flags, str(source)], exe, "ensio-launch")
