@@ -27,6 +27,7 @@ import pytest
 from transfer_support import (  # noqa: F401
     Host,
     host_fixture,
+    in_process_daemon,
     interposer_cache_fixture,
     write_config,
 )
@@ -42,15 +43,8 @@ CONN = "cfg:restarts"
 
 @pytest.fixture
 def daemon():
-    d = Path(tempfile.mkdtemp(prefix="ensio-b-", dir="/tmp"))
-    os.chmod(d, 0o700)
-    dm = Daemon(d, idle_timeout=3600, pool_mb=0)
-    t = threading.Thread(target=dm.serve_forever, daemon=True)
-    t.start()
-    yield dm
-    dm.stop()
-    t.join(60)
-    shutil.rmtree(d, ignore_errors=True)
+    with in_process_daemon("ensio-b-", pool_mb=0) as dm:
+        yield dm
 
 
 @pytest.fixture

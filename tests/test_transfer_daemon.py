@@ -11,7 +11,6 @@ import errno
 import fcntl
 import multiprocessing
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -20,7 +19,14 @@ from pathlib import Path
 
 import needs
 import pytest
-from transfer_support import SRC, daemon_pid, process_gone, teardown_daemon, wait_for
+from transfer_support import (
+    SRC,
+    daemon_pid,
+    in_process_daemon,
+    process_gone,
+    teardown_daemon,
+    wait_for,
+)
 
 from ensio.transfer.daemon import Daemon, serve
 from ensio.transfer.protocol import Client, DaemonUnavailable, encode
@@ -29,15 +35,8 @@ from ensio.transfer.runtime import daemon_status, ensure_daemon, stop_daemon
 
 @pytest.fixture
 def daemon():
-    d = Path(tempfile.mkdtemp(prefix="ensio-d-", dir="/tmp"))
-    os.chmod(d, 0o700)
-    dm = Daemon(d, idle_timeout=3600)
-    t = threading.Thread(target=dm.serve_forever, daemon=True)
-    t.start()
-    yield dm
-    dm.stop()
-    t.join(60)
-    shutil.rmtree(d, ignore_errors=True)
+    with in_process_daemon("ensio-d-") as dm:
+        yield dm
 
 
 @pytest.fixture

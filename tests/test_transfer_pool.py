@@ -24,6 +24,7 @@ import pytest
 from transfer_support import (  # noqa: F401  (the *_fixture names are fixtures)
     Host,
     host_fixture,
+    in_process_daemon,
     interposer_cache_fixture,
     wait_for,
     write_config,
@@ -139,15 +140,8 @@ def test_trim_after_sealing_frees_the_unused_tail(pool, rng):
 
 @pytest.fixture
 def daemon():
-    d = Path(tempfile.mkdtemp(prefix="ensio-p-", dir="/tmp"))
-    os.chmod(d, 0o700)
-    dm = Daemon(d, idle_timeout=3600, pool_mb=16)
-    t = threading.Thread(target=dm.serve_forever, daemon=True)
-    t.start()
-    yield dm
-    dm.stop()
-    t.join(60)
-    shutil.rmtree(d, ignore_errors=True)
+    with in_process_daemon("ensio-p-", pool_mb=16) as dm:
+        yield dm
 
 
 def create(c: Client, path: Path, **kw):

@@ -183,3 +183,24 @@ def write_config(path: Path, files: list[str], **conn: object) -> Path:
     path.write_text(yaml.safe_dump({"components": ["model", "post"],
                                     "connections": [connection]}))
     return path
+
+
+@contextlib.contextmanager
+def in_process_daemon(prefix: str, **options: object) -> Iterator[object]:
+    """A staging daemon serving on a thread of this process, in a fresh 0700 directory
+    under /tmp (socket paths must stay short); stopped and removed afterwards."""
+    import threading
+
+    from ensio.transfer.daemon import Daemon
+
+    d = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    os.chmod(d, 0o700)
+    dm = Daemon(d, idle_timeout=3600, **options)
+    t = threading.Thread(target=dm.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield dm
+    finally:
+        dm.stop()
+        t.join(60)
+        shutil.rmtree(d, ignore_errors=True)
