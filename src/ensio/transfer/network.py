@@ -43,13 +43,21 @@ from .progress import STREAMING, Progress
 from .secret import read_secret
 from .sink import Sink
 from .table import Peer, Reply, Table
-from .wire import AuthError, client_handshake, recv_frame, send_frame, server_handshake, tune
+from .wire import (
+    HANDSHAKE_S,
+    AuthError,
+    client_handshake,
+    connect_to,
+    listen_on,
+    recv_frame,
+    send_frame,
+    server_handshake,
+    tune,
+)
 
-__all__ = ["Network", "parse_endpoint", "parse_ranges"]
+__all__ = ["Network", "parse_ranges"]
 
 
-_CONNECT_S = 5.0      # how long a producer's daemon retries a host that is not up yet
-_HANDSHAKE_S = 15.0
 _DOWN_S = 30.0        # a host that did not answer is not retried for this long
 
 
@@ -63,12 +71,6 @@ class Experiment:
     secret_path: str
     peers: dict[str, str]
     pull: frozenset[str] = frozenset()   # connections (identity:name) pulled on demand
-
-
-def parse_endpoint(text: str) -> tuple[str, int]:
-    """``addr:port`` or ``[v6]:port`` → (addr, port)."""
-    host, _, port = text.rpartition(":")
-    return host.strip("[]"), int(port)
 
 
 def parse_ranges(text: str) -> list[tuple[int, int]]:
@@ -116,7 +118,7 @@ class Network:
             if listen in self.listeners:
                 return Reply("OK")
             try:
-                sock = _listen(listen)
+                sock = listen_on(listen)
             except OSError as exc:
                 why = f"cannot listen on {listen}: {exc.strerror}"
                 self.log.error("experiment %s: %s", identity, why)
@@ -145,7 +147,7 @@ class Network:
     def _incoming(self, conn: socket.socket, addr: tuple) -> None:
         self.on_activity()
         tune(conn)
-        conn.settimeout(_HANDSHAKE_S)
+        conn.settimeout(HANDSHAKE_S)
         try:
             identity, host = server_handshake(conn, self._secret_of)
         except (AuthError, TransferError, OSError) as exc:
@@ -261,7 +263,7 @@ class Network:
             if host == exp.host or self._down.get(host, 0.0) > time.monotonic():
                 continue
             try:
-                sock = _connect(endpoint, patience=0.0)
+                sock = connect_to(endpoint, patience=0.0)
                 client_handshake(sock, read_secret(exp.secret_path), exp.identity, exp.host)
                 send_frame(sock, "PULL", path=path, conn=conn_key, wait_ms=wait_ms)
                 sock.settimeout(None)
@@ -364,7 +366,7 @@ class Network:
         if fd is None:
             return None
         try:
-            sock = _connect(endpoint)
+            sock = connect_to(endpoint)
             client_handshake(sock, read_secret(exp.secret_path), exp.identity, exp.host)
             send_frame(sock, "FILE", path=path, conn=fields.get("conn", ""),
                        component=fields.get("component", "?"), mode=fields.get("mode", "644"))
@@ -461,14 +463,14 @@ class Network:
         if exp is None or endpoint is None:
             raise OSError(errno.EHOSTUNREACH, f"host {host} is not in experiment {identity}")
         try:
-            sock = _connect(endpoint, patience=0.0)
+            sock = connect_to(endpoint, patience=0.0)
         except OSError as exc:
             self._control_errors[(identity, host)] = (
                 exc.errno or errno.EHOSTUNREACH,
                 f"host {host} ({endpoint}) cannot be reached: {exc.strerror or exc}")
             raise
         try:
-            sock.settimeout(_HANDSHAKE_S)
+            sock.settimeout(HANDSHAKE_S)
             client_handshake(sock, read_secret(exp.secret_path), exp.identity, exp.host)
         except (OSError, TransferError) as exc:
             sock.close()
@@ -478,35 +480,4 @@ class Network:
                     f"{exc.strerror or exc} (the same secret file on both hosts?)")
             raise OSError(getattr(exc, "errno", None) or errno.EACCES, str(exc)) from None
         self._control_errors.pop((identity, host), None)
-        return sock
-
-
-def _listen(endpoint: str) -> socket.socket:
-    addr, port = parse_endpoint(endpoint)
-    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((addr, port))
-        sock.listen(64)
-    except OSError:
-        sock.close()
-        raise
-    return sock
-
-
-def _connect(endpoint: str, patience: float = _CONNECT_S) -> socket.socket:
-    """Connect, retrying while the other host's daemon is not listening yet."""
-    addr, port = parse_endpoint(endpoint)
-    deadline = time.monotonic() + patience
-    while True:
-        try:
-            sock = socket.create_connection((addr, port), timeout=_HANDSHAKE_S)
-        except (TimeoutError, ConnectionRefusedError) as exc:
-            if time.monotonic() > deadline:
-                raise OSError(exc.errno or errno.ECONNREFUSED,
-                              f"no daemon listens there ({exc})") from None
-            time.sleep(0.1)  # the other daemon starts independently: retry until the deadline
-            continue
-        tune(sock)
         return sock

@@ -48,12 +48,14 @@ import errno
 import secrets
 import socket
 import struct
+import time
 
 from .protocol import MAX_PACKET, Message, decode, encode
 from .secret import proof, verify
 
-__all__ = ["AuthError", "client_handshake", "recv_exact_into", "recv_frame", "send_frame",
-           "server_handshake", "tune"]
+__all__ = ["AuthError", "CONNECT_S", "HANDSHAKE_S", "client_handshake", "connect_to", "listen_on",
+           "parse_endpoint", "recv_exact_into", "recv_frame", "send_frame", "server_handshake",
+           "tune"]
 
 WIRE_VERSION = 3  # 2: the SIZE frame (serve_partial); 3: CONTROL (names.py)
 _LEN = struct.Struct("!I")
@@ -156,3 +158,46 @@ def server_handshake(sock: socket.socket, secrets_by_identity) -> tuple[str, str
         raise AuthError(errno.EACCES, f"host {host}: wrong secret for experiment {identity}")
     send_frame(sock, "OK")
     return identity, host
+
+
+#: How long a producer's daemon retries a host that is not up yet; the handshake's limit.
+CONNECT_S = 5.0
+HANDSHAKE_S = 15.0
+
+
+def parse_endpoint(text: str) -> tuple[str, int]:
+    """``addr:port`` or ``[v6]:port`` → (addr, port)."""
+    host, _, port = text.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def listen_on(endpoint: str) -> socket.socket:
+    """A listening TCP socket on ``addr:port`` (IPv4 or ``[v6]``)."""
+    addr, port = parse_endpoint(endpoint)
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((addr, port))
+        sock.listen(64)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def connect_to(endpoint: str, patience: float = CONNECT_S) -> socket.socket:
+    """Connect, retrying while the other host's daemon is not listening yet."""
+    addr, port = parse_endpoint(endpoint)
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            sock = socket.create_connection((addr, port), timeout=HANDSHAKE_S)
+        except (TimeoutError, ConnectionRefusedError) as exc:
+            if time.monotonic() > deadline:
+                raise OSError(exc.errno or errno.ECONNREFUSED,
+                              f"no daemon listens there ({exc})") from None
+            time.sleep(0.1)  # the other daemon starts independently: retry until the deadline
+            continue
+        tune(sock)
+        return sock
