@@ -45,7 +45,7 @@ from pathlib import Path
 from ..errors import EnsioError
 
 __all__ = ["BuildError", "BuildResult", "build_client", "build_xios", "csrc_dir", "mpi_flags",
-           "xios_flags"]
+           "run_compiler", "xios_flags"]
 
 _SOURCES = ("ensio_ioclient.h", "ensio_ioclient_impl.h", "ensio_ioclient.c",
             "ensio_ioclient_modes.c", "ensio_ioclient_py.c", "ensio_ioclient_c.f90",
@@ -100,16 +100,17 @@ def _tool(given: str | os.PathLike | None, default: str, what: str, flag: str) -
     return Path(found)
 
 
-def _run(cmd: list[str], cwd: Path) -> str:
-    """Run a compiler; BuildError with its first error line on failure."""
+def run_compiler(cmd: list[str], cwd: Path, what: str = "ioclient build") -> str:
+    """Run a compiler; BuildError (``what: …``) with its first error line on failure.
+    Also the Fortran stencil model's build (``what="stencil build"``)."""
     try:
         proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False)
     except OSError as exc:
-        raise BuildError(f"ioclient build: cannot run {cmd[0]}: {exc.strerror}") from exc
+        raise BuildError(f"{what}: cannot run {cmd[0]}: {exc.strerror}") from exc
     if proc.returncode != 0:
         lines = [x for x in (proc.stderr + proc.stdout).splitlines() if x.strip()]
         first = next((x for x in lines if "error" in x.lower()), lines[0] if lines else "")
-        raise BuildError(f"ioclient build: {Path(cmd[0]).name} failed "
+        raise BuildError(f"{what}: {Path(cmd[0]).name} failed "
                          f"(exit {proc.returncode}): {first.strip()}")
     return proc.stdout
 
@@ -120,7 +121,7 @@ def mpi_flags(mpicc: Path) -> tuple[list[str], list[str]]:
     Returns ``(includes, link)``: the Fortran compiler gets the includes, a Fortran
     model's link line the link flags (``-L``, ``-Wl,...``, ``-l``).
     """
-    words = shlex.split(_run([str(mpicc), "-show"], Path.cwd()))[1:]
+    words = shlex.split(run_compiler([str(mpicc), "-show"], Path.cwd()))[1:]
     includes = [w for w in words if w.startswith("-I")]
     link = [w for w in words if w.startswith(("-L", "-l", "-Wl,"))]
     return includes, link
@@ -128,7 +129,7 @@ def mpi_flags(mpicc: Path) -> tuple[list[str], list[str]]:
 
 def _fortran_runtime(fc: Path, work: Path) -> list[str]:
     """Link flags of the Fortran runtime the module's objects need (libgfortran)."""
-    lib = _run([str(fc), "-print-file-name=libgfortran.so"], work).strip()
+    lib = run_compiler([str(fc), "-print-file-name=libgfortran.so"], work).strip()
     if not os.path.isabs(lib):  # not a gfortran: let its driver be the linker's business
         return []
     d = os.path.dirname(lib)
@@ -148,10 +149,10 @@ def _python_build(cc: Path, src: Path, work: Path, pylib: Path) -> bool:
               "C/Fortran and read_restart are not built", file=sys.stderr)
         return False
     include = sysconfig.get_paths()["include"]
-    _run([str(cc), *_CFLAGS, f"-I{include}",
+    run_compiler([str(cc), *_CFLAGS, f"-I{include}",
           f'-DENSIO_IOCLIENT_PYTHON="{sys.executable}"', "-c",
           str(src / "ensio_ioclient_py.c"), "-o", "py.o"], work)
-    _run([str(cc), "-shared", "-o", pylib.name, "py.o", f"-L{libdir}",
+    run_compiler([str(cc), "-shared", "-o", pylib.name, "py.o", f"-L{libdir}",
           f"-Wl,-rpath,{libdir}", f"-lpython{ver}"], work)
     return True
 
@@ -192,19 +193,19 @@ def build_client(prefix: str | os.PathLike, mpicc: str | os.PathLike | None = No
     cflags = [*_CFLAGS, f'-DENSIO_IOCLIENT_PYLIB="{pylib}"']
     with tempfile.TemporaryDirectory(prefix="ensio-ioclient-") as tmp:
         work = Path(tmp)
-        _run([str(cc), *cflags, "-c", str(src / "ensio_ioclient.c"), "-o", "c.o"], work)
-        _run([str(cc), *cflags, "-c", str(src / "ensio_ioclient_modes.c"), "-o", "m.o"], work)
+        for source, obj in (("ensio_ioclient.c", "c.o"), ("ensio_ioclient_modes.c", "m.o")):
+            run_compiler([str(cc), *cflags, "-c", str(src / source), "-o", obj], work)
         for source, obj in (("ensio_ioclient_c.f90", "fc.o"), ("ensio_ioclient.f90", "f.o")):
-            _run([str(fort), *_FFLAGS, *([] if wrapper else includes), "-J", str(work),
+            run_compiler([str(fort), *_FFLAGS, *([] if wrapper else includes), "-J", str(work),
                   "-I", str(work), "-c", str(src / source), "-o", obj], work)
-        _run([str(cc), "-shared", "-o", "libensio_ioclient.so", "c.o", "m.o", "fc.o", "f.o",
+        run_compiler([str(cc), "-shared", "-o", "libensio_ioclient.so", "c.o", "m.o", "fc.o", "f.o",
               "-ldl",
               *_fortran_runtime(fort, work)], work)
         embedded = _python_build(cc, src, work, pylib)
         ar = shutil.which("ar") or shutil.which("gcc-ar")
         if ar is None:
             raise BuildError("ioclient build: ar not found (needed for libensio_ioclient.a)")
-        _run([ar, "rcs", "libensio_ioclient.a", "c.o", "m.o", "fc.o", "f.o"], work)
+        run_compiler([ar, "rcs", "libensio_ioclient.a", "c.o", "m.o", "fc.o", "f.o"], work)
         result = BuildResult(
             prefix=prefix, shared_lib=prefix / "lib" / "libensio_ioclient.so",
             static_lib=prefix / "lib" / "libensio_ioclient.a",
@@ -242,14 +243,14 @@ def build_xios(result: BuildResult) -> tuple[Path, Path, Path]:
     inc = result.header.parent
     with tempfile.TemporaryDirectory(prefix="ensio-xios-") as tmp:
         work = Path(tmp)
-        _run([str(result.fc), *_FFLAGS, "-J", str(work), "-I", str(inc), "-c",
+        run_compiler([str(result.fc), *_FFLAGS, "-J", str(work), "-I", str(inc), "-c",
               str(csrc_dir() / "xios.f90"), "-o", "xios.o"], work)
-        _run([str(result.fc), "-shared", "-o", "libxios.so", "xios.o", f"-L{lib}",
+        run_compiler([str(result.fc), "-shared", "-o", "libxios.so", "xios.o", f"-L{lib}",
               f"-Wl,-rpath,{lib}", "-lensio_ioclient"], work)
         ar = shutil.which("ar") or shutil.which("gcc-ar")
         if ar is None:
             raise BuildError("ioclient build: ar not found (needed for libxios.a)")
-        _run([ar, "rcs", "libxios.a", "xios.o"], work)
+        run_compiler([ar, "rcs", "libxios.a", "xios.o"], work)
         out = (lib / "libxios.so", lib / "libxios.a", inc / "xios.mod")
         _install(work / "libxios.so", out[0])
         _install(work / "libxios.a", out[1])

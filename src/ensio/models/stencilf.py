@@ -13,11 +13,10 @@ silently.
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
-from ..ioserver.build import BuildError, BuildResult, build_client
+from ..ioserver.build import BuildResult, build_client, run_compiler
 
 __all__ = ["FFLAGS", "build_stencil", "source_dir", "stencil_argv", "read_result"]
 
@@ -46,24 +45,12 @@ def build_stencil(prefix: str | Path, client: BuildResult | None = None) -> Path
     work.mkdir(parents=True, exist_ok=True)
     exe = prefix / "bin" / "ensio-stencil-f"
     exe.parent.mkdir(parents=True, exist_ok=True)
-    _compile([str(r.mpicc), "-O2", "-Wall", "-c", str(src / "stencil_mpi.c"), "-o",
-              "stencil_mpi.o"], work)
+    run_compiler([str(r.mpicc), "-O2", "-Wall", "-c", str(src / "stencil_mpi.c"), "-o",
+                  "stencil_mpi.o"], work, "stencil build")
     # the Fortran compiler's own objects: no MPI module needed (the shim does MPI)
-    _compile([str(r.fc), *FFLAGS, str(src / "stencil.f90"), "stencil_mpi.o", "-o", str(exe),
-              *r.fortran_flags.split()], work)
+    run_compiler([str(r.fc), *FFLAGS, str(src / "stencil.f90"), "stencil_mpi.o", "-o", str(exe),
+                  *r.fortran_flags.split()], work, "stencil build")
     return exe
-
-
-def _compile(cmd: list[str], cwd: Path) -> None:
-    try:
-        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False)
-    except OSError as exc:
-        raise BuildError(f"stencil build: cannot run {cmd[0]}: {exc.strerror}") from exc
-    if proc.returncode != 0:
-        lines = [x for x in (proc.stderr + proc.stdout).splitlines() if x.strip()]
-        first = next((x for x in lines if "error" in x.lower()), lines[0] if lines else "")
-        raise BuildError(f"stencil build: {Path(cmd[0]).name} failed "
-                         f"(exit {proc.returncode}): {first.strip()}")
 
 
 def stencil_argv(exe: str | Path, config: str | Path | None, *, nx: int, ny: int, nz: int,
