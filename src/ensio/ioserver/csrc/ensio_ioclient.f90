@@ -68,25 +68,11 @@ module ensio_ioclient
 
 contains
 
-  function cstr(s) result(c)
-    character(len=*), intent(in) :: s
-    character(kind=c_char, len=len_trim(s) + 1) :: c
-    c = trim(s) // c_null_char
-  end function
 
   !> The last error, one line naming the field or domain and the rank.
   function ensio_ioclient_errmsg() result(msg)
     character(len=:), allocatable :: msg
-    type(c_ptr) :: p
-    character(kind=c_char), pointer :: chars(:)
-    integer :: i, n
-    p = c_errmsg()
-    n = int(c_strlen(p))
-    call c_f_pointer(p, chars, [n])
-    allocate(character(len=n) :: msg)
-    do i = 1, n
-      msg(i:i) = chars(i)
-    end do
+    msg = last_error()
   end function
 
   !> ierr = rc when present; otherwise an error ends the job (ensio_ioclient_fatal_f:

@@ -136,4 +136,29 @@ module ensio_ioclient_c
       integer(c_int), intent(out) :: size
     end function
   end interface
+
+contains
+
+  !> ``s`` without trailing blanks, NUL-terminated for the C entry points.
+  function cstr(s) result(c)
+    character(len=*), intent(in) :: s
+    character(kind=c_char, len=len_trim(s) + 1) :: c
+    c = trim(s) // c_null_char
+  end function
+
+  !> The C client's last error (one line naming the field or domain and the rank).
+  function last_error() result(msg)
+    character(len=:), allocatable :: msg
+    type(c_ptr) :: p
+    character(kind=c_char), pointer :: chars(:)
+    integer :: i, n
+    p = c_errmsg()
+    n = int(c_strlen(p))
+    call c_f_pointer(p, chars, [n])
+    allocate(character(len=n) :: msg)
+    do i = 1, n
+      msg(i:i) = chars(i)
+    end do
+  end function
+
 end module ensio_ioclient_c

@@ -40,7 +40,8 @@ module xios
   use, intrinsic :: iso_c_binding
   use ensio_ioclient_c, only: c_init, c_set_domain, c_close_definition, c_update_timestep, &
     c_send_double, c_send_float, c_is_active, c_finalize, c_abort, c_errmsg, c_strlen, &
-    c_mpi_init, c_mpi_finalize, c_mpi_initialized, c_comm_world, report_t => ensio_ioclient_report_t
+    c_mpi_init, c_mpi_finalize, c_mpi_initialized, c_comm_world, cstr, last_error, &
+    report_t => ensio_ioclient_report_t
   use, intrinsic :: iso_fortran_env, only: error_unit
   implicit none
   private
@@ -104,26 +105,6 @@ module xios
 contains
 
   ! --- helpers ------------------------------------------------------------------------
-
-  function cstr(s) result(c)
-    character(len=*), intent(in) :: s
-    character(kind=c_char, len=len_trim(s) + 1) :: c
-    c = trim(s) // c_null_char
-  end function
-
-  function last_error() result(msg)
-    character(len=:), allocatable :: msg
-    type(c_ptr) :: p
-    character(kind=c_char), pointer :: chars(:)
-    integer :: i, n
-    p = c_errmsg()
-    n = int(c_strlen(p))
-    call c_f_pointer(p, chars, [n])
-    allocate(character(len=n) :: msg)
-    do i = 1, n
-      msg(i:i) = chars(i)
-    end do
-  end function
 
   !> One line naming the call, the servers told (they close the files), then stop.
   subroutine fail(where, why)
