@@ -6,12 +6,20 @@ Apart from :mod:`.table` so that the modules that only pass them around
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 from dataclasses import dataclass, field
 
+from . import materialize
+from .pool import trim
 from .progress import Progress
 
 __all__ = ["Entry", "Peer", "Reply"]
+
+
+#: The seals of a held file: its bytes and size are final.
+SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL
 
 
 @dataclass(frozen=True)
@@ -78,3 +86,30 @@ class Entry:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+
+    def seal(self) -> None:
+        """Seal the memory and hold it through a descriptor of our own.
+
+        The descriptor received from the producer shares its open file description,
+        and with it any lock the producer took (HDF5 flocks its files): a fresh
+        description from ``/proc/self/fd`` carries none. A writable mapping still
+        alive (EBUSY) gets a sealed copy instead. A file that takes no seals (a
+        huge-page tmpfs file, :mod:`.hugemem`: ``F_SEAL_SEAL`` from its creation) is
+        held read-only unsealed: the producer's descriptors are closed by now.
+        """
+        assert self.fd is not None
+        try:
+            if not fcntl.fcntl(self.fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SEAL:
+                fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, SEALS)
+            if self.pooled:
+                trim(self.fd)  # sealed: no one writes past the end any more
+            fresh = os.open(f"/proc/self/fd/{self.fd}", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            if exc.errno != errno.EBUSY:
+                raise
+            fresh = os.memfd_create(os.path.basename(self.path),
+                                    os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+            materialize.copy_into(self.fd, fresh)  # the copy has no tail to trim
+            fcntl.fcntl(fresh, fcntl.F_ADD_SEALS, SEALS)
+        os.close(self.fd)
+        self.fd = fresh

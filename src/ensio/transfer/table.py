@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import itertools
 import logging
 import os
@@ -39,12 +38,11 @@ import time
 from . import materialize
 from .budget import default_budget_bytes, newer_on_disk, release_consumed, warn_stale
 from .entries import Entry, Peer, Reply
-from .pool import MemfdPool, supply_memfd, trim
+from .pool import MemfdPool, supply_memfd
 from .progress import Progress
 
 __all__ = ["Entry", "Peer", "Reply", "Table"]
 
-SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL
 
 
 class Table:
@@ -166,7 +164,7 @@ class Table:
             if e.writer is None or e.writer.id != peer.id:
                 return Reply.err(errno.EPERM)
             try:
-                self._seal(e)
+                e.seal()
             except OSError as exc:
                 self._fail(e, f"cannot seal it ({exc.strerror})")
                 return Reply.err(errno.EIO)
@@ -192,33 +190,6 @@ class Table:
             self._spill(e, f"over the memory budget of connection {e.conn.split(':', 1)[-1]}"
                         if e.budget_key else "over the host's default transfer budget")
         return Reply("OK")
-
-    def _seal(self, e: Entry) -> None:
-        """Seal the memory and hold it through a descriptor of our own.
-
-        The descriptor received from the producer shares its open file description,
-        and with it any lock the producer took (HDF5 flocks its files): a fresh
-        description from ``/proc/self/fd`` carries none. A writable mapping still
-        alive (EBUSY) gets a sealed copy instead. A file that takes no seals (a
-        huge-page tmpfs file, :mod:`.hugemem`: ``F_SEAL_SEAL`` from its creation) is
-        held read-only unsealed: the producer's descriptors are closed by now.
-        """
-        assert e.fd is not None
-        try:
-            if not fcntl.fcntl(e.fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SEAL:
-                fcntl.fcntl(e.fd, fcntl.F_ADD_SEALS, SEALS)
-            if e.pooled:
-                trim(e.fd)  # sealed: no one writes past the end any more
-            fresh = os.open(f"/proc/self/fd/{e.fd}", os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as exc:
-            if exc.errno != errno.EBUSY:
-                raise
-            fresh = os.memfd_create(os.path.basename(e.path),
-                                    os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-            materialize.copy_into(e.fd, fresh)  # the copy has no tail to trim
-            fcntl.fcntl(fresh, fcntl.F_ADD_SEALS, SEALS)
-        os.close(e.fd)
-        e.fd = fresh
 
     def _spill(self, e: Entry, why: str) -> None:
         """``fallback: files`` (over the budget, daemon exit): the file goes to its real path."""
