@@ -29,6 +29,7 @@ from transfer_support import (  # noqa: F401  (the *_fixture names are fixtures)
     Host,
     host_fixture,
     interposer_cache_fixture,
+    wait_for,
     write_config,
 )
 from veros_like import grid_axes, write_grid_file
@@ -303,8 +304,12 @@ def test_a_restart_rewritten_after_its_writer_was_killed(case):
     w = host.work
     p = host.run(w / "t.yaml", "model", PY, "-c", KILLED, "tr/mem001.nc")
     assert p.returncode != 0
-    assert {s.path: s.state for s in host.status()} == \
-        {str((w / "tr" / "mem001.nc").resolve()): "failed"}
+    # the daemon learns of the death from the writer's connection ending, which it reads
+    # on its own thread: the file is "writing" until then, and must become "failed"
+    held = str((w / "tr" / "mem001.nc").resolve())
+    wait_for(lambda: {s.path: s.state for s in host.status()}.get(held) != "writing",
+             what="the daemon to notice the killed writer")
+    assert {s.path: s.state for s in host.status()} == {held: "failed"}
     c = host.run(w / "t.yaml", "analysis", "cat", "tr/mem001.nc")
     assert c.returncode != 0 and "Input/output error" in c.stderr, c.stderr
     _write(host, "tr/mem001.nc", seeds[0], transfer=True)
