@@ -80,8 +80,10 @@ class Daemon:
         self.memory = open_memory_source(self.dir, self.log, huge_pages)
         self.pool = MemfdPool(int(pool_mb * 1024 * 1024), self.log, memory=self.memory)
         self.table = Table(self.log, self.pool)
-        self.runs = view.Runs()  # producer runs going or finished, per connection
         self.network = Network(self.table, self.log, on_activity=lambda: self._count(0))
+        # producer runs going or finished, per connection, here and on the other hosts
+        self.runs = self.network.names.runs
+        self.runs.on_change = self._runs_changed
         self._stop = threading.Event()
         self._clients = 0
         self._last_active = time.monotonic()
@@ -250,7 +252,7 @@ class Daemon:
             elif msg.verb == "CHMOD":
                 reply = self.table.chmod(msg.get("path"), int(msg.get("mode"), 8))
             elif msg.verb in ("UNLINK", "RENAME", "DROP"):
-                reply = self._name_change(msg)
+                reply = self._name_change(msg, self.runs.is_producer(peer))
             elif msg.verb == "EXIT":  # exit status 0: what it opened is consumed (budget.py)
                 self.table.consumer_exited(peer.pid)
                 reply = Reply("OK")
@@ -289,22 +291,27 @@ class Daemon:
         self.log.error("%s: open by %s fails: %s", msg.get("path"), peer, why)
         return Reply("ERR", {"errno": code, "fatal": 1, "say": f"{msg.get('path')}: {why}"})
 
-    def _name_change(self, msg: Message) -> Reply:
+    def _name_change(self, msg: Message, producer: bool = False) -> Reply:
         """Unlink, rename or drop here; then on the hosts holding copies (:mod:`.names`),
-        before the producer's call returns."""
+        before the producer's call returns. ``producer``: the caller produces a
+        connection, so a name it removes is not waited for (:meth:`.view.Runs.removed`)."""
         names = self.network.names
         if msg.verb == "RENAME":
             old, new = msg.get("old"), msg.get("new")
             export = msg.get("export") == "1"
             reply = self.table.rename(old, new, export, excl=msg.get("excl") == "1")
+            if reply.verb != "ERR" and producer:
+                self.runs.removed(old)
             if reply.verb != "ERR" and export:  # the file left the transfer layer
-                names.unlink(old)
+                names.unlink(old, producer=producer)
             elif reply.verb != "ERR":
-                names.rename(old, new)
+                names.rename(old, new, producer=producer)
             return reply
         path = msg.get("path")
         reply = self.table.unlink(path) if msg.verb == "UNLINK" else self.table.drop(path)
-        names.unlink(path)
+        if msg.verb == "UNLINK" and producer:
+            self.runs.removed(path)
+        names.unlink(path, producer=producer and msg.verb == "UNLINK")
         return reply
 
     def _pull(self, peer: Peer, msg: Message, wait: float | None) -> Reply:
@@ -327,11 +334,32 @@ class Daemon:
         interposer asks again on a connection of its own, and the wait happens then.
         """
         path, conn = msg.get("path"), msg.get("conn")
-        if conn.split(":", 1)[0] in self.network.experiments:
-            return Reply("ABSENT")  # producers on other hosts: their runs are not seen here
+        exp = self.network.experiments.get(conn.split(":", 1)[0])
+        pull = exp is not None and self.network.can_pull(conn)
+        if exp is not None:  # producers on other hosts too: ask them first
+            if os.path.lexists(path):
+                return Reply("ABSENT")
+            if msg.get("defer") == "1":
+                return Reply("BUSY")  # network I/O: on the interposer's own connection
+            holder = self.network.names.hear_from(
+                exp.identity, [h for h in exp.peers if h != exp.host], path)
+            if holder is not None and not pull:
+                self.log.info("%s: complete on host %s, not here: not waited for", path, holder)
+                return Reply("ABSENT")
+
+        def poll(left: float) -> None:  # never pushed here: asked for now and then
+            self.network.pull(conn, path, int(left * 1000))
         return view.await_reply(self.table, self.log, self.runs, peer, path, conn, wait,
                                 lambda left: self.table.open(peer, path, left),
-                                defer=msg.get("defer") == "1")
+                                defer=msg.get("defer") == "1", poll=poll if pull else None)
+
+    def _runs_changed(self, identities: set[str]) -> None:
+        """Our producer runs of these experiments changed: the other hosts hear of it
+        (:mod:`.names`), so their consumers wait, or learn that a round ended."""
+        for identity in identities:
+            exp = self.network.experiments.get(identity)
+            if exp is not None:
+                self.network.names.tell_runs(identity, [h for h in exp.peers if h != exp.host])
 
     def _reply(self, conn: socket.socket, reply: Reply) -> None:
         try:

@@ -38,7 +38,9 @@ import socket
 import threading
 from collections.abc import Callable
 
+from .protocol import Message
 from .table import Reply, Table
+from .view import Runs, held_complete
 from .wire import recv_frame, send_frame
 
 __all__ = ["NOTIFY_S", "Names", "origin_key"]
@@ -75,6 +77,9 @@ class Names:
         self.controls: dict[Target, socket.socket] = {}  # producer side
         self._target_locks: dict[Target, threading.Lock] = {}
         self.incoming: dict[Target, _Incoming] = {}      # consumer side
+        self.runs = Runs()   # producer runs here and on the other hosts (view.py)
+        self._dirty: set[Target] = set()      # hosts to tell our producer runs again
+        self._pushing: set[Target] = set()    # hosts a thread is telling them now
 
     # -- producer host ---------------------------------------------------------------------
 
@@ -89,8 +94,9 @@ class Names:
             with self.lock:
                 self.holders.setdefault(path, set()).update(targets)
 
-    def unlink(self, path: str, only: Target | None = None) -> None:
-        """``path`` is gone here: every host holding a copy drops it (``only``: that one)."""
+    def unlink(self, path: str, only: Target | None = None, producer: bool = False) -> None:
+        """``path`` is gone here: every host holding a copy drops it (``only``: that one).
+        ``producer``: a producer removed it (:meth:`.view.Runs.removed` there too)."""
         with self.lock:
             held = self.holders.get(path, set())
             targets = {only} & held if only is not None else set(held)
@@ -98,9 +104,9 @@ class Names:
             if not held:
                 self.holders.pop(path, None)
         for t in sorted(targets):
-            self._tell(t, "UNLINK", path=path)
+            self._tell(t, "UNLINK", path=path, producer=int(producer))
 
-    def rename(self, old: str, new: str) -> None:
+    def rename(self, old: str, new: str, producer: bool = False) -> None:
         """``old`` is now ``new`` here; hosts holding either name follow."""
         with self.lock:
             moved = self.holders.pop(old, set())
@@ -108,14 +114,78 @@ class Names:
             if moved:
                 self.holders[new] = set(moved)
         for t in sorted(moved | replaced):
-            self._tell(t, "RENAME", old=old, new=new)
+            self._tell(t, "RENAME", old=old, new=new, producer=int(producer))
+
+    # -- producer runs, both ways (view.Runs) ----------------------------------------------
+
+    def tell_runs(self, identity: str, hosts: list[str]) -> None:
+        """Our producer runs of ``identity`` changed: tell ``hosts`` (in the background, a
+        thread per host at a time; a host still being told is told again after)."""
+        for host in hosts:
+            target = (identity, host)
+            with self.lock:
+                self._dirty.add(target)
+                if target in self._pushing:
+                    continue
+                self._pushing.add(target)
+            threading.Thread(target=self._push, args=(target,), daemon=True,
+                             name=f"runs-{host}").start()
+
+    def _push(self, target: Target) -> None:
+        """Tell ``target`` our producer runs until nothing changed meanwhile. No answer is
+        waited for (a stopped host must not hold up the unlinks queued behind): a push
+        that is lost ends the connection, and the other host then asks again."""
+        while True:
+            with self.lock:
+                if target not in self._dirty:
+                    self._pushing.discard(target)
+                    return
+                self._dirty.discard(target)
+            with self._lock_of(target):
+                sock = self._control(target, quiet=True)
+                if sock is None:
+                    continue
+                try:
+                    send_frame(sock, "RUNS", **self.runs.summary(target[0]))
+                except OSError:
+                    self._end(target)
+
+    def ask(self, target: Target, path: str = "") -> bool:
+        """``RUNS ask=1`` to ``target``: its producer runs (our own go with the question),
+        and whether it holds ``path`` complete. False too if it cannot be reached."""
+        reply = self._tell(target, "RUNS", quiet=True, ask=1, path=path,
+                           **self.runs.summary(target[0]))
+        if reply is None:
+            return False
+        for line in self.runs.remote(target, reply.fields):
+            self.log.info("%s", line)
+        return reply.get("held") == "1"
+
+    def hear_from(self, identity: str, hosts: list[str], path: str) -> str | None:
+        """Before a consumer's wait for ``path``: ask each of ``hosts`` (in case our daemon
+        started after theirs had finished a round, or a push was lost). The first host
+        that holds ``path`` complete, else None: a file complete there and not here was
+        not for this host, or its copy here was lost (our daemon restarted)."""
+        holder = None
+        for host in hosts:
+            if self.ask((identity, host), path) and holder is None:
+                holder = host
+        return holder
+
+    def _runs_gone(self, origin: Target, died: bool) -> None:
+        """``origin``'s daemon stopped or died: its runs are forgotten, and when it died
+        the waits for what its live producers were writing end (view.await_name)."""
+        if self.runs.origin_gone(origin, died):
+            with self.table.cond:
+                self.table.cond.notify_all()
 
     def _lock_of(self, target: Target) -> threading.Lock:
         with self.lock:
             return self._target_locks.setdefault(target, threading.Lock())
 
-    def _control(self, target: Target) -> socket.socket | None:
-        """(target lock held) The open control connection, or a new one; None if unreachable."""
+    def _control(self, target: Target, quiet: bool = False) -> socket.socket | None:
+        """(target lock held) The open control connection, or a new one; None if unreachable
+        (``quiet``: logged as information: a host not up yet learns our runs when it asks)."""
         sock = self.controls.get(target)
         if sock is not None:
             try:  # nothing is due on it: readable means closed (the other daemon restarted)
@@ -136,23 +206,54 @@ class Names:
         except OSError as exc:
             if sock is not None:
                 sock.close()
-            self.log.error("host %s: no control connection (%s): renames and unlinks cannot "
-                           "reach it", target[1], exc.strerror or exc)
+            if quiet:
+                self.log.info("host %s: no control connection (%s)", target[1],
+                              exc.strerror or exc)
+            else:
+                self.log.error("host %s: no control connection (%s): renames and unlinks "
+                               "cannot reach it", target[1], exc.strerror or exc)
             return None
         self.controls[target] = sock
+        threading.Thread(target=self._watch, args=(target, sock), daemon=True,
+                         name=f"watch-{target[1]}").start()
         return sock
 
-    def _tell(self, target: Target, verb: str, **fields: object) -> None:
-        """One name operation on ``target``, acknowledged, or its control connection ends
-        (and with it, on that host, every copy from here). Never waits past NOTIFY_S per
-        attempt; a connection found dead is reopened once (the other daemon restarted)."""
+    def _watch(self, target: Target, sock: socket.socket) -> None:
+        """Our control connection to ``target``, between requests: nothing is due on it,
+        so readable means the other daemon closed it (it died, or stopped). Its producer
+        runs are gone then (the waits for what they were writing end): that host may
+        have told us of them only on this connection."""
+        while True:
+            with contextlib.suppress(OSError, ValueError):
+                select.select([sock], [], [], 1.0)
+            with self._lock_of(target):  # a request in flight holds it until its answer
+                if self.controls.get(target) is not sock:
+                    return
+                try:
+                    if not select.select([sock], [], [], 0)[0]:
+                        continue
+                except (OSError, ValueError):
+                    pass
+                self.controls.pop(target, None)
+                sock.close()
+            self.log.warning("host %s closed our control connection (its daemon stopped or "
+                             "died)", target[1])
+            self._runs_gone(target, died=True)
+            return
+
+    def _tell(self, target: Target, verb: str, quiet: bool = False,
+              **fields: object) -> Message | None:
+        """One operation on ``target``, acknowledged (the ``OK``), or its control connection
+        ends (and with it, on that host, every copy from here): None. Never waits past
+        NOTIFY_S per attempt; a connection found dead is reopened once (the other daemon
+        restarted)."""
         what = " ".join(f"{k}={v}" for k, v in fields.items())
         with self._lock_of(target):
             for attempt in (0, 1):
                 fresh = target not in self.controls
-                sock = self._control(target)
+                sock = self._control(target, quiet)
                 if sock is None:
-                    return
+                    return None
                 try:
                     send_frame(sock, verb, **fields)
                     reply = recv_frame(sock)
@@ -161,12 +262,13 @@ class Names:
                 except OSError:
                     reply = None
                 if reply is not None and reply.verb == "OK":
-                    return
+                    return reply
                 self._end(target)
                 if fresh or attempt:
                     self.log.error("host %s did not acknowledge %s %s: its copies from this "
                                    "host are marked lost there", target[1], verb, what)
-                    return
+                    return None
+        return None
 
     def _end(self, target: Target) -> None:
         """(target lock held) Give the control connection up (``GIVEUP``, best effort,
@@ -257,6 +359,7 @@ class Names:
                 self.table.lose_origin(origin_key(origin), f"lost contact with host "
                                        f"{origin[1]}, which gave up on us (a rename or unlink "
                                        "there may not have reached us)", everything=True)
+                self._runs_gone(origin, died=False)  # what it told us may be stale: ask again
             elif m.verb == "BYE":
                 ctl.ended = True
                 n = self.table.lose_origin(origin_key(origin), "", drop=True)
@@ -264,8 +367,11 @@ class Names:
                     self.log.warning("host %s's daemon stopped: the copies of its files "
                                      "here are dropped (%d; new opens see the real files)",
                                      origin[1], n)
+                self._runs_gone(origin, died=False)
             else:
-                reply = self._apply(m)
+                reply = self._apply(m, origin)
+                if m.verb == "RUNS" and m.get("ask") != "1":
+                    continue  # a push: no answer
                 try:
                     send_frame(ctl.sock, reply.verb, **reply.fields)
                 except OSError:
@@ -280,8 +386,16 @@ class Names:
                                    "(its daemon died) before the file was complete")
         self.log.warning("lost contact with host %s: %d incomplete copies from it are lost; "
                          "complete ones stay served", origin[1], n)
+        self._runs_gone(origin, died=True)
 
-    def _apply(self, m) -> Reply:
+    def _apply(self, m: Message, origin: Target) -> Reply:
+        if m.verb == "RUNS":  # its producer runs; asked: ours, and whether we hold path
+            for line in self.runs.remote(origin, m.fields):
+                self.log.info("%s", line)
+            held = held_complete(self.table, m.get("path")) if m.get("path") else False
+            return Reply("OK", {**self.runs.summary(origin[0]), "held": int(held)})
+        if m.get("producer") == "1":  # its producer removed the name: not waited for here
+            self.runs.removed(m.get("path") or m.get("old"))
         if m.verb == "UNLINK":
             self.table.drop(m.get("path"))
             return Reply("OK")

@@ -28,18 +28,25 @@ import errno
 import fcntl
 import logging
 import os
+import secrets
 import threading
 import time
+from collections.abc import Callable, Mapping
 
 from .entries import Peer, Reply
 from .table import Table
 
-__all__ = ["REAL_FILE_POLL_S", "Runs", "await_name", "await_reply", "listing"]
+__all__ = ["PULL_POLL_S", "REAL_FILE_POLL_S", "Runs", "await_name", "await_reply",
+           "held_complete", "listing"]
 
 #: How often a waiting open looks for a real file at the path (a fallback or
 #: uninterposed producer writes it without telling the daemon); a ``CREATE`` wakes it
 #: at once.
 REAL_FILE_POLL_S = 0.25
+#: How often a waiting open of an ``all-to-all`` file asks the other hosts for it:
+#: first after this, then twice as long each time, at most ``PULL_POLL_MAX_S``.
+PULL_POLL_S = 0.5
+PULL_POLL_MAX_S = 4.0
 
 
 class Runs:
@@ -58,16 +65,34 @@ class Runs:
     one), or while a producer runs, waits. The test is made when a wait would begin: a
     producer run ending while consumers wait does not end their wait (a job may run
     several producer programs one after the other); the timeout does.
+
+    Across hosts (:mod:`.names`) the daemons tell each other their producer runs: per
+    connection the number live and the number of round-ending ends, with this daemon's
+    ``instance`` and a ``version`` that grows with every change (two connections carry
+    them, so an older state arriving late is ignored). A host's producers count here as
+    local ones: live runs add up, and a growth of a host's ended count is a producer end
+    *now* (when it arrives: consumer ends are only ordered against what this daemon
+    saw). A host whose daemon died while one of its producer runs of a connection was
+    live ends the waits for that connection (:meth:`broken`).
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._seq = 0
         self._live: dict[str, int] = {}
+        self._ended: dict[str, int] = {}            # round-ending producer ends here
         self._producer_end: dict[str, int] = {}
         self._consumer_end: dict[str, int] = {}
         #: peer id → (pid, component, produces, consumes, a child of a live run)
         self._by_peer: dict[int, tuple[int, str, tuple[str, ...], tuple[str, ...], bool]] = {}
+        self.instance = secrets.token_hex(8)
+        self._version = 0
+        #: another host (identity, host) → (its instance, version, conn → (live, ended))
+        self._remote: dict[tuple[str, str], tuple[str, int, dict[str, tuple[int, int]]]] = {}
+        self._broken: dict[str, tuple[int, str]] = {}  # conn → (generation, why)
+        self._removed: set[str] = set()   # paths a producer unlinked or renamed away
+        #: called (outside the lock) with the experiments whose producer runs changed
+        self.on_change: Callable[[set[str]], None] = lambda identities: None
 
     def start(self, peer: Peer, produces: list[str], consumes: list[str]) -> Reply:
         parent = _parent_pid(peer.pid)
@@ -78,8 +103,16 @@ class Runs:
                         for pid, comp, *_ in self._by_peer.values())
             self._by_peer[peer.id] = (peer.pid, peer.component, tuple(produces),
                                       tuple(consumes), child)
+            changed = set()
             for conn in produces:
                 self._live[conn] = self._live.get(conn, 0) + 1
+                if self._live[conn] == 1:
+                    changed.add(_identity(conn))
+            if changed:
+                self._removed.clear()  # a new round may write them again
+            self._version += bool(changed)
+        if changed:
+            self.on_change(changed)
         return Reply("OK")
 
     def peer_gone(self, peer: Peer) -> None:
@@ -91,62 +124,190 @@ class Runs:
                 return
             _pid, _comp, produces, consumes, child = run
             self._seq += 1
+            changed = set()
             for conn in produces:
                 self._live[conn] -= 1
                 if not child:
                     self._producer_end[conn] = self._seq
+                    self._ended[conn] = self._ended.get(conn, 0) + 1
+                if not child or self._live[conn] == 0:
+                    changed.add(_identity(conn))
             for conn in consumes if not child else ():
                 self._consumer_end[conn] = self._seq
+            self._version += bool(changed)
+        if changed:
+            self.on_change(changed)
+
+    def is_producer(self, peer: Peer) -> bool:
+        """Whether ``peer``'s run produces some connection."""
+        with self._lock:
+            run = self._by_peer.get(peer.id)
+            return run is not None and bool(run[2])
+
+    def removed(self, path: str) -> None:
+        """A producer unlinked ``path`` or renamed it away (here or on the host that sent
+        the copy): not waited for until a producer run starts again (``mv x.tmp x``:
+        a consumer of ``x.tmp`` after that is not the next round's)."""
+        with self._lock:
+            self._removed.add(path)
+
+    def was_removed(self, path: str) -> bool:
+        with self._lock:
+            return path in self._removed
 
     def finished(self, conn: str) -> bool:
-        """No producer run of ``conn`` is live and one ended after its consumers' last."""
+        """No producer run of ``conn`` is live (here or on another host) and one ended
+        after its consumers' last."""
         with self._lock:
-            return (self._live.get(conn, 0) == 0
+            live = self._live.get(conn, 0) + sum(
+                state.get(conn, (0, 0))[0] for _, _, state in self._remote.values())
+            return (live == 0
                     and self._producer_end.get(conn, 0) > self._consumer_end.get(conn, 0))
+
+    # -- across hosts (names.py) -------------------------------------------------------------
+
+    def summary(self, identity: str) -> dict[str, str]:
+        """This daemon's producer runs of experiment ``identity``: the fields of ``RUNS``
+        (``conns=NAME+LIVE+ENDED,...``)."""
+        prefix = identity + ":"
+        with self._lock:
+            conns = sorted({c for c in (*self._live, *self._ended) if c.startswith(prefix)})
+            text = ",".join(f"{c[len(prefix):]}+{self._live.get(c, 0)}+{self._ended.get(c, 0)}"
+                            for c in conns)
+            return {"instance": self.instance, "version": str(self._version), "conns": text}
+
+    def knows(self, origin: tuple[str, str]) -> bool:
+        """Whether ``origin`` (identity, host) told us its producer runs."""
+        with self._lock:
+            return origin in self._remote
+
+    def remote(self, origin: tuple[str, str], fields: Mapping[str, str]) -> list[str]:
+        """``origin``'s producer runs (a ``RUNS`` or its reply); what changed, one line
+        each for the log (nothing for an older state than the one we have)."""
+        identity, host = origin
+        instance, version = fields.get("instance", ""), int(fields.get("version") or 0)
+        state = {}
+        for item in filter(None, fields.get("conns", "").split(",")):
+            name, live, ended = item.split("+")
+            state[f"{identity}:{name}"] = (int(live), int(ended))
+        lines = []
+        with self._lock:
+            old = self._remote.get(origin)
+            if old is not None and old[0] == instance and old[1] >= version:
+                return []
+            before = old[2] if old is not None and old[0] == instance else {}
+            self._remote[origin] = (instance, version, state)
+            for conn, (live, ended) in sorted(state.items()):
+                was = before.get(conn, (0, 0))
+                if ended > was[1]:
+                    self._seq += 1
+                    self._producer_end[conn] = self._seq
+                if live > was[0]:
+                    self._removed.clear()
+                if (live, ended) != was:
+                    lines.append(f"host {host}: connection {_conn_name(conn)}: {live} producer "
+                                 f"run{'' if live == 1 else 's'} live, {ended} ended")
+        return lines
+
+    def origin_gone(self, origin: tuple[str, str], died: bool) -> list[str]:
+        """``origin``'s daemon stopped (``BYE``) or ``died``: forget its runs. When it died,
+        the connections it had a producer run of live are broken: their waits end (EIO).
+        The connections broken."""
+        with self._lock:
+            old = self._remote.pop(origin, None)
+            if old is None or not died:
+                return []
+            broken = sorted(c for c, (live, _) in old[2].items() if live)
+            why = (f"host {origin[1]}'s daemon died while a producer run of the connection "
+                   "was live there")
+            for conn in broken:
+                self._broken[conn] = (self._broken.get(conn, (0, ""))[0] + 1, why)
+            return broken
+
+    def broken(self, conn: str) -> tuple[int, str]:
+        """(generation, why): a wait ends when the generation grows (:meth:`origin_gone`)."""
+        with self._lock:
+            return self._broken.get(conn, (0, ""))
 
 
 def await_name(table: Table, log: logging.Logger, peer: Peer, path: str, conn: str,
-               wait_s: float) -> bool:
-    """Wait until ``path`` is held or exists on disk; False after ``wait_s`` (logged).
+               wait_s: float, runs: Runs | None = None,
+               poll: Callable[[float], object] | None = None) -> int:
+    """Wait until ``path`` is held or exists on disk: 0, else the errno (logged):
+    ``ETIMEDOUT`` after ``wait_s``, ``EIO`` when a host producing ``conn`` lost its
+    daemon (:meth:`Runs.broken`).
 
-    The caller then opens it as usual (a held file still being written is waited for
-    within what is left of the same timeout by the table's own open).
+    ``poll(left_s)``: asked now and then outside the table's lock (an ``all-to-all``
+    connection's file that is never pushed here: pulled from the other hosts, which
+    answer at once while they do not hold it). The caller then opens it as usual (a
+    held file still being written is waited for within what is left of the same
+    timeout by the table's own open).
     """
     deadline = time.monotonic() + wait_s
+    gen = runs.broken(conn)[0] if runs is not None else 0
+    next_poll, pause = time.monotonic() + PULL_POLL_S, PULL_POLL_S
     with table.cond:
         if path in table.entries or os.path.lexists(path):
-            return True
+            return 0
         log.info("%s: consumer %s waits for it to be produced (connection %s, up to %.0f s)",
                  path, peer, _conn_name(conn), wait_s)
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                log.error("%s: open by %s timed out (ETIMEDOUT) after %.0f s: never produced "
-                          "(connection %s)", path, peer, wait_s, _conn_name(conn))
-                return False
-            table.cond.wait(min(left, REAL_FILE_POLL_S))
-            if path in table.entries or os.path.lexists(path):
-                log.info("%s: produced, consumer %s stops waiting", path, peer)
-                return True
+    while True:
+        with table.cond:
+            while True:
+                now = time.monotonic()
+                left = deadline - now
+                if path in table.entries or os.path.lexists(path):
+                    log.info("%s: produced, consumer %s stops waiting", path, peer)
+                    return 0
+                broken = runs.broken(conn) if runs is not None else (0, "")
+                if broken[0] != gen:
+                    log.error("%s: consumer %s stops waiting (EIO): %s (connection %s)",
+                              path, peer, broken[1], _conn_name(conn))
+                    return errno.EIO
+                if left <= 0:
+                    log.error("%s: open by %s timed out (ETIMEDOUT) after %.0f s: never "
+                              "produced (connection %s)", path, peer, wait_s, _conn_name(conn))
+                    return errno.ETIMEDOUT
+                if poll is not None and now >= next_poll:
+                    break
+                table.cond.wait(min(left, REAL_FILE_POLL_S))
+        assert poll is not None
+        poll(left)  # outside the lock: a pull receives into the table
+        pause = min(PULL_POLL_MAX_S, pause * 2)
+        next_poll = time.monotonic() + pause
 
 
 def await_reply(table: Table, log: logging.Logger, runs: Runs, peer: Peer, path: str,
-                conn: str, wait_s: float, open_again, defer: bool = False) -> Reply:
+                conn: str, wait_s: float, open_again, defer: bool = False,
+                poll: Callable[[float], object] | None = None) -> Reply:
     """An ``OPEN … await=1`` that found nothing: wait, then ``open_again(left_s)``.
 
     ``ABSENT`` when a real file is there or appears (the interposer opens it) or the
     connection's producer finished without it (:class:`Runs`), ``ERR ETIMEDOUT`` when
-    nothing came. ``defer``: ``BUSY`` instead of waiting (on the process's shared
-    connection: the interposer waits on one of its own).
+    nothing came, ``ERR EIO`` (with a line for the program's stderr) when a host
+    producing it lost its daemon. ``defer``: ``BUSY`` instead of waiting (on the
+    process's shared connection: the interposer waits on one of its own). ``poll``:
+    see :func:`await_name`.
     """
-    if runs.finished(conn) or os.path.lexists(path):
+    if runs.finished(conn) or runs.was_removed(path) or os.path.lexists(path):
         return Reply("ABSENT")
     if defer:
         return Reply("BUSY")
     start = time.monotonic()
-    if not await_name(table, log, peer, path, conn, wait_s):
-        return Reply.err(errno.ETIMEDOUT)
+    code = await_name(table, log, peer, path, conn, wait_s, runs, poll)
+    if code == errno.EIO:
+        return Reply("ERR", {"errno": code, "say": f"{path}: {runs.broken(conn)[1]} "
+                                                   f"(connection {_conn_name(conn)})"})
+    if code:
+        return Reply.err(code)
     return open_again(max(0.0, wait_s - (time.monotonic() - start)))
+
+
+def held_complete(table: Table, path: str) -> bool:
+    """Whether ``path`` is held here, complete (another host asks, :mod:`.names`)."""
+    with table.cond:
+        entry = table.entries.get(path)
+        return entry is not None and entry.state == "complete"
 
 
 def listing(table: Table, directory: str) -> Reply:
@@ -183,3 +344,8 @@ def _parent_pid(pid: int) -> int:
 def _conn_name(conn: str) -> str:
     """``identity:name`` → ``name`` (what the user wrote in the config)."""
     return conn.rsplit(":", 1)[-1] if conn else "?"
+
+
+def _identity(conn: str) -> str:
+    """``identity:name`` → ``identity`` (the experiment; ``local`` without ``hosts``)."""
+    return conn.split(":", 1)[0]
