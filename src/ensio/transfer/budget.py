@@ -1,6 +1,6 @@
 """Bounded memory of the staging daemon: the default budget, and when a file is consumed.
 
-Two decisions of :class:`~.table.Table` that need facts from outside the protocol:
+Three decisions of :class:`~.table.Table` that need facts from outside the protocol:
 
 * The **default budget**. A connection without ``memory_mb`` shares one budget with
   every other such connection on the host: half the memory the daemon may use, that
@@ -29,6 +29,10 @@ Two decisions of :class:`~.table.Table` that need facts from outside the protoco
   (``ncdump -h``, then ``cdo``), each its own process; released at once, the second
   would find nothing. Memory stays bounded by the budget either way, and consumed
   files are what gives way first.
+* **Recycling**. A complete file leaving the table (unlinked, a new version, released)
+  gives its memory to the pool for the next new file (:func:`let_go`, :mod:`.pool`) as
+  long as its budget's files and that memory fit in the budget together
+  (:func:`recycled_room`).
 """
 
 from __future__ import annotations
@@ -39,12 +43,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .entries import Entry
+from .pool import exclusive_writable
 
 if TYPE_CHECKING:
     from .table import Table
 
-__all__ = ["KEEP_DEFAULT", "default_budget_bytes", "read_keep_lines", "release_consumed",
-           "releasable", "warn_stale"]
+__all__ = ["KEEP_DEFAULT", "default_budget_bytes", "let_go", "read_keep_lines",
+           "recycled_room", "release_consumed", "releasable", "warn_stale"]
 
 KEEP_DEFAULT = ("until-unlinked", frozenset())  # no keep line: held until unlinked
 
@@ -142,3 +147,26 @@ def warn_stale(table: Table, path: str, cur: Entry | None, origin: str, keep: bo
     table.log.warning("%s: a real file exists at this transferred path: programs under "
                       "ensio run read the transferred file, other programs the stale real "
                       "one (reported once)", path)
+
+
+def recycled_room(table: Table, e: Entry) -> int:
+    """(table lock held) Bytes of recycled memory ``e``'s budget may keep beside its files
+    (:mod:`.pool`): the budget bounds the files and the memory kept for the next ones
+    together."""
+    limit = e.budget if e.budget >= 0 else table.default_budget
+    return limit - table.usage(e.budget_key)
+
+
+def let_go(table: Table, e: Entry) -> None:
+    """(table lock held) The memory of ``e``, which has left the table: kept by the pool
+    for the next new file (recycled) when ``e`` is complete, no one else has it open and
+    its budget has room for it beside its files; else released (readers that have it
+    open keep it until they close)."""
+    if table.pool is None or e.fd is None or e.state != "complete":
+        e.release()
+        return
+    size, fd = e.size(), e.fd
+    e.fd = None
+    rw = exclusive_writable(fd)  # closes fd
+    if rw is not None:
+        table.pool.recycle(rw, size, e.budget_key, e.path, recycled_room(table, e))

@@ -24,6 +24,22 @@ them, and a taken memfd counts by its file size as before. The pool does not fil
 while the host's available memory would drop below a tenth of its total; it is
 released after ``idle_s`` seconds without a take, and when the daemon stops.
 
+Recycling (issue 28 item 6): a complete file that leaves the table (unlinked, replaced by a
+new version, released as consumed) gives its pages to the next producer instead of to the
+kernel, when nothing else has it open (:func:`exclusive_writable`: a write lease is
+granted only then) and it takes no seals (the huge-page tmpfs of :mod:`.hugemem`; a
+sealed memfd can never be written again). It is truncated and its pages allocated again
+at once (:meth:`MemfdPool.recycle`): the kernel hands back the blocks just freed, which
+the machine has backed. That is what matters on a virtual machine that reports free
+memory to its host (virtio-balloon free page reporting): a page freed for a few seconds
+is taken back, and writing into it later costs a host fault per page (measured: 64 MiB
+into fresh memory 7 ms of CPU right after a free, 120-130 ms some seconds later;
+recycled: 7-14 ms). Recycled memory counts against the budget its file counted against
+(it is kept only while the budget's files and the recycled memory fit in it), is taken
+before pre-faulted entries (the newest first, same budget first), and is released with
+the pool (idle, daemon exit) and when the host's available memory drops below a tenth;
+``limit`` 0 (``pool_mb: 0``) turns recycling off with the pool.
+
 When: only while no file is being written on this host (the table says,
 :meth:`MemfdPool.set_writing`), once the daemon has had no request for ``quiet_s``
 (1 s: the programs that just wrote or opened files are still busy with them), and at
@@ -38,20 +54,24 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
+import fcntl
 import logging
 import os
+import signal
 import threading
 import time
 
 from .hugemem import MemorySource
 
-__all__ = ["MemfdPool", "fallocate_keep_size", "supply_memfd", "trim"]
+__all__ = ["MemfdPool", "exclusive_writable", "fallocate_keep_size", "supply_memfd", "trim"]
 
 FALLOC_FL_KEEP_SIZE = 0x01
 _ROUND = 2 << 20
 _HISTORY = 4
 _MIN_AVAILABLE_FRACTION = 0.10
 _STEP = 4 << 20  # filled between looks at whether a producer started writing
+_RECYCLE_MIN = 1 << 20  # smaller files are not worth a descriptor
+_RECYCLE_MAX = 256      # recycled entries at most (each is a descriptor of the daemon)
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
@@ -81,18 +101,49 @@ def trim(fd: int) -> None:
     os.ftruncate(fd, os.fstat(fd).st_size)
 
 
-def supply_memfd(pool: MemfdPool | None, path: str) -> tuple[int, bool]:
-    """The memory of a new file: one pre-faulted from ``pool`` (True), else a fresh one
-    named after ``path`` (False), from the pool's :class:`~.hugemem.MemorySource` (a
-    huge-page tmpfs file, which cannot be sealed, or a memfd, sealing allowed). The
+def supply_memfd(pool: MemfdPool | None, path: str, key: str = "") -> tuple[int, str | None]:
+    """The memory of a new file of budget ``key`` and where it came from: recycled from
+    a file that left the table (that file's path), pre-faulted by ``pool`` (""), else
+    fresh (None), named after ``path``, from the pool's :class:`~.hugemem.MemorySource`
+    (a huge-page tmpfs file, which cannot be sealed, or a memfd, sealing allowed). The
     caller owns it."""
-    fd = pool.take() if pool is not None else None
-    if fd is not None:
-        return fd, True
+    got = pool.take_for(key) if pool is not None else None
+    if got is not None:
+        return got
     if pool is not None:
-        return pool.memory.new(path), False
+        return pool.memory.new(path), None
     return os.memfd_create(os.path.basename(path) or "ensio",
-                           os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING), False
+                           os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING), None
+
+
+def exclusive_writable(fd: int) -> int | None:
+    """A read-write descriptor of ``fd``'s file if no one else has the file open, else
+    None; ``fd`` is closed either way (its file is leaving the table).
+
+    No one else: a write lease (``F_SETLEASE``) is granted only when the caller's is the
+    only open file description of the file (a reader's descriptor, a mapping, a
+    descriptor in flight in a socket all count). It is released at once: once the file
+    has left the table no one can get a new descriptor of it. A break in between (an
+    open through ``/proc/PID/fd``) would signal the daemon; ``F_SETSIG`` makes that
+    ``SIGURG``, ignored by default, instead of ``SIGIO``, which would end it. A file
+    with a write seal (a memfd once complete) is never writable again: None.
+    """
+    try:
+        if fcntl.fcntl(fd, fcntl.F_GET_SEALS) & ~fcntl.F_SEAL_SEAL:
+            return None
+        rw = os.open(f"/proc/self/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        fcntl.fcntl(rw, fcntl.F_SETSIG, signal.SIGURG)
+        fcntl.fcntl(rw, fcntl.F_SETLEASE, fcntl.F_WRLCK)
+        fcntl.fcntl(rw, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+    except OSError:  # EAGAIN: open elsewhere (EINVAL, EACCES: no leases here)
+        os.close(rw)
+        return None
+    return rw
 
 
 def _lowest_priority() -> None:
@@ -137,6 +188,8 @@ class MemfdPool:
         self.log = log
         self._cond = threading.Condition()
         self._ready: collections.deque[tuple[int, int]] = collections.deque()  # (fd, bytes)
+        # recycled memory, oldest first: (fd, bytes, budget key, the file it held)
+        self._recycled: collections.deque[tuple[int, int, str, str]] = collections.deque()
         self._sizes: collections.deque[int] = collections.deque(maxlen=_HISTORY)
         self._last_take = time.monotonic()
         self._closed = False
@@ -145,13 +198,30 @@ class MemfdPool:
         self._in_step = False  # the filling thread works on the partial entry unlocked
         self.taken = 0      # memfds handed out (status, tests)
         self.missed = 0     # takes that found the pool empty
+        self.recycled = 0   # files whose memory was kept for the next ones
+        self.reused = 0     # new files that took recycled memory
 
     # -- what the daemon asks --------------------------------------------------------
 
     def take(self) -> int | None:
         """A pre-faulted memfd (the caller owns it), or None if none is ready."""
+        got = self.take_for("")
+        return None if got is None else got[0]
+
+    def take_for(self, key: str) -> tuple[int, str] | None:
+        """Memory for a new file of budget ``key`` (the caller owns it) and where it came
+        from: recycled memory first, the newest of ``key`` else the newest of any budget
+        (the path of the file that held it), then a pre-faulted entry (""); None if the
+        pool has neither."""
         with self._cond:
             self._last_take = time.monotonic()
+            if self._recycled:
+                mine = [i for i, r in enumerate(self._recycled) if r[2] == key]
+                i = mine[-1] if mine else len(self._recycled) - 1
+                fd, _, _, source = self._recycled[i]
+                del self._recycled[i]
+                self.reused += 1
+                return fd, source
             if not self._ready:
                 self.missed += 1 if self.limit else 0
                 self._cond.notify_all()
@@ -159,7 +229,51 @@ class MemfdPool:
             fd, _ = self._ready.popleft()
             self.taken += 1
             self._cond.notify_all()  # room for another entry
-            return fd
+            return fd, ""
+
+    def recycle(self, fd: int, size: int, key: str, source: str, room: int) -> bool:
+        """Keep the memory of a file that left the table for the next new file (the pool
+        owns ``fd`` from now on, a read-write descriptor no one else has, see
+        :func:`exclusive_writable`): truncated, and ``size`` bytes (rounded up to 2 MiB)
+        allocated again at once, so the kernel hands back the blocks just freed. Not if
+        that would take budget ``key``'s recycled memory past ``room`` bytes, the file is
+        small, the pool is closed or the host short of memory: False (``fd`` closed)."""
+        want = -(-size // _ROUND) * _ROUND
+        with self._cond:
+            ok = (not self._closed and self.limit > 0 and size >= _RECYCLE_MIN
+                  and self._recycled_bytes(key) + want <= room and _available_ok(want))
+        try:
+            if ok:
+                os.ftruncate(fd, 0)
+                fallocate_keep_size(fd, want)
+        except OSError:
+            ok = False
+        with self._cond:
+            if not ok or self._closed:
+                os.close(fd)
+                return False
+            self._recycled.append((fd, want, key, source))
+            self.recycled += 1
+            while len(self._recycled) > _RECYCLE_MAX:
+                os.close(self._recycled.popleft()[0])
+            return True
+
+    def recycled_bytes(self, key: str) -> int:
+        """Bytes of recycled memory kept for budget ``key``."""
+        with self._cond:
+            return self._recycled_bytes(key)
+
+    def _recycled_bytes(self, key: str) -> int:
+        return sum(n for _, n, k, _ in self._recycled if k == key)
+
+    def trim_recycled(self, key: str, room: int) -> None:
+        """Release budget ``key``'s recycled memory, oldest first, down to ``room`` bytes
+        (its files grew without taking it: the budget bounds both together)."""
+        with self._cond:
+            while self._recycled_bytes(key) > max(0, room):
+                i = next(i for i, r in enumerate(self._recycled) if r[2] == key)
+                os.close(self._recycled[i][0])
+                del self._recycled[i]
 
     def learn(self, size: int) -> None:
         """A file of ``size`` bytes was completed: the next entries are sized after it."""
@@ -170,7 +284,8 @@ class MemfdPool:
             self._cond.notify_all()
 
     def held(self) -> int:
-        """Bytes pre-faulted in the pool now (entries ready, and the one being filled)."""
+        """Bytes pre-faulted in the pool now (entries ready, the one being filled, and
+        recycled memory)."""
         with self._cond:
             return self._held()
 
@@ -254,11 +369,13 @@ class MemfdPool:
         now = time.monotonic()
         idle = now - self._last_take
         if idle >= self.idle_s:
-            if self._ready or self._partial:
+            if self._ready or self._partial or self._recycled:
                 self.log.info("memfd pool: idle for %.0f s, %d bytes released", idle,
                               self._held())
                 self._release()
             return False
+        while self._recycled and not _available_ok(0):  # the host needs it back
+            os.close(self._recycled.popleft()[0])
         if self._writing or self._in_step or now - self._last_request < self.quiet_s:
             return False
         if self._partial is not None:
@@ -284,7 +401,8 @@ class MemfdPool:
         return max(0.5, min(5.0, self.idle_s - idle))
 
     def _held(self) -> int:
-        return sum(n for _, n in self._ready) + (self._partial[1] if self._partial else 0)
+        return (sum(n for _, n in self._ready) + (self._partial[1] if self._partial else 0)
+                + sum(r[1] for r in self._recycled))
 
     def _drop_partial(self) -> None:
         if self._partial is not None:
@@ -294,15 +412,22 @@ class MemfdPool:
     def _release(self) -> None:
         while self._ready:
             os.close(self._ready.popleft()[0])
+        while self._recycled:
+            os.close(self._recycled.popleft()[0])
         self._drop_partial()
 
     def close(self) -> None:
         """Release every entry and stop ``run`` (daemon exit; ``run`` releases an entry it
         is filling right now when its step returns)."""
         with self._cond:
+            if self.recycled and not self._closed:
+                self.log.info("memory: %d files left their memory for new ones, %d new files "
+                              "were written into it", self.recycled, self.reused)
             self._closed = True
             while self._ready:
                 os.close(self._ready.popleft()[0])
+            while self._recycled:
+                os.close(self._recycled.popleft()[0])
             if not self._in_step:
                 self._drop_partial()
             self._cond.notify_all()

@@ -36,7 +36,14 @@ import threading
 import time
 
 from . import materialize
-from .budget import default_budget_bytes, newer_on_disk, release_consumed, warn_stale
+from .budget import (
+    default_budget_bytes,
+    let_go,
+    newer_on_disk,
+    recycled_room,
+    release_consumed,
+    warn_stale,
+)
 from .entries import Entry, Peer, Reply
 from .pool import MemfdPool, supply_memfd
 from .progress import Progress
@@ -102,9 +109,11 @@ class Table:
             source = os.dup(cur.fd) if keep and cur is not None and cur.fd is not None else None
             mode = self._existing_mode(path, cur, mode)
         supplied = memfd is None
-        pooled = False
+        came_from: str | None = None
         if supplied:
-            memfd, pooled = supply_memfd(self.pool, path)
+            memfd, came_from = supply_memfd(self.pool, path, key)
+            if came_from:
+                self.log.info("%s: written into the recycled memory of %s", path, came_from)
         try:
             if keep:
                 materialize.copy_current(path, source, memfd)
@@ -122,7 +131,8 @@ class Table:
             self._drop(path)
             entry = Entry(id=next(self._ids), path=path, fd=memfd, conn=conn,
                           component=peer.component, writer=peer, mode=mode, budget=budget,
-                          fallback=fallback, persist=persist, pooled=pooled, origin=origin,
+                          fallback=fallback, persist=persist, pooled=came_from is not None,
+                          origin=origin,
                           budget_key=key, keep=policy[0], consumers=policy[1])
             self.entries[path] = entry
             self._by_id[entry.id] = entry
@@ -171,6 +181,7 @@ class Table:
             e.writer = None
             if self.pool is not None:
                 self.pool.learn(e.size())
+                self.pool.trim_recycled(e.budget_key, recycled_room(self, e))
             over = e.budget >= 0 and self.usage(e.budget_key) > e.budget and \
                 release_consumed(self, e.budget_key, e.budget, e.path, skip=e)
             if over and e.fallback == "error":
@@ -416,7 +427,7 @@ class Table:
         e = self.entries.pop(path, None)
         if e is not None:
             self._by_id.pop(e.id, None)
-            e.release()
+            let_go(self, e)  # its memory: to the pool for the next file, or released
             self._note_writers()
 
     def _note_writers(self) -> None:
