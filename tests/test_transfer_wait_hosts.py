@@ -29,6 +29,9 @@ from transfer_support import (  # noqa: F401  (the *_fixture names are fixtures)
     wait_for,
 )
 
+from ensio.transfer.entries import Peer
+from ensio.transfer.view import Runs
+
 WAITS = "waits for it to be produced"
 
 
@@ -160,6 +163,27 @@ def test_a_dead_producer_daemon_ends_the_wait_with_an_error(two_hosts):
 
 
 @pytest.mark.usefixtures("interposer_cache")
+def test_with_producers_on_both_hosts_a_wait_outlasts_the_local_producers_end(two_hosts):
+    """N-1, model on a (rank 0) and b (rank 1), post on b: b's consumer waits for a's
+    file; b's own producer run ending meanwhile does not end the wait (the test is made
+    when it begins); a's file then arrives and is read."""
+    a, b = two_hosts
+    cfg = _config(a.work, {"a": ["model"], "b": ["model", "post"]}, pattern="N-1")
+    target = a.work / "fc" / "x.txt"
+    consumer = b.start(cfg, "post", "cat", "fc/x.txt")
+    try:
+        _wait_logged(b, target, consumer)
+        assert b.run(cfg, "model", "sh", "-c", "echo b > fc/y.txt", rank=1).returncode == 0
+        assert a.run(cfg, "model", "sh", "-c", "echo from a > fc/x.txt", rank=0).returncode == 0
+    finally:
+        out, err = _finish(consumer)
+    assert (consumer.returncode, out) == (0, "from a\n"), err
+    assert "ETIMEDOUT" not in b.log()
+    r = b.run(cfg, "post", "cat", "fc/y.txt")
+    assert (r.returncode, r.stdout) == (0, "b\n"), r.stderr
+
+
+@pytest.mark.usefixtures("interposer_cache")
 def test_all_to_all_a_consumer_on_a_host_without_pushes_pulls_once_produced(two_hosts):
     """all-to-all with post placed on no host: b's consumer pulls from a. Started first, it
     waits, and gets the file once a's producer has written it."""
@@ -175,3 +199,62 @@ def test_all_to_all_a_consumer_on_a_host_without_pushes_pulls_once_produced(two_
     assert (consumer.returncode, out) == (0, "pulled\n"), err
     assert not target.exists()
 
+
+
+# -- the rule itself (view.Runs), without namespaces -----------------------------------------
+
+CONN = "exp1:restarts"
+A = ("exp1", "a")
+
+
+def _runs() -> Runs:
+    return Runs()
+
+
+def _state(version: int, live: int, ended: int, instance: str = "i1") -> dict[str, str]:
+    return {"instance": instance, "version": str(version), "conns": f"restarts+{live}+{ended}"}
+
+
+def test_runs_a_round_ended_on_another_host_after_the_consumers_last_run_is_finished():
+    runs = _runs()
+    consumer = Peer(id=1, component="post", pid=0)
+    runs.start(consumer, [], [CONN])
+    runs.peer_gone(consumer)                     # round 0's consumers are done
+    assert not runs.finished(CONN)               # no producer run seen: wait
+    assert runs.remote(A, _state(1, 1, 0)) == [
+        "host a: connection restarts: 1 producer run live, 0 ended"]
+    assert not runs.finished(CONN)               # running on a: wait
+    runs.remote(A, _state(2, 0, 1))
+    assert runs.finished(CONN)                   # ended after the consumers' last run
+    assert runs.remote(A, _state(1, 1, 0)) == []  # an older state arriving late: ignored
+    assert runs.finished(CONN)
+    runs.start(consumer2 := Peer(id=2, component="post", pid=0), [], [CONN])
+    runs.peer_gone(consumer2)                    # this round's consumers read it
+    assert not runs.finished(CONN)               # the next round's consumer waits
+
+
+def test_runs_a_dead_host_breaks_only_the_connections_it_was_producing():
+    runs = _runs()
+    runs.remote(A, {"instance": "i1", "version": "3", "conns": "restarts+1+0,obs+0+2"})
+    assert runs.broken(CONN) == (0, "")
+    assert runs.origin_gone(A, died=True) == [CONN]
+    generation, why = runs.broken(CONN)
+    assert generation == 1 and "host a's daemon died" in why
+    assert runs.broken("exp1:obs") == (0, "")
+    assert not runs.knows(A)
+    runs.remote(A, _state(1, 1, 0, instance="i2"))  # a new daemon there: believed again
+    assert runs.origin_gone(A, died=False) == []    # BYE: forgotten, nothing broken
+    assert runs.broken(CONN)[0] == 1
+
+
+def test_runs_summary_counts_only_this_experiments_producers_here():
+    runs = _runs()
+    told = []
+    runs.on_change = told.append
+    producer = Peer(id=7, component="model", pid=0)
+    runs.start(producer, [CONN, "local:other"], [])
+    assert told == [{"exp1", "local"}]
+    assert runs.summary("exp1")["conns"] == "restarts+1+0"
+    runs.peer_gone(producer)
+    assert runs.summary("exp1")["conns"] == "restarts+0+1"
+    assert int(runs.summary("exp1")["version"]) == 2 and len(told) == 2

@@ -14,18 +14,37 @@ flight to rename).
 The rule that keeps a host that missed a notification from serving stale copies:
 **a consumer host serves the copies it received from a host only while that host's
 control connection is open.** A producer daemon that cannot get an answer in time
-shuts the connection down; when it ends without ``BYE`` (that, a killed producer
-daemon, or TCP keepalive declaring the peer gone after a partition), every copy from
-that host is marked lost on the consumer host: new opens get ``EIO`` and a log line,
-readers that have it open keep their sealed bytes. A producer daemon that stops
-normally says ``BYE``: its copies are dropped on the other hosts (new opens see the
-real files there, as they do on the producer's host once its daemon is gone). A
+says ``GIVEUP`` and shuts the connection down: every copy from it is then marked lost
+on the consumer host (new opens get ``EIO`` and a log line; readers that have it open
+keep their sealed bytes). A connection that just ends (a killed producer daemon, or
+TCP keepalive declaring the peer gone after a partition) loses only the copies still
+arriving: a dead daemon renames and unlinks nothing more. A producer daemon that
+stops normally says ``BYE``: its copies are dropped on the other hosts (new opens see
+the real files there, as they do on the producer's host once its daemon is gone). A
 consumer host's daemon reads whatever is pending on its control connections (frames,
 or their end) before it answers each open or stat, so a daemon that was stopped and
 resumes applies the notifications (or the loss) before it serves anything.
 
 A copy arriving on a stream is accepted only while a control connection from its
 host is open (else the stream is refused and logged by the sender).
+
+Producer runs (issue 28 item 1 across hosts, :class:`.view.Runs`): a consumer waits
+for a name not produced yet unless the connection's producer has finished its round,
+and its producers may run on other hosts. So every daemon tells the other hosts of
+an experiment its producer runs whenever a connection's producer starts (none live
+→ one) or ends a round: ``RUNS instance= version= conns=NAME+LIVE+ENDED,...`` on its
+control connection, pushed without an answer (a stopped host must not hold up the
+unlinks behind it; a push that fails ends the connection, and the other host then
+asks again). Before a consumer's wait the consumer host asks every other host
+(``RUNS ask=1 path=``, with its own runs): the answer is ``OK`` with the other's runs
+and ``held=1`` when it holds ``path`` complete (then the file was not for this host,
+or this host's copy was lost with its daemon: not waited for). Asking before each wait
+also covers a consumer daemon started after the producer's round ended. A host whose
+control connection ends without a word (either direction: :meth:`Names._watch`
+watches ours) while one of its producer runs was live ends the waits for that
+connection with ``EIO``; ``BYE`` or ``GIVEUP`` only forget its runs (asked again at the
+next wait). ``UNLINK`` and ``RENAME`` carry ``producer=1`` when a producer removed the
+name: it is not waited for there either (``mv x.tmp x``).
 """
 
 from __future__ import annotations

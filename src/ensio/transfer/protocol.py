@@ -63,7 +63,10 @@ Requests (interposer → daemon), and their replies
     holding its lock (the process's other threads go on). ``await=1`` (the process
     consumes ``conn`` and does not produce it): a name neither held nor on disk is
     waited for, up to ``wait_ms``, until a producer creates it or a real file appears
-    (then ``ABSENT``); ``ERR errno=ETIMEDOUT`` when nothing does (:mod:`.view`).
+    (then ``ABSENT``); ``ERR errno=ETIMEDOUT`` when nothing does (:mod:`.view`). With
+    ``hosts`` the daemon first asks the other hosts for their producer runs
+    (:mod:`.names`; ``BUSY`` with ``defer=1``), and the wait ends with ``ERR
+    errno=EIO say=`` when the daemon of a host whose producer was running dies.
 ``STAT path=``
     As ``OPEN`` without waiting (a file being written is reported at its current
     size). → ``OK mode=`` + descriptor | ``ABSENT`` | ``ERR errno=``

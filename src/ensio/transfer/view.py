@@ -11,7 +11,12 @@ Two answers of the daemon for the interposer's directory and wait calls
   ``consumer_timeout_s``, then fails with ``ETIMEDOUT`` and one log line naming the
   file and the connection. The wait is logged when it begins: that line is what a
   workflow (and the tests) see of a consumer that started first. No wait once the
-  connection's producer has finished (:class:`Runs`): the name will not come.
+  connection's producer has finished (:class:`Runs`): the name will not come; nor for
+  a name a producer removed (unlink, renamed away) until a producer run starts again.
+  With ``hosts`` the producers may run elsewhere: the daemons tell each other their
+  producer runs (:mod:`.names`), a wait ends with ``EIO`` when the daemon of a host
+  whose producer was running dies, and an ``all-to-all`` file is pulled now and then
+  while the wait lasts (it is never pushed to a host that no consumer is placed on).
 * :func:`listing`: the held names of one directory (``LIST dir=``), so ``readdir``,
   ``glob`` and ``ls`` list transferred files beside the real ones. Failed files are
   left out: their open fails with EIO and no tool should pick them up by a wildcard.
