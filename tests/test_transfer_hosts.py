@@ -210,6 +210,49 @@ def test_async_programs_give_the_consumer_host_the_plain_bytes(two_hosts, work):
     assert not list((work / "fc").iterdir())
 
 
+#: one pwrite of random bytes (seeded) at an offset, so longer than the interposer's
+#: slices that it is made in several, reported one by one; closes on a line from stdin
+SLICED = r"""
+import os, random, sys
+path, seed, size, at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+assert os.pwrite(fd, random.Random(seed).randbytes(size), at) == size
+print("written", flush=True)
+sys.stdin.readline()
+os.close(fd)
+print("closed", flush=True)
+"""
+
+
+def test_async_sends_a_long_write_while_the_producer_runs(two_hosts, work):
+    """A write longer than the interposer's slices (4 MiB) reaches the other host whole
+    before the close (every slice reported), at its offset; nothing is left for after."""
+    import random
+
+    from seeds import draw_seed
+    from transfer_support import wait_for
+
+    a, b = two_hosts
+    config = hosts_config(work / "t.yaml", {"a": ["model"], "b": ["post"]}, "1-1",
+                          ["fc/mem*.nc"], mode="async")
+    b.up(config, "post")
+    seed, size, at = draw_seed("sliced write"), (9 << 20) + 3, 5
+    prod = a.start(config, "model", PY, "-c", SLICED, "fc/mem000.nc", str(seed), str(size),
+                   str(at))
+    assert prod.stdout.readline() == "written\n", prod.stderr.read()
+    wait_for(lambda: _held(a)["mem000.nc"].sent == size, what="the async send of the write")
+    out, err = prod.communicate("go\n", timeout=60)
+    assert prod.returncode == 0 and out == "closed\n", err
+    st = _held(a)["mem000.nc"]
+    assert (st.after_close, st.sent) == (0, size)
+    got = b.run(config, "post", PY, "-c",
+                "import sys; sys.stdout.buffer.write(open('fc/mem000.nc','rb').read())",
+                text=False)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout == bytes(at) + random.Random(seed).randbytes(size)
+    assert not list((work / "fc").iterdir())
+
+
 # -- the secret and faults ---------------------------------------------------------------
 
 #: A peer on host a that guesses: its HMAC proof is made with another secret.

@@ -411,9 +411,14 @@ class Network:
         def run(i: int, s: Stream) -> None:
             errors[i] = s.finish(final)
 
-        threads = [threading.Thread(target=run, args=(i, s)) for i, s in enumerate(streams)]
+        # the first host in this thread (the usual single one: no thread hand-off on the
+        # producer's close), the others in parallel with it
+        threads = [threading.Thread(target=run, args=(i, s))
+                   for i, s in enumerate(streams) if i > 0]
         for t in threads:
             t.start()
+        if streams:
+            run(0, streams[0])
         for t in threads:
             t.join()
         for s, err in zip(streams, errors, strict=True):

@@ -7,6 +7,15 @@
  * goes into the file's batch (ei_wrote), reported to the daemon in one RANGES packet
  * per 1 MiB or 64 separate ranges: sequential writes merge into one range.
  *
+ * A write longer than EI_SLICE (4 MiB) is made as several writes of EI_SLICE bytes,
+ * each reported when it returns (the end of a write of 1 MiB or more at once, as
+ * before): the daemon starts sending a large write (HDF5 writes a contiguous variable
+ * in one pwrite, 16 MiB in the benchmark) while the rest of it is still being copied,
+ * so less is left to send when the file's last write is followed by its close (which
+ * waits for it). The result is the one write's: all the bytes, or, if a later slice
+ * fails, the count written before it (a short write, which callers of write(2) must
+ * handle anyway). pwrite on an O_APPEND descriptor is not sliced.
+ *
  * Writes glibc makes internally (stdio's fwrite) are not seen here: files opened with
  * fopen are sent whole at close (ensio_interpose_stdio.c). ftruncate reports the bytes
  * between the old and new size. Not seen either: stores through a shared writable
@@ -16,6 +25,7 @@
 #include "ensio_interpose.h"
 
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <sys/stat.h>
@@ -53,7 +63,9 @@ static void wfile_report(struct wfile *w)
     if ((size_t)n < sizeof msg) ei_send_oneway(msg, (size_t)n);
 }
 
-void ei_wrote(int fd, long long off, long long n)
+/* [off, off+n) of fd was written: into the batch, reported when full, or at once with
+ * `now` (the end of a write of EI_BATCH_BYTES or more, as one such write would be). */
+static void wrote(int fd, long long off, long long n, int now)
 {
     if (n <= 0) return;
     pthread_mutex_lock(&ei_lock);
@@ -70,10 +82,12 @@ void ei_wrote(int fd, long long off, long long n)
             w->nranges++;
         }
         w->bytes += n;
-        if (w->bytes >= EI_BATCH_BYTES) wfile_report(w);
+        if (now || w->bytes >= EI_BATCH_BYTES) wfile_report(w);
     }
     pthread_mutex_unlock(&ei_lock);
 }
+
+void ei_wrote(int fd, long long off, long long n) { wrote(fd, off, n, 0); }
 
 void ei_mark_whole(int fd)
 {
@@ -108,29 +122,70 @@ static void wrote_at_offset(int fd, ssize_t r)
     else ei_mark_whole(fd);
 }
 
+#define EI_SLICE ((size_t)4 << 20)  /* async: longer writes go in slices, each reported */
+
+/* write(2) of an async descriptor, in slices (see the top of this file). */
+static ssize_t sliced_write(ssize_t (*real)(int, const void *, size_t), int fd,
+                            const char *buf, size_t n)
+{
+    size_t done = 0;
+    do {
+        size_t k = n - done < EI_SLICE ? n - done : EI_SLICE;
+        ssize_t r = real(fd, buf + done, k);
+        if (r < 0) return done ? (ssize_t)done : -1;
+        done += (size_t)r;
+        off_t end = r > 0 ? lseek(fd, 0, SEEK_CUR) : 0;
+        if (r > 0 && end >= r)
+            wrote(fd, (long long)end - r, r, done == n && n >= EI_BATCH_BYTES);
+        else if (r > 0)
+            ei_mark_whole(fd);
+        if ((size_t)r < k) break;
+    } while (done < n);
+    return (ssize_t)done;
+}
+
+/* pwrite(2) of an async descriptor, in slices. On an O_APPEND descriptor Linux appends
+ * whatever the offset says: one write, and the whole file is sent at the close. */
+static ssize_t sliced_pwrite(ssize_t (*real)(int, const void *, size_t, off_t), int fd,
+                             const char *buf, size_t n, off_t off)
+{
+    if (ei_real.fcntl(fd, F_GETFL) & O_APPEND) {
+        ssize_t r = real(fd, buf, n, off);
+        if (r > 0) ei_mark_whole(fd);
+        return r;
+    }
+    size_t done = 0;
+    do {
+        size_t k = n - done < EI_SLICE ? n - done : EI_SLICE;
+        ssize_t r = real(fd, buf + done, k, off + (off_t)done);
+        if (r < 0) return done ? (ssize_t)done : -1;
+        if (r > 0) wrote(fd, (long long)off + (long long)done, r,
+                         done + (size_t)r == n && n >= EI_BATCH_BYTES);
+        done += (size_t)r;
+        if ((size_t)r < k) break;
+    } while (done < n);
+    return (ssize_t)done;
+}
+
 EXPORT ssize_t write(int fd, const void *buf, size_t n)
 {
     REAL(ssize_t (*)(int, const void *, size_t), write);
     if (!ei_fd_async(fd)) return real_write(fd, buf, n);
-    ssize_t r = real_write(fd, buf, n);
-    wrote_at_offset(fd, r);
-    return r;
+    return sliced_write(real_write, fd, buf, n);
 }
 
 EXPORT ssize_t pwrite(int fd, const void *buf, size_t n, off_t off)
 {
     REAL(ssize_t (*)(int, const void *, size_t, off_t), pwrite);
-    ssize_t r = real_pwrite(fd, buf, n, off);
-    if (r > 0 && ei_fd_async(fd)) ei_wrote(fd, off, r);
-    return r;
+    if (!ei_fd_async(fd)) return real_pwrite(fd, buf, n, off);
+    return sliced_pwrite(real_pwrite, fd, buf, n, off);
 }
 
 EXPORT ssize_t pwrite64(int fd, const void *buf, size_t n, off_t off)
 {
     REAL(ssize_t (*)(int, const void *, size_t, off_t), pwrite64);
-    ssize_t r = real_pwrite64(fd, buf, n, off);
-    if (r > 0 && ei_fd_async(fd)) ei_wrote(fd, off, r);
-    return r;
+    if (!ei_fd_async(fd)) return real_pwrite64(fd, buf, n, off);
+    return sliced_pwrite(real_pwrite64, fd, buf, n, off);
 }
 
 EXPORT ssize_t writev(int fd, const struct iovec *iov, int cnt)
