@@ -182,14 +182,22 @@ class Names:
 
     def hear_from(self, identity: str, hosts: list[str], path: str) -> str | None:
         """Before a consumer's wait for ``path``: ask each of ``hosts`` (in case our daemon
-        started after theirs had finished a round, or a push was lost). The first host
-        that holds ``path`` complete, else None: a file complete there and not here was
-        not for this host, or its copy here was lost (our daemon restarted)."""
-        holder = None
-        for host in hosts:
-            if self.ask((identity, host), path) and holder is None:
-                holder = host
-        return holder
+        started after theirs had finished a round, or a push was lost), all at once: a
+        host that does not answer costs one connection timeout, not one each. The first
+        host that holds ``path`` complete, else None: a file complete there and not here
+        was not for this host, or its copy here was lost (our daemon restarted)."""
+        held = [False] * len(hosts)
+
+        def ask(i: int) -> None:
+            held[i] = self.ask((identity, hosts[i]), path)
+
+        threads = [threading.Thread(target=ask, args=(i,), daemon=True)
+                   for i in range(len(hosts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return next((h for h, yes in zip(hosts, held, strict=True) if yes), None)
 
     def _runs_gone(self, origin: Target, died: bool) -> None:
         """``origin``'s daemon stopped or died: its runs are forgotten, and when it died
