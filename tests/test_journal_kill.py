@@ -22,6 +22,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import matrix
 import numpy as np
 from kill_support import KILLED, Kill, kill_in_window
 
@@ -134,7 +135,8 @@ def test_self_kill_at_random_points_of_write_and_commit(tmp_path, rng):
                   "library-replace", "close-fsync", "journal-remove"):
         assert label in labels
     marker = labels.index("commit-marker") + 1  # first k after which the marker exists
-    ks = {1, marker - 1, marker, len(labels)} | set(rng.integers(1, len(labels) + 1, 60).tolist())
+    drawn = rng.integers(1, len(labels) + 1, matrix.draws(20, 60))
+    ks = {1, marker - 1, marker, len(labels)} | set(drawn.tolist())
     for k in sorted(ks):
         reset(a)
         assert finish(start(a, ENSIO_FAULT_KILL_AT=str(k))) == KILLED, k
@@ -147,7 +149,8 @@ def test_self_kill_during_rollback(tmp_path, rng):
     labels = count_points(a, tmp_path)
     assert outcome(a) == "prior"
     first = labels.index("restore-backup")
-    ks = {first, first + 1, len(labels)} | set(rng.integers(first, len(labels) + 1, 12).tolist())
+    drawn = rng.integers(first, len(labels) + 1, matrix.draws(6, 12))
+    ks = {first, first + 1, len(labels)} | set(drawn.tolist())
     for k in sorted(ks):
         reset(a)
         assert finish(start(a, ENSIO_FAULT_KILL_AT=str(k))) == KILLED, k

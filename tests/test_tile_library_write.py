@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import matrix
 import needs
 import numpy as np
 import pytest
@@ -156,7 +157,7 @@ def test_kill_anywhere_then_rerun_equals_one_clean_run(tmp_path, rng) -> None:
                 for b in GEO.boxes} for m in range(1, NE + 1)}  # fmt: skip
     n = json.loads(count.read_text().splitlines()[-1])["count"]
     assert n > 3
-    for k in sorted({1, n, *rng.integers(2, n, 4).tolist()}):
+    for k in sorted({1, n, *rng.integers(2, n, matrix.draws(1, 4)).tolist()}):
         case = tmp_path / f"k{k}"
         shutil.copytree(pristine, case)
         killed = _analyse(case, ENSIO_FAULT_KILL_AT=str(k))

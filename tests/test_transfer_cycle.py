@@ -23,6 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import matrix
 import netCDF4
 import numpy as np
 import pytest
@@ -337,7 +338,10 @@ def _kill_mid_cycle(host: Host, tmp_path: Path, config: Path, seed: int) -> Path
     pytest.fail(f"seed {seed}: {MAX_MISSES} runs in a row ended before a kill landed mid-cycle")
 
 
-@pytest.mark.parametrize("daemon_too", [False, True], ids=["daemon-lives", "daemon-killed"])
+# the daemon killed with the run: full matrix only (make test-full); the default run covers
+# a daemon lost between cycles in test_restarts_lost_with_the_daemon_are_an_error_not_stale_data
+@pytest.mark.parametrize("daemon_too", [False, True] if matrix.full() else [False],
+                         ids=["daemon-lives", "daemon-killed"][:2 if matrix.full() else 1])
 def test_resume_after_sigkill(setup, reference, tmp_path, daemon_too):
     """SIGKILL of the run (and of the daemon) mid-cycle at a random moment, then the same command.
 
