@@ -4,7 +4,8 @@ Why: the kill tests SIGKILL real processes at drawn fault points, and their full
 draw counts were most of the suite's time. A default run still covers every
 fault label and every rank count of each matrix (no case is skipped: each runs
 fewer draws; the one exception, test_transfer_cycle's daemon killed mid-cycle, says
-which test covers its guarantee by default); ``ENSIO_TEST_FULL=1`` (``make test-full``) runs the full counts.
+which test covers its guarantee by default); ``ENSIO_TEST_FULL=1`` (``make
+test-full``) runs the full counts.
 """
 
 from __future__ import annotations
