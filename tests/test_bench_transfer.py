@@ -70,6 +70,9 @@ def test_run_writes_the_keys_and_the_plot(bench):
         assert r["measured"] == (r["reason"] is None), r
     for name in ("pagecache", "fsync", "pagecache-poll", "fsync-poll", "direct"):
         assert rows[name]["measured"], rows[name]["reason"]
+        for who in ("producer", "consumer"):  # CPU of the timed window, below its wall
+            cpu = rows[name][f"{who}_cpu_seconds"]
+            assert 0 < cpu < 2 * max(rows[name]["all_seconds"]) + 0.05, (name, who, cpu)
     assert data["verified"] is True
     assert data["settings"]["bytes_total"] == FILES * data["settings"]["bytes_per_file"]
     assert (tmp / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -147,11 +150,12 @@ def test_summary_ratios_are_of_medians_and_take_the_faster_file_exchange():
     def run(seconds, after=0.1, backing="file"):
         one = {"producer_seconds": seconds - after, "last_close_seconds": 0.01,
                "verified": True, "sources": ["file"], "backings": [backing]}
-        return [{**one, "seconds": seconds, "after_close_seconds": after, "run_dir": "x"},
+        return [{**one, "seconds": seconds, "after_close_seconds": after, "run_dir": "x",
+                 "producer_cpu_seconds": 0.5, "consumer_cpu_seconds": None},
                 {**one, "seconds": seconds * 2, "after_close_seconds": after * 3,
-                 "run_dir": "y"},
+                 "run_dir": "y", "producer_cpu_seconds": 0.1, "consumer_cpu_seconds": None},
                 {**one, "seconds": seconds * 8, "after_close_seconds": after * 5,
-                 "run_dir": "z"}]
+                 "run_dir": "z", "producer_cpu_seconds": 0.3}]
 
     runs = {"pagecache": run(4.0), "pagecache-poll": run(3.0), "fsync": run(10.0),
             "fsync-poll": run(12.0), "direct": run(1.0, after=0.3, backing="tmpfs-huge"),
@@ -169,6 +173,8 @@ def test_summary_ratios_are_of_medians_and_take_the_faster_file_exchange():
     assert res["launch_ms"] == pytest.approx(50.0)
     assert res["huge_pages"] is True and res["memory_backings"] == ["tmpfs-huge"]
     assert res["async_after_close_ratio"] == pytest.approx(0.1 / 0.4)  # two namespaces
+    assert [r["producer_cpu_seconds"] for r in res["rows"]] == [pytest.approx(0.3)] * 8
+    assert [r["consumer_cpu_seconds"] for r in res["rows"]] == [None] * 8  # not reported
     runs["direct-async"] = run(0.9, backing="memfd")
     res = summary(st, runs, {}, 0.25, {})
     assert res["huge_pages"] is False

@@ -312,7 +312,9 @@ def summary(st: TransferBenchSettings, runs: Mapping[str, Sequence[Mapping[str, 
     bandwidth over memcpy's (N·S bytes each; memcpy's best). ``limit_ratio``: direct
     over ``fresh_s`` (the bytes written into fresh memory, each round). ``tcp_fraction``:
     ``tcp_s`` (raw TCP of the bytes) over the faster two-namespace case (throughput
-    ratio). ``launch_ms``: the median of ``launch_s``. ``huge_pages``: every one-host
+    ratio). ``launch_ms``: the median of ``launch_s``. Rows also carry the median CPU
+    seconds the producer and the consumer used in the timed window (less sensitive to
+    other load on the machine than the wall times). ``huge_pages``: every one-host
     direct run read the daemon's huge-page tmpfs (None: none measured).
     ``async_after_close_ratio`` is the time from the producer's last close call (the
     netCDF close: the file handed over; a sync close may itself wait for the transfer)
@@ -343,6 +345,10 @@ def summary(st: TransferBenchSettings, runs: Mapping[str, Sequence[Mapping[str, 
             row["min_after_close_seconds"] = min(x["after_close_seconds"] for x in runs[name])
             row["all_seconds"] = [x["seconds"] for x in runs[name]]
             row["median_seconds"] = float(np.median(row["all_seconds"]))
+            for who in ("producer", "consumer"):  # CPU in the timed window, median
+                cpu = [x[f"{who}_cpu_seconds"] for x in runs[name]
+                       if x.get(f"{who}_cpu_seconds") is not None]
+                row[f"{who}_cpu_seconds"] = float(np.median(cpu)) if cpu else None
             row["gb_per_s"] = total / r["seconds"] / 1e9
             row["memcpy_fraction"] = t_memcpy / r["seconds"]
             row["direct_speedup"] = None if direct is None else r["seconds"] / direct

@@ -21,10 +21,13 @@ Synchronisation, without sleeps:
   consumer polls for the final name every ``poll_s`` until ``deadline_s``.
 
 Times are ``time.monotonic()`` (``CLOCK_MONOTONIC``: one clock for every process of
-the host, network namespaces included). The consumer reads every variable whole
-through netCDF4 and keeps the arrays until its end time is taken; only then does it
-checksum them (SHA-256 of each variable's bytes, compared by the driver with the
-producer's checksums of the arrays it wrote) and unlink the files.
+the host, network namespaces included). Each program also reports the CPU time it used
+in that window (``cpu``, ``time.process_time``: user and system, all its threads): on a
+shared machine the wall time swings with other load, the CPU time much less. The
+consumer reads every variable whole through netCDF4 and keeps the arrays until its end
+time is taken; only then does it checksum them (SHA-256 of each variable's bytes,
+compared by the driver with the producer's checksums of the arrays it wrote) and unlink
+the files.
 """
 
 from __future__ import annotations
@@ -71,6 +74,7 @@ def producer(spec: dict[str, Any]) -> dict[str, Any]:
         if go.read(1) != b"g":
             raise RuntimeError("the consumer exited before it was ready")
         t0 = time.monotonic()
+        cpu0 = time.process_time()
         closes, close_calls = [], []
         for i, (path, arrays) in enumerate(zip(spec["paths"], data, strict=True)):
             target = path + ".part" if poll else path
@@ -95,7 +99,8 @@ def producer(spec: dict[str, Any]) -> dict[str, Any]:
             if notify == "close":
                 out.write(f"{i}\n")
                 out.flush()
-    return {"t0": t0, "close_calls": close_calls, "closes": closes, "sha256": sums,
+        cpu = time.process_time() - cpu0
+    return {"t0": t0, "cpu": cpu, "close_calls": close_calls, "closes": closes, "sha256": sums,
             "shape": list(shape)}
 
 
@@ -146,6 +151,7 @@ def consumer(spec: dict[str, Any]) -> dict[str, Any]:
     with os.fdopen(spec["go_fd"], "wb") as go, os.fdopen(spec["notify_fd"], "r") as notes:
         go.write(b"g")
         go.flush()
+        cpu0 = time.process_time()  # from here the consumer waits for the producer
         for i, path in enumerate(paths):
             if poll:
                 _poll(path, spec["poll_s"], spec["deadline_s"])
@@ -158,6 +164,7 @@ def consumer(spec: dict[str, Any]) -> dict[str, Any]:
                 ds.set_auto_mask(False)
                 got.append([ds.variables[f"f{k}"][...] for k in range(spec["fields"])])
         t_end = time.monotonic()
+        cpu = time.process_time() - cpu0
     sums = [[_digest(a) for a in arrays] for arrays in got]
     nbytes = sum(a.nbytes for arrays in got for a in arrays)
     backings = [_backing(path) for path in paths]
@@ -166,7 +173,7 @@ def consumer(spec: dict[str, Any]) -> dict[str, Any]:
     on_disk = sorted(names & _real_listing(os.path.dirname(paths[0])))
     for path in paths:
         os.unlink(path)
-    return {"t_end": t_end, "opened": opened, "sha256": sums, "bytes": nbytes,
+    return {"t_end": t_end, "cpu": cpu, "opened": opened, "sha256": sums, "bytes": nbytes,
             "sources": sources, "backings": backings, "on_disk": on_disk}
 
 
