@@ -26,14 +26,20 @@ handshake, sends ``PULL path= conn= wait_ms=``; the other answers ``ABSENT`` (or
 (``serve_partial``, :mod:`.progress`). Async sends ``DATA`` before ``SIZE`` too (ranges
 written while the producer runs); sync only after it.
 
-Unlink and rename (:mod:`.names`): the producer host's daemon keeps one connection
-per consumer host whose first frame is ``CONTROL`` (answered ``OK``), then::
+Unlink, rename and producer runs (:mod:`.names`): a daemon keeps one connection per
+other host whose first frame is ``CONTROL`` (answered ``OK``); either side may open
+one, then::
 
-    client: UNLINK path=  |  RENAME old= new=
-    server: OK                                   (applied on the consumer host)
+    client: UNLINK path= [producer=1]  |  RENAME old= new= [producer=1]
+    server: OK                                   (applied on the other host)
+    client: RUNS instance= version= conns=NAME+LIVE+ENDED,...   (a push: no answer)
+    client: RUNS ask=1 path= instance= version= conns=...
+    server: OK instance= version= conns= held=0|1
     client: BYE                                  (daemon exit: the copies are dropped)
+    client: GIVEUP                               (the sender gave up on this host)
 
-It ending without ``BYE`` marks every copy from that host lost on the consumer host.
+It ending without ``BYE`` or ``GIVEUP`` (the sending daemon died) marks the copies from
+that host still arriving lost on the other host; complete ones stay served.
 A ``FILE`` is refused (``ERR errno=ENOTCONN``) unless the sender's control connection is
 open.
 
@@ -57,7 +63,7 @@ __all__ = ["AuthError", "CONNECT_S", "HANDSHAKE_S", "client_handshake", "connect
            "parse_endpoint", "recv_exact_into", "recv_frame", "send_frame", "server_handshake",
            "tune"]
 
-WIRE_VERSION = 3  # 2: the SIZE frame (serve_partial); 3: CONTROL (names.py)
+WIRE_VERSION = 4  # 2: the SIZE frame (serve_partial); 3: CONTROL (names.py); 4: RUNS
 _LEN = struct.Struct("!I")
 
 
