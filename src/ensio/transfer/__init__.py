@@ -30,7 +30,9 @@ files every declared consumer has read (its process exited 0) are released first
 when a budget needs room (:mod:`.budget`).
 
 Consumers: an open or stat of a name a connection will produce waits until the
-producer creates and closes it, or ``consumer_timeout_s``; the held names appear in
+producer creates and closes it, or ``consumer_timeout_s``, also when the producer
+runs on another host (daemons exchange producer runs over :mod:`.names`'s control
+connection); the held names appear in
 directory listings, ``glob`` and ``scandir`` (:mod:`.view` answers both; C side
 ``csrc/ensio_interpose_dirs.c``, ``_glob.c``, ``_xattr.c``).
 
