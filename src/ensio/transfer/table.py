@@ -110,10 +110,8 @@ class Table:
             mode = self._existing_mode(path, cur, mode)
         supplied = memfd is None
         came_from: str | None = None
-        if supplied:
+        if supplied and keep:  # else below: the old version's memory may serve the new one
             memfd, came_from = supply_memfd(self.pool, path, key)
-            if came_from:
-                self.log.info("%s: written into the recycled memory of %s", path, came_from)
         try:
             if keep:
                 materialize.copy_current(path, source, memfd)
@@ -128,12 +126,15 @@ class Table:
             if source is not None:
                 os.close(source)
         with self.cond:
-            self._drop(path)
+            self._drop(path)  # the old version: its memory to the pool if no one has it open
+            if memfd is None:
+                memfd, came_from = supply_memfd(self.pool, path, key)
+            if came_from:
+                self.log.info("%s: written into the recycled memory of %s", path, came_from)
             entry = Entry(id=next(self._ids), path=path, fd=memfd, conn=conn,
                           component=peer.component, writer=peer, mode=mode, budget=budget,
                           fallback=fallback, persist=persist, pooled=came_from is not None,
-                          origin=origin,
-                          budget_key=key, keep=policy[0], consumers=policy[1])
+                          origin=origin, budget_key=key, keep=policy[0], consumers=policy[1])
             self.entries[path] = entry
             self._by_id[entry.id] = entry
             self._note_writers()
