@@ -8,14 +8,24 @@ host: for a name a's producer will write (it reads the file once a creates it), 
 has finished without the name (ENOENT at once). A wait ends with EIO, not the full
 timeout, when a's daemon dies. That the consumer waits is proven by b's daemon's log
 line, never by a sleep.
+
+With the producer component placed on both hosts, the producer has finished only once
+each of them has ended a round (the config's ``hosts`` says which, ``NETWORK
+producers=``): a host whose producer has not started yet, or whose daemon is not up,
+is waited for. A producer host whose daemon dies with no producer running ends no wait
+(the next producer there brings a new daemon). Names a producer removed are not waited
+for by that producer's connections only, and a pull that cannot reach a host says so
+once per wait.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
 import subprocess
+import threading
 from pathlib import Path
 
 import needs
@@ -23,12 +33,15 @@ import pytest
 from transfer_hosts import NetHost, hosts_config, two_hosts_fixture  # noqa: F401
 from transfer_support import (  # noqa: F401  (the *_fixture names are fixtures)
     CDL,
+    Host,
     daemon_pid,
+    host_fixture,
     interposer_cache_fixture,
     process_gone,
     wait_for,
 )
 
+from ensio.transfer import view
 from ensio.transfer.entries import Peer
 from ensio.transfer.view import Runs
 
@@ -201,6 +214,150 @@ def test_all_to_all_a_consumer_on_a_host_without_pushes_pulls_once_produced(two_
 
 
 
+# -- several producer hosts (the config's hosts place the producer on a and b) ---------------
+
+BOTH = {"a": ["model"], "b": ["model", "post"]}   # N-1: model 0 on a, model 1 on b
+
+
+@pytest.mark.usefixtures("interposer_cache")
+def test_with_the_producer_on_both_hosts_one_hosts_end_is_not_the_end_of_the_round(
+        two_hosts):
+    """a's producer ended, b's has not started: a consumer on b waits for b's file (it
+    used to get ENOENT: a producer had ended and none ran). Once both have ended a round,
+    a name neither wrote is ENOENT at once."""
+    a, b = two_hosts
+    cfg = _config(a.work, BOTH, pattern="N-1")
+    b.up(cfg, "post")                      # a consumer run ends before the round
+    assert a.run(cfg, "model", "sh", "-c", "echo from a > fc/x.txt", rank=0).returncode == 0
+    target = a.work / "fc" / "y.txt"
+    consumer = b.start(cfg, "post", "cat", "fc/y.txt")
+    try:
+        _wait_logged(b, target, consumer)
+        assert b.run(cfg, "model", "sh", "-c", "echo from b > fc/y.txt", rank=1).returncode == 0
+    finally:
+        out, err = _finish(consumer)
+    assert (consumer.returncode, out) == (0, "from b\n"), err
+    # the next round: both hosts' producers end after the consumers' last run
+    assert a.run(cfg, "model", "true", rank=0).returncode == 0
+    assert b.run(cfg, "model", "true", rank=1).returncode == 0
+    r = b.run(cfg, "post", "cat", "fc/none.txt", timeout=30)
+    assert r.returncode != 0 and "No such file" in r.stderr, r.stderr
+    assert str(a.work / "fc" / "none.txt") not in b.log()
+
+
+@pytest.mark.usefixtures("interposer_cache")
+def test_a_producer_host_whose_daemon_is_not_up_is_waited_for_and_logged(two_hosts):
+    """b's producer ended and a's daemon does not run yet: b cannot ask a, logs that a
+    counts as not finished, and its consumer waits; a's producer then writes the file."""
+    a, b = two_hosts
+    cfg = _config(a.work, BOTH, pattern="N-1")
+    assert b.run(cfg, "model", "sh", "-c", "echo from b > fc/y.txt", rank=1).returncode == 0
+    target = a.work / "fc" / "x.txt"
+    consumer = b.start(cfg, "post", "cat", "fc/x.txt")
+    try:
+        _wait_logged(b, target, consumer)
+        lines = [x for x in b.log().splitlines() if "producer host a did not answer" in x]
+        assert len(lines) == 1 and str(target) in lines[0], b.log()
+        assert a.run(cfg, "model", "sh", "-c", "echo from a > fc/x.txt", rank=0).returncode == 0
+    finally:
+        out, err = _finish(consumer)
+    assert (consumer.returncode, out) == (0, "from a\n"), err
+
+
+@pytest.mark.usefixtures("interposer_cache")
+def test_a_producer_daemon_that_dies_with_no_producer_running_ends_no_wait(two_hosts):
+    """b's consumer waits; a's daemon (up, no producer running) is killed: b logs that the
+    wait goes on, and the file a's next producer writes (a new daemon) is read."""
+    a, b = two_hosts
+    cfg = _config(a.work, {"a": ["model"], "b": ["post"]})
+    a.up(cfg, "post")   # a's daemon listens; a consumer run there ends no producer round
+    target = a.work / "fc" / "x.txt"
+    consumer = b.start(cfg, "post", "cat", "fc/x.txt")
+    try:
+        _wait_logged(b, target, consumer)
+        pid = daemon_pid(a.dir)
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: "host a: no producer run was live there" in b.log(),
+                 what="b seeing a's daemon die")
+        assert consumer.poll() is None, consumer.communicate()
+        assert a.run(cfg, "model", "sh", "-c", "echo again > fc/x.txt").returncode == 0
+    finally:
+        out, err = _finish(consumer)
+    assert (consumer.returncode, out) == (0, "again\n"), err
+    assert "stops waiting (EIO)" not in b.log()
+
+
+# -- names a producer removed: per connection (one host) -----------------------------------
+
+def _two_connections(work: Path, timeout_s: float) -> Path:
+    """model → post (fc/*) and obs → post (ob/*)."""
+    import yaml
+
+    for d in ("fc", "ob"):
+        (work / d).mkdir(exist_ok=True)
+    conns = [{"name": "restarts", "from": "model", "to": "post", "files": ["fc/*"],
+              "consumer_timeout_s": timeout_s},
+             {"name": "obs", "from": "obs", "to": "post", "files": ["ob/*"],
+              "consumer_timeout_s": timeout_s}]
+    path = work / "t.yaml"
+    path.write_text(yaml.safe_dump({"components": ["model", "obs", "post"],
+                                    "connections": conns}))
+    return path
+
+
+def test_a_name_renamed_away_is_not_waited_for_after_another_connections_producer_starts(
+        host: Host):
+    """model (still running) did ``mv fc/x.tmp fc/x``; obs's producer then runs. A consumer
+    of fc/x.tmp gets ENOENT at once: only a producer of ``restarts`` starting again makes
+    the name waitable (it used to be any producer)."""
+    cfg = _two_connections(host.work, timeout_s=5)
+    model = host.start(cfg, "model", "sh", "-c",
+                       "echo x > fc/x.tmp && mv fc/x.tmp fc/x && echo moved && read line")
+    try:
+        assert model.stdout.readline() == "moved\n", model.communicate()
+        assert host.run(cfg, "obs", "sh", "-c", "echo o > ob/o.txt").returncode == 0
+        r = host.run(cfg, "post", "cat", "fc/x.tmp", timeout=30)
+        assert r.returncode != 0 and "No such file" in r.stderr, r.stderr
+        assert WAITS not in host.log()
+        assert host.run(cfg, "post", "cat", "fc/x").stdout == "x\n"
+    finally:
+        model.communicate("\n", timeout=60)
+
+
+# -- a pull that cannot reach a host: once per wait (view.await_name) ----------------------
+
+class _FakeTable:
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.entries: dict[str, object] = {}
+
+
+def test_a_polls_warning_is_logged_once_per_wait(tmp_path, monkeypatch, caplog):
+    """Each poll logs ``cannot ask host a``; the wait ends after the third (a real file
+    appears): one warning in the log, and the next wait logs it again."""
+    monkeypatch.setattr(view, "PULL_POLL_S", 0.001)
+    monkeypatch.setattr(view, "PULL_POLL_MAX_S", 0.001)
+    log = logging.getLogger("test.transfer.once")
+    path = tmp_path / "x.nc"
+    for wait in (1, 2):
+        polls: list[int] = []
+
+        def poll(_left: float, path=path, polls=polls) -> None:
+            polls.append(1)
+            log.warning("%s: cannot ask host %s for it: %s", path, "a", "refused")
+            if len(polls) == 3:
+                path.write_text("")
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger=log.name):
+            code = view.await_name(_FakeTable(), log, Peer(id=wait, component="post", pid=0),
+                                   str(path), CONN, 60.0, Runs(), poll)
+        assert code == 0 and len(polls) == 3
+        warned = [r for r in caplog.records if "cannot ask host" in r.getMessage()]
+        assert len(warned) == 1, caplog.text
+        path.unlink()
+    assert not log.filters  # the filter goes with the wait
+
+
 # -- the rule itself (view.Runs), without namespaces -----------------------------------------
 
 CONN = "exp1:restarts"
@@ -258,3 +415,37 @@ def test_runs_summary_counts_only_this_experiments_producers_here():
     runs.peer_gone(producer)
     assert runs.summary("exp1")["conns"] == "restarts+0+1"
     assert int(runs.summary("exp1")["version"]) == 2 and len(told) == 2
+
+
+def test_runs_with_producer_hosts_every_host_must_end_a_round():
+    runs = _runs()
+    runs.place("exp1", "b", {CONN: frozenset({"a", "b"})})
+    consumer = Peer(id=1, component="post", pid=0)
+    runs.start(consumer, [], [CONN])
+    runs.peer_gone(consumer)
+    runs.remote(A, _state(1, 0, 1))              # a ended a round after the consumers
+    assert not runs.finished(CONN) and runs.waiting_on(CONN) == ["b"]
+    producer = Peer(id=2, component="model", pid=0)
+    runs.start(producer, [CONN], [])
+    runs.peer_gone(producer)                     # b's own producer ends
+    assert runs.finished(CONN) and runs.waiting_on(CONN) == []
+    runs.place("exp1", "b", {})                  # hosts not known: any host's end counts
+    runs.start(consumer3 := Peer(id=3, component="post", pid=0), [], [CONN])
+    runs.peer_gone(consumer3)
+    runs.remote(A, _state(2, 0, 2))
+    assert runs.finished(CONN)
+
+
+def test_runs_tombstones_are_per_connection():
+    runs = _runs()
+    runs.removed("/w/fc/x.tmp", [CONN])
+    assert runs.was_removed("/w/fc/x.tmp", CONN)
+    assert not runs.was_removed("/w/fc/x.tmp", "exp1:obs")
+    runs.start(Peer(id=1, component="obs", pid=0), ["exp1:obs"], [])
+    assert runs.was_removed("/w/fc/x.tmp", CONN)      # another connection's producer
+    runs.remote(A, _state(1, 1, 0))                    # a producer of CONN starts on a
+    assert not runs.was_removed("/w/fc/x.tmp", CONN)
+    runs.removed("/w/fc/y", ["*"])                     # an older host: every connection
+    assert runs.was_removed("/w/fc/y", "exp1:obs")
+    runs.start(Peer(id=2, component="model", pid=0), [CONN], [])
+    assert not runs.was_removed("/w/fc/y", "exp1:obs")

@@ -235,6 +235,9 @@ class Daemon:
                 reply = self.network.register(msg.get("identity"), msg.get("host"),
                                               msg.get("listen"), msg.get("secret"), peers,
                                               pull)
+                if reply.verb == "OK":  # which hosts must end a round (view.Runs.finished)
+                    self.runs.place(msg.get("identity"), msg.get("host"),
+                                    _producer_hosts(msg.get("identity"), msg.get("producers")))
             elif msg.verb in ("OPEN", "STAT"):
                 self.network.names.drain()  # renames/unlinks from other hosts come first
                 wait = msg.int("wait_ms", 600_000) / 1000.0 if msg.verb == "OPEN" else None
@@ -252,7 +255,7 @@ class Daemon:
             elif msg.verb == "CHMOD":
                 reply = self.table.chmod(msg.get("path"), int(msg.get("mode"), 8))
             elif msg.verb in ("UNLINK", "RENAME", "DROP"):
-                reply = self._name_change(msg, self.runs.is_producer(peer))
+                reply = self._name_change(msg, self.runs.produces(peer))
             elif msg.verb == "EXIT":  # exit status 0: what it opened is consumed (budget.py)
                 self.table.consumer_exited(peer.pid)
                 reply = Reply("OK")
@@ -291,17 +294,18 @@ class Daemon:
         self.log.error("%s: open by %s fails: %s", msg.get("path"), peer, why)
         return Reply("ERR", {"errno": code, "fatal": 1, "say": f"{msg.get('path')}: {why}"})
 
-    def _name_change(self, msg: Message, producer: bool = False) -> Reply:
+    def _name_change(self, msg: Message, producer: tuple[str, ...] = ()) -> Reply:
         """Unlink, rename or drop here; then on the hosts holding copies (:mod:`.names`),
-        before the producer's call returns. ``producer``: the caller produces a
-        connection, so a name it removes is not waited for (:meth:`.view.Runs.removed`)."""
+        before the producer's call returns. ``producer``: the connections the caller
+        produces, whose consumers do not wait for a name it removes
+        (:meth:`.view.Runs.removed`)."""
         names = self.network.names
         if msg.verb == "RENAME":
             old, new = msg.get("old"), msg.get("new")
             export = msg.get("export") == "1"
             reply = self.table.rename(old, new, export, excl=msg.get("excl") == "1")
             if reply.verb != "ERR" and producer:
-                self.runs.removed(old)
+                self.runs.removed(old, producer)
             if reply.verb != "ERR" and export:  # the file left the transfer layer
                 names.unlink(old, producer=producer)
             elif reply.verb != "ERR":
@@ -310,8 +314,8 @@ class Daemon:
         path = msg.get("path")
         reply = self.table.unlink(path) if msg.verb == "UNLINK" else self.table.drop(path)
         if msg.verb == "UNLINK" and producer:
-            self.runs.removed(path)
-        names.unlink(path, producer=producer and msg.verb == "UNLINK")
+            self.runs.removed(path, producer)
+        names.unlink(path, producer=producer if msg.verb == "UNLINK" else ())
         return reply
 
     def _pull(self, peer: Peer, msg: Message, wait: float | None) -> Reply:
@@ -341,11 +345,17 @@ class Daemon:
                 return Reply("ABSENT")
             if msg.get("defer") == "1":
                 return Reply("BUSY")  # network I/O: on the interposer's own connection
-            holder = self.network.names.hear_from(
+            holder, silent = self.network.names.hear_from(
                 exp.identity, [h for h in exp.peers if h != exp.host], path)
             if holder is not None and not pull:
                 self.log.info("%s: complete on host %s, not here: not waited for", path, holder)
                 return Reply("ABSENT")
+            silent = [h for h in silent if h in self.runs.waiting_on(conn)]
+            if silent and not self.runs.finished(conn):
+                self.log.warning("%s: producer host%s %s did not answer (no daemon up, or "
+                                 "unreachable): counted as not finished, so the consumer "
+                                 "waits for the file", path, "s" if len(silent) > 1 else "",
+                                 ", ".join(silent))
 
         def poll(left: float) -> None:  # never pushed here: asked for now and then
             self.network.pull(conn, path, int(left * 1000))
@@ -386,6 +396,15 @@ class Daemon:
 
 def _names(text: str) -> list[str]:
     return [x for x in text.split(",") if x]
+
+
+def _producer_hosts(identity: str, text: str) -> dict[str, frozenset[str]]:
+    """``NETWORK producers=NAME:HOST:HOST,...`` → {``identity:NAME``: hosts}."""
+    out = {}
+    for item in _names(text):
+        name, *hosts = item.split(":")
+        out[f"{identity}:{name}"] = frozenset(hosts)
+    return out
 
 
 def _peer_credentials(conn: socket.socket) -> tuple[int, int]:

@@ -113,9 +113,11 @@ class Names:
             with self.lock:
                 self.holders.setdefault(path, set()).update(targets)
 
-    def unlink(self, path: str, only: Target | None = None, producer: bool = False) -> None:
+    def unlink(self, path: str, only: Target | None = None,
+               producer: tuple[str, ...] = ()) -> None:
         """``path`` is gone here: every host holding a copy drops it (``only``: that one).
-        ``producer``: a producer removed it (:meth:`.view.Runs.removed` there too)."""
+        ``producer``: the connections of the producer that removed it
+        (:meth:`.view.Runs.removed` there too)."""
         with self.lock:
             held = self.holders.get(path, set())
             targets = {only} & held if only is not None else set(held)
@@ -123,9 +125,9 @@ class Names:
             if not held:
                 self.holders.pop(path, None)
         for t in sorted(targets):
-            self._tell(t, "UNLINK", path=path, producer=int(producer))
+            self._tell(t, "UNLINK", path=path, **_removed_by(producer))
 
-    def rename(self, old: str, new: str, producer: bool = False) -> None:
+    def rename(self, old: str, new: str, producer: tuple[str, ...] = ()) -> None:
         """``old`` is now ``new`` here; hosts holding either name follow."""
         with self.lock:
             moved = self.holders.pop(old, set())
@@ -133,7 +135,7 @@ class Names:
             if moved:
                 self.holders[new] = set(moved)
         for t in sorted(moved | replaced):
-            self._tell(t, "RENAME", old=old, new=new, producer=int(producer))
+            self._tell(t, "RENAME", old=old, new=new, **_removed_by(producer))
 
     # -- producer runs, both ways (view.Runs) ----------------------------------------------
 
@@ -169,24 +171,26 @@ class Names:
                 except OSError:
                     self._end(target)
 
-    def ask(self, target: Target, path: str = "") -> bool:
+    def ask(self, target: Target, path: str = "") -> bool | None:
         """``RUNS ask=1`` to ``target``: its producer runs (our own go with the question),
-        and whether it holds ``path`` complete. False too if it cannot be reached."""
+        and whether it holds ``path`` complete. None if it cannot be reached."""
         reply = self._tell(target, "RUNS", quiet=True, ask=1, path=path,
                            **self.runs.summary(target[0]))
         if reply is None:
-            return False
+            return None
         for line in self.runs.remote(target, reply.fields):
             self.log.info("%s", line)
         return reply.get("held") == "1"
 
-    def hear_from(self, identity: str, hosts: list[str], path: str) -> str | None:
+    def hear_from(self, identity: str, hosts: list[str], path: str
+                  ) -> tuple[str | None, list[str]]:
         """Before a consumer's wait for ``path``: ask each of ``hosts`` (in case our daemon
         started after theirs had finished a round, or a push was lost), all at once: a
         host that does not answer costs one connection timeout, not one each. The first
-        host that holds ``path`` complete, else None: a file complete there and not here
-        was not for this host, or its copy here was lost (our daemon restarted)."""
-        held = [False] * len(hosts)
+        host that holds ``path`` complete, else None (a file complete there and not here
+        was not for this host, or its copy here was lost: our daemon restarted); and the
+        hosts that could not be asked."""
+        held: list[bool | None] = [False] * len(hosts)
 
         def ask(i: int) -> None:
             held[i] = self.ask((identity, hosts[i]), path)
@@ -197,14 +201,25 @@ class Names:
             t.start()
         for t in threads:
             t.join()
-        return next((h for h, yes in zip(hosts, held, strict=True) if yes), None)
+        return (next((h for h, yes in zip(hosts, held, strict=True) if yes), None),
+                [h for h, yes in zip(hosts, held, strict=True) if yes is None])
 
     def _runs_gone(self, origin: Target, died: bool) -> None:
         """``origin``'s daemon stopped or died: its runs are forgotten, and when it died
-        the waits for what its live producers were writing end (view.await_name)."""
-        if self.runs.origin_gone(origin, died):
+        the waits for what its live producers were writing end (view.await_name).
+
+        A daemon that died with no producer run live ends no wait: nothing was being
+        written there, and the next ``ensio run`` of a producer there starts a new daemon
+        that tells this host its runs (and streams the file) as the dead one would have.
+        Until then that host counts as not having ended its round."""
+        known = self.runs.knows(origin)   # (both connections may end: say it once)
+        broken = self.runs.origin_gone(origin, died)
+        if broken:
             with self.table.cond:
                 self.table.cond.notify_all()
+        elif died and known:
+            self.log.info("host %s: no producer run was live there: waits for its files go "
+                          "on (a producer started there again reports here)", origin[1])
 
     def _lock_of(self, target: Target) -> threading.Lock:
         with self.lock:
@@ -422,7 +437,8 @@ class Names:
             held = held_complete(self.table, m.get("path")) if m.get("path") else False
             return Reply("OK", {**self.runs.summary(origin[0]), "held": int(held)})
         if m.get("producer") == "1":  # its producer removed the name: not waited for here
-            self.runs.removed(m.get("path") or m.get("old"))
+            self.runs.removed(m.get("path") or m.get("old"),
+                              [c for c in m.get("conns").split(",") if c] or ["*"])
         if m.verb == "UNLINK":
             self.table.drop(m.get("path"))
             return Reply("OK")
@@ -430,6 +446,12 @@ class Names:
             self.table.rename(m.get("old"), m.get("new"), export=False, copy=True)
             return Reply("OK")
         return Reply.err(errno.ENOSYS)
+
+
+def _removed_by(conns: tuple[str, ...]) -> dict[str, object]:
+    """The fields saying which producer removed a name: ``producer=1`` and its connections
+    (tombstones are per connection, :meth:`.view.Runs.removed`)."""
+    return {"producer": 1, "conns": ",".join(conns)} if conns else {"producer": 0}
 
 
 def origin_key(origin: Target) -> str:

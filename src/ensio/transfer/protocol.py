@@ -108,11 +108,13 @@ copy of the names acknowledged the change, or was given up on (:mod:`.names`).
 
 Control requests (``ensio run``, ``ensio transfer status|stop``)
 ----------------------------------------------------------------
-``NETWORK identity= host= listen=ADDR:PORT secret=PATH peers=HOST=ADDR:PORT,... pull=``
+``NETWORK identity= host= listen=ADDR:PORT secret=PATH peers=HOST=ADDR:PORT,... pull= producers=``
     ``ensio run`` of a config with ``hosts``: this daemon is ``host`` of experiment
     ``identity``; it listens on ``listen`` (TCP, that address only) and accepts
     streams proved with the secret in ``PATH``; ``pull`` lists the connections
-    (``identity:name``) pulled on demand. → ``OK`` | ``ERR errno= why=``
+    (``identity:name``) pulled on demand; ``producers`` the hosts each connection's
+    producer is placed on (``NAME:HOST:HOST,...``; a consumer waits until each has
+    ended a round). → ``OK`` | ``ERR errno= why=``
 ``STATUS`` → ``FILE path= size= state= component= conn= persist= consumed= waiters=
 sent= after_close=`` … ``END`` (``consumed``: the components that consumed it;
 ``waiters``: consumers blocked in an open of the file; ``sent``: bytes streamed to

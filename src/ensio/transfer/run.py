@@ -28,7 +28,7 @@ from ..durable import atomic_write
 from . import build, launch
 from .config import ConnectionDef, FilePattern, TransferConfig, load_transfer_config
 from .errors import TransferError
-from .hosts import consumer_hosts, process_rank, this_host
+from .hosts import consumer_hosts, hosts_of, process_rank, this_host
 from .protocol import Client, encode
 from .runtime import ensure_daemon
 from .secret import ensure_secret
@@ -153,7 +153,9 @@ def _fixed_dir(pattern: FilePattern) -> str:
 
 
 def register_network(cfg: TransferConfig, sock: Path) -> None:
-    """Tell the daemon this experiment's hosts, its own address and the secret.
+    """Tell the daemon this experiment's hosts, its own address, the secret, and the hosts
+    each connection's producer is placed on (``producers=NAME:HOST:HOST,...``: a
+    consumer there waits until every one of them has ended a round, :class:`.view.Runs`).
 
     Raises
     ------
@@ -170,9 +172,12 @@ def register_network(cfg: TransferConfig, sock: Path) -> None:
     peers = ",".join(f"{h.name}={h.endpoint}" for h in cfg.hosts)
     ident = cfg.identity or "local"
     pull = ",".join(f"{ident}:{c.name}" for c in cfg.connections if c.pattern == "all-to-all")
+    producers = ",".join(":".join([c.name, *hosts_of(cfg.hosts, c.source)])
+                         for c in cfg.connections if hosts_of(cfg.hosts, c.source))
     with Client(sock) as c:
         reply = c.request(encode("NETWORK", identity=ident, host=host, listen=me.endpoint,
-                                 secret=str(secret), peers=peers, pull=pull))
+                                 secret=str(secret), peers=peers, pull=pull,
+                                 producers=producers))
     if reply.verb != "OK":
         raise TransferError(f"staging daemon: {reply.get('why') or 'NETWORK refused'}")
 

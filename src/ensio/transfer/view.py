@@ -86,7 +86,11 @@ class Runs:
         self._seq = 0
         self._live: dict[str, int] = {}
         self._ended: dict[str, int] = {}            # round-ending producer ends here
-        self._producer_end: dict[str, int] = {}
+        self._producer_end: dict[str, int] = {}     # conn → last producer end, any host
+        self._host_end: dict[tuple[str, str], int] = {}  # (conn, host) → its last end
+        #: conn → the hosts the config places its producer on (``NETWORK``, :meth:`place`)
+        self._producer_hosts: dict[str, frozenset[str]] = {}
+        self._host: dict[str, str] = {}             # experiment → this host's name
         self._consumer_end: dict[str, int] = {}
         #: peer id → (pid, component, produces, consumes, a child of a live run)
         self._by_peer: dict[int, tuple[int, str, tuple[str, ...], tuple[str, ...], bool]] = {}
@@ -95,7 +99,9 @@ class Runs:
         #: another host (identity, host) → (its instance, version, conn → (live, ended))
         self._remote: dict[tuple[str, str], tuple[str, int, dict[str, tuple[int, int]]]] = {}
         self._broken: dict[str, tuple[int, str]] = {}  # conn → (generation, why)
-        self._removed: set[str] = set()   # paths a producer unlinked or renamed away
+        #: path a producer unlinked or renamed away → the connections it is not waited
+        #: for on (the remover's; ``*``: all), until one of their producers starts again
+        self._removed: dict[str, set[str]] = {}
         #: called (outside the lock) with the experiments whose producer runs changed
         self.on_change: Callable[[set[str]], None] = lambda identities: None
 
@@ -113,8 +119,7 @@ class Runs:
                 self._live[conn] = self._live.get(conn, 0) + 1
                 if self._live[conn] == 1:
                     changed.add(_identity(conn))
-            if changed:
-                self._removed.clear()  # a new round may write them again
+                    self._forget_removed(conn)  # a new round may write them again
             self._version += bool(changed)
         if changed:
             self.on_change(changed)
@@ -134,6 +139,7 @@ class Runs:
                 self._live[conn] -= 1
                 if not child:
                     self._producer_end[conn] = self._seq
+                    self._host_end[conn, self._host.get(_identity(conn), "")] = self._seq
                     self._ended[conn] = self._ended.get(conn, 0) + 1
                 if not child or self._live[conn] == 0:
                     changed.add(_identity(conn))
@@ -143,31 +149,72 @@ class Runs:
         if changed:
             self.on_change(changed)
 
-    def is_producer(self, peer: Peer) -> bool:
-        """Whether ``peer``'s run produces some connection."""
+    def produces(self, peer: Peer) -> tuple[str, ...]:
+        """The connections ``peer``'s run produces (none: not a producer)."""
         with self._lock:
             run = self._by_peer.get(peer.id)
-            return run is not None and bool(run[2])
+            return () if run is None else run[2]
 
-    def removed(self, path: str) -> None:
-        """A producer unlinked ``path`` or renamed it away (here or on the host that sent
-        the copy): not waited for until a producer run starts again (``mv x.tmp x``:
-        a consumer of ``x.tmp`` after that is not the next round's)."""
+    def removed(self, path: str, conns: tuple[str, ...] | list[str] = ("*",)) -> None:
+        """A producer of ``conns`` unlinked ``path`` or renamed it away (here or on the host
+        that sent the copy): not waited for by consumers of ``conns`` until a producer run
+        of the connection starts again (``mv x.tmp x``: a consumer of ``x.tmp`` after that
+        is not the next round's). ``*``: every connection (an older host said no more)."""
         with self._lock:
-            self._removed.add(path)
+            self._removed.setdefault(path, set()).update(conns or ("*",))
 
-    def was_removed(self, path: str) -> bool:
+    def was_removed(self, path: str, conn: str) -> bool:
         with self._lock:
-            return path in self._removed
+            tags = self._removed.get(path, ())
+            return conn in tags or "*" in tags
+
+    def _forget_removed(self, conn: str) -> None:
+        """(lock held) A producer of ``conn`` started: its tombstones are gone."""
+        for path in list(self._removed):
+            tags = self._removed[path]
+            tags.discard(conn)
+            tags.discard("*")
+            if not tags:
+                del self._removed[path]
+
+    def place(self, identity: str, host: str, producer_hosts: Mapping[str, frozenset[str]]
+              ) -> None:
+        """``NETWORK``: this daemon is ``host`` in experiment ``identity``, whose connections
+        (``identity:name``) have their producer placed on ``producer_hosts`` (by the config's
+        ``hosts``; a connection missing there: on any host)."""
+        with self._lock:
+            self._host[identity] = host
+            for conn in [c for c in self._producer_hosts if _identity(c) == identity]:
+                del self._producer_hosts[conn]
+            self._producer_hosts.update((c, h) for c, h in producer_hosts.items() if h)
+
+    def producer_hosts(self, conn: str) -> frozenset[str]:
+        """The hosts ``conn``'s producer is placed on (empty: not known, any host)."""
+        with self._lock:
+            return self._producer_hosts.get(conn, frozenset())
 
     def finished(self, conn: str) -> bool:
         """No producer run of ``conn`` is live (here or on another host) and one ended
-        after its consumers' last."""
+        after its consumers' last: on every host its producer is placed on, when the
+        config's ``hosts`` says which (:meth:`place`), else on any host."""
         with self._lock:
             live = self._live.get(conn, 0) + sum(
                 state.get(conn, (0, 0))[0] for _, _, state in self._remote.values())
-            return (live == 0
-                    and self._producer_end.get(conn, 0) > self._consumer_end.get(conn, 0))
+            last = self._consumer_end.get(conn, 0)
+            hosts = self._producer_hosts.get(conn)
+            if hosts:
+                ended = all(self._host_end.get((conn, h), 0) > last for h in hosts)
+            else:
+                ended = self._producer_end.get(conn, 0) > last
+            return live == 0 and ended
+
+    def waiting_on(self, conn: str) -> list[str]:
+        """The producer hosts of ``conn`` that have not ended a round after its consumers'
+        last (what a wait is waiting for; empty when the hosts are not known)."""
+        with self._lock:
+            last = self._consumer_end.get(conn, 0)
+            return sorted(h for h in self._producer_hosts.get(conn, ())
+                          if self._host_end.get((conn, h), 0) <= last)
 
     # -- across hosts (names.py) -------------------------------------------------------------
 
@@ -207,8 +254,9 @@ class Runs:
                 if ended > was[1]:
                     self._seq += 1
                     self._producer_end[conn] = self._seq
+                    self._host_end[conn, host] = self._seq
                 if live > was[0]:
-                    self._removed.clear()
+                    self._forget_removed(conn)
                 if (live, ended) != was:
                     lines.append(f"host {host}: connection {_conn_name(conn)}: {live} producer "
                                  f"run{'' if live == 1 else 's'} live, {ended} ended")
@@ -244,10 +292,25 @@ def await_name(table: Table, log: logging.Logger, peer: Peer, path: str, conn: s
 
     ``poll(left_s)``: asked now and then outside the table's lock (an ``all-to-all``
     connection's file that is never pushed here: pulled from the other hosts, which
-    answer at once while they do not hold it). The caller then opens it as usual (a
-    held file still being written is waited for within what is left of the same
-    timeout by the table's own open).
+    answer at once while they do not hold it). A warning a poll logs again (a host that
+    is down: ``cannot ask host``) is logged once per wait (:class:`_OncePerWait`). The
+    caller then opens it as usual (a held file still being written is waited for
+    within what is left of the same timeout by the table's own open).
     """
+    if poll is None:
+        return _await(table, log, peer, path, conn, wait_s, runs, poll)
+    once = _OncePerWait()
+    log.addFilter(once)
+    try:
+        return _await(table, log, peer, path, conn, wait_s, runs, poll)
+    finally:
+        log.removeFilter(once)
+
+
+def _await(table: Table, log: logging.Logger, peer: Peer, path: str, conn: str,
+           wait_s: float, runs: Runs | None,
+           poll: Callable[[float], object] | None) -> int:
+    """:func:`await_name`'s loop."""
     deadline = time.monotonic() + wait_s
     gen = runs.broken(conn)[0] if runs is not None else 0
     next_poll, pause = time.monotonic() + PULL_POLL_S, PULL_POLL_S
@@ -282,6 +345,26 @@ def await_name(table: Table, log: logging.Logger, peer: Peer, path: str, conn: s
         next_poll = time.monotonic() + pause
 
 
+class _OncePerWait(logging.Filter):
+    """Drops the repeats of a warning the waiting thread logs (same text): a wait that
+    polls the other hosts every 0.5-4 s for minutes would repeat ``cannot ask host a``
+    at every poll while ``a`` is down. Other threads' records pass untouched."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.thread = threading.get_ident()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.thread != self.thread or record.levelno < logging.WARNING:
+            return True
+        text = record.getMessage()
+        if text in self.seen:
+            return False
+        self.seen.add(text)
+        return True
+
+
 def await_reply(table: Table, log: logging.Logger, runs: Runs, peer: Peer, path: str,
                 conn: str, wait_s: float, open_again, defer: bool = False,
                 poll: Callable[[float], object] | None = None) -> Reply:
@@ -294,7 +377,7 @@ def await_reply(table: Table, log: logging.Logger, runs: Runs, peer: Peer, path:
     process's shared connection: the interposer waits on one of its own). ``poll``:
     see :func:`await_name`.
     """
-    if runs.finished(conn) or runs.was_removed(path) or os.path.lexists(path):
+    if runs.finished(conn) or runs.was_removed(path, conn) or os.path.lexists(path):
         return Reply("ABSENT")
     if defer:
         return Reply("BUSY")
