@@ -34,10 +34,15 @@ the machine has backed. That is what matters on a virtual machine that reports f
 memory to its host (virtio-balloon free page reporting): a page freed for a few seconds
 is taken back, and writing into it later costs a host fault per page (measured: 64 MiB
 into fresh memory 7 ms of CPU right after a free, 120-130 ms some seconds later;
-recycled: 7-14 ms). Recycled memory counts against the budget its file counted against
-(it is kept only while the budget's files and the recycled memory fit in it), is taken
-before pre-faulted entries (the newest first, same budget first), and is released with
-the pool (idle, daemon exit) and when the host's available memory drops below a tenth;
+recycled: 7-14 ms); the background fill below allocates from free memory, which such a
+host may have taken back already (``fallocate`` does not touch the pages, and the pages
+of an empty file cannot be touched), so recycled memory is what avoids those faults. The
+pages cannot be kept across the truncate instead: a file must look empty to its next
+producer, and shmem frees every page past the size. Recycled memory counts against the
+budget its file counted against (it is kept only while the budget's files and the
+recycled memory fit in it), is taken before pre-faulted entries (the newest first, same
+budget first), and is released with the pool (idle, daemon exit) and when the host's
+available memory drops below a tenth;
 ``limit`` 0 (``pool_mb: 0``) turns recycling off with the pool.
 
 When: only while no file is being written on this host (the table says,
