@@ -326,6 +326,19 @@ def test_a_name_renamed_away_is_not_waited_for_after_another_connections_produce
 
 # -- a pull that cannot reach a host: once per wait (view.await_name) ----------------------
 
+@pytest.mark.usefixtures("interposer_cache")
+def test_an_all_to_all_wait_with_a_host_down_says_cannot_ask_once(two_hosts):
+    """all-to-all, a's daemon not up: b's consumer pulls before its wait and at each poll
+    of it, and times out; b's log says ``cannot ask host a`` once."""
+    a, b = two_hosts
+    cfg = _config(a.work, {"a": ["model"], "b": ["model"]}, timeout_s=3, pattern="all-to-all")
+    assert b.run(cfg, "model", "true", rank=1).returncode == 0
+    r = b.run(cfg, "post", "cat", "fc/x.txt", timeout=60)
+    assert r.returncode != 0 and "Connection timed out" in r.stderr, r.stderr
+    lines = [x for x in b.log().splitlines() if "cannot ask host a" in x]
+    assert len(lines) == 1 and str(a.work / "fc" / "x.txt") in lines[0], b.log()
+
+
 class _FakeTable:
     def __init__(self) -> None:
         self.cond = threading.Condition()

@@ -243,10 +243,11 @@ class Daemon:
                 wait = msg.int("wait_ms", 600_000) / 1000.0 if msg.verb == "OPEN" else None
                 reply = self.table.open(peer, msg.get("path"), wait, msg.get("defer") == "1",
                                         partial=msg.get("partial") == "1")
-                if reply.verb == "ABSENT" and self.network.can_pull(msg.get("conn")):
-                    reply = self._pull(peer, msg, wait)
-                if reply.verb == "ABSENT" and wait is not None and msg.get("await") == "1":
-                    reply = self._await(peer, msg, wait)  # not produced yet (view.py)
+                with view.once_per_wait(self.log):  # a host that is down: said once an open
+                    if reply.verb == "ABSENT" and self.network.can_pull(msg.get("conn")):
+                        reply = self._pull(peer, msg, wait)
+                    if reply.verb == "ABSENT" and wait is not None and msg.get("await") == "1":
+                        reply = self._await(peer, msg, wait)  # not produced yet (view.py)
             elif msg.verb == "RUN":
                 reply = self.runs.start(peer, _names(msg.get("produces")),
                                         _names(msg.get("consumes")))
@@ -352,10 +353,10 @@ class Daemon:
                 return Reply("ABSENT")
             silent = [h for h in silent if h in self.runs.waiting_on(conn)]
             if silent and not self.runs.finished(conn):
-                self.log.warning("%s: producer host%s %s did not answer (no daemon up, or "
-                                 "unreachable): counted as not finished, so the consumer "
-                                 "waits for the file", path, "s" if len(silent) > 1 else "",
-                                 ", ".join(silent))
+                # info: the usual case of a consumer started first (no daemon there yet)
+                self.log.info("%s: producer host%s %s did not answer (its daemon is not up "
+                              "yet, or unreachable): not finished, so the consumer waits",
+                              path, "s" if len(silent) > 1 else "", ", ".join(silent))
 
         def poll(left: float) -> None:  # never pushed here: asked for now and then
             self.network.pull(conn, path, int(left * 1000))

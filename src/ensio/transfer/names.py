@@ -43,8 +43,13 @@ also covers a consumer daemon started after the producer's round ended. A host w
 control connection ends without a word (either direction: :meth:`Names._watch`
 watches ours) while one of its producer runs was live ends the waits for that
 connection with ``EIO``; ``BYE`` or ``GIVEUP`` only forget its runs (asked again at the
-next wait). ``UNLINK`` and ``RENAME`` carry ``producer=1`` when a producer removed the
-name: it is not waited for there either (``mv x.tmp x``).
+next wait); a host whose daemon died with no producer run live ends no wait (its next
+producer starts a new daemon, which tells us). ``UNLINK`` and ``RENAME`` carry
+``producer=1 conns=C,...`` when a producer of those connections removed the name: their
+consumers do not wait for it there either (``mv x.tmp x``). The producer counts as
+finished only once every host the config places it on has ended a round
+(:meth:`.view.Runs.place`): a host that cannot be asked before a wait is logged and
+waited for.
 """
 
 from __future__ import annotations

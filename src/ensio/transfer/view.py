@@ -12,7 +12,8 @@ Two answers of the daemon for the interposer's directory and wait calls
   file and the connection. The wait is logged when it begins: that line is what a
   workflow (and the tests) see of a consumer that started first. No wait once the
   connection's producer has finished (:class:`Runs`): the name will not come; nor for
-  a name a producer removed (unlink, renamed away) until a producer run starts again.
+  a name a producer removed (unlink, renamed away) until a producer of its connection
+  starts again.
   With ``hosts`` the producers may run elsewhere: the daemons tell each other their
   producer runs (:mod:`.names`), a wait ends with ``EIO`` when the daemon of a host
   whose producer was running dies, and an ``all-to-all`` file is pulled now and then
@@ -29,6 +30,7 @@ every ``CREATE``) and change nothing in it.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import logging
@@ -36,13 +38,13 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 from .entries import Peer, Reply
 from .table import Table
 
 __all__ = ["PULL_POLL_S", "REAL_FILE_POLL_S", "Runs", "await_name", "await_reply",
-           "held_complete", "listing"]
+           "held_complete", "listing", "once_per_wait"]
 
 #: How often a waiting open looks for a real file at the path (a fallback or
 #: uninterposed producer writes it without telling the daemon); a ``CREATE`` wakes it
@@ -78,7 +80,18 @@ class Runs:
     local ones: live runs add up, and a growth of a host's ended count is a producer end
     *now* (when it arrives: consumer ends are only ordered against what this daemon
     saw). A host whose daemon died while one of its producer runs of a connection was
-    live ends the waits for that connection (:meth:`broken`).
+    live ends the waits for that connection (:meth:`broken`); one that died with none
+    live ends no wait (the next producer there starts a new daemon, which tells us).
+
+    Which hosts must end a round: the config's ``hosts`` places the producer component
+    on some hosts (``NETWORK producers=``, :meth:`place`); the producer is finished only
+    when *each* of them has ended a round after the consumers' last run, so a host
+    whose producer has not started yet (or whose daemon is not up, and so cannot be
+    asked) is waited for. A connection whose producer is placed nowhere (or a daemon
+    not told) takes any host's end, as on one host.
+
+    Tombstones (:meth:`removed`) are per connection: a name a producer of ``C`` removed
+    is not waited for by ``C``'s consumers until a producer of ``C`` starts again.
     """
 
     def __init__(self) -> None:
@@ -188,11 +201,6 @@ class Runs:
                 del self._producer_hosts[conn]
             self._producer_hosts.update((c, h) for c, h in producer_hosts.items() if h)
 
-    def producer_hosts(self, conn: str) -> frozenset[str]:
-        """The hosts ``conn``'s producer is placed on (empty: not known, any host)."""
-        with self._lock:
-            return self._producer_hosts.get(conn, frozenset())
-
     def finished(self, conn: str) -> bool:
         """No producer run of ``conn`` is live (here or on another host) and one ended
         after its consumers' last: on every host its producer is placed on, when the
@@ -299,10 +307,19 @@ def await_name(table: Table, log: logging.Logger, peer: Peer, path: str, conn: s
     """
     if poll is None:
         return _await(table, log, peer, path, conn, wait_s, runs, poll)
+    with once_per_wait(log):
+        return _await(table, log, peer, path, conn, wait_s, runs, poll)
+
+
+@contextlib.contextmanager
+def once_per_wait(log: logging.Logger) -> Iterator[None]:
+    """Within the block, a warning this thread logs to ``log`` again (the same text) is
+    dropped (:class:`_OncePerWait`): the daemon wraps a consumer's whole open in it (the
+    pull before the wait, then the wait's polls)."""
     once = _OncePerWait()
     log.addFilter(once)
     try:
-        return _await(table, log, peer, path, conn, wait_s, runs, poll)
+        yield
     finally:
         log.removeFilter(once)
 
