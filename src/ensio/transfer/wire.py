@@ -30,7 +30,7 @@ Unlink, rename and producer runs (:mod:`.names`): a daemon keeps one connection 
 other host whose first frame is ``CONTROL`` (answered ``OK``); either side may open
 one, then::
 
-    client: UNLINK path= [producer=1]  |  RENAME old= new= [producer=1]
+    client: UNLINK path= [producer=1 conns=C,...]  |  RENAME old= new= [producer=1 conns=C,...]
     server: OK                                   (applied on the other host)
     client: RUNS instance= version= conns=NAME+LIVE+ENDED,...   (a push: no answer)
     client: RUNS ask=1 path= instance= version= conns=...
