@@ -24,7 +24,8 @@ after its close only what was written again; on one host ``async`` behaves as
 Memory: the daemon's held files are in 2 MiB pages where the machine allows it, on a
 private tmpfs mounted by a short-lived helper in a mount namespace of its own and
 detached at once (:mod:`.hugemem`; ``ENSIO_TRANSFER_HUGE_PAGES=off``: memfds), and
-pre-faulted between output bursts (:mod:`.pool`). Every file counts against a
+pre-faulted between output bursts and recycled from files that left the table
+(:mod:`.pool`). Every file counts against a
 budget (its connection's ``memory_mb``, else half the machine's or job's memory);
 files every declared consumer has read (its process exited 0) are released first
 when a budget needs room (:mod:`.budget`).
