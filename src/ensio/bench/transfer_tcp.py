@@ -10,6 +10,13 @@ acknowledgement of the last byte (one ``CLOCK_MONOTONIC`` for both namespaces).
 
 Both ends run as ``python -m ensio.bench.transfer_tcp ROLE …`` under ``ip netns
 exec``; the receiver says ``ready`` once listening, so no sleep orders them.
+
+:func:`sync_stream_seconds` is the daemons' stream alone, from a two-namespace sync
+run: a sync close sends the whole file and returns once the other host sealed it, so
+the sum of the producer's close calls is the time the stream took for all the bytes
+(frames, round trips and seals included; the producer's writes and the consumer's
+reads not). Raw TCP over it says whether the stream runs at the link's speed, where
+``tcp_fraction`` (end to end) also counts the programs' own work on the same cores.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import subprocess
 import sys
 import time
 
-__all__ = ["PORT", "raw_tcp_seconds"]
+__all__ = ["PORT", "raw_tcp_seconds", "sync_stream_seconds"]
 
 PORT = 7791  # beside the daemons' 7790
 _BUF = 4 << 20
@@ -65,6 +72,16 @@ def raw_tcp_seconds(prefix: dict[str, list[str]], addresses: tuple[str, str], nb
         for f in (recv.stdout, recv.stderr):
             if f is not None:
                 f.close()
+
+
+def sync_stream_seconds(run_dir: str | os.PathLike) -> float:
+    """Seconds the producer of a sync two-namespace run spent in its closes (the
+    ``close_calls`` and ``closes`` times of its ``producer.json``): the stream of every
+    file to the other host, each until that host sealed its copy."""
+    with open(os.path.join(run_dir, "producer.json"), encoding="utf-8") as f:
+        prod = json.load(f)
+    return float(sum(end - start for start, end in
+                     zip(prod["close_calls"], prod["closes"], strict=True)))
 
 
 def _last(text: str | None) -> str:
