@@ -169,6 +169,11 @@ def test_summary_ratios_are_of_medians_and_take_the_faster_file_exchange():
     assert res["memcpy_fraction"] == pytest.approx(0.25 / 2.0)
     assert res["limit_ratio"] == pytest.approx(2.0 / 1.0)
     assert res["tcp_fraction"] == pytest.approx(0.9 / 3.0)
+    assert res["stream_fraction"] is None  # no stream_seconds in these runs
+    runs["direct-2ns"] = [{**r, "stream_seconds": t} for r, t in
+                          zip(runs["direct-2ns"], (0.3, 1.8, 1.1), strict=True)]
+    assert summary(st, runs, {}, 0.25, {}, tcp_s=[0.6, 0.9, 1.2])["stream_fraction"] == \
+        pytest.approx(0.9 / 1.1)
     assert res["raw_tcp_gb_per_s"] == pytest.approx(st.files * st.bytes_per_file / 0.9 / 1e9)
     assert res["launch_ms"] == pytest.approx(50.0)
     assert res["huge_pages"] is True and res["memory_backings"] == ["tmpfs-huge"]
