@@ -114,10 +114,24 @@ class HDF5Store(MemberStore):
     #: Chunked/compressed datasets: written through h5py, chunk by changed chunk.
     library_writes: ClassVar[bool] = True
 
-    def __init__(self, path: Path, writable: bool = False) -> None:
+    def __init__(self, path: Path, writable: bool = False,
+                 known: Mapping[str, VarInfo] | None = None) -> None:
         super().__init__(path, writable)
-        self._vars = read_hdf5_metadata(self.path)
+        #: Variables a scan of this file (or of a byte copy) found: no parse for them.
+        self._known = dict(known or {})
+        self._vars: dict[str, VarInfo] | None = (
+            None if known is not None else read_hdf5_metadata(self.path))
         self._file: h5py.File | None = None
+        #: Datasets opened on ``_file``, kept open: HDF5's chunk cache (per open dataset)
+        #: then decompresses a chunk once for all the reads and compares of this store.
+        self._datasets: dict[str, h5py.Dataset] = {}
+
+    @classmethod
+    def with_metadata(cls, path: Path, writable: bool,
+                      known: Mapping[str, VarInfo]) -> HDF5Store:
+        """Opened without parsing the metadata: ``known`` answers for its variables, a
+        full parse (on first need) for the others (:meth:`MemberStore.with_metadata`)."""
+        return cls(path, writable, known)
 
     @classmethod
     def sniff(cls, head: bytes) -> bool:
@@ -141,21 +155,27 @@ class HDF5Store(MemberStore):
         return hdf5_metadata_bytes(fd, path, infos, compared)
 
     def variables(self) -> Mapping[str, VarInfo]:
+        if self._vars is None:
+            self._vars = read_hdf5_metadata(self.path)
         return MappingProxyType(self._vars)
 
     def _info(self, name: str) -> VarInfo:
+        if name in self._known:
+            return self._known[name]
+        found = self.variables()
         try:
-            return self._vars[name]
+            return found[name]
         except KeyError:
             pass
         group = name.rpartition("/")[0]
-        if group and not any(n.startswith(group + "/") for n in self._vars):
+        if group and not any(n.startswith(group + "/") for n in found):
             raise InputError(f"{self.path}: no group {group!r} (variable {name!r})") from None
         raise InputError(f"{self.path}: no variable {name!r}") from None
 
     def _dataset(self, name: str, write: bool = False) -> h5py.Dataset:
         """The h5py dataset; the file is (re)opened ``r+`` when a write needs it."""
         if write and self._file is not None and self._file.mode != "r+":
+            self._datasets.clear()
             self._file.close()
             self._file = None
         if self._file is None:
@@ -166,10 +186,13 @@ class HDF5Store(MemberStore):
                 what = "for writing" if write else "for reading"
                 raise InputError(f"{self.path}: HDF5 cannot open the file {what} "
                                  f"({one_line(exc)})") from None  # fmt: skip
-        try:
-            return self._file[name]
-        except KeyError:
-            raise InputError(f"{self.path}: HDF5 finds no dataset {name!r}") from None
+        ds = self._datasets.get(name)
+        if ds is None:
+            try:
+                ds = self._datasets[name] = self._file[name]
+            except KeyError:
+                raise InputError(f"{self.path}: HDF5 finds no dataset {name!r}") from None
+        return ds
 
     def read_elements(self, name: str, lo: int, hi: int) -> np.ndarray:
         info = self._info(name)
@@ -201,6 +224,9 @@ class HDF5Store(MemberStore):
         native = info.dtype.newbyteorder("=")
         data = flat.astype(native, copy=False)
         ds = self._dataset(name)
+        # every unit compared first, on the handle (and chunk cache) that read them;
+        # then the changed ones written, after at most one reopen for writing
+        changed: list[tuple[tuple[slice, ...], np.ndarray]] = []
         for region in write_units(info.shape, ds.chunks, lo, hi):
             old = np.asarray(ds[region], dtype=native)
             new = old.copy()
@@ -210,13 +236,16 @@ class HDF5Store(MemberStore):
                 new[inside] = data[index[inside] - lo]
             else:
                 new[()] = data[0]
-            if new.tobytes() == old.tobytes():
-                continue  # the stored values already: the chunk stays as it is
+            if new.tobytes() != old.tobytes():  # else the chunk stays as it is
+                changed.append((region, new))
+        if changed:
             ds = self._dataset(name, write=True)
-            ds[region] = new
+            for region, new in changed:
+                ds[region] = new
 
     def close(self) -> None:
         """Close the h5py file if it was opened (flushes writes)."""
+        self._datasets.clear()
         if self._file is not None:
             f, self._file = self._file, None
             f.close()

@@ -15,13 +15,14 @@ quick check alike.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from ...errors import InputError
 from .classic import ClassicStore
 from .hdf5 import HDF5Store
 from .netcdf4 import NetCDF4Store
-from .store import MemberStore
+from .store import MemberStore, VarInfo
 
 __all__ = ["BACKENDS", "HEAD_BYTES", "backend_of", "detect_backend", "open_member"]
 
@@ -52,7 +53,8 @@ def backend_of(path: Path, head: bytes) -> type[MemberStore] | None:
     return None if backend is None else backend.claimed_by(path)
 
 
-def open_member(path: str | os.PathLike[str], writable: bool = False) -> MemberStore:
+def open_member(path: str | os.PathLike[str], writable: bool = False, *,
+                known: Mapping[str, VarInfo] | None = None) -> MemberStore:
     """Open one member file for metadata and library-path I/O.
 
     Parameters
@@ -60,6 +62,10 @@ def open_member(path: str | os.PathLike[str], writable: bool = False) -> MemberS
     path : path-like
     writable : bool
         Allow library-path writes (``write_elements``).
+    known : mapping, optional
+        Variables (name → VarInfo) a scan of this very file, or of a byte copy of
+        it, found: the backend may skip parsing its metadata again
+        (:meth:`~ensio.io.formats.store.MemberStore.with_metadata`).
 
     Returns
     -------
@@ -87,4 +93,4 @@ def open_member(path: str | os.PathLike[str], writable: bool = False) -> MemberS
     backend = backend_of(p, head)
     if backend is None:
         raise InputError(f"{p}: not a netCDF file")
-    return backend(p, writable)
+    return backend(p, writable) if known is None else backend.with_metadata(p, writable, known)

@@ -209,6 +209,20 @@ class MemberStore(abc.ABC):
         self.writable = writable
 
     @classmethod
+    def with_metadata(cls, path: Path, writable: bool,
+                      known: Mapping[str, VarInfo]) -> MemberStore:
+        """Open ``path`` knowing variables a check of this very file found (``known``).
+
+        ``known`` (name → :class:`VarInfo`, usually only the state variables) comes
+        from the scan of the same file or of a byte copy of it. The default ignores it
+        and opens as usual; a backend whose metadata parse is costly (plain HDF5: a
+        walk over every object header in Python, ~10 ms per Veros restart, which an
+        analysis would otherwise repeat for every open of every member) takes it
+        and parses only when asked for a variable it does not hold.
+        """
+        return cls(path, writable)
+
+    @classmethod
     @abc.abstractmethod
     def sniff(cls, head: bytes) -> bool:
         """True if a file starting with ``head`` (≥ 8 bytes; up to 4 KiB) is this format."""

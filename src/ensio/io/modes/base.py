@@ -45,6 +45,7 @@ from ...layout.state import StateLayout
 from ...parallel.agree import root_call
 from ...progress import Advance, PhaseProgress, no_progress
 from ..scan.memberfiles import member_files
+from ..scan.members import MemberMeta
 from ..tiles.tiled import check_tiled_run
 from ..tiles.tileproducts import TileProducts, tile_paths
 from ..txn.commit import RunTransaction
@@ -143,13 +144,22 @@ class EnsembleIO(abc.ABC):
 
     @classmethod
     def from_paths(cls, paths: Sequence[Path], layout: StateLayout | EnsembleSection,
-                   io: IOSection, comm: MPI.Comm) -> EnsembleIO:  # fmt: skip
+                   io: IOSection, comm: MPI.Comm, *, private: bool = False,
+                   copies_of: Sequence[MemberMeta] | None = None) -> EnsembleIO:
         """Collective: the object for these member files (:func:`~.ensemble.open_ensemble`).
 
         The default is a constructor of ``files`` mode's signature; a mode
         that reads something else (``shuffle``: node-local tiles) refuses.
+        ``private``, ``copies_of``: the files are the run's staged copies (see
+        ``files`` mode).
         """
-        return cls(paths, layout, io, comm)  # type: ignore[call-arg]
+        return cls(paths, layout, io, comm, private=private,  # type: ignore[call-arg]
+                   copies_of=copies_of)
+
+    def checked_metas(self) -> Sequence[MemberMeta] | None:
+        """Collective: the checked metadata of the member files, current, if this mode
+        keeps it (byte copies of them need not be checked again); None by default."""
+        return None
 
     # ------------------------------------------------------- what a run leaves
     def member_files(self, config: Config) -> list[Path]:
@@ -170,7 +180,7 @@ class EnsembleIO(abc.ABC):
         """Collective: the analysis as copies at ``output.members`` (staged names)."""
         paths = self.copy_targets(config)
         stats = products.member_copies(config.io, comm, analysis, config.member_paths(), paths,
-                                       stage)  # fmt: skip
+                                       stage, copies_of=self.checked_metas())  # fmt: skip
         advance(len(paths))
         return stats
 

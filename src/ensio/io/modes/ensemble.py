@@ -35,6 +35,7 @@ from ...config.errors import ConfigError
 from ...config.schema import Config, EnsembleSection, IOSection
 from ...layout.block import EnsembleBlock
 from ...layout.state import StateLayout
+from ..scan.members import MemberMeta
 from .base import EnsembleIO
 from .files import FileEnsembleIO
 from .shuffle import ShuffleEnsembleIO
@@ -63,6 +64,9 @@ def open_ensemble(
     layout: StateLayout | EnsembleSection,
     io: IOSection,
     comm: MPI.Comm,
+    *,
+    private: bool = False,
+    copies_of: Sequence[MemberMeta] | None = None,
 ) -> EnsembleIO:
     """Collective: the ensemble-I/O object of ``io.mode`` for these member files.
 
@@ -75,8 +79,16 @@ def open_ensemble(
     io : IOSection
     comm : MPI.Comm
         The filter communicator (``MPI.COMM_SELF`` for a serial run).
+    private : bool
+        The files are the run's staged copies, renamed into place by its commit:
+        library-path writes go straight into them
+        (:class:`~ensio.io.modes.files.FileEnsembleIO`).
+    copies_of : sequence of MemberMeta, optional
+        The files are byte copies, just made, of files a scan checked, with this
+        metadata: not checked again.
     """
-    return mode_of(io).from_paths(paths, layout, io, comm)
+    return mode_of(io).from_paths(paths, layout, io, comm, private=private,
+                                  copies_of=copies_of)
 
 
 def read_ensemble(

@@ -45,7 +45,7 @@ from ...progress import Advance, no_progress
 from ...stopwatch import Stopwatch
 from ..formats.open import open_member
 from ..formats.raw import raw_read, raw_write
-from ..scan.members import MemberScan, resolve_io_tasks, root_layout
+from ..scan.members import MemberMeta, MemberScan, resolve_io_tasks, root_layout
 from ..txn import journal as journal_mod
 from ..txn.commit import journaled_write
 from .base import EnsembleIO
@@ -78,6 +78,14 @@ class FileEnsembleIO(EnsembleIO):
     comm : MPI.Comm
         The filter communicator (``MPI.COMM_SELF`` for a serial run). Not
         freed; the object frees only the communicators it splits.
+    private : bool
+        The files are a run's staged copies that no one reads before the run's
+        commit renames them (analysis copies, ``io.in_place: false``): library-path
+        variables are written straight into them, not into a second copy renamed
+        over them (:func:`ensio.io.txn.librarycopy.rewrite_elements`).
+    copies_of : sequence of MemberMeta, optional
+        The files are byte copies, just made, of scanned files with this metadata:
+        not opened again to be checked (:class:`~ensio.io.scan.members.MemberScan`).
 
     Attributes
     ----------
@@ -109,16 +117,20 @@ class FileEnsembleIO(EnsembleIO):
         layout: StateLayout | EnsembleSection,
         io: IOSection,
         comm: MPI.Comm,
+        *,
+        private: bool = False,
+        copies_of: Sequence[MemberMeta] | None = None,
     ) -> None:
         self.paths = list(paths)
         self.io = io
         self.comm = comm
+        self.private = private
         self.n_io = root_call(comm, lambda: resolve_io_tasks(io, len(self.paths), comm.size))
         self._recover()
         if not isinstance(layout, StateLayout):
             layout = root_layout(layout, self.paths[0], comm)
         self.layout = layout
-        self.scan = MemberScan(self.paths, layout, comm)
+        self.scan = MemberScan(self.paths, layout, comm, copies_of)
         self.groups = io_groups(comm, self.n_io)
         self.rows = RowDistribution.of(layout.n_rows, comm)
         tasks = RowDistribution(comm.size, self.n_io, self.groups.group)
@@ -150,6 +162,12 @@ class FileEnsembleIO(EnsembleIO):
     @property
     def n_members(self) -> int:
         return len(self.paths)
+
+    def checked_metas(self) -> list[MemberMeta]:
+        """Collective: the member files' metadata, current (one ``stat`` per file; a file
+        that changed since it was checked is checked again)."""
+        self._prepare()
+        return list(self.scan.metas)
 
     @property
     def state_bytes(self) -> int:
@@ -302,7 +320,7 @@ class FileEnsembleIO(EnsembleIO):
                     buf = scratch.get(info.dtype, seg.n_elems)
                     arr = raw_read(fd, info, seg.elem_lo, seg.elem_hi, out=buf, path=path)
                 else:
-                    store = store or open_member(path)
+                    store = store or open_member(path, known=meta.infos)
                     arr = store.read_elements(name, seg.elem_lo, seg.elem_hi)
                 src = arr if seg.select is None else arr[seg.select]
                 self._maybe_nonfinite |= info.encoding.decode(src, dst)

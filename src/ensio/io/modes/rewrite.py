@@ -41,6 +41,7 @@ class LibraryWriter(Protocol):
     paths: list[Path]
     io: IOSection
     scan: MemberScan
+    private: bool
 
 
 def variable_counts(rows: RowDistribution, offset: int, size: int) -> np.ndarray:
@@ -101,8 +102,9 @@ def write_library(
                 infos = ens.scan.metas[m].infos
                 encodings = {name: infos[name].encoding for name in gathered}
                 note = guard(
-                    lambda m=m, g=gathered, e=encodings: _count(
-                        clips, layout, rewrite_copy(ens.paths[m], layout, g, undo, ens.io.fsync, e)
+                    lambda m=m, g=gathered, e=encodings, i=infos: _count(
+                        clips, layout, rewrite_copy(ens.paths[m], layout, g, undo, ens.io.fsync,
+                                                    e, known=i, private=ens.private)
                     )
                 )
     return note

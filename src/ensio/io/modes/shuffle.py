@@ -54,6 +54,7 @@ from ...parallel.agree import ErrorNote, agree, guard, note_error, raise_if_any,
 from ...parallel.nodes import this_host
 from ...progress import Advance, no_progress
 from ..node.placemap import format_local_dir, holder_rank
+from ..scan.members import MemberMeta
 from ..scan.tileplace import check_local_tiles
 from ..tiles.tilefile import plan_runs, read_tile, write_tile
 from ..tiles.tileproducts import TileProducts
@@ -452,7 +453,8 @@ class ShuffleEnsembleIO(EnsembleIO):
 
     @classmethod
     def from_paths(cls, paths: Sequence[Path], layout: StateLayout | EnsembleSection,
-                   io: IOSection, comm: MPI.Comm) -> EnsembleIO:  # fmt: skip
+                   io: IOSection, comm: MPI.Comm, *, private: bool = False,
+                   copies_of: Sequence[MemberMeta] | None = None) -> EnsembleIO:
         raise ConfigError(f"io.mode: {io.mode} reads the node-local copies of "
                           "io.local_dir, not a list of member paths (run it through "
                           "ensio analyse)")  # fmt: skip

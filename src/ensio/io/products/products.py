@@ -43,6 +43,7 @@ from ...parallel.agree import all_call, root_call
 from ...parallel.distribution import RowDistribution
 from ..modes.copies import copy_members
 from ..modes.ensemble import IOStats, open_ensemble
+from ..scan.members import MemberMeta
 from ..tiles.tileproducts import TileProducts, tile_paths
 from ..txn.staging import PartialFiles
 from ..txn.transaction import Staging
@@ -186,6 +187,8 @@ def write_member_copies(
     sources: Sequence[Path],
     targets: Sequence[Path],
     stage: Staging | None = None,
+    *,
+    copies_of: Sequence[MemberMeta] | None = None,
 ) -> IOStats:
     """Collective: analysis member m = a copy of ``sources[m]`` with the state replaced.
 
@@ -216,6 +219,9 @@ def write_member_copies(
     stage : callable, optional
         Write copy m to ``stage(targets[m])`` and leave it there (the run's
         commit renames it); default: a temporary name renamed at once.
+    copies_of : sequence of MemberMeta, optional
+        The checked metadata of ``sources`` (the read's scan, current): the
+        byte copies are not opened again to be checked.
 
     Returns
     -------
@@ -230,7 +236,9 @@ def write_member_copies(
     own = PartialFiles(targets[m] for m in range(comm.rank, len(targets), comm.size))
     temps = [(own.stage if stage is None else stage)(t) for t in targets]
     all_call(comm, lambda: copy_members(sources, temps, comm.rank, comm.size))
-    with open_ensemble(temps, block.layout, out_io, comm) as ens:
+    # the copies are private until renamed: written into directly, not copied again
+    with open_ensemble(temps, block.layout, out_io, comm, private=True,
+                       copies_of=copies_of) as ens:
         stats = ens.write(block)
     if stage is None:
         all_call(comm, own.commit)

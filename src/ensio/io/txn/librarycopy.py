@@ -16,11 +16,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ...durable import replacing
+from ...durable import fsync_path, replacing
 from ...layout.companions import Companion, changed_bytes, write_back
 from ...layout.encoding import Encoding
 from ...layout.state import StateLayout
 from ..formats.open import open_member
+from ..formats.store import MemberStore, VarInfo
 from . import journal
 
 __all__ = ["rewrite_copy", "rewrite_elements"]
@@ -33,17 +34,21 @@ def rewrite_copy(
     undo: journal.UndoLog | None,
     fsync: bool,
     encodings: Mapping[str, Encoding] | None = None,
+    *,
+    known: Mapping[str, VarInfo] | None = None,
+    private: bool = False,
 ) -> dict[str, int]:
     """Write library-path variables into a copy of ``path`` and rename it into place.
 
     ``values`` are physical (NaN: keep the prior value) state rows of the
     layout's variables (:func:`rewrite_elements` with their active elements
-    and their write-back companions).
+    and their write-back companions; ``known`` and ``private`` as there).
     """
     return rewrite_elements(
         path, {name: (layout.variable(name).active, full) for name, full in values.items()},
         undo, fsync, encodings,
         companions={name: layout.variable(name).companions for name in values},
+        known=known, private=private,
     )  # fmt: skip
 
 
@@ -54,6 +59,9 @@ def rewrite_elements(
     fsync: bool,
     encodings: Mapping[str, Encoding] | None = None,
     companions: Mapping[str, Sequence[Companion]] | None = None,
+    *,
+    known: Mapping[str, VarInfo] | None = None,
+    private: bool = False,
 ) -> dict[str, int]:
     """Variables' elements ``values[name] = (elements, physical values)`` via a copy of ``path``.
 
@@ -70,31 +78,55 @@ def rewrite_elements(
     itself: a symlinked member stays a link to the rewritten file, and the
     copy keeps the file's permission bits and owner
     (:func:`ensio.durable.replacing`). The journal backs up that same file.
+
+    ``known``: the file's variables as the scan found them (of this file or of
+    the file it is a byte copy of), so it is not parsed again. ``private``: the
+    file is a run's staged copy that no one reads before the run's commit
+    renames it (:func:`ensio.io.products.products.write_member_copies`): the
+    changed variables are written straight into it, without a second copy and
+    rename. That is as safe: an interrupted run never commits, and its staged
+    files are removed whole by the rollback, whatever state they were left in.
     """
     path = Path(os.path.realpath(path))
     companions = companions or {}
-    with open_member(path) as store:
-        infos = store.variables()
-        # in a fixed order: the order of the writes decides where HDF5 puts the chunks,
-        # so a set (hash order varies per process) would make the bytes vary with N_mpi
-        written = list(dict.fromkeys([*values, *(c.target for name in values
-                                                 for c in companions.get(name, ()))]))
+    # in a fixed order: the order of the writes decides where HDF5 puts the chunks,
+    # so a set (hash order varies per process) would make the bytes vary with N_mpi
+    written = list(dict.fromkeys([*values, *(c.target for name in values
+                                             for c in companions.get(name, ()))]))
+    if known is not None and not all(name in known for name in written):
+        known = None
+    store = open_member(path, writable=private, known=known)
+    try:
+        infos = known if known is not None else store.variables()
         encs = {name: (encodings or {}).get(name) or infos[name].encoding for name in written}
         stored = {name: store.read_elements(name, 0, infos[name].size) for name in written}
-    before = {name: cur.copy() for name, cur in stored.items()}
-    clips: dict[str, int] = {}
-    for name, (elements, full) in values.items():
-        rows_at = (np.arange(full.size, dtype=np.int64) if elements is None
-                   else np.asarray(elements, dtype=np.int64))  # fmt: skip
-        clips[name] = write_back(stored, encs, name, rows_at, full, companions.get(name, ()))
-    changed = [name for name in stored if changed_bytes(stored[name], before[name]).any()]
-    if not changed:
+        before = {name: cur.copy() for name, cur in stored.items()}
+        clips: dict[str, int] = {}
+        for name, (elements, full) in values.items():
+            rows_at = (np.arange(full.size, dtype=np.int64) if elements is None
+                       else np.asarray(elements, dtype=np.int64))  # fmt: skip
+            clips[name] = write_back(stored, encs, name, rows_at, full, companions.get(name, ()))
+        changed = [name for name in stored if changed_bytes(stored[name], before[name]).any()]
+        if private:  # straight into the staged file, through the handle that read it
+            _write_changed(store, changed, stored)
+    finally:
+        store.close()
+    if private and changed and fsync:
+        fsync_path(path)
+    if private or not changed:
         return clips
     if undo is not None:
         undo.save_file(path)
     with replacing(path, fsync=fsync, label="library") as tmp:
         shutil.copyfile(path, tmp)
-        with open_member(tmp, writable=True) as store:
-            for name in changed:
-                store.write_elements(name, 0, stored[name])
+        # a byte copy: the metadata ``known`` for the file holds for it too
+        with open_member(tmp, writable=True, known=known) as copy:
+            _write_changed(copy, changed, stored)
     return clips
+
+
+def _write_changed(store: MemberStore, changed: Sequence[str],
+                   stored: Mapping[str, np.ndarray]) -> None:
+    """The ``changed`` variables' new values ``stored[name]`` (whole variables) into ``store``."""
+    for name in changed:
+        store.write_elements(name, 0, stored[name])
