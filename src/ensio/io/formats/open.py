@@ -54,7 +54,8 @@ def backend_of(path: Path, head: bytes) -> type[MemberStore] | None:
 
 
 def open_member(path: str | os.PathLike[str], writable: bool = False, *,
-                known: Mapping[str, VarInfo] | None = None) -> MemberStore:
+                known: Mapping[str, VarInfo] | None = None,
+                backend: type[MemberStore] | None = None) -> MemberStore:
     """Open one member file for metadata and library-path I/O.
 
     Parameters
@@ -66,6 +67,9 @@ def open_member(path: str | os.PathLike[str], writable: bool = False, *,
         Variables (name → VarInfo) a scan of this very file, or of a byte copy of
         it, found: the backend may skip parsing its metadata again
         (:meth:`~ensio.io.formats.store.MemberStore.with_metadata`).
+    backend : MemberStore class, optional
+        The format that check found (with ``known`` only): not detected again
+        (a plain HDF5 file is told from netCDF-4 by a walk over its datasets).
 
     Returns
     -------
@@ -81,6 +85,8 @@ def open_member(path: str | os.PathLike[str], writable: bool = False, *,
         or a corrupt-metadata message naming the file.
     """
     p = Path(path)
+    if known is not None and backend is not None:
+        return backend.with_metadata(p, writable, known)
     try:
         with open(p, "rb") as fh:
             head = fh.read(HEAD_BYTES)

@@ -320,7 +320,7 @@ class FileEnsembleIO(EnsembleIO):
                     buf = scratch.get(info.dtype, seg.n_elems)
                     arr = raw_read(fd, info, seg.elem_lo, seg.elem_hi, out=buf, path=path)
                 else:
-                    store = store or open_member(path, known=meta.infos)
+                    store = store or open_member(path, known=meta.infos, backend=meta.store)
                     arr = store.read_elements(name, seg.elem_lo, seg.elem_hi)
                 src = arr if seg.select is None else arr[seg.select]
                 self._maybe_nonfinite |= info.encoding.decode(src, dst)

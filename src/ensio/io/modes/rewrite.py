@@ -99,12 +99,13 @@ def write_library(
                 gathered[v.name] = full
         if comm.rank == owner and note is None:
             with sw("write"):
-                infos = ens.scan.metas[m].infos
-                encodings = {name: infos[name].encoding for name in gathered}
+                meta = ens.scan.metas[m]
+                encodings = {name: meta.infos[name].encoding for name in gathered}
                 note = guard(
-                    lambda m=m, g=gathered, e=encodings, i=infos: _count(
+                    lambda m=m, g=gathered, e=encodings, meta=meta: _count(
                         clips, layout, rewrite_copy(ens.paths[m], layout, g, undo, ens.io.fsync,
-                                                    e, known=i, private=ens.private)
+                                                    e, known=meta.infos, backend=meta.store,
+                                                    private=ens.private)
                     )
                 )
     return note

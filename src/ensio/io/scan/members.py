@@ -62,6 +62,8 @@ class MemberMeta:
     time: np.ndarray | None = None
     #: Accepted by the quick check (:mod:`ensio.io.scan.quickcheck`), not the full one.
     quick: bool = False
+    #: The file's format as the check found it: reopening the file need not look again.
+    store: type[MemberStore] | None = None
 
     def raw(self, name: str) -> bool:
         """Whether state variable ``name`` moves as a plain byte range (else: library path)."""
@@ -155,7 +157,8 @@ def quick_member(path: Path, layout: StateLayout, template: Template) -> MemberM
         return None
     infos, times = quick
     state = _check_variables(path, layout, infos)
-    return MemberMeta(state, True, template.library_writes, time=times, quick=True)
+    return MemberMeta(state, True, template.library_writes, time=times, quick=True,
+                      store=template.store)
 
 
 def _full_check(path: Path, layout: StateLayout) -> tuple[MemberMeta, dict[str, VarInfo], str]:
@@ -171,7 +174,7 @@ def _full_check(path: Path, layout: StateLayout) -> tuple[MemberMeta, dict[str, 
             return None if info is None else read_whole(store, info)
 
         times = check_coordinates(path, layout, read)
-    return MemberMeta(out, *caps, time=times), infos, fmt
+    return MemberMeta(out, *caps, time=times, store=type(store)), infos, fmt
 
 
 def member_template(path: Path, layout: StateLayout) -> tuple[MemberMeta, Template | None]:

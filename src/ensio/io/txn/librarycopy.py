@@ -36,19 +36,20 @@ def rewrite_copy(
     encodings: Mapping[str, Encoding] | None = None,
     *,
     known: Mapping[str, VarInfo] | None = None,
+    backend: type[MemberStore] | None = None,
     private: bool = False,
 ) -> dict[str, int]:
     """Write library-path variables into a copy of ``path`` and rename it into place.
 
     ``values`` are physical (NaN: keep the prior value) state rows of the
     layout's variables (:func:`rewrite_elements` with their active elements
-    and their write-back companions; ``known`` and ``private`` as there).
+    and their write-back companions; ``known``, ``backend``, ``private`` as there).
     """
     return rewrite_elements(
         path, {name: (layout.variable(name).active, full) for name, full in values.items()},
         undo, fsync, encodings,
         companions={name: layout.variable(name).companions for name in values},
-        known=known, private=private,
+        known=known, backend=backend, private=private,
     )  # fmt: skip
 
 
@@ -61,6 +62,7 @@ def rewrite_elements(
     companions: Mapping[str, Sequence[Companion]] | None = None,
     *,
     known: Mapping[str, VarInfo] | None = None,
+    backend: type[MemberStore] | None = None,
     private: bool = False,
 ) -> dict[str, int]:
     """Variables' elements ``values[name] = (elements, physical values)`` via a copy of ``path``.
@@ -80,7 +82,8 @@ def rewrite_elements(
     (:func:`ensio.durable.replacing`). The journal backs up that same file.
 
     ``known``: the file's variables as the scan found them (of this file or of
-    the file it is a byte copy of), so it is not parsed again. ``private``: the
+    the file it is a byte copy of), so it is not parsed again; ``backend``: its
+    format as that scan found it (:func:`~ensio.io.formats.open.open_member`). ``private``: the
     file is a run's staged copy that no one reads before the run's commit
     renames it (:func:`ensio.io.products.products.write_member_copies`): the
     changed variables are written straight into it, without a second copy and
@@ -95,7 +98,7 @@ def rewrite_elements(
                                              for c in companions.get(name, ()))]))
     if known is not None and not all(name in known for name in written):
         known = None
-    store = open_member(path, writable=private, known=known)
+    store = open_member(path, writable=private, known=known, backend=backend)
     try:
         infos = known if known is not None else store.variables()
         encs = {name: (encodings or {}).get(name) or infos[name].encoding for name in written}
@@ -120,7 +123,7 @@ def rewrite_elements(
     with replacing(path, fsync=fsync, label="library") as tmp:
         shutil.copyfile(path, tmp)
         # a byte copy: the metadata ``known`` for the file holds for it too
-        with open_member(tmp, writable=True, known=known) as copy:
+        with open_member(tmp, writable=True, known=known, backend=backend) as copy:
             _write_changed(copy, changed, stored)
     return clips
 
