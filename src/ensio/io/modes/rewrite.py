@@ -17,7 +17,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ...config.schema import IOSection
-from ...layout.state import StateLayout
+from ...layout.state import StateLayout, VariableLayout
 from ...parallel.agree import ErrorNote, guard
 from ...parallel.distribution import RowDistribution
 from ...stopwatch import Stopwatch
@@ -74,30 +74,21 @@ def write_library(
     comm, rows, layout = ens.comm, ens.rows, ens.layout
     comm.Barrier()  # raw in-place writes are finished before files are copied
     note: ErrorNote = None
-    for m, meta in enumerate(ens.scan.metas):
-        lib = [v for v in layout.variables if not meta.raw(v.name)]
-        if not lib:
-            continue
-        owner = m % comm.size
-        gathered: dict[str, np.ndarray] = {}
-        for v in lib:
-            counts = variable_counts(rows, v.offset, v.size)
-            displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
-            a, b = max(rows.start, v.offset), min(rows.stop, v.offset + v.size)
-            mine = data[m, a - rows.start : b - rows.start] if b > a else data[m, :0]
-            flags = keep[a - rows.start : b - rows.start] if b > a else keep[:0]
-            if flags.any():
-                mine = np.where(flags, np.nan, mine)
-            full = np.empty(v.size) if comm.rank == owner else None
-            with sw("comm"):
-                comm.Gatherv(
-                    np.ascontiguousarray(mine),
-                    [full, counts, displs, MPI.DOUBLE] if full is not None else None,
-                    root=owner,
-                )
-            if full is not None:
-                gathered[v.name] = full
-        if comm.rank == owner and note is None:
+    files = [(m, [v for v in layout.variables if not meta.raw(v.name)])
+             for m, meta in enumerate(ens.scan.metas)]
+    files = [(m, lib) for m, lib in files if lib]
+    # In rounds of comm.size files, rank i owning the i-th: all of a round's gathers first,
+    # then every owner rewrites its file while the others rewrite theirs. Gathering and
+    # rewriting file by file would serialise the ranks (the next file's gather waits for
+    # the owner still rewriting the last one); a round holds one file per rank.
+    for r in range(0, len(files), comm.size):
+        mine_to_write: tuple[int, dict[str, np.ndarray]] | None = None
+        for owner, (m, lib) in enumerate(files[r : r + comm.size]):
+            gathered = _gather_file(comm, rows, data, keep, m, lib, owner, sw)
+            if gathered is not None:
+                mine_to_write = (m, gathered)
+        if mine_to_write is not None and note is None:
+            m, gathered = mine_to_write
             with sw("write"):
                 meta = ens.scan.metas[m]
                 encodings = {name: meta.infos[name].encoding for name in gathered}
@@ -109,6 +100,31 @@ def write_library(
                     )
                 )
     return note
+
+
+def _gather_file(comm: MPI.Comm, rows: RowDistribution, data: np.ndarray, keep: np.ndarray,
+                 m: int, lib: list[VariableLayout], owner: int,
+                 sw: Stopwatch) -> dict[str, np.ndarray] | None:
+    """Collective: member ``m``'s library-path variables whole on ``owner`` (None elsewhere)."""
+    gathered: dict[str, np.ndarray] = {}
+    for v in lib:
+        counts = variable_counts(rows, v.offset, v.size)
+        displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        a, b = max(rows.start, v.offset), min(rows.stop, v.offset + v.size)
+        mine = data[m, a - rows.start : b - rows.start] if b > a else data[m, :0]
+        flags = keep[a - rows.start : b - rows.start] if b > a else keep[:0]
+        if flags.any():
+            mine = np.where(flags, np.nan, mine)
+        full = np.empty(v.size) if comm.rank == owner else None
+        with sw("comm"):
+            comm.Gatherv(
+                np.ascontiguousarray(mine),
+                [full, counts, displs, MPI.DOUBLE] if full is not None else None,
+                root=owner,
+            )
+        if full is not None:
+            gathered[v.name] = full
+    return gathered if comm.rank == owner else None
 
 
 def _count(clips: np.ndarray, layout: StateLayout, found: dict[str, int]) -> None:
