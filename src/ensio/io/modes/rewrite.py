@@ -5,7 +5,10 @@ compressed chunk whose size changes is moved by HDF5 (chunk index and
 superblock change), so a byte-range undo log cannot cover it. After every raw
 in-place write is done, each such variable is gathered whole to one owner rank
 per file, which writes a copy of the file through the library and renames it
-into place; the journal keeps the original inode as a whole-file backup.
+into place; the journal keeps the original inode as a whole-file backup. Files
+that are a run's private staged copies (analysis copies, renamed only by the
+run's commit) are written directly, without that second copy. The owners take
+the files in rounds, one per rank, so the ranks rewrite at the same time.
 """
 
 from __future__ import annotations
@@ -64,6 +67,9 @@ def write_library(
     clips: np.ndarray,
 ) -> ErrorNote:
     """Library-path variables: gather each whole to one owner per file, rewrite a copy, rename.
+
+    (Into a run's private staged copies, ``ens.private``, the owner writes directly:
+    :func:`ensio.io.txn.librarycopy.rewrite_elements`.)
 
     Collective over ``ens.comm``; every rank walks the same (member, variable)
     list, derived from metadata all ranks share, so the gathers match. Gathers
