@@ -39,7 +39,7 @@ rm -rf "$WORKDIR"
 "$python" - "$OUT/transfer.json" <<'PY'
 import json, sys
 from ensio.bench.machine import machine_markdown
-from ensio.bench.transfer import headline, markdown_rows
+from ensio.bench.transfer_report import headline, markdown_rows
 
 r = json.load(open(sys.argv[1]))
 st = r["settings"]

@@ -76,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
     """Measure, print the table, write JSON and PNG."""
     from rich.console import Console
 
-    from ..bench.transfer import TransferBenchSettings, bench_transfer, plot_result, result_table
+    from ..bench.transfer import TransferBenchSettings, bench_transfer
+    from ..bench.transfer_report import plot_result, result_table
     from .benchout import run_with_status, write_results
 
     st = TransferBenchSettings(files=args.files, size_mb=args.size_mb, fields=args.fields,
