@@ -38,17 +38,18 @@ Three decisions of :class:`~.table.Table` that need facts from outside the proto
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .entries import Entry
+from .entries import Entry, Peer, Reply
 from .pool import exclusive_writable
 
 if TYPE_CHECKING:
     from .table import Table
 
-__all__ = ["KEEP_DEFAULT", "default_budget_bytes", "let_go", "read_keep_lines",
+__all__ = ["KEEP_DEFAULT", "default_budget_bytes", "let_go", "over_budget", "read_keep_lines",
            "recycled_room", "release_consumed", "releasable", "warn_stale"]
 
 KEEP_DEFAULT = ("until-unlinked", frozenset())  # no keep line: held until unlinked
@@ -170,3 +171,17 @@ def let_go(table: Table, e: Entry) -> None:
     rw = exclusive_writable(fd)  # closes fd
     if rw is not None:
         table.pool.recycle(rw, size, e.budget_key, e.path, recycled_room(table, e))
+
+
+def over_budget(table: Table, peer: Peer, path: str, conn: str, fallback: str) -> Reply:
+    """The reply to a create that does not fit its connection's budget (after consumed
+    files were released): the real file (``fallback: files``) or ENOSPC, logged."""
+    name = conn.split(":", 1)[-1] if conn else \
+        f"(default budget of the host: {table.default_budget >> 20} MiB)"
+    if fallback == "files":
+        table.log.warning("%s: connection %s is at its memory budget: %s writes the real "
+                          "file (fallback: files)", path, name, peer)
+        return Reply("FALLBACK")
+    table.log.error("%s: connection %s is at its memory budget: open by %s fails with "
+                    "ENOSPC (fallback: error)", path, name, peer)
+    return Reply.err(errno.ENOSPC)

@@ -40,6 +40,7 @@ from .budget import (
     default_budget_bytes,
     let_go,
     newer_on_disk,
+    over_budget,
     recycled_room,
     release_consumed,
     warn_stale,
@@ -49,7 +50,6 @@ from .pool import MemfdPool, supply_memfd
 from .progress import Progress
 
 __all__ = ["Entry", "Peer", "Reply", "Table"]
-
 
 
 class Table:
@@ -104,7 +104,7 @@ class Table:
                 return Reply.err(errno.EBUSY)
             if budget >= 0 and self.usage(key, exclude=cur) >= budget and \
                     release_consumed(self, key, budget - 1, path, skip=cur, uncounted=cur):
-                return self._over_budget(peer, path, key, fallback)
+                return over_budget(self, peer, path, key, fallback)
             warn_stale(self, path, cur, origin, keep)
             source = os.dup(cur.fd) if keep and cur is not None and cur.fd is not None else None
             mode = self._existing_mode(path, cur, mode)
@@ -141,6 +141,7 @@ class Table:
             self.cond.notify_all()
         return Reply("OK", {"id": entry.id, "mode": f"0{mode:o}"},
                      os.dup(memfd) if supplied else None)
+
     @staticmethod
     def _existing_mode(path: str, cur: Entry | None, mode: int) -> int:
         """An open of an existing file keeps its permission bits (``mode`` is for creating)."""
@@ -150,17 +151,6 @@ class Table:
             return os.stat(path).st_mode & 0o7777
         except OSError:
             return mode
-
-    def _over_budget(self, peer: Peer, path: str, conn: str, fallback: str) -> Reply:
-        name = conn.split(":", 1)[-1] if conn else \
-            f"(default budget of the host: {self.default_budget >> 20} MiB)"
-        if fallback == "files":
-            self.log.warning("%s: connection %s is at its memory budget: %s writes the real "
-                             "file (fallback: files)", path, name, peer)
-            return Reply("FALLBACK")
-        self.log.error("%s: connection %s is at its memory budget: open by %s fails with "
-                       "ENOSPC (fallback: error)", path, name, peer)
-        return Reply.err(errno.ENOSPC)
 
     def usage(self, key: str, exclude: Entry | None = None) -> int:
         return sum(e.size() for e in self.entries.values()
