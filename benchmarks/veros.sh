@@ -6,7 +6,7 @@
 # LETKF with horizontal and vertical localization) beside a free ensemble. Prints the
 # RMSE of analysis and free run against the truth, spread/RMSE, and per cycle the timing
 # split: member runs, queue wait, ensemble I/O, analysis (goal: I/O + analysis <= 5 %).
-# About an hour on 2 cores. Results: $OUT/veros.json and the experiment in $WORKDIR
+# About 16 minutes on 2 cores (spin-up, cycles and the free run). Results: $OUT/veros.json and the experiment in $WORKDIR
 # (plots in $WORKDIR/plots). Rerunning continues an interrupted run.
 #
 # Environment (defaults in brackets):
