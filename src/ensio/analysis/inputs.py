@@ -16,6 +16,7 @@ member files.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -26,15 +27,19 @@ from ..config.analysis import AnalysisSection, ObservationFile
 from ..config.errors import ConfigError
 from ..errors import InputError
 from ..layout.block import EnsembleBlock
+from ..layout.rowsetblock import RowSetBlock
 from ..obs import Locator, ObsBatch, ObsSource, build_operator, read_source
 from ..obs.read import PARTIAL_READ_BYTES, obs_count
 from ..parallel.agree import all_call, root_call
+from ..parallel.distribution import RowDistribution
+from ..parallel.rowsets import RowSets
 from ..stopwatch import Stopwatch
 from .distributed import observation_owners, observations_near, row_plan
 from .filters import localization_from_config
 from .pipeline import AnalysisSettings, analyse_rows
 from .placement import block_row_coordinates, obs_coordinates, state_grid
 from .regional_obs import load_regional, regional_wanted
+from .regroup import location_plan, move_columns
 from .result import AnalysisResult
 from .stoo import SlotPrior, SlotReader, slot_prior
 from .winterp import selection_radius, weight_grid
@@ -233,6 +238,12 @@ def assimilate_block(
             "(ensemble.slots); only ensio analyse runs a 4-D analysis"
         )
     sw = Stopwatch()
+    plan = None if slots is not None or getattr(block, "plan", None) is not None else \
+        location_plan(block.layout, comm)
+    given = block
+    if plan is not None:  # each transform once: the same locations of every variable
+        with sw("rows"):
+            block = _grouped(block, plan, comm)
     with sw("load"):
         prior = None
         if slots is None:
@@ -241,10 +252,45 @@ def assimilate_block(
             obs, prior = _slot_observations(observation_files, analysis, block, slots, comm)
     with sw("rows"):
         result = analyse_rows(block, obs, AnalysisSettings(analysis, cycle=cycle), comm, prior)
+        if plan is not None:
+            result = _ungrouped(result, given, plan, comm)
     in_rows = result.timings.get("obs", 0.0)
     seconds["obs"] = sw["load"] + in_rows
     seconds["analysis"] = sw["rows"] - in_rows
     return result
+
+
+def _grouped(block: EnsembleBlock, plan: RowSets, comm: MPI.Comm) -> RowSetBlock:
+    """Collective: ``block`` (this rank's rows of the block distribution) as ``plan``'s rows."""
+    dist = RowDistribution.of(block.layout.n_rows, comm)
+    data = move_columns(np.asarray(block.data, dtype=np.float64), block.rows, plan.rows,
+                        dist.owner, plan.owner, comm)
+    inactive = None
+    if comm.allreduce(block.inactive is not None, op=MPI.LOR):
+        flags = np.zeros(block.count) if block.inactive is None else block.inactive
+        inactive = move_columns(np.asarray(flags, dtype=np.float64)[None], block.rows,
+                                plan.rows, dist.owner, plan.owner, comm)[0] > 0.5
+    return RowSetBlock.of(block.layout, plan, data, inactive)
+
+
+def _ungrouped(result: AnalysisResult, block: EnsembleBlock, plan: RowSets,
+               comm: MPI.Comm) -> AnalysisResult:
+    """Collective: the per-row parts of ``result`` (``plan``'s rows) back on ``block``'s rows."""
+    dist = RowDistribution.of(block.layout.n_rows, comm)
+
+    def back(values: np.ndarray) -> np.ndarray:
+        return move_columns(values, plan.rows, block.rows, plan.owner, dist.owner, comm)
+
+    def row(values: np.ndarray | None) -> np.ndarray | None:
+        if not comm.allreduce(values is not None, op=MPI.LAND):
+            return None
+        assert values is not None
+        return back(np.asarray(values, dtype=np.float64)[None])[0].astype(values.dtype)
+
+    return dataclasses.replace(
+        result, ensemble=back(result.ensemble), n_obs=row(result.n_obs),
+        inflation=row(result.inflation), dRd=row(result.dRd), trace=row(result.trace),
+        weight_sum=row(result.weight_sum))
 
 
 def _slot_observations(

@@ -24,10 +24,14 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-__all__ = ["KERNEL_MODULES", "cache_files", "warm"]
+if TYPE_CHECKING:
+    from ..config.schema import AnalysisSection
+
+__all__ = ["KERNEL_MODULES", "cache_files", "warm", "warm_for"]
 
 #: The modules holding ``@njit(cache=True)`` kernels.
 KERNEL_MODULES = ("taperfused", "lockstep_ql", "eigensolver", "lockstep_apply", "winterp_bands")
@@ -86,6 +90,44 @@ def warm() -> float:
             for state in (X, np.asfortranarray(X)):
                 interpolated_local(state, grid, obs, loc, VARIANTS[method], 1.0, "batched", 16,
                                    1, Stopwatch(enabled=False), WeightGrid(lon, lat, 2))
+    return time.perf_counter() - t0
+
+
+def warm_for(analysis: AnalysisSection, members: int) -> float:
+    """Load what one configured analysis uses, on a tiny case; seconds taken.
+
+    For an analysis started ahead (:mod:`ensio.workflow.prestart`): the
+    configured filter runs on a few points with ``members`` members (the
+    kernels' types and paths depend on the member count), one row and
+    several rows per point, so numba's cached kernels and scipy's k-d tree
+    module are loaded before the members are due. Nothing is read or written.
+    """
+    from scipy.spatial import cKDTree  # noqa: F401  (the observation search imports it)
+
+    from .filters import make_filter
+    from .obsspace import ObsSpace
+
+    t0 = time.perf_counter()
+    filt = make_filter(analysis)
+    rng = np.random.default_rng(0)
+    k, n, m = max(members, 2), 24, 12
+    loc = getattr(filt, "localization", None)
+    kind = loc.geometry.kind if loc is not None else "euclidean"
+    if kind == "lonlat":
+        pts = np.stack([rng.uniform(-5, 5, n), rng.uniform(-5, 5, n)], axis=1)
+        where = np.stack([rng.uniform(-5, 5, m), rng.uniform(-5, 5, m)], axis=1)
+    else:
+        pts, where = rng.uniform(0, 1, (n, 1)), rng.uniform(0, 1, (m, 1))
+    if loc is not None and loc.vertical is not None:
+        pts = np.concatenate([pts, rng.uniform(0, 10, (n, 1))], axis=1)
+        where = np.concatenate([where, rng.uniform(0, 10, (m, 1))], axis=1)
+    for rows in (pts, np.concatenate([pts, pts])):
+        pert = rng.standard_normal((k, m))
+        obs = ObsSpace(hx=rng.standard_normal((k, m)), values=rng.standard_normal(m),
+                       errors=np.ones(m), coords=where, ids=np.arange(m),
+                       perturbations=pert - pert.mean(axis=0))
+        X = rng.standard_normal((k, rows.shape[0]))
+        filt.analyse(X, rows if loc is not None else None, obs)
     return time.perf_counter() - t0
 
 

@@ -8,6 +8,8 @@ Key names are part of the interface (issue 4)::
       time_limit: "00:20:00"     # per job; also D-HH:MM:SS or a number of seconds
       member_command: "python -m mymodel --init {analysis} --out {forecast}"
       analysis_ranks: 2
+      prestart: true             # start the analysis while the last members run
+      resident: false            # local: one analysis program serves every cycle
       retries: 1
       min_members: 40            # null: every member must succeed
       task_estimate: "00:01:00"  # used until records give a better estimate
@@ -278,6 +280,17 @@ class WorkflowSection:
         exits 0 and wrote ``{forecast}``. Never run through a shell.
     analysis_ranks : int
         MPI ranks of the analysis task.
+    prestart : bool
+        A job with nothing left but the analysis starts it while the last
+        members run: interpreter, imports and warm-up happen then, and the
+        analysis proper begins the moment the members are settled
+        (:mod:`ensio.workflow.prestart`). ``false``: the analysis starts then.
+    resident : bool
+        Local back-end: ``ensio cycle`` starts the analysis program once and
+        every cycle's analysis task runs on it (:mod:`ensio.workflow.resident`),
+        so no cycle pays the analysis' interpreter start, imports and
+        teardown. Not with ``backend: slurm`` (the analysis would run on the
+        driver's node) or ``transfer``.
     retries : int
         Extra attempts of a failed task (exit status ≠ 0 or no output).
     min_members : int or None
@@ -312,6 +325,8 @@ class WorkflowSection:
     time_limit: str | float = "00:20:00"
     member_command: str
     analysis_ranks: int = 1
+    prestart: bool = True
+    resident: bool = False
     retries: int = 1
     min_members: int | None = None
     task_estimate: str | float = "00:01:00"
@@ -345,6 +360,9 @@ class WorkflowSection:
             raise ConfigError(
                 f"{key}.analysis_ranks: must be at least 1, got {self.analysis_ranks}"
             )
+        if self.resident and (self.backend != "local" or self.transfer is not None):
+            raise ConfigError(f"{key}.resident: only with backend local and without "
+                              "transfer (the analysis runs beside the driver)")
         if self.retries < 0:
             raise ConfigError(f"{key}.retries: must be >= 0, got {self.retries}")
         if self.min_members is not None and self.min_members < 1:

@@ -46,6 +46,7 @@ from . import transferred
 from .backends import JobShape, JobSpec, backend_from_config
 from .pool import drain
 from .records import append_record, reconcile_done
+from .resident import Resident, client_argv
 from .rundir import (
     analysis_config_path,
     analysis_pattern,
@@ -249,7 +250,7 @@ def _release(workdir: Path, cycle: int, members: Sequence[int], rt: RunTransfer)
 
 
 def _worker_spec(raw: dict[str, Any], config: Config, workdir: Path, cycle: int,
-                 rt: RunTransfer | None) -> WorkerSpec:
+                 rt: RunTransfer | None, resident: Resident | None = None) -> WorkerSpec:
     """What the tasks of ``cycle`` run (its ``analysis.yaml`` written first)."""
     wf = config.workflow
     assert wf is not None
@@ -259,6 +260,8 @@ def _worker_spec(raw: dict[str, Any], config: Config, workdir: Path, cycle: int,
                "--members", "{members}"]  # the members that succeeded (min_members)
     if wf.analysis_ranks > 1:
         analyse = [_mpiexec(), "-n", "{analysis_ranks}", *analyse]
+    if resident is not None:  # run on the resident analysis; cold when it is gone
+        analyse = client_argv(resident.socket, analyse)
     return WorkerSpec(
         member_command=wf.member_command,
         forecast=forecast_pattern(workdir, cycle),
@@ -271,6 +274,7 @@ def _worker_spec(raw: dict[str, Any], config: Config, workdir: Path, cycle: int,
         records=str(workdir / "records.jsonl"),
         stage=rt is None,  # under transfer the daemon, not a staging directory, keeps writers apart
         transfer=None if rt is None else str(rt.config),
+        prestart=wf.prestart and resident is None,  # ensio analyse waits for its go
     )
 
 
@@ -292,8 +296,23 @@ def run_cycles(
     workdir, raw = prepare_run(config_path, config, workdir, cycles, overrides)
     wf = config.workflow
     assert wf is not None
-    n = config.ensemble.size
     rt = None if tconfig is None else transferred.start(tconfig, workdir)
+    resident = None
+    if wf.resident:
+        launcher = [_mpiexec(), "-n", str(wf.analysis_ranks)] if wf.analysis_ranks > 1 else []
+        resident = Resident(tuple(launcher), workdir / "logs" / "resident.log", _env())
+    try:
+        _run_cycles(config, raw, workdir, cycles, rt, resident, log)
+    finally:
+        if resident is not None:
+            resident.stop()
+
+
+def _run_cycles(config: Config, raw: dict[str, Any], workdir: Path, cycles: int,
+                rt: RunTransfer | None, resident: Resident | None, log: Any) -> None:
+    wf = config.workflow
+    assert wf is not None
+    n = config.ensemble.size
     env = [("PATH", _env()["PATH"])]
     if rt is not None:  # jobs on this host talk to the driver's daemon
         env.append(("ENSIO_TRANSFER_DIR", str(rt.socket_dir)))
@@ -303,7 +322,11 @@ def run_cycles(
             if rt is not None:
                 _release(workdir, c, range(1, n + 1), rt)  # a kill may have come before
             continue
-        spec = _worker_spec(raw, config, workdir, c, rt)
+        spec = _worker_spec(raw, config, workdir, c, rt, resident)
+        if resident is not None and not resident.alive():
+            if resident.proc is not None:
+                log(f"cycle {c}: the resident analysis had ended; starting it again")
+            resident.launch(warm=analysis_config_path(workdir, c))
         members = _members(workdir, c, n, log, rt)
         todo = create_todo(
             cdir / "todo.json",

@@ -98,6 +98,9 @@ class WorkerSpec:
         locked, fsynced rewrite of the list) leaves the critical path. Only
         done while at least as many tasks stay free as other jobs hold
         leases, so it never starves another job at the end of the list.
+    prestart : bool
+        The analysis command understands :mod:`.prestart` (``ensio analyse``
+        does): a job with nothing else to run starts it ahead of its go.
     """
 
     member_command: str
@@ -115,6 +118,7 @@ class WorkerSpec:
     fsync: bool = True
     prefetch: bool = True
     transfer: str | None = None
+    prestart: bool = False
 
     def validate(self) -> None:
         """Check every template once, before any job runs (raises ConfigError)."""

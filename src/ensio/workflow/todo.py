@@ -271,6 +271,43 @@ class TodoList:
 
         return self._transact(step, now)
 
+    def lease_analysis_early(self, owner: str, *, now: float | None = None,
+                             fits: Callable[[TaskView], bool] | None = None) -> Lease | None:
+        """Lease the analysis before the last members end, to start it ahead (or None).
+
+        Granted only when no member is pending (every one runs or is
+        settled, so the caller has nothing else to do), some member still
+        runs, the analysis is pending and ``fits``. Other jobs then see the
+        analysis leased and leave it alone. The holder waits with
+        :meth:`settle_early` and gives the lease back unstarted
+        (:meth:`interrupt`) when a member becomes pending again; a holder
+        that dies lets the lease expire like any other.
+        """
+        return self._transact(_early_step(owner, fits), now)
+
+    def settle_early(self, lease: Lease, *, now: float | None = None) -> str | Idle:
+        """Where an early analysis lease stands: ``"running"`` (members still run),
+        ``"pending"`` (a member waits for a job: give the lease back), ``"ready"``
+        (every member settled, the gate passed: start), or :class:`Idle` ``failed``
+        (the gate refused the analysis, which is now failed as :meth:`lease` does).
+        :class:`StaleLease` if the lease is no longer ours."""
+
+        def step(st: dict[str, Any], now: float) -> tuple[str | Idle, bool]:
+            t = _held(st, lease)
+            members = [u for u in st["tasks"] if u["kind"] == "member"]
+            if any(u["state"] == "pending" for u in members):
+                return "pending", False
+            if not all(u["state"] in ("done", "failed") for u in members):
+                return "running", False
+            gate = analysis_gate(st, members)
+            if gate is None:
+                return "ready", False
+            st["error"] = gate
+            t.set(state="failed", error=gate, owner=None, deadline=None)
+            return Idle("failed", gate), True
+
+        return self._transact(step, now)
+
     def done(self, lease: Lease, *, commit: Callable[[], None] | None = None,
              now: float | None = None, next_owner: str | None = None,
              fits: Callable[[TaskView], bool] | None = None,
@@ -443,6 +480,29 @@ def _lease_step(owner: str, fits: Callable[[TaskView], bool] | None,
                 return Idle("failed", gate), True
             return Idle("finished"), False
         return Idle("busy"), False
+
+    return step
+
+
+def _early_step(owner: str, fits: Callable[[TaskView], bool] | None,
+                ) -> Callable[[dict[str, Any], float], tuple[Lease | None, bool]]:
+    """The transition of :meth:`TodoList.lease_analysis_early`."""
+
+    def step(st: dict[str, Any], now: float) -> tuple[Lease | None, bool]:
+        members = [t for t in st["tasks"] if t["kind"] == "member"]
+        if (st["error"] or any(t["state"] == "pending" for t in members)
+                or all(t["state"] in ("done", "failed") for t in members)):
+            return None, False
+        for t in st["tasks"]:
+            if t["kind"] == "analysis" and t["state"] == "pending":
+                if fits is not None and not fits(TaskView.of(t)):
+                    return None, False
+                st["token"] += 1
+                t.set(state="leased", owner=owner, token=st["token"],
+                      deadline=now + st["lease_seconds"], attempts=t["attempts"] + 1)
+                return Lease(t["id"], t["kind"], None, st["cycle"], t["token"], owner,
+                             t["deadline"], t["attempts"], now), True
+        return None, False
 
     return step
 

@@ -59,6 +59,7 @@ from typing import Any, Literal
 
 from ..config.errors import ConfigError
 from ..errors import EnsioError
+from .prestart import POLL, Prestarted
 from .records import RecordTail, append_record
 from .renewer import Renewer
 from .spec import (
@@ -214,6 +215,13 @@ class Worker:
                         res = self.todo.lease(self.owner, fits=self._fits())
                         lease_call = time.time() - t
                         if isinstance(res, Idle):
+                            early = (self._ahead() if res.reason == "busy" and self.spec.prestart
+                                     and self.spec.transfer is None else None)
+                            if early == "again":
+                                continue
+                            if isinstance(early, _Running):
+                                cur = early
+                                continue
                             reason, code = res.reason, self._idle_code(res)
                             break
                         lease = res
@@ -295,10 +303,70 @@ class Worker:
         except StaleLease:
             pass
 
+    # ------------------------------------------------------------------ the analysis ahead
+    def _ahead(self) -> _Running | Literal["again"] | None:
+        """Start the analysis ahead while the last members run (:mod:`.prestart`).
+
+        Returns the running analysis once it got its go, ``"again"`` when the
+        lease went back (lease anew), or None when no early lease was granted.
+        """
+        lease = self.todo.lease_analysis_early(self.owner, fits=self._fits())
+        if lease is None:
+            return None
+        self._renewer.hold(lease)
+        try:
+            guess = [t.member for t in self.todo.tasks()
+                     if t.kind == "member" and t.state != "failed"]
+            warm = Prestarted.start(prepare_task(self.spec, lease, self.base, self.job_id,
+                                                 guess))  # type: ignore[arg-type]
+        except (OSError, ConfigError, KeyError, ValueError, EnsioError) as exc:
+            self._log(f"cannot start {lease.task} ahead ({exc}); it starts when due")
+            self._give_back(lease)
+            return None
+        self._log(f"starts {lease.task} ahead (token {lease.token}) while the last members run")
+        state: str | Idle = "running"
+        while state == "running":
+            if self._stop.is_set() or self._renewer.lost(lease) or self.remaining() <= 0:
+                warm.cancel()
+                if not self._renewer.lost(lease):
+                    self._give_back(lease)
+                return "again"
+            now = time.time()
+            members = [t for t in self.todo.tasks() if t.kind == "member"]  # lock-free look
+            if all(t.state in ("done", "failed") for t in members) or any(
+                    t.state == "pending" or t.state == "leased" and (t.deadline or 0.0) < now
+                    for t in members):
+                try:  # decided under the lock (which also reclaims expired leases)
+                    state = self.todo.settle_early(lease)
+                except StaleLease:
+                    state = "lost"
+            else:
+                self._wake.wait(POLL)
+                self._wake.clear()
+        if state != "ready":
+            warm.cancel()
+            if state == "pending":
+                self._log(f"a member waits again: {lease.task} goes back until it is due")
+                self._give_back(lease)
+            else:
+                self._renewer.drop(lease)
+            return "again"
+        done = [t.member for t in self.todo.tasks() if t.kind == "member" and t.state == "done"]
+        cmd = prepare_task(self.spec, lease, self.base, self.job_id, done)  # type: ignore[arg-type]
+        rec = self._task_record(lease, 0.0)
+        rec["prestarted"] = warm.started
+        rec["started"] = time.time()
+        self._log(f"runs {lease.task} (token {lease.token}, attempt {lease.attempt}; "
+                  f"started {rec['started'] - warm.started:.1f} s ahead)")
+        if not warm.go(done):
+            self._log(f"{lease.task} started ahead is gone (exit {warm.proc.returncode}); "
+                      "starting it afresh")
+            return self._start(lease, 0.0, rec)
+        return self._watch(_Running(lease, cmd, warm.proc, rec))
+
     # ------------------------------------------------------------------ one task
-    def _start(self, lease: Lease, lease_call: float) -> _Running | None:
-        """Start a leased task; a task that cannot start is a failed attempt (None)."""
-        rec: dict[str, Any] = {
+    def _task_record(self, lease: Lease, lease_call: float) -> dict[str, Any]:
+        return {
             "kind": lease.kind, "task": lease.task, "member": lease.member,
             "cycle": lease.cycle, "job": self.job_id, "host": self.host, "owner": self.owner,
             "submitted": self.submitted, "leased": lease.granted, "lease_call": lease_call,
@@ -306,7 +374,13 @@ class Worker:
             "io_seconds": None, "attempt": lease.attempt, "token": lease.token,
             "expected": self._check[0].get(lease.kind),
             "remaining": None if self._check[1] == float("inf") else self._check[1]}
-        self._log(f"runs {lease.task} (token {lease.token}, attempt {lease.attempt})")
+
+    def _start(self, lease: Lease, lease_call: float,
+               rec: dict[str, Any] | None = None) -> _Running | None:
+        """Start a leased task; a task that cannot start is a failed attempt (None)."""
+        if rec is None:
+            rec = self._task_record(lease, lease_call)
+            self._log(f"runs {lease.task} (token {lease.token}, attempt {lease.attempt})")
         self._renewer.hold(lease)
         try:
             done = ([t.member for t in self.todo.tasks() if t.kind == "member"
@@ -321,7 +395,11 @@ class Worker:
             rec["status"] = self._failed(lease, f"{lease.task}: cannot start the command: {exc}")
             self._record(rec)
             return None
-        task = _Running(lease, cmd, proc, rec)
+        return self._watch(_Running(lease, cmd, proc, rec))
+
+    def _watch(self, task: _Running) -> _Running:
+        """A thread that notes the command's exit (and wakes the loop)."""
+        proc, lease = task.proc, task.lease
 
         def wait() -> None:
             proc.wait()
