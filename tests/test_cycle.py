@@ -422,3 +422,19 @@ def test_synthetic_example_gives_the_same_analyses_both_ways(tmp_path):
                 scale = max(float(np.max(np.abs(x))), 1e-300) if x.size else 1.0
                 assert x.shape == y.shape and np.max(np.abs(x - y), initial=0.0) <= 1e-12 * scale, (
                     name, v)
+
+
+def test_a_resident_analysis_gives_the_same_cycles(reference, tmp_path) -> None:
+    """``workflow.resident: true``: every analysis on one program, bitwise the same result."""
+    ref, _ = reference
+    workdir = tmp_path / "resident"
+    proc = subprocess.run(
+        [sys.executable, "-m", "ensio", "cycle", str(EXAMPLE), "--workdir", str(workdir),
+         "--cycles", "2", *SMALL, "--set", "workflow.resident=true"],
+        capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    for c in (1, 2):
+        assert _digests(workdir, c) == _digests(ref, c)
+    assert "listening" in (workdir / "logs" / "resident.log").read_text()
+    logs = "".join(p.read_text() for p in (workdir / "logs").glob("ensio-c*.log"))
+    assert logs.count("timing:") == 2  # each analysis printed into its job's log

@@ -163,6 +163,8 @@ def serve(path: Path, comm: MPI.Comm, warm: Path | None = None) -> None:
     if srv is not None:
         srv.close()
         path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # the driver's 0700 directory, when it is gone
+            path.parent.rmdir()
 
 
 def main() -> int:

@@ -42,17 +42,21 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .leases import Idle, Lease, StaleLease
+
 if TYPE_CHECKING:
     from mpi4py import MPI
 
     from .spec import TaskCommand
+    from .todo import TodoList
 
-__all__ = ["PRESTART_ENV", "Prestarted", "await_go"]
+__all__ = ["PRESTART_ENV", "Prestarted", "await_go", "await_members"]
 
 #: Set to ``1`` in the environment of an analysis started ahead.
 PRESTART_ENV = "ENSIO_PRESTART"
@@ -107,6 +111,35 @@ class Prestarted:
             except ProcessLookupError:
                 pass
             self.proc.wait()
+
+
+def await_members(todo: TodoList, lease: Lease, wake: threading.Event,
+                  stopping: Callable[[], bool]) -> str | Idle:
+    """The worker's wait with an early analysis lease: until the members decide.
+
+    ``"ready"`` (start), ``"pending"`` (a member needs a job again: give the lease
+    back), ``"stop"`` (``stopping()`` said so), ``"lost"`` (the lease is no longer
+    ours) or :class:`~ensio.workflow.leases.Idle` ``failed`` (the analysis was
+    refused). The list is looked at without its lock every :data:`POLL` seconds
+    (or when ``wake`` is set); only a change is decided under the lock.
+    """
+    while True:
+        if stopping():
+            return "stop"
+        now = time.time()
+        members = [t for t in todo.tasks() if t.kind == "member"]
+        if all(t.state in ("done", "failed") for t in members) or any(
+                t.state == "pending" or t.state == "leased" and (t.deadline or 0.0) < now
+                for t in members):
+            try:  # decided under the lock (which also reclaims expired leases)
+                state = todo.settle_early(lease)
+            except StaleLease:
+                return "lost"
+            if state != "running":
+                return state
+        else:
+            wake.wait(POLL)
+            wake.clear()
 
 
 def await_go(comm: MPI.Comm, prepare: Callable[[], Any] | None = None) -> dict[str, Any] | None:

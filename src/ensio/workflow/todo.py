@@ -68,7 +68,8 @@ from .leases import (
     TaskView,
     TodoError,
 )
-from .summary import analysis_gate, summarize
+from .summary import summarize
+from .todosteps import early_step, held, lease_step, reclaim, settle_step
 
 __all__ = [
     "ANALYSIS",
@@ -258,14 +259,14 @@ class TodoList:
         the lease is granted only if at least as many available tasks remain
         as other owners hold leases, so no other job runs dry because of it.
         """
-        return self._transact(_lease_step(owner, fits, duration, spare), now)
+        return self._transact(lease_step(owner, fits, duration, spare), now)
 
     def renew(self, lease: Lease, *, now: float | None = None,
               duration: float | None = None) -> Lease:
         """Extend a valid lease; :class:`StaleLease` if it is no longer ours."""
 
         def step(st: dict[str, Any], now: float) -> tuple[Lease, bool]:
-            t = _held(st, lease)
+            t = held(st, lease)
             t.set(deadline=now + (duration or st["lease_seconds"]))
             return dataclasses.replace(lease, deadline=t["deadline"]), True
 
@@ -283,7 +284,7 @@ class TodoList:
         (:meth:`interrupt`) when a member becomes pending again; a holder
         that dies lets the lease expire like any other.
         """
-        return self._transact(_early_step(owner, fits), now)
+        return self._transact(early_step(owner, fits), now)
 
     def settle_early(self, lease: Lease, *, now: float | None = None) -> str | Idle:
         """Where an early analysis lease stands: ``"running"`` (members still run),
@@ -291,22 +292,7 @@ class TodoList:
         (every member settled, the gate passed: start), or :class:`Idle` ``failed``
         (the gate refused the analysis, which is now failed as :meth:`lease` does).
         :class:`StaleLease` if the lease is no longer ours."""
-
-        def step(st: dict[str, Any], now: float) -> tuple[str | Idle, bool]:
-            t = _held(st, lease)
-            members = [u for u in st["tasks"] if u["kind"] == "member"]
-            if any(u["state"] == "pending" for u in members):
-                return "pending", False
-            if not all(u["state"] in ("done", "failed") for u in members):
-                return "running", False
-            gate = analysis_gate(st, members)
-            if gate is None:
-                return "ready", False
-            st["error"] = gate
-            t.set(state="failed", error=gate, owner=None, deadline=None)
-            return Idle("failed", gate), True
-
-        return self._transact(step, now)
+        return self._transact(settle_step(lease), now)
 
     def done(self, lease: Lease, *, commit: Callable[[], None] | None = None,
              now: float | None = None, next_owner: str | None = None,
@@ -321,10 +307,10 @@ class TodoList:
         task) and returned as by :meth:`lease` (with ``fits`` and ``spare``);
         otherwise None is returned.
         """
-        then = _lease_step(next_owner, fits, None, spare) if next_owner is not None else None
+        then = lease_step(next_owner, fits, None, spare) if next_owner is not None else None
 
         def step(st: dict[str, Any], now: float) -> tuple[Lease | Idle | None, bool]:
-            t = _held(st, lease)
+            t = held(st, lease)
             if isinstance(self._lock, MkdirLock) and not self._lock.still_held():
                 raise TodoError(f"{self.path}: lock was broken as stale during the commit")
             if commit is not None:
@@ -339,7 +325,7 @@ class TodoList:
         """Record a failed attempt; return True if the task will be retried."""
 
         def step(st: dict[str, Any], now: float) -> tuple[bool, bool]:
-            t = _held(st, lease)
+            t = held(st, lease)
             t.set(failures=t["failures"] + 1, owner=None, deadline=None, error=reason)
             retry = t["failures"] <= st["retries"]
             if retry:
@@ -370,7 +356,7 @@ class TodoList:
         """
 
         def step(st: dict[str, Any], now: float) -> tuple[None, bool]:
-            t = _held(st, lease)
+            t = held(st, lease)
             if started:
                 t.set(state="pending", owner=None, deadline=None,
                       interrupts=t["interrupts"] + 1)
@@ -389,7 +375,7 @@ class TodoList:
             faults.point("todo-locked")
             now = time.time() if now is None else now
             st = self._load()
-            changed = _reclaim(st, now)
+            changed = reclaim(st, now)
             result, stepped = step(st, now)
             if changed or isinstance(result, Idle):  # a job died, or one is leaving
                 self._remove_temporaries()
@@ -433,98 +419,3 @@ class TodoList:
                     os.unlink(entry.path)
                 except FileNotFoundError:
                     pass
-
-
-def _lease_step(owner: str, fits: Callable[[TaskView], bool] | None,
-                duration: float | None, spare: bool = False,
-                ) -> Callable[[dict[str, Any], float], tuple[Lease | Idle, bool]]:
-    """The transition of :meth:`TodoList.lease` (also run after ``done``)."""
-
-    def step(st: dict[str, Any], now: float) -> tuple[Lease | Idle, bool]:
-        if st["error"]:
-            return Idle("failed", st["error"]), False
-        members = [t for t in st["tasks"] if t["kind"] == "member"]
-        settled = all(t["state"] in ("done", "failed") for t in members)
-        gate = analysis_gate(st, members) if settled else None
-        if gate is not None and any(t["kind"] == "analysis" and t["state"] == "pending"
-                                    for t in st["tasks"]):
-            st["error"] = gate
-            for t in st["tasks"]:
-                if t["kind"] == "analysis":
-                    t.set(state="failed", error=gate)
-            return Idle("failed", gate), True
-        if spare:
-            free = sum(t["state"] == "pending" and (t["kind"] == "member" or settled)
-                       for t in st["tasks"])
-            others = {t["owner"] for t in st["tasks"] if t["state"] == "leased"} - {owner}
-            if free - 1 < len(others):
-                return Idle("busy", "no task to spare"), False
-        blocked = None
-        for t in st["tasks"]:
-            if t["state"] != "pending" or (t["kind"] == "analysis" and not settled):
-                continue
-            view = TaskView.of(t)
-            if fits is not None and not fits(view):
-                blocked = blocked or view
-                continue
-            st["token"] += 1
-            t.set(state="leased", owner=owner, token=st["token"],
-                  deadline=now + (duration or st["lease_seconds"]), attempts=t["attempts"] + 1)
-            return Lease(t["id"], t["kind"], t.get("member"), st["cycle"], t["token"],
-                         owner, t["deadline"], t["attempts"], now), True
-        if blocked is not None:
-            return Idle("no_fit", f"{blocked.id} does not fit", blocked), False
-        if all(t["state"] in ("done", "failed") for t in st["tasks"]):
-            if gate is not None:  # a list without analysis that missed min_members
-                st["error"] = gate
-                return Idle("failed", gate), True
-            return Idle("finished"), False
-        return Idle("busy"), False
-
-    return step
-
-
-def _early_step(owner: str, fits: Callable[[TaskView], bool] | None,
-                ) -> Callable[[dict[str, Any], float], tuple[Lease | None, bool]]:
-    """The transition of :meth:`TodoList.lease_analysis_early`."""
-
-    def step(st: dict[str, Any], now: float) -> tuple[Lease | None, bool]:
-        members = [t for t in st["tasks"] if t["kind"] == "member"]
-        if (st["error"] or any(t["state"] == "pending" for t in members)
-                or all(t["state"] in ("done", "failed") for t in members)):
-            return None, False
-        for t in st["tasks"]:
-            if t["kind"] == "analysis" and t["state"] == "pending":
-                if fits is not None and not fits(TaskView.of(t)):
-                    return None, False
-                st["token"] += 1
-                t.set(state="leased", owner=owner, token=st["token"],
-                      deadline=now + st["lease_seconds"], attempts=t["attempts"] + 1)
-                return Lease(t["id"], t["kind"], None, st["cycle"], t["token"], owner,
-                             t["deadline"], t["attempts"], now), True
-        return None, False
-
-    return step
-
-
-def _held(st: dict[str, Any], lease: Lease) -> dict[str, Any]:
-    """The task of a valid lease, or :class:`StaleLease` (fencing check)."""
-    for t in st["tasks"]:
-        if t["id"] == lease.task:
-            if t["state"] == "leased" and t["token"] == lease.token:
-                return t
-            raise StaleLease(f"{lease.task}: lease token {lease.token} is stale "
-                             f"(task {t['state']}, current token {t['token']})")
-    raise StaleLease(f"{lease.task}: no such task")
-
-
-def _reclaim(st: dict[str, Any], now: float) -> bool:
-    """Expired leases back to the front, in their list order."""
-    expired = [t for t in st["tasks"] if t["state"] == "leased" and t["deadline"] < now]
-    if not expired:
-        return False
-    rest = [t for t in st["tasks"] if not (t["state"] == "leased" and t["deadline"] < now)]
-    for t in expired:
-        t.set(state="pending", owner=None, deadline=None, expiries=t["expiries"] + 1)
-    st["tasks"] = expired + rest
-    return True

@@ -59,7 +59,7 @@ from typing import Any, Literal
 
 from ..config.errors import ConfigError
 from ..errors import EnsioError
-from .prestart import POLL, Prestarted
+from .prestart import Prestarted, await_members
 from .records import RecordTail, append_record
 from .renewer import Renewer
 from .spec import (
@@ -324,29 +324,13 @@ class Worker:
             self._give_back(lease)
             return None
         self._log(f"starts {lease.task} ahead (token {lease.token}) while the last members run")
-        state: str | Idle = "running"
-        while state == "running":
-            if self._stop.is_set() or self._renewer.lost(lease) or self.remaining() <= 0:
-                warm.cancel()
-                if not self._renewer.lost(lease):
-                    self._give_back(lease)
-                return "again"
-            now = time.time()
-            members = [t for t in self.todo.tasks() if t.kind == "member"]  # lock-free look
-            if all(t.state in ("done", "failed") for t in members) or any(
-                    t.state == "pending" or t.state == "leased" and (t.deadline or 0.0) < now
-                    for t in members):
-                try:  # decided under the lock (which also reclaims expired leases)
-                    state = self.todo.settle_early(lease)
-                except StaleLease:
-                    state = "lost"
-            else:
-                self._wake.wait(POLL)
-                self._wake.clear()
+        state = await_members(self.todo, lease, self._wake, lambda: (
+            self._stop.is_set() or self._renewer.lost(lease) or self.remaining() <= 0))
         if state != "ready":
             warm.cancel()
-            if state == "pending":
-                self._log(f"a member waits again: {lease.task} goes back until it is due")
+            if state in ("pending", "stop") and not self._renewer.lost(lease):
+                if state == "pending":
+                    self._log(f"a member waits again: {lease.task} goes back until it is due")
                 self._give_back(lease)
             else:
                 self._renewer.drop(lease)
