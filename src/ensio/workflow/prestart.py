@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from .spec import TaskCommand
     from .todo import TodoList
 
-__all__ = ["PRESTART_ENV", "Prestarted", "await_go", "await_members"]
+__all__ = ["PRESTART_ENV", "Prestarted", "await_go", "await_members", "close_and_reap"]
 
 #: Set to ``1`` in the environment of an analysis started ahead.
 PRESTART_ENV = "ENSIO_PRESTART"
@@ -98,19 +98,25 @@ class Prestarted:
 
     def cancel(self) -> None:
         """Close the pipe; a command still preparing is killed (it has changed nothing)."""
+        close_and_reap(self.proc, 0.5)
+
+
+def close_and_reap(proc: subprocess.Popen, timeout: float) -> None:
+    """Close a child's standard input (its signal to end), wait ``timeout`` seconds for it,
+    then SIGKILL its process group (it runs in a session of its own)."""
+    try:
+        assert proc.stdin is not None
+        proc.stdin.close()
+    except OSError:
+        pass
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
         try:
-            assert self.proc.stdin is not None
-            self.proc.stdin.close()
-        except OSError:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
             pass
-        try:
-            self.proc.wait(0.5)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait()
+        proc.wait()
 
 
 def await_members(todo: TodoList, lease: Lease, wake: threading.Event,

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import struct
 import subprocess
@@ -51,6 +50,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .prestart import close_and_reap
 
 __all__ = ["Resident", "client_argv", "main", "recv_request", "send_request"]
 
@@ -186,19 +187,7 @@ class Resident:
                     sock.recv(16)
             except OSError:
                 pass
-            try:
-                assert self.proc.stdin is not None
-                self.proc.stdin.close()
-            except OSError:
-                pass
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                self.proc.wait()
+            close_and_reap(self.proc, timeout)
         self.socket.unlink(missing_ok=True)
         try:
             self.socket.parent.rmdir()
