@@ -28,6 +28,7 @@ def test_veros_cycle_through_sbatch_equals_local(tmp_path_factory: pytest.TempPa
     osse = small_osse(tmp_path_factory)
     run_dir = tmp_path / "slurm"
     argv = [*ENSIO, "cycle", *cycle_argv(osse, run_dir, 1, "workflow.backend=slurm",
+                                         "workflow.resident=false",  # local back-end only
                                          "workflow.time_limit=00:10:00")]
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT)

@@ -39,8 +39,9 @@ def markdown(rep: Mapping[str, Any]) -> str:
                          f"{rep[f'spread_ratio_{v}']:.2f}",
                          f"{rep[f'spread_ratio_forecast_{v}']:.2f}"]))
     out += ["", "Analysis = the analysis task minus its I/O; of it, *filter* = observations, "
-                "LETKF and diagnostics (ensio analyse's own timing line), the rest mostly the "
-                "interpreter's start-up.", "",
+                "LETKF and diagnostics (ensio analyse's own timing line), the rest the task's "
+                "start (interpreter and imports; with workflow.resident only its client), "
+                "the run record and the exit.", "",
             _row(["cycle", "members (s)", "queue wait (s)", "ensemble I/O (s)", "analysis (s)",
                   "of it filter (s)", "cycle (s)", "I/O + analysis"]), _row(["---"] * 8)]
     filt = []

@@ -123,27 +123,31 @@ def _one_line(text: str) -> str:
     return " ".join(text.split()) if "\n" in text else text
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def _exit_fast() -> None:
     """End a command whose work is committed without tearing the interpreter down.
 
     With numpy, scipy, numba, h5py and netCDF4 loaded, Python's orderly exit takes
     about 0.2 s per process, which a pool's analysis task pays on every cycle's
     critical path. Exit handlers still run and MPI is finalized; a command that
-    left threads running (a background copy) exits the normal way.
+    left threads running (a background copy) exits the normal way, and so does a
+    job of several ranks: under the mpich wheel's launcher, ranks that leave with
+    ``_exit`` right after ``MPI_Finalize`` were often reported killed (signal 9).
     """
     import atexit
     import threading
 
-    if threading.active_count() > 1:
+    mpi = sys.modules.get("mpi4py.MPI")
+    if threading.active_count() > 1 or (mpi is not None and mpi.Is_initialized()
+                                        and not mpi.Is_finalized()
+                                        and mpi.COMM_WORLD.Get_size() > 1):
         return
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
-    mpi = sys.modules.get("mpi4py.MPI")
     if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
         mpi.Finalize()
     os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
