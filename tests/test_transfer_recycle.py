@@ -12,10 +12,12 @@ reused, a consumer reads exactly what the new producer wrote.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import mmap
 import os
 import sys
+import time
 from pathlib import Path
 
 import needs
@@ -76,11 +78,31 @@ def open_held(dm, path: Path) -> int:
 
 
 def read_held(dm, path: Path) -> bytes:
+    """A consumer's whole read. Returns once the daemon (in this process) has closed the
+    descriptor it sent: it closes it just after the reply, and a test that unlinks the
+    file before that would find it open elsewhere, so not recyclable, by scheduling."""
     fd = open_held(dm, path)
+    st = os.fstat(fd)
     try:
-        return os.pread(fd, os.fstat(fd).st_size + 1, 0)
+        return os.pread(fd, st.st_size + 1, 0)
     finally:
         os.close(fd)
+        _only_the_table_holds(st.st_dev, st.st_ino)
+
+
+def _only_the_table_holds(dev: int, ino: int, timeout: float = 30.0) -> None:
+    """Until one descriptor of this process refers to the file (the table's own)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        holders = 0
+        for name in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                st = os.stat(f"/proc/self/fd/{name}")
+                holders += (st.st_dev, st.st_ino) == (dev, ino)
+        if holders <= 1:
+            return
+        assert time.monotonic() < deadline, f"{holders} descriptors still hold the file"
+        time.sleep(0.001)
 
 
 def unlink(dm, path: Path) -> None:
