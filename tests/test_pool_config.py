@@ -181,3 +181,44 @@ def test_reconcile_restores_exactly_the_lost_done_records(tmp_path):
     assert set(restored) == {"mem002", "analysis"}
     assert restored["mem002"]["token"] == 7 and restored["mem002"]["finished"] == 5.0
     assert restored["mem002"]["owner"] == "b" and restored["mem002"]["started"] is None
+
+
+def test_reconcile_waits_for_a_live_committer_of_this_host(tmp_path):
+    """A job of a killed driver may have committed the task and not yet written its record:
+    while it lives here, the driver waits for the record instead of restoring a second."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import threading
+
+    from ensio.workflow.records import owner_alive, read_records, reconcile_done
+
+    path = tmp_path / "records.jsonl"
+    child = subprocess.Popen(  # the committer: writes its record when told, then exits
+        [sys.executable, "-c", "import sys, json\nsys.stdin.readline()\n"
+         f"open({str(path)!r}, 'a').write(json.dumps({{'kind': 'analysis', 'task': "
+         "'analysis', 'cycle': 3, 'status': 'done'}) + '\\n')\n"], stdin=subprocess.PIPE)
+    owner = f"local-1-1@{socket.gethostname()}:{child.pid}"
+    assert owner_alive(owner)
+    done = [{"id": "analysis", "kind": "analysis", "member": None, "done_at": 1.0,
+             "done_by": owner, "done_token": 9}]
+    result, asked = [], threading.Event()
+
+    def alive(who: str) -> bool:  # the real check, noting that the driver is waiting
+        asked.set()
+        return owner_alive(who)
+
+    waiter = threading.Thread(
+        target=lambda: result.append(reconcile_done(path, 3, done, alive=alive)))
+    waiter.start()
+    assert asked.wait(30)  # it found the record missing and its committer alive
+    child.stdin.write(b"go\n")
+    child.stdin.close()
+    child.wait(30)
+    waiter.join(60)
+    assert result == [0]  # the job's own record, not a restored one
+    assert [r.get("recovered") for r in read_records(path)] == [None]
+    assert not owner_alive(owner)  # exited
+    assert not owner_alive(f"local-1-1@another-host:{os.getpid()}")  # elsewhere: unknown
+    assert owner_alive(f"x@{socket.gethostname()}:{os.getpid()}")

@@ -43,7 +43,9 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterable, Mapping
+import socket
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,6 +57,7 @@ __all__ = [
     "cycle_summaries",
     "mean_std",
     "read_records",
+    "owner_alive",
     "reconcile_done",
     "task_duration",
 ]
@@ -74,7 +77,8 @@ def append_record(path: str | Path, record: Mapping[str, Any]) -> None:
         os.close(fd)
 
 
-def reconcile_done(path: str | Path, cycle: int, done: Iterable[Mapping[str, Any]]) -> int:
+def reconcile_done(path: str | Path, cycle: int, done: Iterable[Mapping[str, Any]], *,
+                   alive: Callable[[str], bool] | None = None, wait: float = 60.0) -> int:
     """Append a record for every task the to-do list has done but the records lack.
 
     A worker commits a task to the list, then appends its record; killed in
@@ -83,6 +87,12 @@ def reconcile_done(path: str | Path, cycle: int, done: Iterable[Mapping[str, Any
     hold exactly one ``done`` per task of the cycle. A restored record is
     marked ``"recovered": true``; it has the owner, token and commit time
     from the list and no run times (``started``/``ended`` are null).
+
+    A job that committed the task may still be about to append its record: a
+    job of a driver that was killed (its jobs outlive it, and the new driver
+    does not wait for them). So while a missing record's committer is a live
+    process of this host (``alive``, default :func:`owner_alive`), this waits
+    for it, up to ``wait`` seconds: restoring it then would give two.
 
     Parameters
     ----------
@@ -98,19 +108,44 @@ def reconcile_done(path: str | Path, cycle: int, done: Iterable[Mapping[str, Any
     int
         Number of records restored.
     """
-    have = {r.get("task") for r in read_records(path)
-            if r.get("cycle") == cycle and r.get("status") == "done"}
-    restored = 0
-    for t in done:
-        if t["id"] in have:
-            continue
+    alive = owner_alive if alive is None else alive
+    done = list(done)
+    deadline = time.monotonic() + wait
+    while True:
+        have = {r.get("task") for r in read_records(path)
+                if r.get("cycle") == cycle and r.get("status") == "done"}
+        missing = [t for t in done if t["id"] not in have]
+        if time.monotonic() >= deadline or not any(alive(t.get("done_by") or "")
+                                                   for t in missing):
+            break
+        time.sleep(0.05)
+    for t in missing:
         append_record(path, {
             "kind": t["kind"], "task": t["id"], "member": t.get("member"), "cycle": cycle,
             "owner": t.get("done_by"), "token": t.get("done_token"), "started": None,
             "ended": None, "finished": t.get("done_at"), "status": "done", "exit": 0,
             "io_seconds": None, "recovered": True})
-        restored += 1
-    return restored
+    return len(missing)
+
+
+def owner_alive(owner: str) -> bool:
+    """Whether a lease owner (``JOB@HOST:PID``, :class:`~ensio.workflow.worker.Worker`) is a
+    live process of this host; owners elsewhere count as gone (they cannot be asked)."""
+    job_host, sep, pid = owner.rpartition(":")
+    host = job_host.rpartition("@")[2]
+    if not sep or not pid.isdigit() or host != socket.gethostname():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (exited, its parent gone and nobody reaping) has ended
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rpartition(b")")[2].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
 
 
 def _parse(lines: Iterable[bytes]) -> list[dict[str, Any]]:
