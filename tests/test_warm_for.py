@@ -11,8 +11,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from ensio.cli.synth import main as synth_main
 
 SCRIPT = r"""
@@ -37,9 +35,13 @@ print("LOADS", len(loads), ",".join(sorted(set(loads))))
 """
 
 
-@pytest.mark.parametrize("sets", [[], ["analysis.localization.vertical={taper: gaspari-cohn, "
-                                       "radius: 1.5}", "ensemble.variables=[state, aux]"]])
-def test_warm_for_loads_every_kernel_the_analysis_calls(tmp_path: Path, sets) -> None:
+SETS = ["analysis.localization.vertical={taper: gaspari-cohn, radius: 1.5}",
+        "ensemble.variables=[state, aux]"]
+
+
+def test_warm_for_loads_every_kernel_the_analysis_calls(tmp_path: Path) -> None:
+    """Vertical localization and two variables: one row and several rows per point."""
+    sets = SETS
     counts = {}
     for mode in ("cold", "warm"):
         case = tmp_path / mode
