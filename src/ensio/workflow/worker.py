@@ -53,7 +53,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -62,8 +61,8 @@ from ..errors import EnsioError
 from .prestart import Prestarted, await_members
 from .records import RecordTail, append_record
 from .renewer import Renewer
+from .running import Running
 from .spec import (
-    TaskCommand,
     WorkerSpec,
     create_todo,
     default_margin,
@@ -93,17 +92,6 @@ Outcome = Literal["exited", "lost", "interrupted"]
 _JOB_SIGNALS = frozenset(
     code for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1) for code in (-sig, 128 + sig)
 )
-
-
-@dataclass
-class _Running:
-    """A started task."""
-
-    lease: Lease
-    cmd: TaskCommand
-    proc: subprocess.Popen
-    rec: dict[str, Any]
-    exited: threading.Event = field(default_factory=threading.Event)
 
 
 class Worker:
@@ -179,7 +167,7 @@ class Worker:
             est = {k: self._tail.estimate(k, v) for k, v in est.items()}
         return est
 
-    def _fits(self, busy: _Running | None = None) -> Callable[[TaskView], bool]:
+    def _fits(self, busy: Running | None = None) -> Callable[[TaskView], bool]:
         """Lease predicate: the task fits in the time left (after ``busy`` ends).
 
         The numbers used are kept for the task's record.
@@ -197,7 +185,7 @@ class Worker:
         3 if a task can never fit in a job's time limit."""
         started, code, reason = time.time(), 0, "finished"
         ahead: Lease | None = None  # leased, not started
-        cur: _Running | None = None
+        cur: Running | None = None
         self._renewer.start()
         try:
             while True:
@@ -219,7 +207,7 @@ class Worker:
                                      and self.spec.transfer is None else None)
                             if early == "again":
                                 continue
-                            if isinstance(early, _Running):
+                            if isinstance(early, Running):
                                 cur = early
                                 continue
                             reason, code = res.reason, self._idle_code(res)
@@ -240,7 +228,7 @@ class Worker:
                 if outcome == "exited" and self._stop.is_set() and cur.proc.returncode != 0:
                     outcome = "interrupted"  # killed with the job, not the task's fault
                 if outcome != "exited":
-                    self._stop_process(cur)
+                    cur.stop(self.spec.grace)
                     if ahead is not None:  # behind the interrupted task, which goes first
                         self._give_back(ahead)
                         ahead = None
@@ -258,7 +246,7 @@ class Worker:
                 cur = following
         finally:
             if cur is not None:  # only on an unexpected error: do not leave a process behind
-                self._stop_process(cur)
+                cur.stop(self.spec.grace)
             if ahead is not None:
                 self._give_back(ahead)
             self._renewer.halt()
@@ -304,7 +292,7 @@ class Worker:
             pass
 
     # ------------------------------------------------------------------ the analysis ahead
-    def _ahead(self) -> _Running | Literal["again"] | None:
+    def _ahead(self) -> Running | Literal["again"] | None:
         """Start the analysis ahead while the last members run (:mod:`.prestart`).
 
         Returns the running analysis once it got its go, ``"again"`` when the
@@ -346,7 +334,7 @@ class Worker:
             self._log(f"{lease.task} started ahead is gone (exit {warm.proc.returncode}); "
                       "starting it afresh")
             return self._start(lease, 0.0, rec)
-        return self._watch(_Running(lease, cmd, warm.proc, rec))
+        return Running(lease, cmd, warm.proc, rec).watch(self._wake)
 
     # ------------------------------------------------------------------ one task
     def _task_record(self, lease: Lease, lease_call: float) -> dict[str, Any]:
@@ -360,7 +348,7 @@ class Worker:
             "remaining": None if self._check[1] == float("inf") else self._check[1]}
 
     def _start(self, lease: Lease, lease_call: float,
-               rec: dict[str, Any] | None = None) -> _Running | None:
+               rec: dict[str, Any] | None = None) -> Running | None:
         """Start a leased task; a task that cannot start is a failed attempt (None)."""
         if rec is None:
             rec = self._task_record(lease, lease_call)
@@ -379,22 +367,9 @@ class Worker:
             rec["status"] = self._failed(lease, f"{lease.task}: cannot start the command: {exc}")
             self._record(rec)
             return None
-        return self._watch(_Running(lease, cmd, proc, rec))
+        return Running(lease, cmd, proc, rec).watch(self._wake)
 
-    def _watch(self, task: _Running) -> _Running:
-        """A thread that notes the command's exit (and wakes the loop)."""
-        proc, lease = task.proc, task.lease
-
-        def wait() -> None:
-            proc.wait()
-            task.rec["ended"] = time.time()  # the exit itself, not when the loop sees it
-            task.exited.set()
-            self._wake.set()
-
-        threading.Thread(target=wait, name=f"wait-{lease.task}", daemon=True).start()
-        return task
-
-    def _wait(self, task: _Running) -> Outcome:
+    def _wait(self, task: Running) -> Outcome:
         """Until the command exits, the lease is lost, or the job must stop."""
         while True:
             if task.exited.is_set():
@@ -410,8 +385,8 @@ class Worker:
         task.rec["exit"] = task.proc.returncode
         return "exited"
 
-    def _close(self, task: _Running, outcome: Outcome,
-               following: _Running | None) -> Lease | None:
+    def _close(self, task: Running, outcome: Outcome,
+               following: Running | None) -> Lease | None:
         """Commit (or give back) a task that ended; maybe lease the next in the same step.
 
         Returns the lease taken with the commit: to run next, or — when
@@ -460,7 +435,7 @@ class Worker:
 
         return available([path])[str(path)]
 
-    def _commit(self, task: _Running, following: _Running | None) -> tuple[str, Lease | None]:
+    def _commit(self, task: Running, following: Running | None) -> tuple[str, Lease | None]:
         lease, cmd = task.lease, task.cmd
         staged, final = cmd.staged, cmd.final
         commit = None
@@ -503,24 +478,6 @@ class Worker:
         if self.records is not None:
             append_record(self.records, rec)
         self.tasks_run += 1
-
-    def _stop_process(self, task: _Running) -> None:
-        """SIGTERM the command's process group, SIGKILL it after ``grace`` seconds."""
-        proc = task.proc
-        for sig, wait in ((signal.SIGTERM, self.spec.grace), (signal.SIGKILL, None)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                pass
-            if task.exited.wait(wait):
-                break
-        proc.wait()
-        task.exited.wait()
-        task.rec["exit"] = proc.returncode
-        try:  # stragglers of the group (the leader is gone)
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 def run_job(todo: str | Path, *, time_limit: float | None = None,
