@@ -151,10 +151,15 @@ class Resident:
     log: Path
     env: dict[str, str] | None = None
     proc: subprocess.Popen | None = None
-    socket: Path = field(init=False)
+    _socket: Path | None = field(default=None, init=False, repr=False)
 
-    def __post_init__(self) -> None:
-        self.socket = Path(tempfile.mkdtemp(prefix="ensio-resident-")) / "s"
+    @property
+    def socket(self) -> Path:
+        """The socket's path; its directory is made when first asked for (a driver killed
+        before its first cycle leaves none behind)."""
+        if self._socket is None:
+            self._socket = Path(tempfile.mkdtemp(prefix="ensio-resident-")) / "s"
+        return self._socket
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -188,11 +193,12 @@ class Resident:
             except OSError:
                 pass
             close_and_reap(self.proc, timeout)
-        self.socket.unlink(missing_ok=True)
-        try:
-            self.socket.parent.rmdir()
-        except OSError:
-            pass
+        if self._socket is not None:
+            self._socket.unlink(missing_ok=True)
+            try:
+                self._socket.parent.rmdir()
+            except OSError:
+                pass
 
 
 if __name__ == "__main__":
