@@ -150,7 +150,8 @@ SIZE = (4 << 20) + 77
 HEAD = (1 << 20) + 12345   # where the sending daemon holds the stream
 
 #: writes SIZE seeded random bytes; on a line from stdin rewrites N bytes at AT (async:
-#: the dirty bytes sent after the close), closes (the close waits for the other host)
+#: the dirty bytes sent after the close), closes (sync: the close waits for the other host;
+#: async: the exit does)
 PRODUCER = r"""
 import os, random, sys
 size, at, n = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
@@ -263,7 +264,7 @@ def test_reads_return_before_the_whole_file_arrived_and_wait_for_the_rest(two_ho
     assert first == [str(SIZE), _sha(data[:head])], cons.stderr.read()
     # the stream is held: the file on b cannot be complete yet
     assert _held(b)["mem000.nc"].state == "writing"
-    assert prod.poll() is None  # its close waits for b's copy
+    assert prod.poll() is None  # its close (sync) or its exit (async) waits for b's copy
     assert cons.stdout.readline() == "rest\n"
     _wait_blocked(cons)
     assert _held(b)["mem000.nc"].waiters == 0  # not in the daemon: in its own read

@@ -75,10 +75,11 @@ def producer(spec: dict[str, Any]) -> dict[str, Any]:
             raise RuntimeError("the consumer exited before it was ready")
         t0 = time.monotonic()
         cpu0 = time.process_time()
-        closes, close_calls = [], []
+        closes, close_calls, opens = [], [], []
         for i, (path, arrays) in enumerate(zip(spec["paths"], data, strict=True)):
             target = path + ".part" if poll else path
             ds = netCDF4.Dataset(target, "w", format="NETCDF4")
+            opens.append(time.monotonic())  # created (across hosts: the streams opened)
             if notify == "create":
                 out.write(f"{i}\n")
                 out.flush()
@@ -100,7 +101,8 @@ def producer(spec: dict[str, Any]) -> dict[str, Any]:
                 out.write(f"{i}\n")
                 out.flush()
         cpu = time.process_time() - cpu0
-    return {"t0": t0, "cpu": cpu, "close_calls": close_calls, "closes": closes, "sha256": sums,
+    return {"t0": t0, "cpu": cpu, "opens": opens, "close_calls": close_calls, "closes": closes,
+            "sha256": sums,
             "shape": list(shape)}
 
 

@@ -220,7 +220,11 @@ class Daemon:
                     return self._announce(peer, msg, reply) if msg.get("targets") else reply
             elif msg.verb == "COMPLETE":
                 reply = self.table.complete(peer, msg.int("id"))
-                if reply.verb == "OK" and self.table.is_current(msg.int("id")):
+                if reply.verb == "OK" and self.table.is_current(msg.int("id")) and \
+                        self.network.finish_later(msg.int("id"), parse_ranges(msg.get("r")),
+                                                  peer.pid):
+                    reply = Reply("OK", {"pending": 1})  # the producer SETTLEs at exit
+                elif reply.verb == "OK" and self.table.is_current(msg.int("id")):
                     failed = self.network.finish(msg.int("id"), parse_ranges(msg.get("r")))
                     if failed:  # the producer's close fails: its run must not look fine
                         reply = Reply("ERR", {"errno": errno.EIO, "fatal": 1, "say": failed})
@@ -257,6 +261,11 @@ class Daemon:
                 reply = self.table.chmod(msg.get("path"), int(msg.get("mode"), 8))
             elif msg.verb in ("UNLINK", "RENAME", "DROP"):
                 reply = self._name_change(msg, self.runs.produces(peer))
+            elif msg.verb == "SETTLE":  # at exit: its async files reached the other hosts?
+                failed = self.network.settling.wait_pid(peer.pid)
+                reply = Reply("OK") if not failed else Reply(
+                    "ERR", {"errno": errno.EIO, "fatal": 1,
+                            "say": "; ".join(failed).replace("\n", " ")})
             elif msg.verb == "EXIT":  # exit status 0: what it opened is consumed (budget.py)
                 self.table.consumer_exited(peer.pid)
                 reply = Reply("OK")
@@ -301,6 +310,8 @@ class Daemon:
         produces, whose consumers do not wait for a name it removes
         (:meth:`.view.Runs.removed`)."""
         names = self.network.names
+        self.network.settling.wait_paths(*(msg.get(k) for k in ("old", "new", "path")
+                                           if msg.get(k)))  # in the producer's order
         if msg.verb == "RENAME":
             old, new = msg.get("old"), msg.get("new")
             export = msg.get("export") == "1"

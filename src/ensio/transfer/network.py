@@ -37,10 +37,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .errors import TransferError
+from .kept import KeptConnections, offer
 from .names import Names, origin_key
 from .outgoing import Stream
 from .progress import STREAMING, Progress
 from .secret import read_secret
+from .settle import Settling
 from .sink import Sink
 from .table import Peer, Reply, Table
 from .wire import (
@@ -101,6 +103,8 @@ class Network:
         self._ids = itertools.count(-1, -1)              # remote peers: negative ids
         self._closed = False
         self.names = Names(table, log, self._control_connect)   # unlink/rename, names.py
+        self.kept = KeptConnections()    # stream connections for the next file (kept.py)
+        self.settling = Settling()       # async files finishing after the close (settle.py)
 
     # -- registration ----------------------------------------------------------------------
 
@@ -163,8 +167,13 @@ class Network:
                 self._serve_pull(conn, first, host)
             elif first is not None and first.verb == "CONTROL":
                 self.names.serve(conn, (identity, host))
-            elif first is not None and first.verb == "FILE":
-                self._receive(conn, peer, host, first, (identity, host))
+            elif first is not None and first.verb == "FILE":  # then more on it (kept.py)
+                m = first
+                while m is not None and m.verb == "FILE" and \
+                        self._receive(conn, peer, host, m, (identity, host)):
+                    self.table.peer_gone(peer)
+                    peer = Peer(id=next(self._ids), component="?", pid=0)
+                    m = recv_frame(conn)
         finally:
             conn.close()
             self.table.peer_gone(peer)
@@ -328,6 +337,7 @@ class Network:
         streams = []
         failed: tuple[int, str] | None = None
         path = fields.get("path", "?")
+        self.settling.wait_paths(path)  # the previous version reached the other hosts first
         for t in targets:
             if t == exp.host:
                 continue
@@ -365,14 +375,14 @@ class Network:
         fd = self.table.dup_fd(entry_id)
         if fd is None:
             return None
+        key = (exp.identity, target)
+        sock = None
         try:
-            sock = connect_to(endpoint)
-            client_handshake(sock, read_secret(exp.secret_path), exp.identity, exp.host)
-            send_frame(sock, "FILE", path=path, conn=fields.get("conn", ""),
-                       component=fields.get("component", "?"), mode=fields.get("mode", "644"))
-            reply = recv_frame(sock)
-            if reply is None or reply.verb != "OK":
-                raise OSError(errno.EIO, f"refused the file ({reply.verb if reply else 'closed'})")
+            sock = self.kept.offer(key, fields)
+            if sock is None:
+                sock = connect_to(endpoint)
+                client_handshake(sock, read_secret(exp.secret_path), exp.identity, exp.host)
+                offer(sock, fields)
         except (OSError, TransferError) as exc:
             self.log.error("%s: cannot stream to host %s (%s): %s", path, target, endpoint,
                            getattr(exc, "strerror", None) or exc)
@@ -385,13 +395,14 @@ class Network:
             if not isinstance(exc, AuthError):  # unreachable: do not stall every file on it
                 self._down[target] = time.monotonic() + _DOWN_S
             os.close(fd)
-            with contextlib.suppress(NameError, OSError):
+            if sock is not None:
                 sock.close()
             return None
         sock.settimeout(None)
         self._down.pop(target, None)
         return Stream(sock, fd, target, path, fields.get("xmode", "sync"),
-                      on_sent=lambda n, after: self.table.add_sent(entry_id, n, after))
+                      on_sent=lambda n, after: self.table.add_sent(entry_id, n, after),
+                      on_done=lambda done: self.kept.put(key, done))
 
     def ranges(self, entry_id: int, ranges: list[tuple[int, int]]) -> None:
         """``RANGES`` from the producer (async): queue them on each stream."""
@@ -427,6 +438,16 @@ class Network:
         bad = [f"{s.path}: {err}" for s, err in zip(streams, errors, strict=True) if err]
         return "; ".join(bad).replace("\n", " ") if bad else None
 
+    def finish_later(self, entry_id: int, final: list[tuple[int, int]], pid: int) -> bool:
+        """Async: :meth:`finish` in the background (:mod:`.settle`); False (nothing
+        started) unless every stream of ``entry_id`` is async."""
+        with self.lock:
+            streams = self.streams.get(entry_id, [])
+            if not streams or any(s.mode != "async" for s in streams):
+                return False
+        self.settling.start(entry_id, streams[0].path, pid, lambda: self.finish(entry_id, final))
+        return True
+
     def abort(self, entry_id: int) -> None:
         """End the streams of ``entry_id`` unfinished (the other hosts fail their copies)."""
         with self.lock:
@@ -448,7 +469,11 @@ class Network:
 
     def close(self) -> None:
         """Stop listening and abort the streams (the daemon says ``BYE`` on the control
-        connections later, :meth:`.names.Names.close`, after its held files are on disk)."""
+        connections later, :meth:`.names.Names.close`, after its held files are on disk).
+        Async files already closed get up to a minute to reach the other hosts."""
+        if not self.settling.wait_all(60.0):
+            self.log.error("async files still on their way to other hosts at exit: their "
+                           "copies there fail")
         with self.lock:
             listeners = list(self.listeners.values())
             self.listeners.clear()
@@ -457,6 +482,7 @@ class Network:
         for sock in listeners:
             with contextlib.suppress(OSError):
                 sock.close()
+        self.kept.close()
         for s in streams:
             s.abort()
 

@@ -62,9 +62,11 @@ class Stream:
     """An authenticated connection carrying one file (see :mod:`.wire`)."""
 
     def __init__(self, sock: socket.socket, fd: int, host: str, path: str, mode: str,
-                 on_sent: Callable[[int, int], None] = lambda sent, after: None) -> None:
+                 on_sent: Callable[[int, int], None] = lambda sent, after: None,
+                 on_done: Callable[[socket.socket], None] | None = None) -> None:
         self.sock = sock
         self.on_sent = on_sent  # (bytes, of which after the close): the daemon's statistics
+        self.on_done = on_done  # takes the connection once the file is sealed (kept.py)
         self.fd = fd            # our own descriptor of the producer's memory
         self.host = host
         self.path = path
@@ -189,7 +191,11 @@ class Stream:
                                   f"({reply.verb if reply else 'connection closed'})")
             except OSError as exc:
                 self.error = f"lost the connection to host {self.host}: {exc.strerror or exc}"
-        self.close()
+        keep = self.error is None and self.on_done is not None
+        self.close(keep_socket=keep)
+        if keep:
+            assert self.on_done is not None
+            self.on_done(self.sock)
         return self.error
 
     def abort(self) -> None:
@@ -203,10 +209,11 @@ class Stream:
             self._thread.join(timeout=70)
         self.close()
 
-    def close(self) -> None:
+    def close(self, keep_socket: bool = False) -> None:
         with self._lock:
-            with contextlib.suppress(OSError):
-                self.sock.close()
+            if not keep_socket:
+                with contextlib.suppress(OSError):
+                    self.sock.close()
             if self.fd >= 0:
                 os.close(self.fd)
                 self.fd = -1

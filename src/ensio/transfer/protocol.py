@@ -46,7 +46,9 @@ Requests (interposer → daemon), and their replies
     Past the budget, a ``fallback: files`` file is written to its real path before the
     reply. With other hosts, the reply waits until each has sealed its copy (sync: the
     whole file is sent now; async: only ``r``, the ranges written since the last
-    report, and what was not sent yet). → ``OK`` | ``ERR errno=``
+    report, and what was not sent yet). → ``OK`` | ``ERR errno=``. Async to other
+    hosts: the reply does not wait for them; it is ``OK pending=1`` and the rest of
+    the stream runs in the daemon (:mod:`.settle`).
 ``OPEN path= wait_ms= defer= conn= [partial=1]``
     A consumer opens ``path`` read-only; blocks while the file is being written, at
     most ``wait_ms``. ``partial=1`` (``serve_partial``): a file arriving from another
@@ -95,13 +97,17 @@ Requests (interposer → daemon), and their replies
     The process (a consumer: it opened a transferred file) exits with status 0: the
     files it opened are consumed for its component (``keep``, :mod:`.budget`). Sent at
     exit on a connection of its own. → ``OK``
+``SETTLE``
+    Sent at exit, on a connection of its own, by a process that had a ``COMPLETE``
+    answered ``pending=1``: the answer waits until each of its files reached every
+    other host. → ``OK`` | ``ERR errno=EIO fatal=1 say=`` (what failed)
 
 Any ``ERR`` may carry ``say=`` (one line the interposer prints on the program's
 stderr: what the program's own message cannot tell, e.g. another host refused our
 secret) and ``fatal=1`` (the program's run must fail: an exit status of 0 becomes 1).
 ``CREATE`` answers so when a host of ``targets`` refuses us or cannot be reached
 (``EACCES`` / ``EHOSTUNREACH``; not for ``all-to-all``, whose consumers pull),
-``COMPLETE`` when a stream to another host failed (``EIO``).
+``COMPLETE`` (sync) or ``SETTLE`` (async) when a stream to another host failed (``EIO``).
 
 ``UNLINK``, ``RENAME`` and ``DROP`` are answered only after every other host holding a
 copy of the names acknowledged the change, or was given up on (:mod:`.names`).

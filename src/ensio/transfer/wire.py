@@ -2,8 +2,9 @@
 
 Frames are a 4-byte big-endian length and a packet of :mod:`.protocol`'s text form
 (verb, ``key=value`` lines). File bytes follow a ``DATA off= len=`` frame raw, exactly
-``len`` of them. One TCP connection carries one file, from the producer host's daemon
-(the client) to a consumer host's daemon (the server)::
+``len`` of them. A TCP connection carries one file at a time, from the producer host's
+daemon (the client) to a consumer host's daemon (the server); once ``DONE`` is answered
+``OK`` the client may send the next ``FILE`` on it (:mod:`.kept`)::
 
     client: HELLO proto= identity= host= nonce=NC
     server: CHALLENGE nonce=NS mac=proof(secret, "server", NC, NS, identity)

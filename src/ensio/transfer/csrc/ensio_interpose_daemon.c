@@ -17,6 +17,8 @@
  * takes a producer whose files did not reach their consumers for a success. A process
  * that opened a transferred file as a consumer and exits with status 0 tells the daemon
  * (EXIT): what it read is consumed (keep: until-consumed, ensio/transfer/budget.py).
+ * A process whose async files to other hosts were still on their way at their close
+ * waits for them at exit (SETTLE, settle below).
  */
 #include "ensio_interpose.h"
 
@@ -42,6 +44,8 @@ static ino_t sock_ino;
 static int down;  /* the daemon is unreachable: real files from now on */
 static int fatal;         /* a reply said fatal=1: this run must not exit 0 */
 static int consumed_any;  /* an OPEN answered with a descriptor: report EXIT */
+static int pending_any;   /* a COMPLETE answered pending=1: SETTLE at exit */
+static pid_t settled_pid; /* SETTLE was sent by this process */
 static pid_t exit_pid;    /* on_exit registered in this process */
 static int exit_status = -1;
 
@@ -173,6 +177,27 @@ static void reply_notes(const char *msg, const char *reply, int got_fd)
     if (ei_reply_long(reply, "fatal", 0)) fatal = 1;
     if (got_fd >= 0 && strncmp(msg, "OPEN\n", 5) == 0 && ei_reply_is(reply, "OK"))
         consumed_any = 1;
+    if (strncmp(msg, "COMPLETE\n", 9) == 0 && ei_reply_long(reply, "pending", 0))
+        pending_any = 1;
+}
+
+/* Async files to other hosts finish after their close (ensio/transfer/settle.py): before
+ * the exit status is final, wait until they arrived; one that did not makes the run
+ * fail (fatal, with the daemon's line). Once per process, on a connection of its own. */
+static void settle(void)
+{
+    if (!pending_any || getpid() != exit_pid || settled_pid == getpid()) return;
+    settled_pid = getpid();
+    char why[PATH_MAX + 64], reply[EI_REPLY_MAX];
+    int s = open_connection(why, sizeof why);
+    if (s >= 0 && send_packet(s, "SETTLE", 6, -1) == 0 && recv_packet(s, reply, NULL) == 0) {
+        reply_notes("SETTLE", reply, -1);
+    } else {
+        ei_say("cannot learn whether the files closed reached the other hosts (%s)",
+               s < 0 ? why : "the staging daemon did not answer");
+        fatal = 1;
+    }
+    if (s >= 0) ei_real.close(s);
 }
 
 /* Exit with status 0 of a consumer: tell the daemon (EXIT), on a connection of our own
@@ -181,6 +206,7 @@ static void report_exit(int status, void *arg)
 {
     (void)arg;
     exit_status = status;
+    settle();
     if (fatal && status == 0 && getpid() == exit_pid) {
         fflush(NULL);
         _exit(1);
@@ -199,6 +225,7 @@ static void report_exit(int status, void *arg)
  * non-zero one becomes 1, which is a failure still. */
 __attribute__((destructor(101))) static void fail_run(void)
 {
+    settle();
     if (fatal && exit_status <= 0 && getpid() == exit_pid) {
         fflush(NULL);
         _exit(1);
@@ -211,6 +238,7 @@ static void exit_now(const char *name, int status) __attribute__((noreturn));
 static void exit_now(const char *name, int status)
 {
     void (*real)(int) = (void (*)(int))dlsym(RTLD_NEXT, name);
+    settle();
     if (fatal && status == 0 && getpid() == exit_pid) status = 1;
     if (real) real(status);
     syscall(SYS_exit_group, status);
