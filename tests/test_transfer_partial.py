@@ -25,7 +25,16 @@ from pathlib import Path
 import needs
 import pytest
 import yaml
-from transfer_hosts import NetHost, hosts_config, two_hosts_fixture  # noqa: F401
+from transfer_hosts import (  # noqa: F401
+    REWRITING_PRODUCER,
+    NetHost,
+    held,
+    hosts_config,
+    in_syscall,
+    release,
+    rewritten,
+    two_hosts_fixture,
+)
 from transfer_support import interposer_cache_fixture, wait_for  # noqa: F401
 
 from ensio.config.errors import ConfigError
@@ -149,27 +158,8 @@ def test_the_sink_tells_the_progress_map_what_arrived(way, rng):
 SIZE = (4 << 20) + 77
 HEAD = (1 << 20) + 12345   # where the sending daemon holds the stream
 
-#: writes SIZE seeded random bytes; on a line from stdin rewrites N bytes at AT (async:
-#: the dirty bytes sent after the close), closes (sync: the close waits for the other host;
-#: async: the exit does)
-PRODUCER = r"""
-import os, random, sys
-size, at, n = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-data = random.Random(12).randbytes(size)
-os.write(fd, data)
-print("written", flush=True)
-sys.stdin.readline()
-os.pwrite(fd, bytes(255 - b for b in data[at:at + n]), at)
-os.close(fd)
-print("closed", flush=True)
-"""
-
-
-def _produced(size: int, at: int, n: int) -> bytes:
-    data = bytearray(random.Random(12).randbytes(size))
-    data[at:at + n] = bytes(255 - b for b in data[at:at + n])
-    return bytes(data)
+PRODUCER = REWRITING_PRODUCER
+_produced = rewritten
 
 
 #: opens, reads the first HEAD bytes, then the whole file (read() through Python's io)
@@ -194,24 +184,12 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _held(host: NetHost) -> dict[str, object]:
-    return {Path(s.path).name: s for s in host.status() or []}
+_held = held
 
 
 def _sent(host: NetHost) -> int:
     st = _held(host).get("mem000.nc")
     return st.sent if st is not None else 0
-
-
-def _in_futex_wait(pid: int) -> bool:
-    """Whether a thread of ``pid`` sleeps in futex (the interposer's wait for bytes)."""
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            if (task / "syscall").read_text().split()[0] == _FUTEX:
-                return True
-        except (OSError, IndexError):
-            continue
-    return False
 
 
 def _setup(two_hosts, tmp: Path, mode: str = "sync", hold: int = HEAD):
@@ -227,14 +205,12 @@ def _setup(two_hosts, tmp: Path, mode: str = "sync", hold: int = HEAD):
     return a, b, config, fifo
 
 
-def _release(fifo: Path, word: str) -> None:
-    with open(fifo, "w", encoding="utf-8") as f:  # blocks until the daemon reads it
-        f.write(word + "\n")
+_release = release
 
 
 def _wait_blocked(proc: subprocess.Popen) -> None:
     if _FUTEX is not None:
-        wait_for(lambda: _in_futex_wait(proc.pid), what="the consumer waiting in a read")
+        wait_for(lambda: in_syscall(proc.pid, _FUTEX), what="the consumer waiting in a read")
 
 
 #: mode → (the bytes rewritten after the first send: at, n; where the stream is held;
@@ -428,7 +404,7 @@ def _family_in_futex_wait(pid: int) -> bool:
             kids += [int(k) for k in (task / "children").read_text().split()]
         except OSError:
             continue
-    return any(_in_futex_wait(p) for p in [pid, *kids] if Path(f"/proc/{p}").exists())
+    return any(in_syscall(p, _FUTEX) for p in [pid, *kids] if Path(f"/proc/{p}").exists())
 
 
 #: hands its partial descriptor to another program (cat, as stdin): exec waits for it all

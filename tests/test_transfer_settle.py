@@ -21,7 +21,17 @@ import sys
 import threading
 from pathlib import Path
 
-from transfer_hosts import NetHost, hosts_config, two_hosts_fixture  # noqa: F401
+import pytest
+from transfer_hosts import (  # noqa: F401
+    REWRITING_PRODUCER,
+    NetHost,
+    held,
+    hosts_config,
+    in_syscall,
+    release,
+    rewritten,
+    two_hosts_fixture,
+)
 from transfer_support import interposer_cache_fixture, wait_for  # noqa: F401
 
 PY = sys.executable
@@ -29,21 +39,6 @@ SIZE = (4 << 20) + 77
 AT, N = 2 << 20, 512 << 10   # rewritten after the first write was sent: sent after the close
 HOLD = 100 << 10             # the stream stops this far into the bytes sent after the close
 _RECVMSG = {"x86_64": "47", "aarch64": "212"}.get(platform.machine())
-
-#: writes SIZE seeded random bytes; on a line from stdin rewrites N bytes at AT, closes
-#: and says so, then exits (status 0)
-PRODUCER = r"""
-import os, random, sys
-size, at, n = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-data = random.Random(12).randbytes(size)
-os.write(fd, data)
-print("written", flush=True)
-sys.stdin.readline()
-os.pwrite(fd, bytes(255 - b for b in data[at:at + n]), at)
-os.close(fd)
-print("closed", flush=True)
-"""
 
 #: writes each named file (seeded random bytes, one seed per file) and closes it
 WRITER = r"""
@@ -62,26 +57,6 @@ for path in sys.argv[1:]:
 """
 
 
-def _produced() -> bytes:
-    data = bytearray(random.Random(12).randbytes(SIZE))
-    data[AT:AT + N] = bytes(255 - b for b in data[AT:AT + N])
-    return bytes(data)
-
-
-def _held(host: NetHost) -> dict[str, object]:
-    return {Path(s.path).name: s for s in host.status() or []}
-
-
-def _in_syscall(pid: int, number: str) -> bool:
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            if (task / "syscall").read_text().split()[0] == number:
-                return True
-        except (OSError, IndexError):
-            continue
-    return False
-
-
 def _line(proc: subprocess.Popen, timeout: float = 60.0) -> str:
     """The next line of ``proc``'s stdout; fails (instead of hanging) if none comes."""
     box: list[str] = []
@@ -90,11 +65,6 @@ def _line(proc: subprocess.Popen, timeout: float = 60.0) -> str:
     reader.join(timeout)
     assert box, f"no line from the producer in {timeout} s (its close waited?)"
     return box[0]
-
-
-def _release(fifo: Path, word: str) -> None:
-    with open(fifo, "w", encoding="utf-8") as f:  # blocks until the daemon reads it
-        f.write(word + "\n")
 
 
 def _closed_while_held(two_hosts, tmp_path: Path):
@@ -107,43 +77,41 @@ def _closed_while_held(two_hosts, tmp_path: Path):
                           ["fc/mem*.nc"], mode="async")
     a.env["ENSIO_TRANSFER_TEST_HOLD"] = f"{HOLD}:{fifo}"  # a's daemon starts with it
     b.up(config, "post")
-    prod = a.start(config, "model", PY, "-c", PRODUCER, "fc/mem000.nc", str(SIZE), str(AT),
-                   str(N))
+    prod = a.start(config, "model", PY, "-c", REWRITING_PRODUCER, "fc/mem000.nc", str(SIZE),
+                   str(AT), str(N))
     assert prod.stdout.readline() == "written\n", prod.stderr.read()
-    wait_for(lambda: getattr(_held(a).get("mem000.nc"), "sent", 0) >= SIZE,
+    wait_for(lambda: getattr(held(a).get("mem000.nc"), "sent", 0) >= SIZE,
              what="the async send of the first write")
     prod.stdin.write("close\n")
     prod.stdin.flush()
     # the close returned although the stream is held: b cannot have the whole file
     assert _line(prod) == "closed\n"
-    assert _held(b)["mem000.nc"].state == "writing"
+    assert held(b)["mem000.nc"].state == "writing"
     if _RECVMSG is not None:  # and the process waits at its exit, in SETTLE
-        wait_for(lambda: _in_syscall(prod.pid, _RECVMSG), what="the producer in SETTLE")
+        wait_for(lambda: in_syscall(prod.pid, _RECVMSG), what="the producer in SETTLE")
     assert prod.poll() is None
     return a, b, config, fifo, prod
 
 
-def test_an_async_close_returns_before_the_other_host_has_the_file_and_the_exit_waits(
-        two_hosts, tmp_path):
+@pytest.mark.parametrize("word", ["go", "break"])
+def test_an_async_close_returns_first_and_the_exit_waits_for_the_other_host(two_hosts,
+                                                                           tmp_path, word):
+    """``go``: the exit waits, then succeeds, and b has the file. ``break``: the stream
+    fails after the close returned 0, so the run fails, with one line naming file and host."""
     a, b, config, fifo, prod = _closed_while_held(two_hosts, tmp_path)
-    _release(fifo, "go")
+    release(fifo, word)
     out, err = prod.communicate(timeout=60)
-    assert prod.returncode == 0, err
-    assert _held(b)["mem000.nc"].state == "complete"  # before the producer's exit
-    got = b.run(config, "post", PY, "-c", READER, "fc/mem000.nc")
-    assert got.stdout.split() == [hashlib.sha256(_produced()).hexdigest()], got.stderr
-
-
-def test_a_stream_broken_after_an_async_close_fails_the_producers_run_with_one_line(
-        two_hosts, tmp_path):
-    a, b, config, fifo, prod = _closed_while_held(two_hosts, tmp_path)
-    _release(fifo, "break")
-    out, err = prod.communicate(timeout=60)
+    if word == "go":
+        assert prod.returncode == 0, err
+        assert held(b)["mem000.nc"].state == "complete"  # before the producer's exit
+        got = b.run(config, "post", PY, "-c", READER, "fc/mem000.nc")
+        assert got.stdout.split() == [hashlib.sha256(rewritten(SIZE, AT, N)).hexdigest()]
+        return
     assert prod.returncode == 1, err
     path = (a.work / "fc" / "mem000.nc").resolve()
     lines = [x for x in err.splitlines() if x.startswith("ensio-transfer")]
     assert len(lines) == 1 and str(path) in lines[0] and "host b" in lines[0], err
-    assert _held(b)["mem000.nc"].state == "failed"
+    assert held(b)["mem000.nc"].state == "failed"
 
 
 def _connections(host: NetHost, peer: NetHost) -> set[str]:

@@ -16,6 +16,7 @@ iproute2).
 
 from __future__ import annotations
 
+import random
 import secrets
 import subprocess
 import sys
@@ -125,3 +126,49 @@ def hosts_config(path: Path, placement: dict[str, list[str]], pattern: str,
     path.write_text(yaml.safe_dump({"components": ["model", "post"], "hosts": hosts,
                                     "connections": [connection]}, sort_keys=False))
     return path
+
+
+#: writes SIZE seeded random bytes; on a line from stdin rewrites N bytes at AT (async:
+#: the dirty bytes sent after the close), closes (sync: the close waits for the other
+#: host; async: the exit does) and says so. argv: PATH SIZE AT N
+REWRITING_PRODUCER = r"""
+import os, random, sys
+size, at, n = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+data = random.Random(12).randbytes(size)
+os.write(fd, data)
+print("written", flush=True)
+sys.stdin.readline()
+os.pwrite(fd, bytes(255 - b for b in data[at:at + n]), at)
+os.close(fd)
+print("closed", flush=True)
+"""
+
+
+def rewritten(size: int, at: int, n: int) -> bytes:
+    """What REWRITING_PRODUCER's file holds once closed (computed independently)."""
+    data = bytearray(random.Random(12).randbytes(size))
+    data[at:at + n] = bytes(255 - b for b in data[at:at + n])
+    return bytes(data)
+
+
+def held(host: NetHost) -> dict[str, object]:
+    """The host daemon's held files by base name (``ensio transfer status``)."""
+    return {Path(s.path).name: s for s in host.status() or []}
+
+
+def in_syscall(pid: int, number: str) -> bool:
+    """Whether a thread of ``pid`` sleeps in system call ``number`` (/proc/PID/task/*/syscall)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            if (task / "syscall").read_text().split()[0] == number:
+                return True
+        except (OSError, IndexError):
+            continue
+    return False
+
+
+def release(fifo: Path, word: str) -> None:
+    """Tell a daemon held by ``ENSIO_TRANSFER_TEST_HOLD`` to go on (``go``) or break off."""
+    with open(fifo, "w", encoding="utf-8") as f:  # blocks until the daemon reads it
+        f.write(word + "\n")
