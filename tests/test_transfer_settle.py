@@ -21,6 +21,7 @@ import sys
 import threading
 from pathlib import Path
 
+import needs
 import pytest
 from transfer_hosts import (  # noqa: F401
     REWRITING_PRODUCER,
@@ -112,6 +113,20 @@ def test_an_async_close_returns_first_and_the_exit_waits_for_the_other_host(two_
     lines = [x for x in err.splitlines() if x.startswith("ensio-transfer")]
     assert len(lines) == 1 and str(path) in lines[0] and "host b" in lines[0], err
     assert held(b)["mem000.nc"].state == "failed"
+
+
+def test_a_producer_killed_in_its_exit_wait_loses_no_file(two_hosts, tmp_path):
+    """Killed while it waits in SETTLE (after its close returned): the file is complete on
+    its host, so the stream goes on and b's copy completes, equal to what was written."""
+    needs.capability("the recvmsg system call's number (to see the producer in SETTLE)",
+                     None if _RECVMSG else f"not known for {platform.machine()}")
+    a, b, config, fifo, prod = _closed_while_held(two_hosts, tmp_path)
+    prod.kill()  # it sleeps in SETTLE (_closed_while_held waited for that)
+    prod.communicate(timeout=60)  # dead: its connections to a's daemon are closed
+    release(fifo, "go")
+    wait_for(lambda: held(b)["mem000.nc"].state == "complete", what="b's copy complete")
+    got = b.run(config, "post", PY, "-c", READER, "fc/mem000.nc")
+    assert got.stdout.split() == [hashlib.sha256(rewritten(SIZE, AT, N)).hexdigest()]
 
 
 def _connections(host: NetHost, peer: NetHost) -> set[str]:

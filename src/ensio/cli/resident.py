@@ -25,6 +25,7 @@ from typing import Any
 
 from mpi4py import MPI
 
+from ..parallel.abort import abort_job
 from ..workflow.resident import ENV_PREFIX, peer_uid, recv_request
 
 
@@ -149,8 +150,7 @@ def serve(path: Path, comm: MPI.Comm, warm: Path | None = None) -> None:
                 code = _run(list(request["argv"]))
         except Exception:  # not an agreed command error: ranks may be out of step
             traceback.print_exc()
-            sys.stderr.flush()
-            comm.Abort(1)
+            abort_job(comm, 1)
         finally:
             for fd in fds:
                 os.close(fd)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import abc
 import json
-import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -24,6 +23,7 @@ from typing import Any, NoReturn
 import numpy as np
 from mpi4py import MPI
 
+from ..parallel.abort import abort_job
 from .config import IOServerConfig
 from .parts import LocalDomain, domain_message, local_shape, make_local_domain
 from .protocol import (
@@ -88,8 +88,7 @@ def server_lost(server: int, rank: int, first: bool, seconds: float, what: str) 
     print(f"ensio ioclient: error: model rank {rank}: ioserver rank {server} did not answer "
           f"for {seconds:g} s ({what}; stopped or hung? the limit is ioserver.timeout_s)",
           file=sys.stderr, flush=True)
-    MPI.COMM_WORLD.Abort(2)
-    os._exit(2)  # should MPI_Abort return
+    abort_job(MPI.COMM_WORLD, 2)
 
 
 def recv_text(comm: MPI.Comm, source: int, tag: int,

@@ -13,7 +13,6 @@ report to every client.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -23,6 +22,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from ..parallel.abort import abort_job
 from .config import IOServerConfig
 from .mismatch import unsent_warning
 from .pipeline import SinkFactory
@@ -105,8 +105,7 @@ def serve(cfg: IOServerConfig, iocomm: MPI.Comm, srvcomm: MPI.Comm, servers: Seq
             print(f"ensio ioserver: {reason}", file=sys.stderr, flush=True)
         _wait_all([srvcomm.Ibarrier()], 10.0)  # the line is out before anyone aborts
         _wait_all(pending, 2.0)
-        iocomm.Abort(2)
-        os._exit(2)  # should MPI_Abort return (MPICH's has, under load): never a hang
+        abort_job(iocomm, 2)
     summaries = srvcomm.gather(summary, root=0)
     unsent = srvcomm.gather(core.unsent(), root=0)
     if srvcomm.rank != 0:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
+from ..parallel.abort import abort_job
 from ..parallel.agree import root_call
 from .client import Client, Transport
 from .config import IOServerConfig
@@ -93,7 +94,7 @@ def end_with_abort(comm: MPI.Comm, reason: str, sink: Sink | None) -> None:
         except Exception as exc:  # the job ends anyway; say so
             print(f"ensio ioserver: closing files failed: {exc}", file=sys.stderr, flush=True)
     print(f"ensio ioserver: {reason}", file=sys.stderr, flush=True)
-    comm.Abort(2)
+    abort_job(comm, 2)
 
 
 class SyncLink(Transport):

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import sys
 import threading
-import time
 import traceback
 import weakref
 from collections.abc import Callable, Iterator
@@ -41,6 +40,8 @@ from contextlib import contextmanager
 from types import TracebackType
 
 from mpi4py import MPI
+
+from ..parallel.abort import abort_job
 
 __all__ = ["FailurePolicy", "is_agreed", "mark_agreed"]
 
@@ -93,14 +94,8 @@ class FailurePolicy:
                 file=sys.stderr,
                 flush=True,
             )
-            sys.stdout.flush()
-            # mpiexec (hydra) forwards our stderr through its proxy; MPI_Abort
-            # tears the job down at once and can drop a message still in
-            # flight, so give the forwarder a moment (bounded, once, on the
-            # way out of a failed job)
-            time.sleep(0.5)
-        finally:
-            self.world.Abort(1)
+        finally:  # the line is out of this process's pipes first (parallel/abort.py)
+            abort_job(self.world, 1)
 
     def abort_for(self, exc: BaseException) -> None:
         """Abort for a local failure ``exc`` (see :meth:`abort`)."""

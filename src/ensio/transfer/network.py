@@ -445,6 +445,7 @@ class Network:
             streams = self.streams.get(entry_id, [])
             if not streams or any(s.mode != "async" for s in streams):
                 return False
+            self._writers.pop(entry_id, None)  # complete: its producer's exit must not abort it
         self.settling.start(entry_id, streams[0].path, pid, lambda: self.finish(entry_id, final))
         return True
 

@@ -16,6 +16,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -116,9 +118,23 @@ static void reclaim(void) {
 
 /* ---------------------------------------------------------------- a server that stopped */
 
+/* Bytes written to pipe fd that its reader (mpiexec's proxy) has not read; 0 if no pipe. */
+static int unread(int fd) {
+    struct stat st;
+    int n = 0;
+    if (fstat(fd, &st) != 0 || !S_ISFIFO(st.st_mode) || ioctl(fd, FIONREAD, &n) != 0) return 0;
+    return n;
+}
+
 /* MPI_Abort, and an exit should it return (MPICH's has been seen to, under load, with
- * a stopped process in the job): the launcher ends the others when a rank exits 2. */
+ * a stopped process in the job): the launcher ends the others when a rank exits 2.
+ * First the line that says why must be out of this process's pipes: MPI_Abort tears the
+ * job down at once, and hydra drops what its proxy has not read (ensio/parallel/abort.py
+ * does the same for the Python side); at most 2 s. */
 static void end_job(void) {
+    fflush(NULL);
+    struct timespec ts = {0, 2000000};
+    for (int i = 0; i < 1000 && (unread(1) > 0 || unread(2) > 0); i++) nanosleep(&ts, NULL);
     MPI_Abort(MPI_COMM_WORLD, 2);
     _exit(2);
 }
