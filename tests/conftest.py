@@ -9,6 +9,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 import needs  # noqa: E402  (tests/ is on sys.path from the line above)
 from seeds import SEED_ENV, draw_seed  # noqa: E402
 
+_SHM_BEFORE = pytest.StashKey[set]()
+
 
 @pytest.fixture
 def rng(request: pytest.FixtureRequest) -> np.random.Generator:
@@ -34,6 +36,25 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
 def pytest_configure(config: pytest.Config) -> None:
     needs.register(config)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    from shm_support import segments
+
+    session.config.stash[_SHM_BEFORE] = segments()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """MPICH segments left by test jobs killed on purpose (tests/shm_support.py); once,
+    in the controlling process (not in each xdist worker)."""
+    if hasattr(session.config, "workerinput") or _SHM_BEFORE not in session.config.stash:
+        return
+    from shm_support import remove_orphans
+
+    removed = remove_orphans(session.config.stash[_SHM_BEFORE])
+    if removed:
+        print(f"\nremoved {removed} MPICH shared-memory segments left in /dev/shm by "
+              "killed test jobs", file=sys.stderr)
 
 
 def pytest_runtest_setup(item):

@@ -11,6 +11,7 @@ import os
 import platform
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from transfer_hosts import in_syscall
@@ -79,3 +80,72 @@ def test_the_line_before_abort_job_reaches_mpiexecs_stderr():
                            stdin=subprocess.DEVNULL)
         assert p.returncode != 0
         assert "x" * 3000 + " the reason" in p.stderr, p.stderr[-500:]
+
+
+def test_forget_shm_segments_removes_the_names_this_process_maps(tmp_path, monkeypatch):
+    import ensio.parallel.abort as ab
+
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setattr(ab, "_SHM_PREFIX", str(shm / "mpich_shm_"))
+    live, gone, other = shm / "mpich_shm_ab12_0", shm / "mpich_shm_cd34_0", shm / "other"
+    for p in (live, other):
+        p.write_bytes(b"x")
+    maps = tmp_path / "maps"
+    maps.write_text(
+        f"7f00-7f01 rw-s 00000000 00:1a 42 {live}\n"
+        f"7f01-7f02 rw-s 00000000 00:1a 43 {gone} (deleted)\n"
+        f"7f02-7f03 rw-s 00000000 00:1a 44 {other}\n"
+        "7f03-7f04 r-xp 00000000 08:01 45 /usr/lib/libc.so.6\n")
+    assert ab.forget_shm_segments(str(maps)) == [str(live)]
+    assert not live.exists() and other.exists()
+
+
+def test_the_abort_of_an_mpi_job_leaves_no_segment_in_dev_shm():
+    from shm_support import segments
+
+    code = ("from mpi4py import MPI; from ensio.parallel.abort import abort_job\n"
+            "c = MPI.COMM_WORLD; c.Barrier()\n"
+            "if c.rank == 0: abort_job(c, 3)\n"
+            "c.Barrier()\n")
+    before = segments()
+    p = subprocess.run([str(MPIEXEC), "-n", "2", sys.executable, "-c", code],
+                       capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert p.returncode != 0
+    # other jobs on this machine may add segments meanwhile, but not ones nobody maps
+    from shm_support import _mapped
+
+    left = segments() - before - _mapped()
+    assert not left, left
+
+
+def test_orphan_segments_are_removed_and_live_or_young_ones_kept(tmp_path, monkeypatch):
+    import shm_support
+
+    monkeypatch.setattr(shm_support, "SHM", tmp_path)
+    monkeypatch.setattr(shm_support, "_mapped", lambda: {"mpich_shm_live_0"})
+    old = time.time() - 60
+    for name in ("mpich_shm_orphan_0", "mpich_shm_live_0", "mpich_shm_young_0",
+                 "mpich_shm_before_0"):
+        (tmp_path / name).write_bytes(b"x")
+        if name != "mpich_shm_young_0":
+            os.utime(tmp_path / name, (old, old))
+    assert shm_support.remove_orphans({"mpich_shm_before_0"}) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "mpich_shm_before_0", "mpich_shm_live_0", "mpich_shm_young_0"]
+
+
+def test_a_segment_this_process_maps_counts_as_mapped():
+    import mmap
+
+    from shm_support import SHM, _mapped
+
+    path = SHM / f"mpich_shm_ensiotest{os.getpid()}_0"
+    path.write_bytes(b"\0" * 4096)
+    try:
+        with open(path, "r+b") as f, mmap.mmap(f.fileno(), 4096) as m:
+            assert path.name in _mapped()
+            m[0] = 1
+        assert path.name not in _mapped()
+    finally:
+        path.unlink()

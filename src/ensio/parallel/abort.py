@@ -7,6 +7,13 @@ empty stderr (seen in CI: a missing restart variable, one run in several). So be
 aborting, the rank waits until the proxy has read its pipes empty (``FIONREAD`` on a
 pipe counts the unread bytes, from either end), at most ``drain_s``; on a terminal,
 file or socket there is nothing to wait for.
+
+MPICH (the ``mpich`` wheel) keeps one shared-memory segment per node under
+``/dev/shm/mpich_shm_*`` and removes its name in ``MPI_Finalize``; an aborted job left
+it behind, a few MB of RAM each (5000 of them, 11 GB, had piled up on the CI machine).
+Every rank of the job has the segment mapped by the time anything can abort, so the
+name is removed before ``MPI_Abort`` (:func:`forget_shm_segments`); the memory goes
+when the job's processes are gone.
 """
 
 from __future__ import annotations
@@ -19,7 +26,9 @@ import sys
 import termios
 import time
 
-__all__ = ["abort_job", "drain_output"]
+__all__ = ["abort_job", "drain_output", "forget_shm_segments"]
+
+_SHM_PREFIX = "/dev/shm/mpich_shm_"
 
 
 def _unread(fd: int) -> int:
@@ -45,9 +54,29 @@ def drain_output(drain_s: float = 2.0) -> None:
         time.sleep(0.002)  # the launcher's proxy reads on its own schedule
 
 
+def forget_shm_segments(maps: str = "/proc/self/maps") -> list[str]:
+    """Remove the names of the MPICH segments this process maps (the removed paths)."""
+    try:
+        with open(maps, encoding="utf-8", errors="replace") as f:
+            paths = {line.split(None, 5)[5].strip() for line in f
+                     if _SHM_PREFIX in line and not line.rstrip().endswith("(deleted)")}
+    except (OSError, IndexError):
+        return []
+    removed = []
+    for path in sorted(p for p in paths if p.startswith(_SHM_PREFIX)):
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except OSError:
+            pass  # another rank of this node removed it first
+    return removed
+
+
 def abort_job(comm, code: int, drain_s: float = 2.0) -> None:
-    """``comm.Abort(code)`` once the output is out (:func:`drain_output`); should
-    ``MPI_Abort`` return (MPICH's has, under load), exit with ``code``: never a hang."""
+    """``comm.Abort(code)`` once the output is out (:func:`drain_output`) and the node's
+    MPICH segment names are removed (:func:`forget_shm_segments`); should ``MPI_Abort``
+    return (MPICH's has, under load), exit with ``code``: never a hang."""
     drain_output(drain_s)
+    forget_shm_segments()
     comm.Abort(code)
     os._exit(code)

@@ -126,6 +126,23 @@ static int unread(int fd) {
     return n;
 }
 
+/* MPICH removes its node's shared-memory segment name (/dev/shm/mpich_shm_*) in
+ * MPI_Finalize; an aborted job left it, a few MB of RAM each. Every rank has it mapped
+ * by now, so the name goes before MPI_Abort (as ensio/parallel/abort.py does). */
+static void forget_shm_segments(void) {
+    FILE *maps = fopen("/proc/self/maps", "r");
+    if (!maps) return;
+    char line[PATH_MAX + 256];
+    while (fgets(line, sizeof line, maps)) {
+        char *path = strstr(line, "/dev/shm/mpich_shm_");
+        if (!path) continue;
+        path[strcspn(path, "\n")] = '\0';
+        if (strstr(path, " (deleted)")) continue;
+        unlink(path); /* ENOENT: another rank of this node was first */
+    }
+    fclose(maps);
+}
+
 /* MPI_Abort, and an exit should it return (MPICH's has been seen to, under load, with
  * a stopped process in the job): the launcher ends the others when a rank exits 2.
  * First the line that says why must be out of this process's pipes: MPI_Abort tears the
@@ -135,6 +152,7 @@ static void end_job(void) {
     fflush(NULL);
     struct timespec ts = {0, 2000000};
     for (int i = 0; i < 1000 && (unread(1) > 0 || unread(2) > 0); i++) nanosleep(&ts, NULL);
+    forget_shm_segments();
     MPI_Abort(MPI_COMM_WORLD, 2);
     _exit(2);
 }
