@@ -63,6 +63,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compute-ms", type=float, default=d.compute_ms, metavar="MS",
                    help="the producer computes this long after each variable it writes, as a "
                         f"model between outputs (default {d.compute_ms:g}: back to back)")
+    p.add_argument("--warmup", type=int, default=d.warmup, metavar="N",
+                   help=f"rounds of every case run first and not counted (default "
+                        f"{d.warmup}: the first met empty daemons)")
     p.add_argument("--launches", type=int, default=d.launches, metavar="N",
                    help=f"launches of `ensio run --transfer … -- true` whose median is "
                         f"launch_ms (default {d.launches}; 0: not measured)")
@@ -83,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
     st = TransferBenchSettings(files=args.files, size_mb=args.size_mb, fields=args.fields,
                                repeat=args.repeat, cases=args.cases, poll_ms=args.poll_ms,
                                warm=args.warm, compute_ms=args.compute_ms,
-                               pool_mb=args.pool_mb, launches=max(0, args.launches))
+                               pool_mb=args.pool_mb, launches=max(0, args.launches),
+                               warmup=max(0, args.warmup))
     res = run_with_status("ensio bench transfer",
                           lambda on_step: bench_transfer(st, args.workdir, on_step))
     Console().print(result_table(res))
