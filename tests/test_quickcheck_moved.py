@@ -81,8 +81,13 @@ def _member(path: Path, rng: np.random.Generator, member: int, history: int,
 
 def _ensemble(tmp: Path, rng: np.random.Generator, n: int = 5, first: bool = False,
               aux: bool = False) -> list[Path]:  # fmt: skip
-    """``n`` members whose ``history`` lengths are all different (0-29 more characters)."""
-    lengths = rng.choice(30, size=n, replace=False)
+    """``n`` members whose ``history`` lengths all differ: 0, one of 200-399 and the rest
+    1-199 more characters, in random order. With ``first`` their data offsets then
+    differ for sure: HDF5 moves them in steps (0-15 more characters gave one offset,
+    16-150 the next), so lengths drawn from 0-29 alone had all members in one step in
+    about 1 run of 20."""
+    rest = rng.choice(np.arange(1, 200), size=max(0, n - 2), replace=False)
+    lengths = rng.permutation([0, int(rng.integers(200, 400)), *rest.tolist()])[:n]
     paths = [tmp / f"mem{m:03d}.nc" for m in range(1, n + 1)]
     for m, (p, k) in enumerate(zip(paths, lengths, strict=True), start=1):
         _member(p, rng, m, int(k), first=first, aux=aux)

@@ -219,17 +219,16 @@ class Daemon:
                 if reply.verb == "OK":  # the descriptor received is the table's now
                     return self._announce(peer, msg, reply) if msg.get("targets") else reply
             elif msg.verb == "COMPLETE":
-                reply = self.table.complete(peer, msg.int("id"))
-                if reply.verb == "OK" and self.table.is_current(msg.int("id")) and \
-                        self.network.finish_later(msg.int("id"), parse_ranges(msg.get("r")),
-                                                  peer.pid):
-                    reply = Reply("OK", {"pending": 1})  # the producer SETTLEs at exit
-                elif reply.verb == "OK" and self.table.is_current(msg.int("id")):
-                    failed = self.network.finish(msg.int("id"), parse_ranges(msg.get("r")))
-                    if failed:  # the producer's close fails: its run must not look fine
-                        reply = Reply("ERR", {"errno": errno.EIO, "fatal": 1, "say": failed})
-                else:  # unlinked or replaced while written: the other hosts drop it too
-                    self.network.abort(msg.int("id"))
+                entry_id, final = msg.int("id"), parse_ranges(msg.get("r"))
+                reply = self.table.complete(peer, entry_id)
+                if reply.verb != "OK" or not self.table.is_current(entry_id):
+                    # unlinked or replaced while written: the other hosts drop it too
+                    self.network.abort(entry_id)
+                elif self.network.finish_later(entry_id, final, peer.pid):
+                    reply = Reply("OK", {"pending": 1})  # async: the producer SETTLEs at exit
+                elif failed := self.network.finish(entry_id, final):
+                    # the producer's close fails: its run must not look fine
+                    reply = Reply("ERR", {"errno": errno.EIO, "fatal": 1, "say": failed})
             elif msg.verb == "RANGES":
                 self.network.ranges(msg.int("id"), parse_ranges(msg.get("r")))
                 reply = Reply("OK")
