@@ -31,7 +31,7 @@ SMALL = [
 ]
 
 
-def _cycle(workdir: Path, cycles: int, **kw) -> subprocess.Popen:
+def _cycle(workdir: Path, cycles: int, *extra: str, **kw) -> subprocess.Popen:
     cmd = [
         sys.executable,
         "-m",
@@ -43,6 +43,7 @@ def _cycle(workdir: Path, cycles: int, **kw) -> subprocess.Popen:
         "--cycles",
         str(cycles),
         *SMALL,
+        *extra,
     ]
     return subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, **kw
@@ -195,7 +196,9 @@ def _offline_mid_cycle(workdir: Path):
 def test_resume_after_sigkill_is_bitwise_identical(reference, tmp_path):
     ref, _ = reference
     workdir = tmp_path / "run"
-    _kill_mid_cycle_then_rerun(lambda: _cycle(workdir, 2), workdir, _offline_mid_cycle(workdir))
+    # a 10 s lease: the killed jobs' tasks are taken over after 10 s, not the default minute
+    _kill_mid_cycle_then_rerun(lambda: _cycle(workdir, 2, "--set", "workflow.lease=10"),
+                               workdir, _offline_mid_cycle(workdir))
     for c in (1, 2):
         assert _digests(workdir, c) == _digests(ref, c), f"cycle {c} differs"
 

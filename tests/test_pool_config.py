@@ -47,6 +47,8 @@ def test_issue_example_loads():
               "slurm: {partition: p, extra: --qos=debug}}")
     assert wf.time_limit_seconds == 3600  # YAML 1.1 reads 1:00:00 as the integer 3600
     assert wf.slurm.extra == ("--qos=debug",) and wf.min_members is None
+    assert wf.lease_seconds == 60  # the default lease: a minute
+    assert load("workflow: {member_command: m, lease: '00:00:10'}").lease_seconds == 10
 
 
 @pytest.mark.parametrize("text, seconds", [
@@ -72,6 +74,9 @@ def test_bad_durations(text):
     ("{member_command: 'm {member.x}'}", "workflow.member_command: placeholder"),
     ("{member_command: 'm {members}'}", "workflow.member_command: unknown placeholder"),
     ("{member_command: m, retries: -1}", "workflow.retries: must be >= 0"),
+    ("{member_command: m, lease: 0}", "workflow.lease: must be a positive duration"),
+    ("{member_command: m, lease: 0.5}", "workflow.lease: must be at least 1 second"),
+    ("{member_command: m, lease: soon}", "workflow.lease: expected HH:MM:SS"),
     ("{member_command: m, min_members: 0}", "workflow.min_members: must be at least 1"),
     ("{member_command: m, analysis_ranks: 0}", "workflow.analysis_ranks: must be at least 1"),
     ("{member_command: m, slurm: {partition: 'a b'}}", "workflow.slurm.partition: "),

@@ -118,8 +118,14 @@ def setup(host: Host):
     return host, transfer_yaml
 
 
-def _start(host: Host, workdir: Path, transfer: Path | None, cycles: int = 2) -> subprocess.Popen:
+#: the kill tests' lease: the killed jobs' tasks are taken over after 10 s, not a minute
+SHORT_LEASE = ("--set", "workflow.lease=10")
+
+
+def _start(host: Host, workdir: Path, transfer: Path | None, cycles: int = 2,
+           more: tuple[str, ...] = ()) -> subprocess.Popen:
     extra = ["--set", f"workflow.transfer={transfer}"] if transfer is not None else []
+    extra += more
     fast = [a.replace("{script}", str(host.work / "member.py")) for a in FAST]
     return subprocess.Popen(
         [sys.executable, "-m", "ensio.cli.main", "cycle", str(SYNTHETIC), "--workdir",
@@ -128,8 +134,9 @@ def _start(host: Host, workdir: Path, transfer: Path | None, cycles: int = 2) ->
         start_new_session=True)
 
 
-def _run(host: Host, workdir: Path, transfer: Path | None, cycles: int = 2):
-    proc = _start(host, workdir, transfer, cycles)
+def _run(host: Host, workdir: Path, transfer: Path | None, cycles: int = 2,
+         more: tuple[str, ...] = ()):
+    proc = _start(host, workdir, transfer, cycles, more)
     out, err = proc.communicate(timeout=600)
     return proc, out, err
 
@@ -321,7 +328,7 @@ def _kill_mid_cycle(host: Host, tmp_path: Path, config: Path, seed: int) -> Path
         first, k = rng.choice((1, 2)), rng.randrange(0, NE)
         print(f"kill seed {seed}, draw {attempt}: cycle {first} or later, after {k} "
               "finished members")
-        proc = _start(host, workdir, config)
+        proc = _start(host, workdir, config, more=SHORT_LEASE)
         try:
             killed = _stop_then_kill(workdir, proc, first, k, seed)
         finally:
@@ -357,7 +364,7 @@ def test_resume_after_sigkill(setup, reference, tmp_path, daemon_too):
     workdir = _kill_mid_cycle(host, tmp_path, config, seed)
     if daemon_too:
         _kill_daemon(host)
-    again, out, err = _run(host, workdir, config)
+    again, out, err = _run(host, workdir, config, more=SHORT_LEASE)
     if again.returncode != 0:
         assert daemon_too, f"seed {seed}: " + err[-3000:]
         last = err.strip().splitlines()[-1]

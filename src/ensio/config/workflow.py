@@ -13,6 +13,7 @@ Key names are part of the interface (issue 4)::
       retries: 1
       min_members: 40            # null: every member must succeed
       task_estimate: "00:01:00"  # used until records give a better estimate
+      lease: "00:01:00"          # a killed job's task is taken over after this
       slurm: {partition: null, account: null, extra: []}
       transfer: transfer.yaml    # optional: restarts through memory (issue 12)
 
@@ -298,6 +299,11 @@ class WorkflowSection:
     task_estimate : str or float
         Expected duration of a task until records of finished tasks exist; a
         job never starts a task that would not fit in its remaining time.
+    lease : str or float
+        How long a task's lease lasts unless renewed (a running job renews it
+        every quarter of it): a job killed without a word (SIGKILL, a lost node)
+        holds its task this long, so a resumed run waits up to this long for
+        it. Shorter means faster take-over and more renewals of the list.
     slurm : SlurmSection
         SLURM-only options.
     setup : str or None
@@ -330,6 +336,7 @@ class WorkflowSection:
     retries: int = 1
     min_members: int | None = None
     task_estimate: str | float = "00:01:00"
+    lease: str | float = "00:01:00"
     slurm: SlurmSection = field(default_factory=SlurmSection)
     setup: str | None = None
     initial: str = "init/mem{member:03d}.nc"
@@ -355,6 +362,8 @@ class WorkflowSection:
                 f"{key}.task_estimate: {self.task_estimate!r} does not fit in "
                 f"workflow.time_limit {self.time_limit!r}; no job could start a task"
             )
+        if not parse_duration(self.lease, f"{key}.lease") >= 1.0:
+            raise ConfigError(f"{key}.lease: must be at least 1 second, got {self.lease!r}")
         command_fields(self.member_command, MEMBER_PLACEHOLDERS, f"{key}.member_command")
         if self.analysis_ranks < 1:
             raise ConfigError(
@@ -372,6 +381,11 @@ class WorkflowSection:
     def time_limit_seconds(self) -> float:
         """``time_limit`` in seconds."""
         return parse_duration(self.time_limit, "workflow.time_limit")
+
+    @property
+    def lease_seconds(self) -> float:
+        """``lease`` in seconds."""
+        return parse_duration(self.lease, "workflow.lease")
 
     @property
     def task_estimate_seconds(self) -> float:

@@ -335,7 +335,7 @@ def _run_cycles(config: Config, raw: dict[str, Any], workdir: Path, cycles: int,
             cycle=c,
             retries=wf.retries,
             min_members=wf.min_members,
-            lease_seconds=60.0,
+            lease_seconds=wf.lease_seconds,
             exist_ok=True,
         )
         if rt is not None:
