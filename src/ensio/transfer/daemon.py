@@ -40,7 +40,8 @@ from pathlib import Path
 from . import view
 from .budget import KEEP_DEFAULT, read_keep_lines
 from .hugemem import open_memory_source
-from .network import Network, parse_ranges
+from .incoming import parse_ranges
+from .network import Network
 from .persist import persist_loop, wait_persisted
 from .pool import MemfdPool
 from .protocol import (

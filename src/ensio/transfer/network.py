@@ -8,12 +8,15 @@ that proves the experiment's secret (:mod:`.wire`).
 
 Producer host: a file created with ``targets`` gets one :class:`~.outgoing.Stream`
 per consumer host (this host excluded: its consumers share the memory); the
-producer's close sends what remains and waits until each host has sealed its copy.
+producer's close sends what remains and waits until each host has sealed its copy
+(sync), or leaves that to the daemon (async, :mod:`.settle`). Connections are kept for
+the next file to the same host (:mod:`.kept`).
 Consumer host: each incoming stream becomes a held file of the local
-:class:`~.table.Table`, written by a remote "peer": consumers there open it exactly
-as a local file, wait while it streams, and get EIO if the stream breaks off. Once the
-producer has closed it (``SIZE``), consumers of ``serve_partial`` connections may open
-it before it is complete and read what has arrived (:mod:`.progress`).
+:class:`~.table.Table` (:mod:`.incoming`), written by a remote "peer": consumers there
+open it exactly as a local file, wait while it streams, and get EIO if the stream
+breaks off. Once the producer has closed it (``SIZE``), consumers of ``serve_partial``
+connections may open it before it is complete and read what has arrived
+(:mod:`.progress`).
 
 Unlink and rename of a file follow it to the hosts that hold a copy, over one control
 connection per host (:mod:`.names`); a host accepts copies only while the sender's
@@ -37,13 +40,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .errors import TransferError
+from .incoming import receive_file
 from .kept import KeptConnections, offer
-from .names import Names, origin_key
+from .names import Names
 from .outgoing import Stream
-from .progress import STREAMING, Progress
 from .secret import read_secret
 from .settle import Settling
-from .sink import Sink
 from .table import Peer, Reply, Table
 from .wire import (
     HANDSHAKE_S,
@@ -57,7 +59,7 @@ from .wire import (
     tune,
 )
 
-__all__ = ["Network", "parse_ranges"]
+__all__ = ["Network"]
 
 
 _DOWN_S = 30.0        # a host that did not answer is not retried for this long
@@ -73,15 +75,6 @@ class Experiment:
     secret_path: str
     peers: dict[str, str]
     pull: frozenset[str] = frozenset()   # connections (identity:name) pulled on demand
-
-
-def parse_ranges(text: str) -> list[tuple[int, int]]:
-    """``off+len,off+len`` (the interposer's reports) → [(off, len)]."""
-    out = []
-    for item in filter(None, text.split(",")):
-        off, _, n = item.partition("+")
-        out.append((int(off), int(n)))
-    return out
 
 
 class Network:
@@ -181,81 +174,8 @@ class Network:
 
     def _receive(self, conn: socket.socket, peer: Peer, host: str, m,
                  origin: tuple[str, str]) -> bool:
-        """One file after its ``FILE`` frame ``m``: ``DATA``…, ``SIZE``, ``DATA``…, ``DONE``
-        (see :mod:`.wire`); True if it is held here, complete, at the end.
-
-        Refused (``ERR errno=ENOTCONN``) unless a control connection from ``origin`` is
-        open: a copy is served only while its host can tell us of renames (:mod:`.names`).
-
-        From ``SIZE`` on the file has its final size and a progress map
-        (:mod:`.progress`): consumers of ``serve_partial`` connections may read the
-        bytes already final. The map ends complete or failed whatever happens here.
-        """
-        path = m.get("path")
-        peer = Peer(id=peer.id, component=f"{m.get('component', '?')}@{host}", pid=0)
-        wfd, sink, progress, ok = -1, None, None, False
-        try:  # the table supplies the memory (pre-faulted from the pool when it can)
-            if not self.names.live(origin):
-                self.log.error("%s: refused from host %s: no control connection from it",
-                               path, host)
-                send_frame(conn, "ERR", errno=errno.ENOTCONN)
-                return False
-            reply = self.table.create(peer, path, None, conn=m.get("conn"), budget=-1,
-                                      fallback="files", persist=False,
-                                      mode=int(m.get("mode", "644"), 8), excl=False,
-                                      keep=False, origin=origin_key(origin))
-            if reply.verb != "OK" or reply.fd is None:
-                send_frame(conn, reply.verb, **reply.fields)
-                return False
-            wfd = reply.fd
-            send_frame(conn, "OK")
-            entry_id = int(str(reply.fields["id"]))
-            sink = Sink(conn, wfd)
-            while (m := recv_frame(conn)) is not None:
-                if m.verb == "DATA":
-                    if not sink.receive(m.int("off"), m.int("len")):
-                        break
-                elif m.verb == "SIZE" and progress is None:
-                    os.ftruncate(wfd, m.int("size"))
-                    progress = Progress(os.path.basename(path), m.int("size"),
-                                        parse_ranges(m.get("r")))
-                    sink.progress = progress
-                    self.table.set_progress(entry_id, progress)
-                elif m.verb == "DONE":
-                    os.ftruncate(wfd, m.int("size"))
-                    os.close(wfd)
-                    wfd = -1
-                    done = self.table.complete(peer, entry_id)
-                    ok = done.verb == "OK"
-                    if progress is not None:
-                        progress.finish(ok)
-                    send_frame(conn, done.verb, **done.fields)
-                    return ok
-                else:
-                    break
-            self.log.error("%s: the stream from host %s broke off before the file was "
-                           "complete", path, host)
-        except OSError as exc:
-            self.log.error("%s: the stream from host %s failed: %s", path, host,
-                           exc.strerror or exc)
-        finally:
-            if wfd >= 0:
-                os.close(wfd)
-            if sink is not None:
-                sink.close()
-            if progress is not None:
-                self._end_progress(entry_id, progress, ok, path, peer)
-        return False
-
-    def _end_progress(self, entry_id: int, progress: Progress, ok: bool, path: str,
-                      peer: Peer) -> None:
-        """The stream is over: partial readers see complete or failed, never a hang."""
-        if not ok and progress.state == STREAMING:
-            self.log.error("%s: partial readers get EIO for the bytes that did not arrive "
-                           "(component %s)", path, peer.component)
-        progress.finish(ok)
-        self.table.set_progress(entry_id, None)
-        progress.close()
+        """One file after its ``FILE`` frame ``m`` (:func:`.incoming.receive_file`)."""
+        return receive_file(self.table, self.names, self.log, conn, peer, host, m, origin)
 
     # -- pull on demand (all-to-all, a consumer on a host no file was pushed to) ---------------
 
