@@ -119,10 +119,6 @@ class KeptConnections:
                 raise
         return None
 
-    def count(self, key: tuple[str, str]) -> int:
-        with self._lock:
-            return len(self._kept.get(key, []))
-
     def close(self) -> None:
         """Close every kept connection and keep no more (daemon exit)."""
         with self._lock:
